@@ -1,0 +1,1 @@
+"""The image store: format, keys, manifests, digests, atomic publish, lookup, verify, prune."""

@@ -1,0 +1,1 @@
+"""Compute kernels (Triton) beside their torch references."""
