@@ -1,0 +1,164 @@
+"""Segment digests: BLAKE3 over 4 MiB chunks, so a sample of chunks can be checked on its own."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import blake3
+
+# A segment of at most CHUNK bytes has digest = blake3(bytes). A longer one stores the blake3 of each
+# CHUNK-sized piece and its digest is blake3 over (tag, length, CHUNK, those chunk digests): full
+# verification then parallelises over chunks and `--sample` can check a subset against the manifest.
+CHUNK = 4 << 20
+BLOCK = 64 << 20  # bytes read per positional read when re-hashing files (16 chunks)
+_TAG = b"tfc.chunked.v1\0"
+_PARALLEL_MIN = 4 * CHUNK
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+@dataclass(frozen=True)
+class SegmentDigest:
+    """A segment's digest and, for segments longer than CHUNK, its chunk digests (hex)."""
+
+    digest: str
+    chunks: tuple[str, ...] = ()
+
+
+def chunk_count(length: int) -> int:
+    """How many chunk digests a segment of `length` bytes has (an empty segment has one)."""
+    return max(1, -(-length // CHUNK))
+
+
+def combine(chunks: Sequence[bytes], length: int) -> str:
+    """The digest of a segment longer than CHUNK from its raw chunk digests."""
+    h = blake3.blake3(_TAG + length.to_bytes(8, "little") + CHUNK.to_bytes(8, "little"))
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()
+
+
+def finish(raw_chunks: Sequence[bytes], length: int) -> SegmentDigest:
+    """Turn raw chunk digests into the SegmentDigest stored in a manifest."""
+    if len(raw_chunks) != chunk_count(length):
+        raise ValueError(f"{len(raw_chunks)} chunk digests for {length} bytes")
+    if length <= CHUNK:
+        return SegmentDigest(raw_chunks[0].hex())
+    return SegmentDigest(combine(raw_chunks, length), tuple(c.hex() for c in raw_chunks))
+
+
+def hash_chunk(buf) -> bytes:
+    """The raw 32-byte BLAKE3 digest of one chunk (single-threaded; releases the GIL)."""
+    return blake3.blake3(buf).digest()
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="tfc-digest")
+        return _pool
+
+
+def _bytes_view(buf) -> memoryview:
+    mv = memoryview(buf)
+    if not mv.c_contiguous:
+        raise ValueError("digest input must be C-contiguous")
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def chunk_digests(buf) -> list[bytes]:
+    """Raw chunk digests of an in-memory buffer; large buffers are hashed on all cores."""
+    mv = _bytes_view(buf)
+    n = len(mv)
+    if n <= CHUNK:
+        return [blake3.blake3(mv, max_threads=blake3.blake3.AUTO if n >= (1 << 20) else 1).digest()]
+    pieces = [mv[i : i + CHUNK] for i in range(0, n, CHUNK)]
+    if n < _PARALLEL_MIN:
+        return [hash_chunk(p) for p in pieces]
+    return list(_executor().map(hash_chunk, pieces))
+
+
+def segment_digest(buf) -> SegmentDigest:
+    """The SegmentDigest of an in-memory buffer."""
+    mv = _bytes_view(buf)
+    return finish(chunk_digests(mv), len(mv))
+
+
+def digest_bytes(buf) -> str:
+    """The hex digest the manifest stores for a segment holding exactly `buf`."""
+    return segment_digest(buf).digest
+
+
+def read_chunk_digests(fd: int, offset: int, length: int, buf: bytearray | None = None) -> list[bytes]:
+    """Raw digests of the chunks of file range [offset, offset+length), read in BLOCK-sized preads.
+
+    Chunks are counted from `offset`, so pass a chunk-aligned range of a segment. Raises EOFError
+    when the file ends before the range does.
+    """
+    if length == 0:
+        return [hash_chunk(b"")]
+    block = buf if buf is not None else bytearray(min(BLOCK, length))
+    view = memoryview(block)
+    # whole chunks per read, so chunk boundaries never straddle two reads
+    cap = len(view) if len(view) < CHUNK else len(view) - len(view) % CHUNK
+    if cap < min(CHUNK, length):
+        raise ValueError(f"read buffer of {len(view)} bytes is smaller than a chunk")
+    out: list[bytes] = []
+    done = 0
+    while done < length:
+        want = min(cap, length - done)
+        got = 0
+        while got < want:
+            n = os.preadv(fd, [view[got:want]], offset + done + got)
+            if n == 0:
+                raise EOFError(f"file ends at {offset + done + got}, expected {offset + length}")
+            got += n
+        out.extend(hash_chunk(view[i : min(i + CHUNK, want)]) for i in range(0, want, CHUNK))
+        done += want
+    return out
+
+
+class StreamingDigest:
+    """Digest of a segment written sequentially, fed chunk by chunk as the bytes are written."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.pos = 0
+        self._raw: list[bytes] = []
+        self._hasher = blake3.blake3()
+        self._in_chunk = 0
+
+    def update(self, data) -> None:
+        """Feed the next bytes of the segment (in order)."""
+        mv = _bytes_view(data)
+        if self.pos + len(mv) > self.length:
+            raise ValueError(f"{self.pos + len(mv)} bytes fed to a {self.length}-byte segment")
+        while len(mv):
+            take = min(len(mv), CHUNK - self._in_chunk)
+            self._hasher.update(mv[:take])
+            self._in_chunk += take
+            self.pos += take
+            mv = mv[take:]
+            if self._in_chunk == CHUNK and self.pos < self.length:
+                self._raw.append(self._hasher.digest())
+                self._hasher = blake3.blake3()
+                self._in_chunk = 0
+
+    @property
+    def complete(self) -> bool:
+        """True once every byte of the segment was fed."""
+        return self.pos == self.length
+
+    def result(self) -> SegmentDigest:
+        """The finished SegmentDigest (only once complete)."""
+        if not self.complete:
+            raise ValueError(f"only {self.pos} of {self.length} bytes fed")
+        return finish([*self._raw, self._hasher.digest()], self.length)

@@ -1,0 +1,398 @@
+"""ImageWriter: reserve aligned segments, write them from many threads, publish a rank folder atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import re
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfc.cache import digest as _digest
+from tfc.cache.errors import ImageError
+from tfc.cache.format import (
+    DTYPES,
+    FILE_NAME,
+    FORMAT_VERSION,
+    HEX64,
+    LAYOUT,
+    MANIFEST_NAME,
+    MAX_NDIM,
+    SEGMENT_NAME,
+    RankManifest,
+    SegmentEntry,
+    align_up,
+    parse_manifest,
+    root_digest_of,
+)
+from tfc.cache.locks import ImageHold, exclusive, pid_alive, remove_tree
+
+SPACE_MARGIN = 1 << 30  # free bytes left over after an image is written
+TEMP_PATTERN = re.compile(r"\.tmp-rank(\d+)-(\d+)-[0-9a-f]+")
+_FIELDS = {"family", "key", "key_inputs", "world", "plan", "meta"}
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of `path` (tests replace this)."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+@dataclass(frozen=True)
+class SegmentSlot:
+    """A reserved segment: its range in a data file of the rank folder being written."""
+
+    name: str
+    file: str
+    offset: int
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+    layout: str
+    index: int
+
+
+class _SlotState:
+    __slots__ = ("lock", "slot", "stream", "written")
+
+    def __init__(self, slot: SegmentSlot) -> None:
+        self.slot = slot
+        self.lock = threading.Lock()
+        self.stream: _digest.StreamingDigest | None = _digest.StreamingDigest(slot.length)
+        self.written = 0
+
+
+class ImageWriter:
+    """Builds one rank folder `<root>/<world_key[:16]>/rank{r}` in a temp sibling and publishes it atomically."""
+
+    def __init__(self, root, world_key: str, rank: int, *, expected_bytes: int | None = None) -> None:
+        if type(world_key) is not str or not HEX64.fullmatch(world_key):
+            raise ImageError(f"world_key must be 64 lowercase hex characters, got {world_key!r:.80}")
+        if type(rank) is not int or rank < 0:
+            raise ImageError(f"rank must be a non-negative integer, got {rank!r}")
+        self.root = Path(root)
+        self.world_key = world_key
+        self.rank = rank
+        self.world_dir = self.root / world_key[:16]
+        self.dest = self.world_dir / f"rank{rank}"
+        try:
+            self.world_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ImageError(f"cannot create image folder {self.world_dir}: {error.strerror}") from None
+        if not os.access(self.world_dir, os.W_OK):
+            raise ImageError(f"image folder {self.world_dir} is not writable")
+        self._hold = ImageHold(self.world_dir, create=True)  # keeps rm/prune away while we build
+        self._lock = threading.Lock()
+        self._files: dict[str, int] = {}  # name -> fd
+        self._cursor: dict[str, int] = {}
+        self._states: list[_SlotState] = []
+        self._names: set[str] = set()
+        self._reserved = 0
+        self._written = 0
+        self._space_checked = 0
+        self._done = False
+        with exclusive(self.world_dir):
+            remove_stale_temps(self.world_dir)
+            self.path = self.world_dir / f".tmp-rank{rank}-{os.getpid()}-{secrets.token_hex(4)}"
+            self.path.mkdir()
+        if expected_bytes is not None:
+            self._check_space(expected_bytes)
+
+    # -- reserving and writing ------------------------------------------------------------------
+
+    def add_segment(
+        self, name: str, dtype: str, shape, layout: str, nbytes: int, file: str = "data.bin"
+    ) -> SegmentSlot:
+        """Reserve a 4 KiB-aligned range for a segment at the end of `file` (call order = upload order)."""
+        if type(name) is not str or not SEGMENT_NAME.fullmatch(name):
+            raise ImageError(f"segment name {name!r:.80} is not allowed (letters, digits, _ . : + -)")
+        if type(file) is not str or not FILE_NAME.fullmatch(file):
+            raise ImageError(
+                f"segment {name}: data file name {file!r:.80} must be a plain basename ending in .bin"
+            )
+        if dtype not in DTYPES:
+            raise ImageError(f"segment {name}: unknown dtype {dtype!r}")
+        if type(layout) is not str or not LAYOUT.fullmatch(layout):
+            raise ImageError(f"segment {name}: layout id {layout!r:.80} is malformed")
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > MAX_NDIM or any(d < 0 for d in shape):
+            raise ImageError(f"segment {name}: bad shape {shape}")
+        if math.prod(shape) * DTYPES[dtype] != nbytes:
+            raise ImageError(
+                f"segment {name}: shape {shape} of {dtype} is {math.prod(shape) * DTYPES[dtype]} bytes, not {nbytes}"
+            )
+        with self._lock:
+            self._check_open()
+            if name in self._names:
+                raise ImageError(f"segment {name} added twice")
+            if file not in self._files:
+                try:
+                    fd = os.open(self.path / file, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+                except OSError as error:
+                    raise ImageError(f"cannot create {self.path / file}: {error.strerror}") from None
+                self._files[file] = fd
+                self._cursor[file] = 0
+            offset = self._cursor[file]
+            self._cursor[file] = align_up(offset + nbytes)
+            slot = SegmentSlot(name, file, offset, nbytes, dtype, shape, layout, len(self._states))
+            self._states.append(_SlotState(slot))
+            self._names.add(name)
+            self._reserved += nbytes
+            return slot
+
+    def write(self, slot: SegmentSlot, rel_offset: int, data) -> None:
+        """Write bytes at `rel_offset` within a slot (positional; safe from many threads).
+
+        The digest is computed on the fly while a slot's bytes arrive in order; any other order makes
+        publish re-read that segment.
+        """
+        state = self._state(slot)
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            raise ImageError(f"segment {slot.name}: data must be C-contiguous")
+        if mv.nbytes == 0:
+            mv = memoryview(b"")
+        elif mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        if rel_offset < 0 or rel_offset + len(mv) > slot.length:
+            raise ImageError(
+                f"segment {slot.name}: write of {len(mv)} bytes at {rel_offset} exceeds its {slot.length} bytes"
+            )
+        if self._reserved > self._space_checked:
+            self._check_space()
+        fd = self._files[slot.file]
+        pos, view = slot.offset + rel_offset, mv
+        try:
+            while len(view):
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
+        except OSError as error:
+            raise self._os_error(error, slot.file) from None
+        with state.lock:
+            state.written += len(mv)
+            if state.stream is not None:
+                if rel_offset == state.stream.pos:
+                    state.stream.update(mv)
+                else:
+                    state.stream = None  # out of order: re-read at publish
+        with self._lock:
+            self._written += len(mv)
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    def publish(self, manifest_fields: dict, digests: dict | None = None) -> Path:
+        """Digest, fsync, write the manifest last, rename into `rank{r}`; returns the published folder.
+
+        `manifest_fields`: family, key, key_inputs, world, plan and optionally meta. `digests` may map
+        segment names to SegmentDigest (or hex str for segments ≤ 4 MiB) computed by the caller.
+        If another process published the same rank first, this one's work is discarded and the
+        existing folder is returned.
+        """
+        self._check_open()
+        unknown = set(manifest_fields) - _FIELDS
+        if unknown:
+            raise ImageError(f"unknown manifest fields {sorted(unknown)}")
+        try:
+            for st in self._states:
+                if st.written < st.slot.length:
+                    raise ImageError(
+                        f"segment {st.slot.name}: only {st.written} of {st.slot.length} bytes were written"
+                    )
+            sizes = {name: align_up(self._cursor[name]) for name in self._files}
+            for name, fd in self._files.items():
+                os.ftruncate(fd, sizes[name])
+            results = self._digests(digests or {})
+            for fd in self._files.values():
+                os.fsync(fd)
+            self._close_files()
+            body = {
+                "format_version": FORMAT_VERSION,
+                "family": manifest_fields.get("family"),
+                "key": manifest_fields.get("key"),
+                "world_key": self.world_key,
+                "key_inputs": manifest_fields.get("key_inputs"),
+                "world": manifest_fields.get("world"),
+                "rank": self.rank,
+                "plan": manifest_fields.get("plan"),
+                "files": [{"name": n, "size": s} for n, s in sizes.items()],
+                "segments": [self._entry(st.slot, results[st.slot.index]).to_dict() for st in self._states],
+                "meta": manifest_fields.get("meta", {}),
+            }
+            manifest = parse_manifest(
+                {**body, "root_digest": root_digest_of(body)}, f"manifest of {self.dest}"
+            )
+            self._write_manifest(manifest)
+        except OSError as error:
+            self.abort()
+            raise self._os_error(error, "") from None
+        except BaseException:
+            self.abort()
+            raise
+        return self._rename()
+
+    def abort(self) -> None:
+        """Discard everything written (idempotent)."""
+        if self._done:
+            return
+        self._done = True
+        self._close_files()
+        with contextlib.suppress(FileNotFoundError):
+            remove_tree(self.path)
+        self._hold.release()
+
+    def __enter__(self) -> ImageWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.abort()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _state(self, slot: SegmentSlot) -> _SlotState:
+        if not isinstance(slot, SegmentSlot) or not 0 <= slot.index < len(self._states):
+            raise ImageError(f"{slot!r:.80} is not a slot of this writer")
+        state = self._states[slot.index]
+        if state.slot != slot:
+            raise ImageError(f"{slot.name} is not a slot of this writer")
+        self._check_open()
+        return state
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise ImageError(f"the writer of {self.dest} was already published or aborted")
+
+    def _check_space(self, need: int | None = None) -> None:
+        with self._lock:
+            reserved = self._reserved
+            pending = max(0, (need if need is not None else reserved) - self._written)
+        free = free_bytes(self.path)
+        if free < pending + SPACE_MARGIN:
+            raise ImageError(
+                f"not enough free space in {self.world_dir.parent}: {pending / 1e9:.2f} GB still to write "
+                f"+ {SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another --out/TFC_CACHE"
+            )
+        with self._lock:
+            self._space_checked = max(self._space_checked, reserved)
+
+    def _os_error(self, error: OSError, file: str) -> ImageError:
+        where = self.path / file if file else self.path
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return ImageError(f"no space left writing {where}; free space or use another --out/TFC_CACHE")
+        return ImageError(f"cannot write {where}: {error.strerror or error}")
+
+    def _digests(self, given: dict) -> dict[int, _digest.SegmentDigest]:
+        out: dict[int, _digest.SegmentDigest] = {}
+        reread: list[_SlotState] = []
+        for st in self._states:
+            d = given.get(st.slot.name)
+            if isinstance(d, _digest.SegmentDigest):
+                out[st.slot.index] = d
+            elif isinstance(d, str) and st.slot.length <= _digest.CHUNK:
+                out[st.slot.index] = _digest.SegmentDigest(d)
+            elif d is None and st.stream is not None and st.stream.complete:
+                out[st.slot.index] = st.stream.result()
+            else:
+                reread.append(st)
+        if reread:
+            local = threading.local()
+
+            def rehash(st: _SlotState) -> tuple[int, _digest.SegmentDigest]:
+                buf = getattr(local, "buf", None)
+                if buf is None:
+                    buf = local.buf = bytearray(_digest.BLOCK)
+                s = st.slot
+                raw = _digest.read_chunk_digests(self._files[s.file], s.offset, s.length, buf)
+                return s.index, _digest.finish(raw, s.length)
+
+            with ThreadPoolExecutor(max_workers=min(len(reread), os.cpu_count() or 1)) as pool:
+                out.update(pool.map(rehash, reread))
+        for st in self._states:
+            d = given.get(st.slot.name)
+            if isinstance(d, str) and out[st.slot.index].digest != d:
+                raise ImageError(f"segment {st.slot.name}: given digest does not match the bytes written")
+        return out
+
+    @staticmethod
+    def _entry(slot: SegmentSlot, d: _digest.SegmentDigest) -> SegmentEntry:
+        return SegmentEntry(
+            slot.name,
+            slot.file,
+            slot.offset,
+            slot.length,
+            slot.dtype,
+            slot.shape,
+            slot.layout,
+            d.digest,
+            d.chunks,
+        )
+
+    def _close_files(self) -> None:
+        for fd in self._files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files = dict.fromkeys(self._files, -1)
+
+    def _write_manifest(self, manifest: RankManifest) -> None:
+        fd = os.open(self.path / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        try:
+            data = manifest.to_json().encode()
+            view = memoryview(data)
+            while len(view):
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(self.path)
+
+    def _rename(self) -> Path:
+        try:
+            with exclusive(self.world_dir):
+                if self.dest.exists():
+                    try:
+                        other = RankManifest.load(self.dest)
+                    except ImageError as error:
+                        raise ImageError(
+                            f"{self.dest} already exists but is unreadable ({error}); remove it with `tfc cache rm`"
+                        ) from None
+                    if other.world_key != self.world_key:
+                        raise ImageError(
+                            f"{self.dest} holds another image (world key {other.world_key[:16]}…); remove it with `tfc cache rm`"
+                        )
+                    remove_tree(self.path)
+                else:
+                    os.rename(self.path, self.dest)
+                    _fsync_dir(self.world_dir)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                remove_tree(self.path)
+            raise
+        finally:
+            self._done = True
+            self._hold.release()
+        return self.dest
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(world_dir: Path) -> list[Path]:
+    """Remove temp rank folders whose writer process is gone (call under the exclusive lock)."""
+    removed = []
+    for entry in os.scandir(world_dir):
+        m = TEMP_PATTERN.fullmatch(entry.name)
+        if m and not pid_alive(int(m.group(2))):
+            with contextlib.suppress(FileNotFoundError):
+                remove_tree(Path(entry.path))
+            removed.append(Path(entry.path))
+    return removed
