@@ -1,0 +1,106 @@
+"""Boot a rank: open its image, upload it into a device arena, set up the graph cache — timed by phase."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfc.runtime.arena import CHUNK_BYTES, DeviceArena, plan_arena
+from tfc.runtime.graph_cache import GraphCache, GraphSettings
+from tfc.runtime.image_open import OpenedImage, open_image, verify_digests
+from tfc.runtime.phases import Phases
+from tfc.runtime.upload import UploadReport, upload
+
+from tfc.errors import TfcError
+
+
+class DeviceUnavailable(TfcError):
+    """The device asked for does not exist on this machine."""
+
+
+@dataclass
+class Booted:
+    """A rank whose weights are resident: the image, the arena, the graph cache and the timings."""
+
+    image: OpenedImage
+    arena: DeviceArena
+    upload: UploadReport
+    graphs: GraphCache
+    captured: list[Any]
+    phases: Phases
+
+    def close(self) -> None:
+        """Release graphs, arena and image (in that order: graphs bake in arena addresses)."""
+        self.graphs.clear()
+        self.arena.release()
+        self.image.close()
+
+
+def pick_device(device: str | None) -> str:
+    """`cuda` when asked for and present (or by default when present), else `cpu`."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if device in (None, "auto"):
+        return "cuda" if has_cuda else "cpu"
+    if device.startswith("cuda") and not has_cuda:
+        raise DeviceUnavailable(f"--device {device}: this machine has no CUDA device; use --device cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise DeviceUnavailable(f"--device {device}: use cuda, cuda:N or cpu")
+    return device
+
+
+def boot(
+    path: str | Path,
+    rank: int | None = None,
+    device: str | None = None,
+    method: str | None = None,
+    verify: str | None = None,
+    graphs: bool | None = None,
+    threads: int = 8,
+    chunk_bytes: int = CHUNK_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+) -> Booted:
+    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload."""
+    phases = Phases()
+    with phases.time("init", note="torch import, device") as ph:
+        dev = pick_device(device)
+        ph.note = f"torch import, device {dev}"
+    with phases.time("open", note="manifest, keys, layouts, files, mmap"):
+        opened = open_image(path, rank)
+    try:
+        if verify:
+            with phases.time("verify", nbytes=opened.nbytes, note=f"{verify} digests"):
+                verify_digests(opened, verify)
+            opened.checks += (f"digests ({verify})",)
+        with phases.time("alloc", note=dev) as ph:
+            arena = DeviceArena(plan_arena(opened.items(), chunk_bytes), dev)
+            ph.note = f"{len(arena.chunks)} chunk(s), {arena.nbytes:,} bytes on {dev}"
+        total = arena.nbytes
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            if progress:
+                progress(done[0], total)
+
+        with phases.time("upload", nbytes=total) as ph:
+            report = upload(arena, method, threads=threads, progress=tick)
+            ph.note = f"{report.method}, {report.threads} threads; read overlaps upload"
+        phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
+        settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
+        cache = GraphCache(settings)
+        with phases.time("capture") as ph:
+            keys = list(opened.manifest.plan.get("graph_keys", []))
+            captured: list[Any] = []  # no forward yet: nothing to capture
+            ph.note = (
+                f"{len(captured)} of {len(keys)} plan graph keys captured (no forward in this runtime yet)"
+                if settings.enabled
+                else "graphs off"
+            )
+    except BaseException:
+        opened.close()
+        raise
+    return Booted(opened, arena, report, cache, captured, phases)

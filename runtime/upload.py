@@ -1,0 +1,314 @@
+"""Fill a DeviceArena from the rank's files: pinned staging ring, registered mmap, or host copy.
+
+* `ring`: reader threads `preadv` file ranges into pinned staging slots and issue async
+  host-to-device copies on per-thread CUDA streams; a slot is reused once its copy's event has
+  completed, so reading and copying overlap.
+* `register`: the files are mmapped read-only and page-locked window by window with
+  `cudaHostRegister` (several threads ahead of the copier), each window copied asynchronously and
+  unregistered once its copy finished.
+* `host`: the arena lives in host memory (no CUDA): threads `preadv` straight into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfc.runtime.arena import DeviceArena
+
+from tfc.errors import TfcError
+
+METHODS = ("ring", "register", "host")
+PAGE = mmap.PAGESIZE
+REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
+REGISTER_PORTABLE = 0x01  # cudaHostRegisterPortable
+
+
+class UploadError(TfcError):
+    """The bytes could not be moved into the arena (short file, refused registration, ...)."""
+
+
+@dataclass(frozen=True)
+class UploadReport:
+    """What an upload moved and how long it took (read overlaps the copy)."""
+
+    method: str
+    device: str
+    bytes: int
+    seconds: float  # until every byte is resident in the arena
+    read_seconds: float  # until the last byte was in host memory (read or registered)
+    threads: int
+
+    @property
+    def gbps(self) -> float:
+        """Bytes per second over the whole upload, in GB/s (1e9)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+Progress = Callable[[int], None]
+
+
+def upload(
+    arena: DeviceArena,
+    method: str | None = None,
+    threads: int = 8,
+    slot_bytes: int = 16 << 20,
+    slots_per_thread: int = 2,
+    window_bytes: int = 256 << 20,
+    progress: Progress | None = None,
+) -> UploadReport:
+    """Fill `arena` from its plan's files with `method` (host for a CPU arena, ring by default)."""
+    if arena.device.type == "cpu":
+        method = "host"
+    method = method or "ring"
+    if method not in METHODS:
+        raise UploadError(f"upload method {method!r} is not one of {METHODS}")
+    if method == "host" and arena.device.type != "cpu":
+        raise UploadError("upload method 'host' needs a CPU arena")
+    tick = progress or (lambda n: None)
+    t0 = time.perf_counter()
+    with _Files(arena) as files:
+        if method == "host":
+            read_done = _upload_host(arena, files, threads, slot_bytes, tick)
+        elif method == "ring":
+            read_done = _upload_ring(arena, files, threads, slot_bytes, slots_per_thread, tick)
+        else:
+            read_done = _upload_register(arena, files, threads, window_bytes, tick)
+    t1 = time.perf_counter()
+    return UploadReport(method, str(arena.device), arena.nbytes, t1 - t0, read_done - t0, threads)
+
+
+class _Files:
+    """Open file descriptors (and, for register, read-only maps) of the arena's files."""
+
+    def __init__(self, arena: DeviceArena) -> None:
+        self.paths = sorted({c.path for c in arena.plan.chunks})
+        self.fds: dict[Path, int] = {}
+        self.maps: dict[Path, mmap.mmap] = {}
+
+    def __enter__(self) -> _Files:
+        for p in self.paths:
+            self.fds[p] = os.open(p, os.O_RDONLY)
+        return self
+
+    def map(self, path: Path) -> mmap.mmap:
+        if path not in self.maps:
+            self.maps[path] = mmap.mmap(self.fds[path], 0, prot=mmap.PROT_READ)
+        return self.maps[path]
+
+    def __exit__(self, *exc: object) -> None:
+        for m in self.maps.values():
+            # a view may outlive the upload (an error traceback holds it); GC unmaps it then
+            with contextlib.suppress(BufferError):
+                m.close()
+        for fd in self.fds.values():
+            os.close(fd)
+
+
+def _pieces(arena: DeviceArena, piece_bytes: int) -> list[tuple[int, Path, int, int, int]]:
+    """(chunk index, file, file offset, chunk offset, length) of every slot-sized piece."""
+    out = []
+    for ci, chunk in enumerate(arena.plan.chunks):
+        for off in range(0, chunk.nbytes, piece_bytes):
+            n = min(piece_bytes, chunk.nbytes - off)
+            out.append((ci, chunk.path, chunk.offset + off, off, n))
+    return out
+
+
+def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
+    """Fill `buf` from `offset`, looping over short reads; a file that ends early is an error."""
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:]], offset + done)
+        if n <= 0:
+            raise UploadError(f"{path} ends at {offset + done}, before the {len(buf)} bytes at {offset}")
+        done += n
+
+
+def _run_workers(n: int, work: Callable[[int], None]) -> None:
+    """Run `work(i)` on n threads; re-raise the first failure after all have stopped."""
+    errors: list[BaseException] = []
+
+    def wrapped(i: int) -> None:
+        try:
+            work(i)
+        except BaseException as e:
+            errors.append(e)
+
+    pool = [threading.Thread(target=wrapped, args=(i,), daemon=True) for i in range(n)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _queue_of(items: list) -> queue.SimpleQueue:
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    for it in items:
+        q.put(it)
+    return q
+
+
+def _upload_host(arena: DeviceArena, files: _Files, threads: int, piece_bytes: int, tick: Progress) -> float:
+    work = _queue_of(_pieces(arena, max(piece_bytes, 1 << 20)))
+    views = [memoryview(c.numpy()) for c in arena.chunks]
+
+    def reader(_: int) -> None:
+        while True:
+            try:
+                ci, path, foff, coff, n = work.get_nowait()
+            except queue.Empty:
+                return
+            _pread_into(files.fds[path], views[ci][coff : coff + n], foff, path)
+            tick(n)
+
+    _run_workers(min(threads, max(1, work.qsize())), reader)
+    return time.perf_counter()
+
+
+def _upload_ring(
+    arena: DeviceArena, files: _Files, threads: int, slot_bytes: int, per_thread: int, tick: Progress
+) -> float:
+    import torch
+
+    device = arena.device
+    work = _queue_of(_pieces(arena, slot_bytes))
+    threads = min(threads, max(1, work.qsize()))
+    last_read = [0.0] * threads
+
+    def reader(i: int) -> None:
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+        slots = [torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(per_thread)]
+        views = [memoryview(s.numpy()) for s in slots]
+        events: list[Any] = [None] * per_thread
+        k = 0
+        with torch.cuda.stream(stream):
+            while True:
+                try:
+                    ci, path, foff, coff, n = work.get_nowait()
+                except queue.Empty:
+                    break
+                if events[k] is not None:
+                    events[k].synchronize()  # the slot's previous copy has left it
+                _pread_into(files.fds[path], views[k][:n], foff, path)
+                last_read[i] = time.perf_counter()
+                arena.chunks[ci][coff : coff + n].copy_(slots[k][:n], non_blocking=True)
+                events[k] = torch.cuda.Event()
+                events[k].record(stream)
+                tick(n)
+                k = (k + 1) % per_thread
+        stream.synchronize()
+
+    _run_workers(threads, reader)
+    torch.cuda.synchronize(device)
+    return max(last_read)
+
+
+class _Registrar:
+    """cudaHostRegister / cudaHostUnregister through cuda-python, or torch's cudart binding."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings import runtime as rt
+
+            self._rt: Any = rt
+            self._torch = None
+        except ImportError:
+            import torch
+
+            self._rt = None
+            self._torch = torch.cuda.cudart()
+
+    def register(self, ptr: int, size: int) -> None:
+        flags = REGISTER_READ_ONLY | REGISTER_PORTABLE
+        if self._rt is not None:
+            (err,) = self._rt.cudaHostRegister(ptr, size, flags)
+            code = int(err)
+        else:
+            code = int(getattr(self._torch.cudaHostRegister(ptr, size, flags), "value", 0))
+        if code != 0:
+            raise UploadError(
+                f"cudaHostRegister (read-only) of {size} bytes failed with CUDA error {code}; "
+                "use --method ring"
+            )
+
+    def unregister(self, ptr: int) -> None:
+        if self._rt is not None:
+            self._rt.cudaHostUnregister(ptr)
+        else:
+            self._torch.cudaHostUnregister(ptr)
+
+
+def _upload_register(
+    arena: DeviceArena, files: _Files, threads: int, window_bytes: int, tick: Progress
+) -> float:
+    import numpy as np
+    import torch
+
+    device = arena.device
+    reg = _Registrar()
+    window_bytes = max(PAGE, window_bytes - window_bytes % PAGE)
+    windows = _pieces(arena, window_bytes)
+    bases = {p: np.frombuffer(files.map(p), dtype=np.uint8) for p in files.paths}
+    lock = threading.Lock()
+    registered: set[int] = set()
+
+    def register(w: tuple[int, Path, int, int, int]) -> tuple[int, float]:
+        _, path, foff, _, n = w
+        base = bases[path]
+        start = foff - foff % PAGE
+        end = min(len(base), -(-(foff + n) // PAGE) * PAGE)
+        ptr = base.ctypes.data + start
+        reg.register(ptr, end - start)
+        with lock:
+            registered.add(ptr)
+        return ptr, time.perf_counter()
+
+    def unregister(ptr: int) -> None:
+        with lock:
+            registered.discard(ptr)
+        reg.unregister(ptr)
+
+    stream = torch.cuda.Stream(device=device)
+    ahead = max(1, threads)
+    pending: list[tuple[Any, int]] = []  # (event, registered pointer) of copies in flight
+    last_read = time.perf_counter()
+    pool = ThreadPoolExecutor(max_workers=ahead)
+    futures = [pool.submit(register, w) for w in windows[:ahead]]
+    try:
+        with torch.cuda.stream(stream):
+            for i, (ci, path, foff, coff, n) in enumerate(windows):
+                if i + ahead < len(windows):
+                    futures.append(pool.submit(register, windows[i + ahead]))
+                ptr, last_read = futures[i].result()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the map is read-only; torch only reads it
+                    src = torch.from_numpy(bases[path][foff : foff + n])
+                arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
+                del src
+                event = torch.cuda.Event()
+                event.record(stream)
+                pending.append((event, ptr))
+                tick(n)
+                while pending and pending[0][0].query():
+                    unregister(pending.pop(0)[1])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        stream.synchronize()
+        for ptr in list(registered):
+            unregister(ptr)
+        bases.clear()
+    return last_read

@@ -1,0 +1,225 @@
+"""Opening prepared images (refusals), uploading into an arena (host, and CUDA when present), `tfc load`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tfc.cache.key import image_key
+from tfc.cache.writer import ImageWriter
+from tfc.runtime.arena import ArenaError, DeviceArena, UploadItem, plan_arena
+from tfc.runtime.image_open import ImageRefused, SegmentSpec, open_image
+from tfc.runtime.upload import upload
+
+RNG = np.random.default_rng(6)
+
+
+def make_image(root: Path, rank: int = 0, world: int = 1, layout: str = "exl3.trellis.v1", big: bool = False):
+    """A small image of random segments over two files, written by the cache's ImageWriter."""
+    inputs = {"format_version": 1, "family": "deepseek_v41", "world": world, "salt": "test-runtime"}
+    world_key = image_key(inputs)
+    arrays = {}
+    writer = ImageWriter(root, world_key, rank)
+    specs = [
+        ("layers.0.attn.wq.trellis", "int16", (4, 8, 48), layout, "L00.bin"),
+        ("layers.0.attn.wq.suh", "float16", (1000,), "exl3.scales.v1", "L00.bin"),
+        ("layers.0.norm", "float32", (333,), "native.v1", "L00.bin"),
+        ("head.trellis", "int16", (16, 3, 64) if not big else (64, 64, 1024), "exl3.trellis.v1", "top.bin"),
+        ("embed", "bfloat16", (77, 5), "native.v1", "top.bin"),
+    ]
+    for name, dtype, shape, lay, file in specs:
+        n = int(np.prod(shape)) * np.dtype("uint16" if dtype == "bfloat16" else dtype).itemsize
+        data = RNG.integers(0, 256, n, dtype=np.uint8)
+        arrays[name] = data.tobytes()
+        slot = writer.add_segment(name, dtype, shape, lay, n, file)
+        writer.write(slot, 0, data)
+    path = writer.publish(
+        {
+            "family": "deepseek_v41",
+            "key": image_key({"world_key": world_key, "rank": rank}),
+            "key_inputs": inputs,
+            "world": world,
+            "plan": {"world": world, "rank": rank},
+        }
+    )
+    return path, arrays
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    return make_image(tmp_path_factory.mktemp("img"))
+
+
+def test_open_accepts_and_maps(image):
+    path, arrays = image
+    with open_image(path.parent, rank=0) as opened:
+        assert opened.path == path
+        assert {"manifest", "keys", "layouts", "rank"} <= set(opened.checks)
+        for name, data in arrays.items():
+            assert bytes(opened.image.segment(name)) == data
+        assert [i.name for i in opened.items()] == list(arrays)
+        assert opened.hold is not None and opened.hold.held
+        assert len(opened.signature) == 64
+
+
+def _copy(image, tmp_path) -> Path:
+    src = image[0].parent
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst / "rank0"
+
+
+def _refused(path, match, hint=True, **kw):
+    with pytest.raises(ImageRefused, match=match) as info:
+        open_image(path, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and ("re-run `tfc prepare`" in msg or not hint)
+    return msg
+
+
+def test_refuses_wrong_format_version(image, tmp_path):
+    rank_dir = _copy(image, tmp_path)
+    m = json.loads((rank_dir / "manifest.json").read_text())
+    m["format_version"] = 99
+    (rank_dir / "manifest.json").write_text(json.dumps(m))
+    _refused(rank_dir, "format version")
+
+
+def test_refuses_unknown_layout(tmp_path):
+    path, _ = make_image(tmp_path, layout="exl3.trellis.v9")
+    _refused(path, "layout 'exl3.trellis.v9'")
+
+
+def test_refuses_truncated_file(image, tmp_path):
+    rank_dir = _copy(image, tmp_path)
+    data = rank_dir / "top.bin"
+    os.truncate(data, data.stat().st_size - 4096)
+    _refused(rank_dir, "truncated")
+
+
+def test_refuses_manifest_of_another_rank(tmp_path):
+    path, _ = make_image(tmp_path, rank=1, world=2)
+    shutil.copytree(path, path.parent / "rank0")
+    _refused(path.parent, "for rank 1 of 2", rank=0)
+    _refused(path, "not rank 0", hint=False, rank=0)
+    with open_image(path.parent, rank=1) as opened:
+        assert opened.manifest.rank == 1
+
+
+def test_refuses_altered_key_inputs(image, tmp_path):
+    from tfc.cache.format import RankManifest, root_digest_of
+
+    rank_dir = _copy(image, tmp_path)
+    m = RankManifest.load(rank_dir)
+    body = m.body()
+    body["key_inputs"] = {**body["key_inputs"], "salt": "other"}
+    (rank_dir / "manifest.json").write_text(json.dumps({**body, "root_digest": root_digest_of(body)}))
+    _refused(rank_dir, "world key")
+
+
+def test_refuses_unexpected_structure(image):
+    path, _ = image
+    with open_image(path) as opened:
+        expect = {s.name: SegmentSpec(s.dtype, s.shape, s.layout) for s in opened.manifest.segments}
+    with open_image(path, expect=expect) as opened:
+        assert "structure" in opened.checks
+    wrong = dict(expect)
+    wrong["layers.0.norm"] = SegmentSpec("float32", (334,), "native.v1")
+    _refused(path, "layers.0.norm is float32", expect=wrong)
+    del wrong["embed"]
+    _refused(path, "unexpected embed", expect=wrong)
+
+
+def test_verify_finds_damaged_payload(image, tmp_path):
+    pytest.importorskip("tfc.cache.verify")
+    from tfc.runtime.image_open import verify_digests
+
+    rank_dir = _copy(image, tmp_path)
+    with open(rank_dir / "L00.bin", "r+b") as f:
+        f.seek(10)
+        b = f.read(1)
+        f.seek(10)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with open_image(rank_dir) as opened, pytest.raises(ImageRefused, match="trellis"):
+        verify_digests(opened, "full")
+
+
+def test_arena_plan_chunks_alignment_and_errors(tmp_path):
+    f = tmp_path / "a.bin"
+    items = [UploadItem(f"s{i}", f, i * 8192, 5000 + i) for i in range(10)]
+    plan = plan_arena(items, chunk_bytes=3 * 8192)
+    assert len(plan.chunks) == 4 and plan.payload_bytes == sum(i.length for i in items)
+    assert all(p.offset % 256 == 0 for p in plan.placements.values())
+    with pytest.raises(ArenaError, match="overlap"):
+        plan_arena([UploadItem("a", f, 0, 8192), UploadItem("b", f, 4096, 10)])
+    with pytest.raises(ArenaError, match="aligned"):
+        plan_arena([UploadItem("a", f, 100, 10)])
+
+
+def test_host_upload_equals_file_bytes(image):
+    path, arrays = image
+    with open_image(path) as opened:
+        arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=8192), "cpu")
+        report = upload(arena, threads=3, slot_bytes=4096)
+        assert report.method == "host" and report.bytes == arena.nbytes
+        for s in opened.manifest.segments:
+            raw = arena.raw(s.name)
+            assert raw.data_ptr() % 256 == 0
+            assert raw.numpy().tobytes() == arrays[s.name]
+            assert arena.view(s.name, s.dtype, s.shape).shape == tuple(s.shape)
+        with pytest.raises(ArenaError):
+            arena.view("embed", "float32", (77, 5))
+
+
+def test_tfc_load_cli_prints_phases_and_writes_json(image, tmp_path):
+    path, _ = image
+    out = tmp_path / "phases.json"
+    env = {**os.environ, "TFC_PHASES": str(out)}
+    r = subprocess.run(
+        [sys.executable, "-m", "tfc", "load", str(path.parent), "--device", "cpu", "--verify"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    for phase in ("open", "alloc", "upload", "read", "capture"):
+        assert f"  {phase} " in r.stdout
+    assert "no forward" in r.stdout or "graphs off" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["bytes"] > 0 and data["upload"]["bytes"] == data["bytes"] and data["rank"] == 0
+
+
+def test_tfc_load_cli_refusal_is_one_line(tmp_path):
+    path, _ = make_image(tmp_path, layout="exl3.trellis.v9")
+    r = subprocess.run(
+        [sys.executable, "-m", "tfc", "load", str(path), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "tfc prepare" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["ring", "register"])
+def test_cuda_upload_equals_file_bytes(tmp_path, method):
+    import torch
+
+    path, arrays = make_image(tmp_path, big=True)
+    with open_image(path) as opened:
+        arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cuda")
+        report = upload(arena, method, threads=4, slot_bytes=1 << 18, window_bytes=1 << 19)
+        assert report.method == method
+        torch.cuda.synchronize()
+        for s in opened.manifest.segments:
+            raw = arena.raw(s.name)
+            assert raw.is_cuda and raw.data_ptr() % 256 == 0
+            assert raw.cpu().numpy().tobytes() == arrays[s.name], s.name
