@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -100,7 +101,7 @@ class ImageHold:
 def world_dir_of(path: str | os.PathLike) -> Path:
     """The world folder of a rank folder or world folder path."""
     p = Path(path)
-    return p.parent if (p / "manifest.json").exists() or p.name.startswith("rank") else p
+    return p.parent if (p / "manifest.json").exists() or re.fullmatch(r"rank\d+", p.name) else p
 
 
 def pid_alive(pid: int) -> bool:

@@ -81,13 +81,7 @@ class ImageWriter:
         self.rank = rank
         self.world_dir = self.root / world_key[:16]
         self.dest = self.world_dir / f"rank{rank}"
-        try:
-            self.world_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise ImageError(f"cannot create image folder {self.world_dir}: {error.strerror}") from None
-        if not os.access(self.world_dir, os.W_OK):
-            raise ImageError(f"image folder {self.world_dir} is not writable")
-        self._hold = ImageHold(self.world_dir, create=True)  # keeps rm/prune away while we build
+        self._hold = self._hold_world_dir()  # keeps rm/prune away while we build
         self._lock = threading.Lock()
         self._files: dict[str, int] = {}  # name -> fd
         self._cursor: dict[str, int] = {}
@@ -253,6 +247,20 @@ class ImageWriter:
         self.abort()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _hold_world_dir(self) -> ImageHold:
+        for _ in range(5):  # `tfc cache rm` may move the folder away between mkdir and the hold
+            try:
+                self.world_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise ImageError(f"cannot create image folder {self.world_dir}: {error.strerror}") from None
+            if not os.access(self.world_dir, os.W_OK):
+                raise ImageError(f"image folder {self.world_dir} is not writable")
+            try:
+                return ImageHold(self.world_dir, create=True)
+            except ImageError:
+                continue
+        raise ImageError(f"image folder {self.world_dir} keeps disappearing (a concurrent `tfc cache rm`?)")
 
     def _state(self, slot: SegmentSlot) -> _SlotState:
         if not isinstance(slot, SegmentSlot) or not 0 <= slot.index < len(self._states):
