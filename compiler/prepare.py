@@ -1,0 +1,247 @@
+"""`tfc prepare`: key the image, find it in the store, or plan and build every missing rank at once."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tfc.cache import format as image_format
+from tfc.cache.key import image_key, source_hash
+from tfc.cache.writer import ImageWriter
+from tfc.compiler.build import Op, Reader, run_reads
+from tfc.compiler.convert import bf16_round, to_f32
+from tfc.compiler.dsv41_plan import plan_rank
+from tfc.compiler.errors import BuildError
+from tfc.compiler.identity import pack_identity
+from tfc.compiler.segments import RankPlan, SegmentPlan
+
+FAMILY = "deepseek_v41"
+FILE_FOR_TOP = "top.bin"
+
+
+def loader_sources() -> list[Path]:
+    """Every source file whose text decides image bytes: the pack reader, the compiler, the format."""
+    import tfc.cache
+    import tfc.compiler
+    import tfc.packs
+
+    files = sorted(Path(tfc.packs.__file__).parent.glob("*.py")) + sorted(Path(tfc.compiler.__file__).parent.glob("*.py"))
+    cache_dir = Path(tfc.cache.__file__).parent
+    files += [cache_dir / "format.py", cache_dir / "writer.py", cache_dir / "digest.py"]
+    return files
+
+
+def loader_hash(paths: list[Path] | None = None) -> str:
+    """The digest of the loader's own source text (part of every key)."""
+    paths = paths or loader_sources()
+    return source_hash(paths, base=Path(paths[0]).parent.parent)
+
+
+@dataclass
+class PrepareResult:
+    """Where the image is and what this run did for each rank."""
+
+    world_key: str
+    path: Path
+    world: int
+    ranks: dict[int, str] = field(default_factory=dict)  # rank -> "hit" | "built"
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+def key_inputs(pack, world: int, strict: bool, jobs: int, engram_dir: Path | None = None) -> dict:
+    """Every input of the world key: format, loader source, pack identity, byte-changing options."""
+    extra = [p for p in (pack.config_path, pack.tokenizer_path, pack.root / "model.safetensors.index.json") if p and Path(p).exists()]
+    inputs = {
+        "format_version": image_format.FORMAT_VERSION,
+        "family": FAMILY,
+        "loader_hash": loader_hash(),
+        "pack_identity": pack_identity(list(pack.shards), extra, strict=strict, jobs=jobs),
+        "world": world,
+        "options": {"natives": "held.v1", "expert_tables": "v1"},
+    }
+    if engram_dir is not None:
+        tables = sorted(Path(engram_dir).glob("*.safetensors"))
+        inputs["engram_identity"] = pack_identity(tables, [], strict=strict, jobs=jobs)
+    return inputs
+
+
+def block_file(block: str) -> str:
+    """The data file a block's segments live in."""
+    if block == "top":
+        return FILE_FOR_TOP
+    kind, index = block.split(".")
+    return f"{'L' if kind == 'layers' else 'M'}{int(index):02d}.bin"
+
+
+def plan_json(plan: RankPlan) -> dict:
+    """The part of a rank plan recorded in its manifest: per block bytes and per segment attributes."""
+    return {
+        "world": plan.world,
+        "rank": plan.rank,
+        "total": plan.total,
+        "blocks": plan.bytes_by_block(),
+        "engram_tables": any(s.kind == "engram_rows" for s in plan.segments),
+        "attrs": {s.name: s.attrs for s in plan.segments if s.attrs},
+    }
+
+
+def fill_derived(seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict) -> None:
+    """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`."""
+    kind = seg.derive[0]
+    if kind == "engram_qk":
+        q_info, k_info = seg.derive[1], seg.derive[2]
+        q = to_f32(reader.read(q_info.file, q_info.offset, q_info.nbytes), q_info.dtype)
+        k = to_f32(reader.read(k_info.file, k_info.offset, k_info.nbytes), k_info.dtype)
+        write(0, (bf16_round(q) * bf16_round(k)).astype(np.float32).view(np.uint8))
+    elif kind == "engram_token_map":
+        from tfc.compiler.dsv41_engram_plan import token_map_for
+
+        if "token_map" not in memo:
+            memo["token_map"] = token_map_for(seg.derive[1])
+        write(0, memo["token_map"].view(np.uint8))
+    elif kind == "engram_rows":
+        from tfc.compiler.engram_assets import fill_rows
+
+        fill_rows(seg.derive[1], lambda offset, data: write(offset, np.frombuffer(data, np.uint8)))
+    else:
+        raise BuildError(f"{seg.name}: unknown derived segment kind {kind!r}")
+
+
+def build_ranks(
+    pack,
+    plans: list[RankPlan],
+    root: Path,
+    world_key: str,
+    inputs: dict,
+    jobs: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[int, Path]:
+    """Build the images of several ranks in one pass over the pack; publish each atomically."""
+    writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
+    sinks: list[tuple[int, object]] = []
+    ops: list[Op] = []
+    try:
+        for plan in plans:
+            writer = writers[plan.rank]
+            for seg in plan.segments:
+                slot = writer.add_segment(seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, block_file(seg.block))
+                sink = len(sinks)
+                sinks.append((plan.rank, slot, seg))
+                ops.extend(Op(copy, sink) for copy in seg.copies)
+        lock = threading.Lock()
+
+        def write(sink: int, dst: int, data: np.ndarray) -> None:
+            rank, slot, seg = sinks[sink]
+            if dst + data.nbytes > seg.nbytes:
+                raise BuildError(f"{seg.name}: write past its end ({dst} + {data.nbytes} > {seg.nbytes})")
+            writers[rank].write(slot, dst, data)
+
+        def count(sink: int, nbytes: int) -> None:
+            if progress:
+                with lock:
+                    progress(sinks[sink][0], nbytes)
+
+        reader = Reader()
+        memo: dict = {}
+        try:
+            for index, (rank, slot, seg) in enumerate(sinks):
+                if seg.const is not None:
+                    writers[rank].write(slot, 0, np.frombuffer(seg.const, dtype=np.uint8))
+                    count(index, len(seg.const))
+                elif seg.derive is not None:
+                    fill_derived(seg, reader, lambda offset, data, i=index: write(i, offset, data) or count(i, data.nbytes), memo)
+        finally:
+            reader.close()
+        run_reads(ops, write, jobs, count)
+        paths = {}
+        for plan in plans:
+            paths[plan.rank] = writers[plan.rank].publish(
+                {
+                    "family": FAMILY,
+                    "key": image_key({"world_key": world_key, "rank": plan.rank}),
+                    "key_inputs": inputs,
+                    "world": plan.world,
+                    "plan": plan_json(plan),
+                    "meta": {"pack_config": json_config(pack)},
+                }
+            )
+        return paths
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+
+
+def json_config(pack) -> dict:
+    """The model config the runtime needs, as plain JSON (the runtime never reads the pack)."""
+    import dataclasses
+
+    cfg = pack.config
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
+
+
+def default_jobs() -> int:
+    return max(4, min(16, 2 * (os.cpu_count() or 2)))
+
+
+def plans_for(pack, world: int, ranks: list[int], engram_dir: Path | None = None) -> list[RankPlan]:
+    """Rank plans for the ranks asked for."""
+    return [plan_rank(pack, world, rank, engram_dir) for rank in ranks]
+
+
+def find_rank(root: Path, world_key: str, rank: int) -> Path | None:
+    """A published rank folder of this key, if one exists."""
+    path = Path(root) / world_key[:16] / f"rank{rank}"
+    return path if (path / image_format.MANIFEST_NAME).is_file() else None
+
+
+def prepare(
+    pack,
+    root: Path,
+    world: int,
+    ranks: list[int] | None = None,
+    jobs: int | None = None,
+    strict_identity: bool = False,
+    force: bool = False,
+    engram_dir: Path | None = None,
+    progress_factory: Callable[[dict[int, int]], Callable[[int, int], None]] | None = None,
+) -> PrepareResult:
+    """Find or build the images of `ranks` (default: all) of a TP world; publish each atomically."""
+    import time
+
+    from tfc.compiler.dsv41_plan import check_world
+
+    check_world(pack.config, world)
+    ranks = list(range(world)) if ranks is None else sorted(set(ranks))
+    bad = [r for r in ranks if not 0 <= r < world]
+    if bad:
+        raise BuildError(f"rank(s) {', '.join(map(str, bad))} outside a TP world of {world}")
+    jobs = jobs or default_jobs()
+    started = time.perf_counter()
+    inputs = key_inputs(pack, world, strict_identity, jobs, engram_dir)
+    world_key = image_key(inputs)
+    result = PrepareResult(world_key, Path(root) / world_key[:16], world)
+    missing = []
+    for rank in ranks:
+        if not force and find_rank(root, world_key, rank):
+            result.ranks[rank] = "hit"
+        else:
+            missing.append(rank)
+    if missing:
+        plans = plans_for(pack, world, missing, engram_dir)
+        totals = {plan.rank: plan.total for plan in plans}
+        progress = progress_factory(totals) if progress_factory else None
+        build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress)
+        again = pack_identity(list(pack.shards), [], strict=False, jobs=jobs)
+        if again["bytes"] != inputs["pack_identity"]["bytes"]:
+            raise BuildError(f"{pack.root}: the pack changed while it was being prepared; prepare it again")
+        for rank in missing:
+            result.ranks[rank] = "built"
+        result.bytes_written = sum(totals.values())
+    result.seconds = time.perf_counter() - started
+    return result

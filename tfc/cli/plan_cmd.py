@@ -1,0 +1,69 @@
+"""`tfc plan PACK --tp N`: the exact bytes every rank's image will hold, without writing anything."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def plan_report(pack, world: int) -> dict:
+    """The stable `--json` shape: per rank, per block, bytes by kind, plus totals."""
+    from tfc.compiler.dsv41_plan import plan_rank
+    from tfc.compiler.segments import KINDS
+
+    ranks = []
+    for rank in range(world):
+        plan = plan_rank(pack, world, rank)
+        blocks = plan.bytes_by_block()
+        layers = []
+        for index in range(pack.config.num_blocks):
+            block = pack.config.block_prefix(index)
+            layers.append({"layer": index, "block": block, "bytes": blocks.get(block, dict.fromkeys(KINDS, 0))})
+        ranks.append(
+            {
+                "rank": rank,
+                "total": plan.total,
+                "layers": layers,
+                "top": blocks.get("top", dict.fromkeys(KINDS, 0)),
+                "segments": len(plan.segments),
+            }
+        )
+    return {"world": world, "ranks": ranks}
+
+
+def _human(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tfc.compiler.segments import KINDS
+
+    console = Console()
+    shown = [k for k in KINDS if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in report["ranks"])]
+    for rank in report["ranks"]:
+        table = Table(title=f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes", title_justify="left")
+        table.add_column("block")
+        for kind in shown:
+            table.add_column(kind, justify="right")
+        table.add_column("total", justify="right")
+        rows = [(layer["block"], layer["bytes"]) for layer in rank["layers"]] + [("top", rank["top"])]
+        for block, kinds in rows:
+            table.add_row(block, *(f"{kinds[k]:,}" for k in shown), f"{sum(kinds.values()):,}")
+        console.print(table)
+
+
+@click.command("plan")
+@click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
+@click.option("--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(pack_path: str, world: int, as_json: bool) -> None:
+    """Print every rank's bytes by kind and block, exactly what `tfc prepare` will write."""
+    from tfc.packs.pack import open_pack
+
+    report = plan_report(open_pack(pack_path), world)
+    if as_json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        _human(report)
