@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,3 +212,46 @@ def lookback_of(ids: Iterable[int], max_ngram: int) -> list[int]:
     """The look-back a later piece needs: the last max_ngram-1 ids of the earlier ones."""
     ids = list(ids)
     return ids[-(max_ngram - 1) :] if max_ngram > 1 else []
+
+
+# Host-side segment names written by tfc.compiler.engram_assets (a test keeps the two lists equal).
+SEG_TOKEN_MAP = "engram.token_map"
+SEG_MULTIPLIERS = "engram.multipliers"
+SEG_PRIMES = "engram.primes"
+SEG_OFFSETS = "engram.offsets"
+SEG_PARAMS = "engram.params"
+SEG_LAYER_IDS = "engram.layer_ids"
+SEG_SHARDS = "engram.shards"
+SEG_ROW_RANGES = "engram.row_ranges"
+PARAMS = ("max_ngram", "n_heads", "head_dim", "pad_id", "compressed_vocab", "image_token_id", "world", "rank")
+
+
+def params_of(get: Callable[[str], np.ndarray]) -> dict[str, int]:
+    """The named scalars of the `engram.params` segment."""
+    raw = np.asarray(get(SEG_PARAMS)).reshape(-1)
+    if raw.shape[0] != len(PARAMS):
+        raise EngramHashError(f"segment {SEG_PARAMS} holds {raw.shape[0]} values, expected {len(PARAMS)}")
+    return {name: int(v) for name, v in zip(PARAMS, raw, strict=True)}
+
+
+def tables_from_segments(get: Callable[[str], np.ndarray]) -> HashTables:
+    """HashTables from an image's host-side Engram segments; `get(name)` returns the segment's array."""
+    params = params_of(get)
+    token_map = np.asarray(get(SEG_TOKEN_MAP))
+    multipliers = np.asarray(get(SEG_MULTIPLIERS), np.int64)
+    if multipliers.ndim != 2 or multipliers.shape[1] != params["max_ngram"]:
+        raise EngramHashError(
+            f"segment {SEG_MULTIPLIERS} has shape {multipliers.shape}, max_ngram {params['max_ngram']}"
+        )
+    if token_map.size and int(token_map.max()) >= params["compressed_vocab"]:
+        raise EngramHashError(f"segment {SEG_TOKEN_MAP} has ids past the compressed vocabulary")
+    dead = (params["image_token_id"],) if params["image_token_id"] >= 0 else ()
+    return HashTables(
+        token_map=token_map,
+        multipliers=multipliers,
+        primes=np.asarray(get(SEG_PRIMES), np.int64),
+        offsets=np.asarray(get(SEG_OFFSETS), np.int64),
+        pad_id=params["pad_id"],
+        dead_ids=dead,
+        n_heads=params["n_heads"],
+    )
