@@ -1,0 +1,251 @@
+"""Fused EXL3 GEMV / skinny GEMM (1-16 rows): y = had(had(x*suh) @ W-hat) * svh, trellis decoded on the fly.
+
+Exact reformulation of y = x @ W (spec exl3.md §6): the input rotation xh = had128(x * suh) is either a
+separate small launch or recomputed per k-slice inside the main kernel (`fuse_rotation`); the main kernel
+decodes W-hat tiles in registers, accumulates in fp32 (matrix units on fp16 xh for > 1 row, fp32 FMAs for
+one row), splits k over programs and lets the last program of each 128-column block sum the partials in a
+fixed order (deterministic) and apply the output Hadamard and svh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from tfc.kernels.exl3_tl import (
+    INTERPRET,
+    cb_decode,
+    hadamard_block,
+    load_states,
+    parity7,
+    rotate_rows,
+    tile_positions,
+    window_offsets,
+)
+
+MAX_ROWS = 16
+
+
+@triton.jit
+def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, M, K, stride_x, MP: tl.constexpr):
+    """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of every row."""
+    blk = tl.program_id(0)
+    m = tl.program_id(1) * MP + tl.arange(0, MP)
+    cols = blk * 128 + tl.arange(0, 128)
+    x = tl.load(x_ptr + m[:, None] * stride_x + cols[None, :], mask=m[:, None] < M, other=0.0)
+    a = x.to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)[None, :]
+    xh = rotate_rows(a, MP)
+    tl.store(xh_ptr + m[:, None] * K + cols[None, :], xh.to(xh_ptr.dtype.element_ty), mask=m[:, None] < M)
+
+
+@triton.jit
+def _rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP: tl.constexpr, BK: tl.constexpr):
+    """xh[:, row0:row0+BK] computed from x: rows of H128 times the sign of (i & j0) (j0 = row0 mod 128)."""
+    blk0 = (row0 // 128) * 128
+    j0 = row0 - blk0
+    i = tl.arange(0, 128)
+    m = tl.arange(0, MP)
+    x = tl.load(x_ptr + m[:, None] * stride_x + (blk0 + i)[None, :], mask=m[:, None] < M, other=0.0)
+    sign = 1.0 - 2.0 * parity7(i & j0).to(tl.float32)
+    a = x.to(tl.float32) * (tl.load(suh_ptr + blk0 + i).to(tl.float32) * sign * 0.08838834764831845)[None, :]
+    h = hadamard_block(128, BK, 0, 0)
+    if MP >= 16:
+        out = tl.dot(a, h, input_precision="tf32x3")
+    else:
+        out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
+    return out
+
+
+@triton.jit
+def _exl3_gemm_kernel(
+    x_ptr,
+    xh_ptr,
+    suh_ptr,
+    svh_ptr,
+    t_ptr,
+    y_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    kt_per_split,
+    W: tl.constexpr,
+    CB: tl.constexpr,
+    MP: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FUSE_ROT: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    tn = N // 16
+    nw: tl.constexpr = W // 2
+    pos = tile_positions(BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128)
+    kt0 = pid_s * kt_per_split
+    base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+    step = (BK // 16) * tn * nw
+    m = tl.arange(0, MP)
+    if USE_DOT:
+        acc = tl.zeros([MP, 128], dtype=tl.float32)
+    else:
+        acc2 = tl.zeros([BK, 128], dtype=tl.float32)
+    for kk in range(0, kt_per_split, BK // 16):
+        v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
+        base += step
+        row0 = (kt0 + kk) * 16
+        if USE_DOT:
+            if FUSE_ROT:
+                xa = _rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
+            else:
+                rows = row0 + tl.arange(0, BK)
+                xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
+            acc = tl.dot(xa, v, acc)
+        else:
+            if FUSE_ROT:
+                xa = tl.sum(_rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
+            else:
+                xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
+            acc2 += xa[:, None] * v.to(tl.float32)
+    if not USE_DOT:
+        acc = tl.sum(acc2, axis=0)[None, :]
+    cols = pid_n * 128 + tl.arange(0, 128)
+    c128 = tl.arange(0, 128)
+    if SPLIT == 1:
+        y = rotate_rows(acc, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
+        tl.store(
+            y_ptr + m[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m[:, None] < M
+        )
+    else:
+        part = ws_ptr + (pid_n * SPLIT + pid_s) * (MP * 128)
+        tl.store(part + m[:, None] * 128 + c128[None, :], acc)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            tot = tl.zeros([MP, 128], dtype=tl.float32)
+            for s in range(SPLIT):
+                src = ws_ptr + (pid_n * SPLIT + s) * (MP * 128)
+                tot += tl.load(src + m[:, None] * 128 + c128[None, :], cache_modifier=".cg")
+            y = rotate_rows(tot, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
+            tl.store(
+                y_ptr + m[:, None] * stride_y + cols[None, :],
+                y.to(y_ptr.dtype.element_ty),
+                mask=m[:, None] < M,
+            )
+            tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch choices of the fused kernel (None = chosen from the shape)."""
+
+    split: int | None = None
+    block_k: int | None = None
+    fuse_rotation: bool | None = None
+    use_dot: bool | None = None
+    num_warps: int | None = None
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_SMS: dict[int | None, int] = {}
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 arrival-counter buffer of >= n entries for `device` (kernels leave it zeroed)."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count (132 on an H200; a nominal 8 on the CPU interpreter)."""
+    if device.type != "cuda":
+        return 8
+    if device.index not in _SMS:
+        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device.index]
+
+
+def pick_split(tk: int, bkt: int, blocks: int, sms: int, min_iters: int = 2) -> int:
+    """Largest useful k-split: enough programs to fill the chip, each >= min_iters loop iterations."""
+    iters = tk // bkt
+    want = max(1, -(-2 * sms // blocks))
+    best = 1
+    for d in range(1, iters + 1):
+        if iters % d == 0 and d <= want and iters // d >= min(min_iters, iters):
+            best = d
+    return best
+
+
+def exl3_gemm(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook: int,
+    out_dtype: torch.dtype | None = None,
+    config: GemmConfig = GemmConfig(),
+) -> torch.Tensor:
+    """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows."""
+    tk, tn, width = trellis.shape
+    k, n = 16 * tk, 16 * tn
+    if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m_rows = x.shape[0]
+    use_dot = config.use_dot if config.use_dot is not None else m_rows > 1
+    mp = 16 if use_dot else 1
+    if m_rows > mp:
+        raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
+    bk = config.block_k or (32 if use_dot else 16)
+    blocks = n // 128
+    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device))
+    fuse = config.fuse_rotation if config.fuse_rotation is not None else blocks * split <= 64
+    y = torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
+    xh = x
+    if not fuse:
+        xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
+        _rotate_kernel[(k // 128, triton.cdiv(m_rows, mp))](x, suh, xh, m_rows, k, x.stride(0), MP=mp)
+    ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device) if split > 1 else y
+    cnt = counters(x.device, blocks) if split > 1 else y
+    _exl3_gemm_kernel[(blocks, split)](
+        x,
+        xh,
+        suh,
+        svh,
+        trellis.view(torch.int32),
+        y,
+        ws,
+        cnt,
+        m_rows,
+        n,
+        xh.stride(0),
+        y.stride(0),
+        tk // split,
+        W=width,
+        CB=codebook,
+        MP=mp,
+        BK=bk,
+        SPLIT=split,
+        FUSE_ROT=fuse,
+        USE_DOT=use_dot,
+        num_warps=config.num_warps or 4,
+    )
+    return y
+
+
+def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Torch reference: x @ W in float64 (W = the dense reference weight [k, n])."""
+    return x.double() @ w.double()
+
+
+__all__ = ["INTERPRET", "MAX_ROWS", "GemmConfig", "exl3_gemm", "exl3_gemm_reference"]

@@ -1,0 +1,55 @@
+"""The 128-value block Hadamard of EXL3 (natural/Sylvester order, 1/sqrt(128)) for numpy and torch."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+BLOCK = 128
+SCALE = 1.0 / np.sqrt(128.0)
+
+
+@cache
+def _signs(dtype: str) -> np.ndarray:
+    i = np.arange(BLOCK)
+    bits = np.bitwise_and(i[:, None], i[None, :])
+    parity = np.zeros_like(bits)
+    for b in range(7):
+        parity ^= (bits >> b) & 1
+    h = (1 - 2 * parity).astype(dtype)
+    h.setflags(write=False)
+    return h
+
+
+def hadamard128(dtype: str = "float32", normalized: bool = True) -> np.ndarray:
+    """H[i, j] = (-1)^popcount(i & j), times 1/sqrt(128) when normalized (symmetric, orthonormal)."""
+    h = _signs("float64")
+    return (h * SCALE).astype(dtype) if normalized else h.astype(dtype)
+
+
+def had128_rows(a: np.ndarray) -> np.ndarray:
+    """Apply the normalized block Hadamard to every 128-row block: blockdiag(H) @ a (a is [k, n])."""
+    k = a.shape[0]
+    h = hadamard128(a.dtype.name if a.dtype.kind == "f" else "float64")
+    blocks = a.reshape(k // BLOCK, BLOCK, *a.shape[1:])
+    return np.einsum("ij,bj...->bi...", h, blocks).reshape(a.shape)
+
+
+def had128_last(a: np.ndarray) -> np.ndarray:
+    """Apply the normalized block Hadamard along the last axis, per 128-value chunk (a @ blockdiag(H))."""
+    n = a.shape[-1]
+    h = hadamard128(a.dtype.name if a.dtype.kind == "f" else "float64")
+    chunks = a.reshape(*a.shape[:-1], n // BLOCK, BLOCK)
+    return (chunks @ h).reshape(a.shape)
+
+
+def had128_torch(x, dim: int = -1):
+    """Torch: the normalized block Hadamard along `dim` (length a multiple of 128), in x's dtype."""
+    import torch
+
+    h = torch.from_numpy(hadamard128("float64")).to(device=x.device, dtype=x.dtype)
+    xt = x.movedim(dim, -1)
+    shape = xt.shape
+    y = (xt.reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK) @ h).reshape(shape)
+    return y.movedim(-1, dim)
