@@ -131,6 +131,8 @@ class DeviceArena:
 
         self.plan = plan
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.chunks: list[Any] = []
         self._backing: list[Any] = []
         for chunk in plan.chunks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,11 +81,13 @@ def boot(
             ph.note = f"{len(arena.chunks)} chunk(s), {arena.nbytes:,} bytes on {dev}"
         total = arena.nbytes
         done = [0]
+        lock = threading.Lock()
 
         def tick(n: int) -> None:
-            done[0] += n
-            if progress:
-                progress(done[0], total)
+            with lock:  # reader threads report concurrently
+                done[0] += n
+                if progress:
+                    progress(done[0], total)
 
         with phases.time("upload", nbytes=total) as ph:
             report = upload(arena, method, threads=threads, progress=tick)

@@ -214,7 +214,7 @@ def _upload_ring(
 
     _run_workers(threads, reader)
     torch.cuda.synchronize(device)
-    return max(last_read)
+    return max(last_read) or time.perf_counter()
 
 
 class _Registrar:
@@ -235,10 +235,10 @@ class _Registrar:
     def register(self, ptr: int, size: int) -> None:
         flags = REGISTER_READ_ONLY | REGISTER_PORTABLE
         if self._rt is not None:
-            (err,) = self._rt.cudaHostRegister(ptr, size, flags)
-            code = int(err)
+            err = self._rt.cudaHostRegister(ptr, size, flags)[0]
         else:
-            code = int(getattr(self._torch.cudaHostRegister(ptr, size, flags), "value", 0))
+            err = self._torch.cudaHostRegister(ptr, size, flags)
+        code = int(getattr(err, "value", err))
         if code != 0:
             raise UploadError(
                 f"cudaHostRegister (read-only) of {size} bytes failed with CUDA error {code}; "
@@ -252,6 +252,31 @@ class _Registrar:
             self._torch.cudaHostUnregister(ptr)
 
 
+def _windows(
+    arena: DeviceArena, window_bytes: int
+) -> list[tuple[Path, int, int, list[tuple[int, int, int, int]]]]:
+    """Disjoint page-aligned file windows (path, start, end, copies) covering every chunk.
+
+    Each copy is (chunk index, file offset, chunk offset, length) and lies inside its window, so
+    no page is ever registered twice even where chunks of one file share a page.
+    """
+    out: dict[tuple[Path, int], list[tuple[int, int, int, int]]] = {}
+    for ci, chunk in enumerate(arena.plan.chunks):
+        pos, end = chunk.offset, chunk.offset + chunk.nbytes
+        while pos < end:
+            w = pos // window_bytes
+            stop = min(end, (w + 1) * window_bytes)
+            out.setdefault((chunk.path, w), []).append((ci, pos, pos - chunk.offset, stop - pos))
+            pos = stop
+    windows = []
+    for (path, w), copies in out.items():
+        lo = min(c[1] for c in copies)
+        hi = max(c[1] + c[3] for c in copies)
+        start, stop = lo - lo % PAGE, -(-hi // PAGE) * PAGE
+        windows.append((path, max(start, w * window_bytes), min(stop, (w + 1) * window_bytes), copies))
+    return windows
+
+
 def _upload_register(
     arena: DeviceArena, files: _Files, threads: int, window_bytes: int, tick: Progress
 ) -> float:
@@ -261,18 +286,16 @@ def _upload_register(
     device = arena.device
     reg = _Registrar()
     window_bytes = max(PAGE, window_bytes - window_bytes % PAGE)
-    windows = _pieces(arena, window_bytes)
-    bases = {p: np.frombuffer(files.map(p), dtype=np.uint8) for p in files.paths}
+    windows = _windows(arena, window_bytes)
+    bases = {p: np.frombuffer(files.map(p), dtype=np.uint8) for p in {w[0] for w in windows}}
     lock = threading.Lock()
     registered: set[int] = set()
 
-    def register(w: tuple[int, Path, int, int, int]) -> tuple[int, float]:
-        _, path, foff, _, n = w
+    def register(w: tuple[Path, int, int, list]) -> tuple[int, float]:
+        path, start, stop, _ = w
         base = bases[path]
-        start = foff - foff % PAGE
-        end = min(len(base), -(-(foff + n) // PAGE) * PAGE)
         ptr = base.ctypes.data + start
-        reg.register(ptr, end - start)
+        reg.register(ptr, min(stop, len(base)) - start)
         with lock:
             registered.add(ptr)
         return ptr, time.perf_counter()
@@ -286,23 +309,25 @@ def _upload_register(
     ahead = max(1, threads)
     pending: list[tuple[Any, int]] = []  # (event, registered pointer) of copies in flight
     last_read = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=ahead)
+    # Registration threads must use this device's context, not device 0's.
+    pool = ThreadPoolExecutor(max_workers=ahead, initializer=torch.cuda.set_device, initargs=(device,))
     futures = [pool.submit(register, w) for w in windows[:ahead]]
     try:
         with torch.cuda.stream(stream):
-            for i, (ci, path, foff, coff, n) in enumerate(windows):
+            for i, (path, _, _, copies) in enumerate(windows):
                 if i + ahead < len(windows):
                     futures.append(pool.submit(register, windows[i + ahead]))
                 ptr, last_read = futures[i].result()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # the map is read-only; torch only reads it
-                    src = torch.from_numpy(bases[path][foff : foff + n])
-                arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
-                del src
+                for ci, foff, coff, n in copies:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # the map is read-only; torch only reads it
+                        src = torch.from_numpy(bases[path][foff : foff + n])
+                    arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
+                    del src
+                    tick(n)
                 event = torch.cuda.Event()
                 event.record(stream)
                 pending.append((event, ptr))
-                tick(n)
                 while pending and pending[0][0].query():
                     unregister(pending.pop(0)[1])
     finally:

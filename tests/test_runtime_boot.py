@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -223,3 +224,22 @@ def test_cuda_upload_equals_file_bytes(tmp_path, method):
             raw = arena.raw(s.name)
             assert raw.is_cuda and raw.data_ptr() % 256 == 0
             assert raw.cpu().numpy().tobytes() == arrays[s.name], s.name
+
+
+def test_register_windows_are_disjoint_pages_covering_every_chunk(tmp_path):
+    from tfc.runtime.upload import PAGE, _windows
+
+    f, g = tmp_path / "a.bin", tmp_path / "b.bin"
+    items = [UploadItem(f"s{i}", f, i * 8192, 5000 + 7 * i) for i in range(20)]
+    items.append(UploadItem("big", g, 0, 100_003))
+
+    class Planned:
+        plan = plan_arena(items, chunk_bytes=3 * 8192)
+
+    windows = _windows(Planned, 4 * PAGE)
+    spans = sorted((str(p), a, b) for p, a, b, _ in windows)
+    for (p1, _, b1), (p2, a2, _) in itertools.pairwise(spans):
+        assert p1 != p2 or b1 <= a2
+    assert all(a % PAGE == 0 and b % PAGE == 0 for _, a, b in spans)
+    assert all(a <= c[1] and c[1] + c[3] <= b for _, a, b, cs in windows for c in cs)
+    assert sum(c[3] for _, _, _, cs in windows for c in cs) == Planned.plan.nbytes
