@@ -91,12 +91,16 @@ class ImageWriter:
         self._written = 0
         self._space_checked = 0
         self._done = False
-        with exclusive(self.world_dir):
-            remove_stale_temps(self.world_dir)
-            self.path = self.world_dir / f".tmp-rank{rank}-{os.getpid()}-{secrets.token_hex(4)}"
-            self.path.mkdir()
-        if expected_bytes is not None:
-            self._check_space(expected_bytes)
+        self.path = self.world_dir / f".tmp-rank{rank}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            with exclusive(self.world_dir):
+                remove_stale_temps(self.world_dir)
+                if expected_bytes is not None:
+                    self._check_space(expected_bytes)
+                self.path.mkdir()
+        except BaseException:
+            self._hold.release()
+            raise
 
     # -- reserving and writing ------------------------------------------------------------------
 
@@ -279,7 +283,7 @@ class ImageWriter:
         with self._lock:
             reserved = self._reserved
             pending = max(0, (need if need is not None else reserved) - self._written)
-        free = free_bytes(self.path)
+        free = free_bytes(self.world_dir)
         if free < pending + SPACE_MARGIN:
             raise ImageError(
                 f"not enough free space in {self.world_dir.parent}: {pending / 1e9:.2f} GB still to write "
@@ -299,14 +303,17 @@ class ImageWriter:
         reread: list[_SlotState] = []
         for st in self._states:
             d = given.get(st.slot.name)
+            streamed = st.stream.result() if st.stream is not None and st.stream.complete else None
+            if isinstance(d, str) and st.slot.length <= _digest.CHUNK:
+                d = _digest.SegmentDigest(d)
             if isinstance(d, _digest.SegmentDigest):
-                out[st.slot.index] = d
-            elif isinstance(d, str) and st.slot.length <= _digest.CHUNK:
-                out[st.slot.index] = _digest.SegmentDigest(d)
-            elif d is None and st.stream is not None and st.stream.complete:
-                out[st.slot.index] = st.stream.result()
+                out[st.slot.index] = d  # trusted, except where the streamed digest gives a free cross-check
+            elif streamed is not None:
+                out[st.slot.index] = streamed
             else:
                 reread.append(st)
+            if streamed is not None and st.slot.index in out and out[st.slot.index] != streamed:
+                raise ImageError(f"segment {st.slot.name}: given digest does not match the bytes written")
         if reread:
             local = threading.local()
 
@@ -320,7 +327,7 @@ class ImageWriter:
 
             with ThreadPoolExecutor(max_workers=min(len(reread), os.cpu_count() or 1)) as pool:
                 out.update(pool.map(rehash, reread))
-        for st in self._states:
+        for st in reread:
             d = given.get(st.slot.name)
             if isinstance(d, str) and out[st.slot.index].digest != d:
                 raise ImageError(f"segment {st.slot.name}: given digest does not match the bytes written")
