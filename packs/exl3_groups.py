@@ -1,0 +1,178 @@
+"""EXL3 groups: one quantized linear = trellis + suh + svh [+ codebook marker, bias], checked together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfc.packs.errors import HeaderError, MissingTensor
+from tfc.packs.safetensors_header import TensorInfo
+
+MCG_MARKER = 0xCBAC1FED
+MUL1_MARKER = 0x83DCD12D
+MARKER_VALUES = {"mcg": MCG_MARKER, "mul1": MUL1_MARKER}
+CODEBOOKS = ("3inst", "mcg", "mul1")
+INT_WIDTHS = frozenset(range(16, 129, 16))  # K = 1..8 bits, any codebook
+HALF_WIDTHS = frozenset((24, 40, 56))  # K = 1.5, 2.5, 3.5, MUL1 only
+SIBLINGS = frozenset(("su", "sv", "mcg", "mul1", "bias"))  # optional next to trellis / suh / svh
+SCALE_DTYPES = frozenset(("F16",))
+BIAS_DTYPES = frozenset(("F16", "F32", "BF16"))
+
+
+@dataclass(frozen=True, slots=True)
+class Exl3Group:
+    """One EXL3 linear y = x W (+ bias), W of shape (k, n); trellis int16 (k/16, n/16, width)."""
+
+    name: str
+    k: int
+    n: int
+    width: int
+    bits: float
+    codebook: str  # "3inst" | "mcg" | "mul1"
+    trellis: TensorInfo
+    suh: TensorInfo | None
+    svh: TensorInfo | None
+    su: TensorInfo | None
+    sv: TensorInfo | None
+    bias: TensorInfo | None
+    marker: TensorInfo | None
+    kind: str = ""  # projection kind, e.g. "ffn.experts.w1"
+    block: int | None = None
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one 16x16 tile."""
+        return 2 * self.width
+
+
+def width_error(width: int, codebook: str) -> str | None:
+    """Why a trellis width (int16 words per tile) is not allowed with a codebook, or None."""
+    if width in INT_WIDTHS:
+        return None
+    if width in HALF_WIDTHS:
+        return (
+            None
+            if codebook == "mul1"
+            else f"half-rate width {width} ({width / 16} bits) needs the mul1 codebook"
+        )
+    return f"width {width} is not 16..128 in steps of 16 (or 24/40/56 with mul1)"
+
+
+@dataclass
+class KindRecord:
+    """Validated columns of one GroupKind: table indices, widths and codebooks per group."""
+
+    spec: object  # deepseek_v41_names.GroupKind (or another family's)
+    trellis: list[int]
+    suh: list[int | None]
+    svh: list[int | None]
+    widths: list[int]
+    codebooks: list[str]
+
+
+def lookup_kind(table, spec) -> KindRecord:
+    """Table rows of one kind's trellis / suh / svh (None where absent); widths and codebooks come later."""
+    index, names = table.index, spec.names
+    trellis = list(map(index.get, [b + ".trellis" for b in names]))
+    suh = list(map(index.get, [b + ".suh" for b in names]))
+    svh = list(map(index.get, [b + ".svh" for b in names]))
+    return KindRecord(spec, trellis, suh, svh, [], [])
+
+
+def validate_kind(table, record: KindRecord, siblings: dict[str, dict[str, int]]) -> None:
+    """Check one kind's groups against each other and the expected (k, n), columns at a time."""
+    dtypes, shapes, spec = table.dtypes, table.shapes, record.spec
+    k, n, names = spec.k, spec.n, spec.names
+    trellis, suh, svh = record.trellis, record.suh, record.svh
+    if None in trellis:
+        b = names[trellis.index(None)]
+        raise MissingTensor(f"{b}.trellis is missing (EXL3 group {b})")
+    for col, scale, legacy in ((suh, "suh", "su"), (svh, "svh", "sv")):
+        if None in col:
+            for j, i in enumerate(col):
+                if i is None and names[j] not in siblings[legacy]:
+                    raise MissingTensor(
+                        f"{names[j]}.{scale} is missing (EXL3 group {names[j]} needs .{scale} or .{legacy})"
+                    )
+    tk, tn = k // 16, n // 16
+    bad = {s for s in set(map(shapes.__getitem__, trellis)) if len(s) != 3 or s[:2] != (tk, tn)}
+    if bad or set(map(dtypes.__getitem__, trellis)) != {"I16"}:
+        i = next(i for i in trellis if shapes[i] in bad or dtypes[i] != "I16")
+        raise HeaderError(
+            f"{table.where(i)}: trellis {dtypes[i]} {list(shapes[i])}, expected I16 [{tk}, {tn}, width] for {k} x {n}"
+        )
+    _check_vectors(table, suh, (k,), SCALE_DTYPES, "suh")
+    _check_vectors(table, svh, (n,), SCALE_DTYPES, "svh")
+    mcg, mul1 = siblings["mcg"], siblings["mul1"]
+    if mcg or mul1:
+        codebooks = ["mul1" if b in mul1 else "mcg" if b in mcg else "3inst" for b in names]
+        both = [b for b in names if b in mul1 and b in mcg]
+        if both:
+            raise HeaderError(
+                f"{table.where(mul1[both[0]])}: EXL3 group {both[0]} carries both .mcg and .mul1 markers"
+            )
+    else:
+        codebooks = ["3inst"] * len(names)
+    widths = [shapes[i][2] for i in trellis]
+    for width, codebook in set(zip(widths, codebooks, strict=True)):
+        problem = width_error(width, codebook)
+        if problem:
+            j = next(
+                j
+                for j, (w, c) in enumerate(zip(widths, codebooks, strict=True))
+                if (w, c) == (width, codebook)
+            )
+            raise HeaderError(f"{table.where(trellis[j])}: {problem} (codebook {codebook})")
+    record.widths, record.codebooks = widths, codebooks
+
+
+def check_siblings(table, siblings: dict[str, dict[str, int]], dims: dict[str, tuple[int, int]]) -> None:
+    """Dtypes and shapes of the optional siblings (legacy signs, markers, biases) of known groups."""
+    for base, i in siblings["su"].items():
+        _expect(table, i, "I16", ((dims[base][0] // 16,),), "su")
+    for base, i in siblings["sv"].items():
+        _expect(table, i, "I16", ((dims[base][1] // 16,),), "sv")
+    for base, i in siblings["bias"].items():
+        if table.dtypes[i] not in BIAS_DTYPES or table.shapes[i] != (dims[base][1],):
+            raise HeaderError(
+                f"{table.where(i)}: bias {table.dtypes[i]} {list(table.shapes[i])}, expected [{dims[base][1]}]"
+            )
+    for marker in ("mcg", "mul1"):
+        for i in siblings[marker].values():
+            shape = table.shapes[i]
+            if table.dtypes[i] != "I32" or len(shape) > 1 or (shape and shape[0] > 1):
+                raise HeaderError(
+                    f"{table.where(i)}: codebook marker must be an I32 scalar, got {table.dtypes[i]} {list(shape)}"
+                )
+
+
+def check_marker_values(table, siblings: dict[str, dict[str, int]], read_values) -> None:
+    """Markers holding a value (numel 1) must hold their codebook's constant; numel 0 marks presence only."""
+    for marker, expected in MARKER_VALUES.items():
+        stored = [i for i in siblings[marker].values() if table.nbytes[i] == 4]
+        for i, value in zip(stored, read_values(stored), strict=True):
+            if value != expected:
+                raise HeaderError(
+                    f"{table.where(i)}: unknown codebook marker value {value:#010x} (.{marker} must hold {expected:#010x})"
+                )
+
+
+def _check_vectors(
+    table, col: list[int | None], shape: tuple[int, ...], allowed: frozenset, what: str
+) -> None:
+    present = [i for i in col if i is not None]
+    if (
+        set(map(table.shapes.__getitem__, present)) - {shape}
+        or set(map(table.dtypes.__getitem__, present)) - allowed
+    ):
+        i = next(i for i in present if table.shapes[i] != shape or table.dtypes[i] not in allowed)
+        raise HeaderError(
+            f"{table.where(i)}: {what} {table.dtypes[i]} {list(table.shapes[i])} does not match the trellis: "
+            f"expected F16 {list(shape)}"
+        )
+
+
+def _expect(table, i: int, dtype: str, shapes: tuple, what: str) -> None:
+    if table.dtypes[i] != dtype or table.shapes[i] not in shapes:
+        raise HeaderError(
+            f"{table.where(i)}: {what} {table.dtypes[i]} {list(table.shapes[i])}, expected {dtype} {list(shapes[0])}"
+        )
