@@ -17,10 +17,9 @@ import triton.language as tl
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
-    hadamard_block,
     load_states,
-    parity7,
     rotate_rows,
+    rotated_slice,
     tile_positions,
     window_offsets,
 )
@@ -38,24 +37,6 @@ def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, M, K, stride_x, MP: tl.constexpr):
     a = x.to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)[None, :]
     xh = rotate_rows(a, MP)
     tl.store(xh_ptr + m[:, None] * K + cols[None, :], xh.to(xh_ptr.dtype.element_ty), mask=m[:, None] < M)
-
-
-@triton.jit
-def _rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP: tl.constexpr, BK: tl.constexpr):
-    """xh[:, row0:row0+BK] computed from x: rows of H128 times the sign of (i & j0) (j0 = row0 mod 128)."""
-    blk0 = (row0 // 128) * 128
-    j0 = row0 - blk0
-    i = tl.arange(0, 128)
-    m = tl.arange(0, MP)
-    x = tl.load(x_ptr + m[:, None] * stride_x + (blk0 + i)[None, :], mask=m[:, None] < M, other=0.0)
-    sign = 1.0 - 2.0 * parity7(i & j0).to(tl.float32)
-    a = x.to(tl.float32) * (tl.load(suh_ptr + blk0 + i).to(tl.float32) * sign * 0.08838834764831845)[None, :]
-    h = hadamard_block(128, BK, 0, 0)
-    if MP >= 16:
-        out = tl.dot(a, h, input_precision="tf32x3")
-    else:
-        out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
-    return out
 
 
 @triton.jit
@@ -101,14 +82,14 @@ def _exl3_gemm_kernel(
         row0 = (kt0 + kk) * 16
         if USE_DOT:
             if FUSE_ROT:
-                xa = _rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
+                xa = rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
             else:
                 rows = row0 + tl.arange(0, BK)
                 xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
             acc = tl.dot(xa, v, acc)
         else:
             if FUSE_ROT:
-                xa = tl.sum(_rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
+                xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
             else:
                 xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
             acc2 += xa[:, None] * v.to(tl.float32)

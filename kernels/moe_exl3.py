@@ -1,0 +1,343 @@
+"""EXL3 MoE over expert tables: clamped SwiGLU experts (w1 gate, w3 up, w2 down) + the shared expert.
+
+For each token t and slot j (top-k routed experts, then the shared expert = the table's last entry with
+weight 1) the pair computes act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight (fp32, the routing weight
+multiplies the activation before the down projection, as the reference does) and y[t] += act W2.
+Launches: an optional input rotation (all pairs, both w1 and w3), one fused gate+up launch whose epilogue
+applies SwiGLU and the down projection's input rotation, and one down launch whose last program per
+(token, 128 columns) sums the pairs in a fixed order. No Python loop over experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from tfc.kernels.exl3_gemv import counters, num_sms, pick_split
+from tfc.kernels.exl3_tl import (
+    cb_decode,
+    cb_decode_rt,
+    load_states,
+    rotate_rows,
+    rotated_slice,
+    tile_positions,
+    window_offsets,
+)
+from tfc.kernels.expert_table import ExpertTable
+
+
+@triton.jit
+def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
+    """(token, table entry, routing weight) of pair p = t * (topk + 1) + j; j = topk is the shared expert."""
+    t = p // (topk + 1)
+    j = p % (topk + 1)
+    shared = j == topk
+    q = t * topk + tl.minimum(j, topk - 1)
+    e = tl.load(ids_ptr + q).to(tl.int32)
+    e = tl.where(shared, n_routed, tl.minimum(tl.maximum(e, 0), n_routed - 1))
+    w = tl.where(shared, 1.0, tl.load(wts_ptr + q).to(tl.float32))
+    return t, e, w
+
+
+@triton.jit
+def _expert_cols(
+    words_ptr,
+    off_ptr,
+    wid_ptr,
+    cb_ptr,
+    e,
+    pid_c,
+    kt0,
+    kt_per,
+    tn,
+    xin_ptr,
+    suh_ptr,
+    FUSE: tl.constexpr,
+    W: tl.constexpr,
+    CB: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """Sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 columns of block pid_c]."""
+    if W > 0:
+        width = W
+    else:
+        width = tl.load(wid_ptr + e)
+    nw = width // 2
+    pos = tile_positions(BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128)
+    base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
+    step = (BK // 16) * tn * nw
+    if CB < 0:
+        cb = tl.load(cb_ptr + e)
+    acc2 = tl.zeros([BK, 128], dtype=tl.float32)
+    for kk in range(0, kt_per, BK // 16):
+        s = load_states(base, off_j, off_jp, shift)
+        if CB >= 0:
+            v = cb_decode(s, CB)
+        else:
+            v = cb_decode_rt(s, cb)
+        base += step
+        row0 = (kt0 + kk) * 16
+        if FUSE:
+            xa = tl.sum(rotated_slice(xin_ptr, suh_ptr, 1, 0, row0, 1, BK), axis=0)
+        else:
+            xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
+        acc2 += xa[:, None] * v.to(tl.float32)
+    return tl.sum(acc2, axis=0)
+
+
+@triton.jit
+def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, P, D, stride_x, topk, n_routed):
+    """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1)."""
+    blk = tl.program_id(0)
+    p = tl.program_id(1)
+    proj = tl.program_id(2)
+    t, e, _ = _pair(ids_ptr, ids_ptr, p, topk, n_routed)
+    cols = blk * 128 + tl.arange(0, 128)
+    if proj == 0:
+        su = tl.load(suh1_ptr + e * D + cols)
+    else:
+        su = tl.load(suh3_ptr + e * D + cols)
+    a = tl.load(x_ptr + t * stride_x + cols).to(tl.float32) * su.to(tl.float32)
+    xh = rotate_rows(a[None, :], 1)
+    tl.store(xh_ptr + (proj * P + p) * D + cols[None, :], xh)
+
+
+@triton.jit
+def _gate_up_epilogue(g, u, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr):
+    """SwiGLU of one 128-column block, then the down projection's input rotation of that block."""
+    cols = pid_c * 128 + tl.arange(0, 128)
+    g = rotate_rows(g[None, :], 1) * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
+    u = rotate_rows(u[None, :], 1) * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    act = g * tl.sigmoid(g) * u * w
+    a2 = act * tl.load(suh2_ptr + e * NI + cols).to(tl.float32)[None, :]
+    tl.store(act_ptr + p * NI + cols[None, :], rotate_rows(a2, 1))
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr, ids_ptr, wts_ptr, xh_ptr,
+    t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, suh1_ptr, svh1_ptr,
+    t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, suh3_ptr, svh3_ptr,
+    suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
+    P, D, NI, stride_x, topk, n_routed, kt_per, limit,
+    W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
+    BK: tl.constexpr, SPLIT: tl.constexpr, FUSE: tl.constexpr,
+):  # fmt: skip
+    pid_c = tl.program_id(0)
+    p = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    t, e, w = _pair(ids_ptr, wts_ptr, p, topk, n_routed)
+    kt0 = pid_s * kt_per
+    tn = NI // 16
+    if FUSE:
+        x1 = x_ptr + t * stride_x
+        x3 = x1
+    else:
+        x1 = xh_ptr + p * D
+        x3 = xh_ptr + (P + p) * D
+    g = _expert_cols(
+        t1_ptr,
+        off1_ptr,
+        wid1_ptr,
+        cb1_ptr,
+        e,
+        pid_c,
+        kt0,
+        kt_per,
+        tn,
+        x1,
+        suh1_ptr + e * D,
+        FUSE,
+        W1,
+        CB1,
+        BK,
+    )
+    u = _expert_cols(
+        t3_ptr,
+        off3_ptr,
+        wid3_ptr,
+        cb3_ptr,
+        e,
+        pid_c,
+        kt0,
+        kt_per,
+        tn,
+        x3,
+        suh3_ptr + e * D,
+        FUSE,
+        W3,
+        CB3,
+        BK,
+    )
+    if SPLIT == 1:
+        _gate_up_epilogue(g, u, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
+    else:
+        slot = (p * (NI // 128) + pid_c).to(tl.int64)
+        c = tl.arange(0, 128)
+        part = ws_ptr + (slot * SPLIT + pid_s) * 256
+        tl.store(part + c, g)
+        tl.store(part + 128 + c, u)
+        tl.debug_barrier()
+        done = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if done == SPLIT - 1:
+            gs = tl.zeros([128], dtype=tl.float32)
+            us = tl.zeros([128], dtype=tl.float32)
+            for s in range(SPLIT):
+                src = ws_ptr + (slot * SPLIT + s) * 256
+                gs += tl.load(src + c, cache_modifier=".cg")
+                us += tl.load(src + 128 + c, cache_modifier=".cg")
+            _gate_up_epilogue(gs, us, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
+            tl.atomic_xchg(cnt_ptr + slot, 0)
+
+
+@triton.jit
+def _moe_down_kernel(
+    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
+    D, NI, stride_y, topk, n_routed, kt_per,
+    W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr, NS: tl.constexpr,
+):  # fmt: skip
+    pid_c = tl.program_id(0)
+    t = tl.program_id(1)
+    s = tl.program_id(2)
+    p = t * (topk + 1) + s // KS
+    _, e, _ = _pair(ids_ptr, ids_ptr, p, topk, n_routed)
+    kt0 = (s % KS) * kt_per
+    acc = _expert_cols(
+        t2_ptr,
+        off2_ptr,
+        wid2_ptr,
+        cb2_ptr,
+        e,
+        pid_c,
+        kt0,
+        kt_per,
+        D // 16,
+        act_ptr + p * NI,
+        act_ptr,
+        False,
+        W2,
+        CB2,
+        BK,
+    )
+    c = tl.arange(0, 128)
+    cols = pid_c * 128 + c
+    y = tl.sum(rotate_rows(acc[None, :], 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
+    slot = (t * (D // 128) + pid_c).to(tl.int64)
+    tl.store(ws_ptr + (slot * NS + s) * 128 + c, y)
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+    if done == NS - 1:
+        tot = tl.zeros([128], dtype=tl.float32)
+        for q in range(NS):
+            tot += tl.load(ws_ptr + (slot * NS + q) * 128 + c, cache_modifier=".cg")
+        tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
+        tl.atomic_xchg(cnt_ptr + slot, 0)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Launch choices (None = chosen from the shape)."""
+
+    split_gate_up: int | None = None
+    split_down: int | None = None
+    block_k: int = 16
+    fuse_rotation: bool = False
+    num_warps: int = 4
+
+
+def moe_exl3(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: ExpertTable,
+    w3: ExpertTable,
+    w2: ExpertTable,
+    swiglu_limit: float = 10.0,
+    out_dtype: torch.dtype | None = None,
+    config: MoeConfig = MoeConfig(),
+) -> torch.Tensor:
+    """y [T, D] = sum over each token's top-k experts (weights) and the shared expert (weight 1)."""
+    tokens, d = x.shape
+    topk = topk_ids.shape[1]
+    inter = w1.n
+    if (w1.k, w3.k, w3.n, w2.k, w2.n) != (d, d, inter, inter, d):
+        raise ValueError(f"tables {w1.k}x{w1.n}, {w3.k}x{w3.n}, {w2.k}x{w2.n} do not fit x [., {d}]")
+    if not w1.entries == w3.entries == w2.entries:
+        raise ValueError("w1, w3 and w2 tables hold different numbers of entries")
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != tokens or topk < 1:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} / weights {tuple(topk_weights.shape)} vs {tokens} tokens"
+        )
+    x = x.contiguous()
+    ids = topk_ids.contiguous()
+    wts = topk_weights.contiguous()
+    n_routed = w1.entries - 1
+    pairs = tokens * (topk + 1)
+    dev = x.device
+    bk = config.block_k
+    sms = num_sms(dev)
+    c1, c2 = inter // 128, d // 128
+    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms)
+    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms)
+    limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
+    y = torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
+    act = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
+    xh = x
+    if not config.fuse_rotation:
+        xh = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
+        _moe_rotate_kernel[(d // 128, pairs, 2)](
+            x, ids, w1.suh, w3.suh, xh, pairs, d, x.stride(0), topk, n_routed
+        )
+    ws1 = torch.empty((pairs * c1 * split1 * 256,), dtype=torch.float32, device=dev) if split1 > 1 else act
+    ns = (topk + 1) * split2
+    ws2 = torch.empty((tokens * c2 * ns * 128,), dtype=torch.float32, device=dev)
+    cnt = counters(dev, pairs * c1 + tokens * c2)
+    cnt1, cnt2 = cnt, cnt[pairs * c1 :]
+    _moe_gate_up_kernel[(c1, pairs, split1)](
+        x, ids, wts, xh,
+        w1.words, w1.offsets, w1.widths, w1.codebooks, w1.suh, w1.svh,
+        w3.words, w3.offsets, w3.widths, w3.codebooks, w3.suh, w3.svh,
+        w2.suh, act, ws1, cnt1,
+        pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
+        W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
+        BK=bk, SPLIT=split1, FUSE=config.fuse_rotation, num_warps=config.num_warps,
+    )  # fmt: skip
+    _moe_down_kernel[(c2, tokens, ns)](
+        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
+        d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, num_warps=config.num_warps,
+    )  # fmt: skip
+    return y
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w1: list[torch.Tensor],
+    w3: list[torch.Tensor],
+    w2: list[torch.Tensor],
+    swiglu_limit: float = 10.0,
+) -> torch.Tensor:
+    """Torch reference in float64 from dense weights [k, n] per entry (shared expert last)."""
+    shared = len(w1) - 1
+    xd = x.double()
+    y = torch.zeros((x.shape[0], w2[0].shape[1]), dtype=torch.float64, device=x.device)
+    for t in range(x.shape[0]):
+        slots = [
+            (int(e), float(w)) for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True)
+        ]
+        for e, w in [*slots, (shared, 1.0)]:
+            g = xd[t] @ w1[e].double()
+            u = xd[t] @ w3[e].double()
+            if swiglu_limit and swiglu_limit > 0:
+                g = g.clamp(max=swiglu_limit)
+                u = u.clamp(-swiglu_limit, swiglu_limit)
+            act = torch.nn.functional.silu(g) * u * w
+            y[t] += act @ w2[e].double()
+    return y
