@@ -1,0 +1,104 @@
+"""Per-sequence decoding state of the DeepSeek-V4.1 forward: window rings, compressor buffers, compressed entries.
+
+What a layer keeps, by mode (spec/deepseek_v41.md section 2):
+  every layer            a sliding-window ring of its FP8-quantised, rotated K=V latents (slot = position % window)
+  full (KV source)       + the compressor's pending rows (the tokens of a group not yet complete), the
+                           compressed entries (rotated, FP4-quantised) and, when it is an index source too,
+                           the indexer keys (one per compressed entry)
+  reindex / reuse        nothing more: they read their source's entries through the forward's shared state
+Chunked prefill then one-token decode computes exactly what one whole pass computes, because a group's
+pending rows and the window carry across calls (reference: HF deepseek_v41 `DeepseekV41CSACache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class GrowRows:
+    """Rows appended over time into a buffer whose capacity doubles (no quadratic re-concatenation)."""
+
+    def __init__(self, width: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self._data = torch.empty(0, width, dtype=dtype, device=device)
+        self.count = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        """Add rows [n, width] at the end."""
+        need = self.count + rows.shape[0]
+        if need > self._data.shape[0]:
+            grown = torch.empty(
+                max(need, 2 * self._data.shape[0], 16),
+                self._data.shape[1],
+                dtype=self._data.dtype,
+                device=self._data.device,
+            )
+            grown[: self.count] = self._data[: self.count]
+            self._data = grown
+        self._data[self.count : need] = rows
+        self.count = need
+
+    def view(self) -> torch.Tensor:
+        """The rows so far [count, width] (a view: read it before the next append)."""
+        return self._data[: self.count]
+
+
+class WindowRing:
+    """The last `window` K=V latents of one layer, slot = position % window."""
+
+    def __init__(self, window: int, width: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.window = window
+        self.keys = torch.zeros(window, width, dtype=dtype, device=device)
+
+    def before(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, positions) of the cached tokens a chunk starting at `start` can still see."""
+        first = max(0, start - (self.window - 1))
+        positions = torch.arange(first, start, device=self.keys.device)
+        return self.keys[positions % self.window], positions
+
+    def write(self, start: int, keys: torch.Tensor) -> None:
+        """Store a chunk's latents [n, width] for positions start..start+n-1 (only the last `window` stay)."""
+        n = keys.shape[0]
+        keep = min(n, self.window)
+        positions = torch.arange(start + n - keep, start + n, device=self.keys.device)
+        self.keys[positions % self.window] = keys[n - keep :]
+
+
+@dataclass
+class CompressorState:
+    """A KV source's group buffer and its running compressed entries and indexer keys."""
+
+    ratio: int
+    pending_kv: torch.Tensor  # [p < ratio, head_dim] projected rows of the incomplete group
+    pending_gate: torch.Tensor | None  # same for the gate (ratio > 1 only)
+    entries: GrowRows  # rotated, FP4-quantised compressed KV [groups, head_dim]
+    index_keys: GrowRows | None  # rotated, FP4-quantised indexer keys [groups, index_head_dim]
+
+    @property
+    def groups(self) -> int:
+        """Groups emitted so far; group g covers positions g*ratio .. g*ratio+ratio-1."""
+        return self.entries.count
+
+
+@dataclass
+class SequenceState:
+    """Everything one sequence carries between forward calls."""
+
+    position: int = 0  # tokens already processed = position of the next token
+    windows: dict[int, WindowRing] = field(default_factory=dict)
+    compressors: dict[int, CompressorState] = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)  # token ids so far (Engram look-back, generation)
+
+
+def new_compressor(
+    ratio: int, head_dim: int, index_dim: int | None, dtype: torch.dtype, device: torch.device | str
+) -> CompressorState:
+    """An empty compressor state for one KV-source layer."""
+    return CompressorState(
+        ratio=ratio,
+        pending_kv=torch.empty(0, head_dim, dtype=dtype, device=device),
+        pending_gate=torch.empty(0, head_dim, dtype=dtype, device=device) if ratio > 1 else None,
+        entries=GrowRows(head_dim, dtype, device),
+        index_keys=None if index_dim is None else GrowRows(index_dim, dtype, device),
+    )
