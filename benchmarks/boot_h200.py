@@ -1,0 +1,480 @@
+"""Benchmark: time to weights resident on an H200 for the `ring` and `register` upload paths.
+
+Run on the GPU machine from the repository root:
+
+    python3 benchmarks/boot_h200.py --image DIR --out DIR [--make-gb 24]
+
+DIR is a rank folder (manifest.json), a folder written by `--make-gb` (bench_segments.json: a
+synthetic rank of per-layer files with segments at 4 KiB offsets), or any folder of *.bin files.
+Measured in the same run: warm and cold (page cache dropped) boots of both paths, the floors
+(image bytes / pinned H2D bandwidth warm; image bytes / parallel-pread disk bandwidth cold) and
+`safetensors.torch.load_file(..., device="cuda")` of an equivalent safetensors file, warm.
+Writes boot_h200.json and boot_h200.md into --out (commit them beside this script) and prints a
+short table last. Needs torch with
+CUDA; imports only tfc.runtime.arena / tfc.runtime.upload (no blake3 needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import mmap
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_WARM, TARGET_COLD, TARGET_ST = 1.25, 1.10, 4.0
+
+
+def _import_tfc():
+    """Import tfc.runtime from an installed package, or map the repository folders when not installed."""
+    try:
+        import tfc.runtime.upload
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+        import tfc
+
+        for name in ("runtime",):
+            spec = importlib.util.spec_from_file_location(
+                f"tfc.{name}", ROOT / name / "__init__.py", submodule_search_locations=[str(ROOT / name)]
+            )
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[f"tfc.{name}"] = module
+            spec.loader.exec_module(module)
+            setattr(tfc, name, module)
+    from tfc.runtime import arena, upload
+
+    return arena, upload
+
+
+# -- the image --------------------------------------------------------------------------------
+
+
+def make_image(folder: Path, gb: float) -> None:
+    """A synthetic rank: 43 layer files plus top.bin, segments of mixed sizes at 4 KiB offsets."""
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, 96 << 20, dtype=np.uint8)
+    total = int(gb * 1e9)
+    files = [f"L{i:02d}.bin" for i in range(43)] + ["top.bin"]
+    per_file = total // len(files)
+    segments = []
+    for fname in files:
+        off, left = 0, per_file
+        while left > 0:  # an expert table, its scales and natives, like a real layer
+            n = min(left, int(rng.choice([300 << 20, 120 << 20, 9 << 20, 70_001, 4_096 * 33 + 2])))
+            segments.append({"name": f"{fname}.{len(segments)}", "file": fname, "offset": off, "length": n})
+            off = -(-(off + n) // 4096) * 4096
+            left -= n
+    by_file: dict[str, list] = {}
+    for s in segments:
+        by_file.setdefault(s["file"], []).append(s)
+
+    def write(fname: str) -> None:
+        fd = os.open(folder / fname, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for s in by_file[fname]:
+                pos, end = s["offset"], s["offset"] + s["length"]
+                while pos < end:
+                    n = min(end - pos, 32 << 20)
+                    start = (pos * 7919) % (len(noise) - n)
+                    os.pwrite(fd, noise[start : start + n], pos)
+                    pos += n
+            os.ftruncate(fd, -(-os.fstat(fd).st_size // 4096) * 4096)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    _parallel(files, write, 8)
+    (folder / "bench_segments.json").write_text(json.dumps({"segments": segments}))
+
+
+def image_items(folder: Path, UploadItem) -> tuple[list, str]:
+    """Upload items of the image folder, and where they came from."""
+    for name in ("manifest.json", "bench_segments.json"):
+        if (folder / name).exists():
+            segs = json.loads((folder / name).read_text())["segments"]
+            return [UploadItem(s["name"], folder / s["file"], s["offset"], s["length"]) for s in segs], name
+    files = sorted(folder.glob("*.bin"))
+    return [UploadItem(f.name, f, 0, f.stat().st_size) for f in files], "*.bin files"
+
+
+def _parallel(items, fn, threads: int) -> None:
+    it = iter(list(items))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                x = next(it, None)
+            if x is None:
+                return
+            try:
+                fn(x)
+            except BaseException as e:
+                errors.append(e)
+                return
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+# -- page cache -------------------------------------------------------------------------------
+
+
+def drop_cache(files: list[Path]) -> dict:
+    """Evict the files from the page cache: fadvise(DONTNEED) on each, and try /proc/sys/vm/drop_caches."""
+    os.sync()
+    fadvise_ok = True
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            fadvise_ok = False
+        finally:
+            os.close(fd)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        drop = "ok"
+    except OSError as error:
+        drop = f"failed: {error.strerror}"
+    return {
+        "fadvise_dontneed": "ok" if fadvise_ok else "failed",
+        "drop_caches": drop,
+        "resident": resident(files),
+    }
+
+
+def resident(files: list[Path]) -> float:
+    """Fraction of the files' pages in the page cache (mincore)."""
+    import numpy as np
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    have = total = 0
+    for f in files:
+        size = f.stat().st_size
+        if not size:
+            continue
+        vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as m:
+            view = np.frombuffer(m, dtype=np.uint8)
+            rc = libc.mincore(view.ctypes.data, size, vec.ctypes.data)
+            del view  # the map closes only once no view exports it
+        if rc == 0:
+            have += int((vec & 1).sum())
+            total += len(vec)
+    return round(have / total, 4) if total else 0.0
+
+
+def warm_cache(files: list[Path]) -> None:
+    """Read every file once so the page cache holds it."""
+
+    def read(f: Path) -> None:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(64 << 20):
+                pass
+
+    _parallel(files, read, 8)
+
+
+# -- floors -----------------------------------------------------------------------------------
+
+
+def pinned_h2d_gbps(torch, nbytes: int = 2 << 30, reps: int = 5) -> dict:
+    """Host-to-device bandwidth from pinned memory (best and median of `reps` copies)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    src.fill_(7)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"best": round(max(rates), 2), "median": round(statistics.median(rates), 2), "bytes": nbytes}
+
+
+def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> float:
+    """Parallel pread of every file (page cache dropped by the caller) into plain buffers."""
+    import numpy as np
+
+    work = [
+        (f, off, min(request, f.stat().st_size - off))
+        for f in files
+        for off in range(0, f.stat().st_size, request)
+    ]
+    total = sum(n for _, _, n in work)
+    local = threading.local()
+
+    def read(w) -> None:
+        f, off, n = w
+        buf = getattr(local, "buf", None)
+        if buf is None:
+            buf = local.buf = np.empty(request, dtype=np.uint8)
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.preadv(fd, [memoryview(buf)[:n]], off)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    _parallel(work, read, threads)
+    return total / (time.perf_counter() - t0) / 1e9
+
+
+# -- boots ------------------------------------------------------------------------------------
+
+
+def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
+    """Open the segment list, allocate the arena, upload, synchronise: time to weights resident."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    items, _ = image_items(folder, arena_mod.UploadItem)
+    plan = arena_mod.plan_arena(items)
+    t_open = time.perf_counter()
+    arena = arena_mod.DeviceArena(plan, "cuda")
+    torch.cuda.synchronize()
+    t_alloc = time.perf_counter()
+    report = upload_mod.upload(arena, method, **cfg)
+    torch.cuda.synchronize()
+    t_end = time.perf_counter()
+    out = {
+        "method": method,
+        **cfg,
+        "bytes": plan.nbytes,
+        "seconds": t_end - t0,
+        "open_s": t_open - t0,
+        "alloc_s": t_alloc - t_open,
+        "upload_s": report.seconds,
+        "read_s": report.read_seconds,
+    }
+    out["gbps"] = plan.nbytes / out["seconds"] / 1e9
+    arena.release()
+    del arena
+    torch.cuda.empty_cache()
+    return out
+
+
+def write_safetensors(items: list, path: Path) -> int:
+    """A safetensors file holding the image's segments as U8 tensors (same bytes, same sizes)."""
+    header, pos = {}, 0
+    for i, it in enumerate(items):
+        header[f"t{i}"] = {"dtype": "U8", "shape": [it.length], "data_offsets": [pos, pos + it.length]}
+        pos += it.length
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as out:
+        out.write(len(text).to_bytes(8, "little") + text)
+        for it in items:
+            with open(it.path, "rb") as src:
+                done = 0
+                while done < it.length:
+                    done += os.copy_file_range(src.fileno(), out.fileno(), it.length - done, it.offset + done)
+        out.flush()
+        os.fsync(out.fileno())
+    return pos
+
+
+def safetensors_warm(torch, path: Path, reps: int) -> dict:
+    from safetensors.torch import load_file
+
+    warm_cache([path])
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tensors = load_file(str(path), device="cuda")
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        del tensors
+        torch.cuda.empty_cache()
+    return {"seconds": statistics.median(times), "all": times}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--image", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--make-gb", type=float, default=0.0, help="write a synthetic image of this size first")
+    ap.add_argument("--reps", type=int, default=3, help="warm repetitions (median)")
+    ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--no-safetensors", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("boot_h200: needs CUDA")
+    arena_mod, upload_mod = _import_tfc()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.make_gb and not any(args.image.glob("*.bin")):
+        t0 = time.perf_counter()
+        make_image(args.image, args.make_gb)
+        print(
+            f"made a {args.make_gb} GB synthetic image in {time.perf_counter() - t0:.1f} s", file=sys.stderr
+        )
+    items, source = image_items(args.image, arena_mod.UploadItem)
+    files = sorted({it.path for it in items})
+    image_bytes = arena_mod.plan_arena(items).nbytes
+    res: dict = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "hardware": {
+            "gpu": torch.cuda.get_device_name(0),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        },
+        "image": {"path": str(args.image), "source": source, "files": len(files), "segments": len(items),
+                  "bytes": image_bytes},
+    }  # fmt: skip
+    print(
+        f"image: {image_bytes / 1e9:.2f} GB in {len(files)} files, {len(items)} segments ({source})",
+        file=sys.stderr,
+    )
+
+    res["h2d_pinned_gbps"] = pinned_h2d_gbps(torch)
+    floor_warm = image_bytes / (res["h2d_pinned_gbps"]["best"] * 1e9)
+
+    warm_cache(files)
+    res["warm_resident"] = resident(files)
+    configs = {
+        "ring": [dict(threads=t, slot_bytes=s) for t in (8, 16) for s in (16 << 20, 64 << 20)],
+        "register": [dict(threads=t, window_bytes=w) for t in (1, 4, 8) for w in (256 << 20, 1 << 30)],
+    }
+    res["warm"] = []
+    best: dict[str, dict] = {}
+    for method, cfgs in configs.items():
+        for cfg in cfgs:
+            runs = [
+                boot_once(torch, arena_mod, upload_mod, args.image, method, cfg) for _ in range(args.reps)
+            ]
+            med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+            med["all_seconds"] = [round(r["seconds"], 4) for r in runs]
+            res["warm"].append(med)
+            print(f"warm {method} {cfg}: {med['seconds']:.3f} s ({med['gbps']:.1f} GB/s)", file=sys.stderr)
+            if method not in best or med["seconds"] < best[method]["seconds"]:
+                best[method] = med
+
+    if not args.no_cold:
+        res["cold"] = []
+        disk = []
+        for threads in (8, 16):
+            res[f"drop_before_disk_{threads}"] = drop_cache(files)
+            disk.append(disk_read_gbps(files, threads))
+        res["disk_read_gbps"] = {"8_threads": round(disk[0], 3), "16_threads": round(disk[1], 3)}
+        floor_cold = image_bytes / (max(disk) * 1e9)
+        for method in ("ring", "register"):
+            cfg = {k: v for k, v in best[method].items() if k in ("threads", "slot_bytes", "window_bytes")}
+            if method == "ring":
+                cfg["threads"] = 16
+            drop = drop_cache(files)
+            run = boot_once(torch, arena_mod, upload_mod, args.image, method, cfg)
+            run["drop"] = drop
+            res["cold"].append(run)
+            print(
+                f"cold {method} {cfg}: {run['seconds']:.3f} s (resident before {drop['resident']})",
+                file=sys.stderr,
+            )
+        res["floor_cold_s"] = floor_cold
+    res["floor_warm_s"] = floor_warm
+
+    if not args.no_safetensors:
+        try:
+            import safetensors  # noqa: F401
+
+            st_path = args.image.resolve().parent / "boot_h200_equivalent.safetensors"  # beside the image
+            free = os.statvfs(st_path.parent).f_bavail * os.statvfs(st_path.parent).f_frsize
+            if free < image_bytes + (2 << 30):
+                res["safetensors"] = {
+                    "skipped": f"only {free / 1e9:.1f} GB free for a {image_bytes / 1e9:.1f} GB file"
+                }
+            else:
+                write_safetensors(items, st_path)
+                try:
+                    res["safetensors"] = safetensors_warm(torch, st_path, max(1, args.reps))
+                finally:
+                    st_path.unlink(missing_ok=True)
+        except ImportError:
+            res["safetensors"] = {"skipped": "safetensors is not installed"}
+    report(res, args.out)
+
+
+def report(res: dict, out: Path) -> None:
+    """Write JSON and markdown, print the table."""
+    rows = []
+    st = res.get("safetensors", {}).get("seconds")
+    for kind, floor, target in (
+        ("warm", res["floor_warm_s"], TARGET_WARM),
+        ("cold", res.get("floor_cold_s"), TARGET_COLD),
+    ):
+        if kind not in res:
+            continue
+        runs = res[kind]
+        for method in ("ring", "register"):
+            mine = [r for r in runs if r["method"] == method]
+            if not mine:
+                continue
+            r = min(mine, key=lambda r: r["seconds"])
+            cfg = ", ".join(f"{k}={v >> 20 if k.endswith('bytes') else v}{'M' if k.endswith('bytes') else ''}"
+                            for k, v in r.items() if k in ("threads", "slot_bytes", "window_bytes"))  # fmt: skip
+            ratio = r["seconds"] / floor
+            line = [kind, method, cfg, f"{r['seconds']:.3f}", f"{r['gbps']:.1f}", f"{floor:.3f}", f"{ratio:.2f}x",
+                    f"<= {target}x", "yes" if ratio <= target else "NO"]  # fmt: skip
+            if kind == "warm" and st:
+                line.append(f"{st / r['seconds']:.1f}x")
+            rows.append(line)
+    head = [
+        "cache",
+        "method",
+        "best config",
+        "seconds",
+        "GB/s",
+        "floor s",
+        "vs floor",
+        "target",
+        "met",
+        "vs safetensors",
+    ]
+    md = ["# Boot: time to weights resident (H200)", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
+          f"Hardware: {json.dumps(res['hardware'])}  ", f"Image: {json.dumps(res['image'])}", "",
+          f"Pinned H2D: {res['h2d_pinned_gbps']}; disk read (cold, parallel pread): {res.get('disk_read_gbps')} GB/s; "
+          f"safetensors load_file warm: {st if st is not None else res.get('safetensors')} s "
+          f"(target: >= {TARGET_ST}x faster)", "",
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    md += ["| " + " | ".join(r + [""] * (len(head) - len(r))) + " |" for r in rows]
+    md += ["", "Every run (JSON): boot_h200.json"]
+    (out / "boot_h200.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    (out / "boot_h200.md").write_text("\n".join(md) + "\n")
+    widths = [
+        max(len(str(x)) for x in col)
+        for col in zip(head, *[r + [""] * (len(head) - len(r)) for r in rows], strict=False)
+    ]
+    print()
+    for r in [head, *[r + [""] * (len(head) - len(r)) for r in rows]]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)))
+
+
+if __name__ == "__main__":
+    main()
