@@ -21,6 +21,7 @@ without communication because every rank meets the same keys in the same order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -304,7 +305,8 @@ class CudaGraphBackend:
             with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
                 step()
         except BaseException:
-            graph.reset()
+            with contextlib.suppress(Exception):
+                graph.reset()  # a capture that died half-way may refuse even this; the object is dropped
             raise
         return graph
 
