@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,3 +155,46 @@ def test_bad_packs_one_line_exit_2(tmp_path):
     assert out.returncode == 2 and "primes sum to 384016682" in out.stderr
     out = run_tfc("engram", str(tmp_path / "nowhere"), "--ids", "1")
     assert out.returncode == 2 and "neither a pack" in out.stderr
+
+
+def write_engram_image(root: Path, pack: Path, world: int = 2, rank: int = 1) -> Path:
+    """A rank image holding only the host-side Engram segments of `pack` (as prepare writes them)."""
+    from tfc.cache.key import image_key
+    from tfc.cache.writer import ImageWriter
+    from tfc.compiler.engram_assets import asset_segments
+    from tfc.compiler.engram_map import build_token_map
+    from tfc.packs.engram_layout import check_layout
+
+    layout = check_layout(FLASH)
+    segs = asset_segments(layout, build_token_map(pack / "tokenizer.json"), FLASH, world, rank)
+    world_key = image_key({"test": "engram", "world": world})
+    with ImageWriter(root, world_key, rank) as writer:
+        for seg in segs:
+            slot = writer.add_segment(seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, "host.bin")
+            writer.write(slot, 0, seg.data)
+        return writer.publish(
+            {
+                "family": "deepseek_v41",
+                "key": image_key({"world_key": world_key, "rank": rank}),
+                "key_inputs": {"test": "engram"},
+                "world": world,
+                "plan": {},
+            }
+        )
+
+
+def test_image_path_equals_pack_path(flash_pack, tmp_path):
+    image = write_engram_image(tmp_path, flash_pack)
+    args = ["--ids", "5,6,129264,7,8", "--lookback", "9,10", "--json"]
+    from_pack = run_tfc("engram", str(flash_pack), *args)
+    from_image = run_tfc("engram", str(image), *args)
+    assert from_pack.returncode == 0 and from_image.returncode == 0, from_image.stderr
+    a, b = json.loads(from_pack.stdout), json.loads(from_image.stdout)
+    assert b.pop("source") == "image" and a.pop("source") == "pack"
+    assert a == b
+    out = run_tfc("engram", str(image), "--text", "hi")
+    assert out.returncode == 2 and "pass --tokenizer" in out.stderr
+    out = run_tfc(
+        "engram", str(image.parent), "--text", "hi", "--tokenizer", str(flash_pack / "tokenizer.json")
+    )
+    assert out.returncode == 0 and "'hi' -> compressed" in out.stdout

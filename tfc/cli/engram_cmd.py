@@ -47,14 +47,15 @@ def engram(
     """Show token ids, compressed ids and, per position, the table row of every column of every Engram layer.
 
     PACK_OR_IMAGE is a pack folder (config.json + tokenizer.json) or a prepared image (a rank folder
-    holding manifest.json, or a world folder holding rank0/). Image positions are shown as DEAD:
+    holding manifest.json, or a world folder: its lowest rank). Image positions are shown as DEAD:
     they and the n-grams through them hash as the pad id.
     """
     from tfc.runtime.engram_hash import hash_ids
 
     if (text is None) == (ids is None):
         raise click.UsageError("give exactly one of --text and --ids")
-    view = _open_image(source, tokenizer) if _is_image(source) else _open_pack(source)
+    rank_dir = _rank_dir(source)
+    view = _open_image(rank_dir, tokenizer) if rank_dir else _open_pack(source)
     if text is not None:
         if view["tokenizer"] is None:
             raise EngramCommandError(f"{source}: an image holds no tokenizer; pass --tokenizer or use --ids")
@@ -68,8 +69,16 @@ def engram(
         _print(report, view["tokenizer"])
 
 
-def _is_image(path: Path) -> bool:
-    return (path / "manifest.json").is_file() or (path / "rank0" / "manifest.json").is_file()
+def _rank_dir(path: Path) -> Path | None:
+    """The rank folder to read: `path` itself, or the lowest rank of a world folder."""
+    if (path / "manifest.json").is_file():
+        return path
+    ranks = sorted(
+        (int(p.name[4:]), p)
+        for p in (path.glob("rank*") if path.is_dir() else [])
+        if p.name[4:].isdigit() and (p / "manifest.json").is_file()
+    )
+    return ranks[0][1] if ranks else None
 
 
 def _open_pack(path: Path) -> dict[str, Any]:
@@ -108,12 +117,11 @@ def _open_pack(path: Path) -> dict[str, Any]:
     }
 
 
-def _open_image(path: Path, tokenizer: Path | None) -> dict[str, Any]:
+def _open_image(rank_dir: Path, tokenizer: Path | None) -> dict[str, Any]:
     """Hash tables read from an image's host-side Engram segments (never recomputed)."""
     from tfc.cache.reader import open_rank
     from tfc.runtime.engram_hash import SEG_LAYER_IDS, SEG_TOKEN_MAP, params_of, tables_from_segments
 
-    rank_dir = path if (path / "manifest.json").is_file() else path / "rank0"
     image = open_rank(rank_dir)
     if SEG_TOKEN_MAP not in image.segments:
         raise EngramCommandError(f"{rank_dir}: this image has no Engram segments")
