@@ -174,6 +174,7 @@ def exl3_gemm(
     codebook: int,
     out_dtype: torch.dtype | None = None,
     config: GemmConfig = GemmConfig(),
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows."""
     tk, tn, width = trellis.shape
@@ -191,7 +192,9 @@ def exl3_gemm(
     blocks = n // 128
     split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device))
     fuse = config.fuse_rotation if config.fuse_rotation is not None else blocks * split <= 64
-    y = torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
+    y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
+    if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
+        raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
     xh = x
     if not fuse:
         xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)

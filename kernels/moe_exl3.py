@@ -260,6 +260,7 @@ def moe_exl3(
     swiglu_limit: float = 10.0,
     out_dtype: torch.dtype | None = None,
     config: MoeConfig = MoeConfig(),
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y [T, D] = sum over each token's top-k experts (weights) and the shared expert (weight 1)."""
     tokens, d = x.shape
@@ -285,7 +286,9 @@ def moe_exl3(
     split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms)
     split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
-    y = torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
+    y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
+    if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:
+        raise ValueError(f"out {tuple(y.shape)} must be [{tokens}, {d}] with unit column stride")
     act = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
     xh = x
     if not config.fuse_rotation:
