@@ -11,7 +11,8 @@ Measured in the same run: warm and cold (page cache dropped) boots of both paths
 `safetensors.torch.load_file(..., device="cuda")` of an equivalent safetensors file, warm.
 Writes boot_h200.json and boot_h200.md into --out (commit them beside this script) and prints a
 short table last. Needs torch with
-CUDA; imports only tfc.runtime.arena / tfc.runtime.upload (no blake3 needed).
+CUDA; imports only tfc.runtime.arena / tfc.runtime.upload (no blake3 or numpy needed;
+safetensors for the baseline).
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ def _import_tfc():
 
 def make_image(folder: Path, gb: float) -> None:
     """A synthetic rank: 43 layer files plus top.bin, segments of mixed sizes at 4 KiB offsets."""
-    import numpy as np
+    import random
 
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    noise = rng.integers(0, 256, 96 << 20, dtype=np.uint8)
+    rng = random.Random(0)
+    noise = memoryview(os.urandom(96 << 20))
     total = int(gb * 1e9)
     files = [f"L{i:02d}.bin" for i in range(43)] + ["top.bin"]
     per_file = total // len(files)
@@ -71,7 +72,7 @@ def make_image(folder: Path, gb: float) -> None:
     for fname in files:
         off, left = 0, per_file
         while left > 0:  # an expert table, its scales and natives, like a real layer
-            n = min(left, int(rng.choice([300 << 20, 120 << 20, 9 << 20, 70_001, 4_096 * 33 + 2])))
+            n = min(left, rng.choice([300 << 20, 120 << 20, 9 << 20, 70_001, 4_096 * 33 + 2]))
             segments.append({"name": f"{fname}.{len(segments)}", "file": fname, "offset": off, "length": n})
             off = -(-(off + n) // 4096) * 4096
             left -= n
@@ -162,24 +163,36 @@ def drop_cache(files: list[Path]) -> dict:
 
 
 def resident(files: list[Path]) -> float:
-    """Fraction of the files' pages in the page cache (mincore)."""
-    import numpy as np
-
+    """Fraction of the files' pages in the page cache (mincore on a fresh read-only map)."""
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     have = total = 0
     for f in files:
         size = f.stat().st_size
         if not size:
             continue
-        vec = np.zeros(-(-size // mmap.PAGESIZE), dtype=np.uint8)
-        with open(f, "rb") as fh, mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as m:
-            view = np.frombuffer(m, dtype=np.uint8)
-            rc = libc.mincore(view.ctypes.data, size, vec.ctypes.data)
-            del view  # the map closes only once no view exports it
+        pages = -(-size // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            rc = libc.mincore(addr, size, vec)
+            libc.munmap(addr, size)
+        finally:
+            os.close(fd)
         if rc == 0:
-            have += int((vec & 1).sum())
-            total += len(vec)
+            have += pages - bytes(vec).count(0)  # only bit 0 is defined; the others are zero
+            total += pages
     return round(have / total, 4) if total else 0.0
 
 
@@ -217,8 +230,6 @@ def pinned_h2d_gbps(torch, nbytes: int = 2 << 30, reps: int = 5) -> dict:
 
 def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> float:
     """Parallel pread of every file (page cache dropped by the caller) into plain buffers."""
-    import numpy as np
-
     work = [
         (f, off, min(request, f.stat().st_size - off))
         for f in files
@@ -231,7 +242,7 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
         f, off, n = w
         buf = getattr(local, "buf", None)
         if buf is None:
-            buf = local.buf = np.empty(request, dtype=np.uint8)
+            buf = local.buf = bytearray(request)
         fd = os.open(f, os.O_RDONLY)
         try:
             os.preadv(fd, [memoryview(buf)[:n]], off)

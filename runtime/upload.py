@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import contextlib
+import ctypes
 import mmap
 import os
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -94,25 +93,49 @@ class _Files:
     def __init__(self, arena: DeviceArena) -> None:
         self.paths = sorted({c.path for c in arena.plan.chunks})
         self.fds: dict[Path, int] = {}
-        self.maps: dict[Path, mmap.mmap] = {}
+        self.maps: dict[Path, tuple[int, int]] = {}
 
     def __enter__(self) -> _Files:
         for p in self.paths:
             self.fds[p] = os.open(p, os.O_RDONLY)
         return self
 
-    def map(self, path: Path) -> mmap.mmap:
+    def map(self, path: Path) -> tuple[int, int]:
+        """(address, size) of a read-only shared mapping of the whole file (libc mmap: an address
+        is what cudaHostRegister needs, and Python's mmap hides it for read-only maps)."""
         if path not in self.maps:
-            self.maps[path] = mmap.mmap(self.fds[path], 0, prot=mmap.PROT_READ)
+            size = os.fstat(self.fds[path]).st_size
+            addr = _libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, self.fds[path], 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise UploadError(f"cannot map {path} ({size} bytes): {os.strerror(ctypes.get_errno())}")
+            self.maps[path] = (addr, size)
         return self.maps[path]
 
     def __exit__(self, *exc: object) -> None:
-        for m in self.maps.values():
-            # a view may outlive the upload (an error traceback holds it); GC unmaps it then
-            with contextlib.suppress(BufferError):
-                m.close()
+        for addr, size in self.maps.values():
+            _libc().munmap(addr, size)
         for fd in self.fds.values():
             os.close(fd)
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _host_bytes(addr: int, n: int) -> Any:
+    """A writable ctypes byte array over host memory (a buffer for preadv and torch.frombuffer)."""
+    return (ctypes.c_char * n).from_address(addr)
 
 
 def _pieces(arena: DeviceArena, piece_bytes: int) -> list[tuple[int, Path, int, int, int]]:
@@ -163,7 +186,7 @@ def _queue_of(items: list) -> queue.SimpleQueue:
 
 def _upload_host(arena: DeviceArena, files: _Files, threads: int, piece_bytes: int, tick: Progress) -> float:
     work = _queue_of(_pieces(arena, max(piece_bytes, 1 << 20)))
-    views = [memoryview(c.numpy()) for c in arena.chunks]
+    views = [memoryview(_host_bytes(c.data_ptr(), c.numel())).cast("B") for c in arena.chunks]
 
     def reader(_: int) -> None:
         while True:
@@ -192,7 +215,7 @@ def _upload_ring(
         torch.cuda.set_device(device)
         stream = torch.cuda.Stream(device=device)
         slots = [torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(per_thread)]
-        views = [memoryview(s.numpy()) for s in slots]
+        views = [memoryview(_host_bytes(s.data_ptr(), s.numel())).cast("B") for s in slots]
         events: list[Any] = [None] * per_thread
         k = 0
         with torch.cuda.stream(stream):
@@ -280,22 +303,21 @@ def _windows(
 def _upload_register(
     arena: DeviceArena, files: _Files, threads: int, window_bytes: int, tick: Progress
 ) -> float:
-    import numpy as np
     import torch
 
     device = arena.device
     reg = _Registrar()
     window_bytes = max(PAGE, window_bytes - window_bytes % PAGE)
     windows = _windows(arena, window_bytes)
-    bases = {p: np.frombuffer(files.map(p), dtype=np.uint8) for p in {w[0] for w in windows}}
+    bases = {p: files.map(p) for p in {w[0] for w in windows}}
     lock = threading.Lock()
     registered: set[int] = set()
 
     def register(w: tuple[Path, int, int, list]) -> tuple[int, float]:
         path, start, stop, _ = w
-        base = bases[path]
-        ptr = base.ctypes.data + start
-        size = min(stop, len(base)) - start
+        base, length = bases[path]
+        ptr = base + start
+        size = min(stop, length) - start
         # Cold cache: ask for the whole window at once rather than faulting it in page by page.
         os.posix_fadvise(files.fds[path], start, size, os.POSIX_FADV_WILLNEED)
         reg.register(ptr, size)
@@ -322,9 +344,8 @@ def _upload_register(
                     futures.append(pool.submit(register, windows[i + ahead]))
                 ptr, last_read = futures[i].result()
                 for ci, foff, coff, n in copies:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")  # the map is read-only; torch only reads it
-                        src = torch.from_numpy(bases[path][foff : foff + n])
+                    # ctypes calls the read-only map writable; torch only reads it here
+                    src = torch.frombuffer(_host_bytes(bases[path][0] + foff, n), dtype=torch.uint8)
                     arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
                     del src
                     tick(n)
