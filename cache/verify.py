@@ -282,7 +282,7 @@ def _run(tasks: list[_Task], total: int, jobs: int | None, progress) -> list[Pro
     def check(t: _Task) -> tuple[_Task, list[int], str | None]:
         buf = getattr(local, "buf", None)
         if buf is None:
-            buf = local.buf = bytearray(_digest.BLOCK)
+            buf = local.buf = bytearray(_digest.PIECE)
         try:
             raw = _digest.read_chunk_digests(t.fd, t.seg.offset + t.start, t.nbytes, buf)
         except EOFError as error:

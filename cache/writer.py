@@ -320,7 +320,7 @@ class ImageWriter:
             def rehash(st: _SlotState) -> tuple[int, _digest.SegmentDigest]:
                 buf = getattr(local, "buf", None)
                 if buf is None:
-                    buf = local.buf = bytearray(_digest.BLOCK)
+                    buf = local.buf = bytearray(_digest.PIECE)
                 s = st.slot
                 raw = _digest.read_chunk_digests(self._files[s.file], s.offset, s.length, buf)
                 return s.index, _digest.finish(raw, s.length)
