@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfc.runtime.arena import CHUNK_BYTES, DeviceArena, plan_arena
-from tfc.runtime.graph_cache import GraphCache, GraphSettings
+from tfc.runtime.graph_cache import GraphCache, GraphSettings, check_same_settings
 from tfc.runtime.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.phases import Phases
 from tfc.runtime.upload import UploadReport, upload
@@ -94,6 +94,7 @@ def boot(
             ph.note = f"{report.method}, {report.threads} threads; read overlaps upload"
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
         settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
+        check_same_settings(settings)  # a no-op until torch.distributed runs several ranks
         cache = GraphCache(settings)
         with phases.time("capture") as ph:
             keys = list(opened.manifest.plan.get("graph_keys", []))

@@ -237,6 +237,9 @@ def _upload_ring(
 
     _run_workers(threads, reader)
     torch.cuda.synchronize(device)
+    empty_host = getattr(torch._C, "_host_emptyCache", None)
+    if empty_host is not None:
+        empty_host()  # give the staging slots back instead of keeping them cached for the whole run
     return max(last_read) or time.perf_counter()
 
 
