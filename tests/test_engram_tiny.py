@@ -113,3 +113,27 @@ def test_cli_on_tiny_pack_and_image(tiny_pack, images):
     b = run_tfc("engram", str(images[4][3].path), "--ids", ids, "--json")
     assert b.returncode == 0, b.stderr
     assert json.loads(b.stdout)["rows"] == report["rows"]
+
+
+def test_bad_engram_dir_one_line_exit_2(tmp_path, tiny):
+    from test_engram_cli import run_tfc
+    from tfc.fixtures.engram_tables import _header, table_file_name
+
+    rows = check_layout(tiny.config).rows[0]
+    header = _header(1, rows, 64).replace(b'"F8_E8M0"', b'"U8"     ')  # same length: scale stored as U8
+    (tmp_path / "tables").mkdir()
+    with open(tmp_path / "tables" / table_file_name(1), "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + rows * 66)
+    out = run_tfc(
+        "prepare",
+        str(tiny.root),
+        "-o",
+        str(tmp_path / "img"),
+        "--tp",
+        "2",
+        "--engram-dir",
+        str(tmp_path / "tables"),
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "layers.1.engram.embed.scale is U8 [" in out.stderr and "expected F8_E8M0" in out.stderr
