@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 from tfc.compiler.engram_map import TokenMap
-from tfc.packs.engram_layout import SCALE_BLOCK, EngramLayout, _get, hash_multipliers, head_shards
+from tfc.packs.engram_layout import SCALE_BLOCK, EngramLayout, config_field, hash_multipliers, head_shards
 from tfc.packs.errors import PackError
 
 LAYOUT_ROWS = "engram.rows.e4m3e8m0.v1"  # per row: head_dim e4m3 bytes, then head_dim/32 e8m0 bytes
@@ -95,7 +95,7 @@ def asset_segments(
     layout: EngramLayout, token_map: TokenMap, cfg: Any, world: int, rank: int
 ) -> list[AssetSegment]:
     """Every host-side Engram segment of one rank: map, multipliers, primes, offsets, shards, ranges."""
-    pad = _get(cfg, "engram_pad_token_id")
+    pad = config_field(cfg, "engram_pad_token_id")
     image = _image_token_id(cfg)
     shards = head_shards(layout.n_cols, world)
     arrays = {

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tfc.packs.engram_layout import EngramConfigError, _get
+from tfc.packs.engram_layout import EngramConfigError, config_field
 from tfc.packs.errors import PackError
 
 SENTINEL = "\ue000"  # private-use: keeps a lone-space token from stripping to the empty string
@@ -94,20 +94,20 @@ def map_digest(ids: np.ndarray) -> str:
 
 def check_token_map(token_map: TokenMap, cfg: Any, source: Path | str = "tokenizer.json") -> None:
     """Refuse a map whose size differs from `engram_compressed_vocab_size` (hashes would be garbage)."""
-    want = _get(cfg, "engram_compressed_vocab_size")
+    want = config_field(cfg, "engram_compressed_vocab_size")
     if token_map.size != want:
         raise TokenMapMismatch(
             f"{source}: the Engram map of this tokenizer has {token_map.size} compressed ids, "
             f"but config `engram_compressed_vocab_size` is {want}"
         )
-    pad = _get(cfg, "engram_pad_token_id") if _has(cfg, "engram_pad_token_id") else 2
+    pad = config_field(cfg, "engram_pad_token_id") if _has(cfg, "engram_pad_token_id") else 2
     if not (isinstance(pad, int) and 0 <= pad < len(token_map)):
         raise TokenMapMismatch(f"{source}: Engram pad id {pad!r} is outside the tokenizer ({len(token_map)})")
 
 
 def _has(cfg: Any, key: str) -> bool:
     try:
-        _get(cfg, key)
+        config_field(cfg, key)
     except EngramConfigError:
         return False
     return True

@@ -55,7 +55,7 @@ def next_prime(start: int, seen: set[int]) -> int:
     return candidate
 
 
-def _get(cfg: Any, key: str) -> Any:
+def config_field(cfg: Any, key: str) -> Any:
     """A text_config field from a dict (nested `text_config` or flat) or a config object."""
     if isinstance(cfg, Mapping):
         source = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), Mapping) else cfg
@@ -68,7 +68,7 @@ def _get(cfg: Any, key: str) -> Any:
 
 
 def _int(cfg: Any, key: str, low: int = 0) -> int:
-    value = _get(cfg, key)
+    value = config_field(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise EngramConfigError(f"config `{key}` must be an integer >= {low}, got {value!r}")
     return value
@@ -175,7 +175,7 @@ def hash_multipliers(
 
 def layout_from_config(cfg: Any) -> EngramLayout:
     """The Engram layout of a text_config (dict or DeepseekV41Config); rows are not checked here."""
-    layer_ids = _get(cfg, "engram_layer_ids")
+    layer_ids = config_field(cfg, "engram_layer_ids")
     if not isinstance(layer_ids, Sequence) or isinstance(layer_ids, str):
         raise EngramConfigError(f"config `engram_layer_ids` must be a list, got {layer_ids!r}")
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in layer_ids):
@@ -217,7 +217,7 @@ def layer_rows(cfg: Any) -> list[int]:
 def check_layout(cfg: Any) -> EngramLayout:
     """The layout of a config whose `engram_num_embeddings` equal the computed prime sums, else refuse."""
     layout = layout_from_config(cfg)
-    stored = _get(cfg, "engram_num_embeddings")
+    stored = config_field(cfg, "engram_num_embeddings")
     if not isinstance(stored, Sequence) or len(stored) != layout.n_layers:
         raise EngramConfigError(
             f"config `engram_num_embeddings` {stored!r} must have one entry per Engram layer "
