@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfc.cache.errors import ImageBusy, ImageError
-from tfc.cache.format import MANIFEST_NAME, RankManifest
+from tfc.cache.format import HEX64, MANIFEST_NAME, RankManifest
 from tfc.cache.locks import HOLD_NAME, ImageHold, _open, pid_alive, remove_tree, try_exclusive, world_dir_of
 from tfc.cache.verify import RANK_DIR
 from tfc.cache.writer import TEMP_PATTERN
@@ -84,6 +84,8 @@ class ImageStore:
 
     def find(self, world_key: str, rank: int | None = None) -> Path | None:
         """The published rank folder (rank given) or world folder (any rank published) of a key, else None."""
+        if type(world_key) is not str or not HEX64.fullmatch(world_key):
+            raise ImageError(f"world key must be 64 lowercase hex characters, got {world_key!r:.80}")
         world_dir = self.root / world_key[:16]
         ranks = [rank] if rank is not None else self._rank_numbers(world_dir)
         for r in ranks:

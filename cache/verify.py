@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -219,19 +220,20 @@ def _file_checks(
         try:
             fd = os.open(fp, os.O_RDONLY | os.O_NOFOLLOW | _O_CLOEXEC)
         except OSError as error:
-            missing = isinstance(error, FileNotFoundError)
-            kind, what = (
-                ("missing_file", "data file is missing") if missing else ("unreadable", error.strerror)
-            )
+            if isinstance(error, FileNotFoundError):
+                kind, what = "missing_file", "data file is missing"
+            else:
+                why = "a symlink (refused)" if error.errno == errno.ELOOP else error.strerror
+                kind, what = "unreadable", f"data file is {why}"
             report.problems.append(Problem(kind, r, str(fp), f.name, detail=what))
-            report.problems += [
-                Problem("missing", r, str(fp), f.name, s.name, "its data file is missing") for s in segs
-            ]
+            report.problems += [Problem("missing", r, str(fp), f.name, s.name, f"its {what}") for s in segs]
             continue
         fds.append(fd)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            report.problems.append(Problem("unreadable", r, str(fp), f.name, detail="not a regular file"))
+            what = "data file is not a regular file"
+            report.problems.append(Problem("unreadable", r, str(fp), f.name, detail=what))
+            report.problems += [Problem("missing", r, str(fp), f.name, s.name, f"its {what}") for s in segs]
             continue
         size = st.st_size
         if size != f.size:

@@ -155,3 +155,17 @@ def test_cli_process_exit_codes(image, tmp_path):
     assert r.returncode == 1 and "TRUNCATED rank0 data0.bin" in r.stdout
     r = subprocess.run([*run, str(tmp_path / "nothing")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("tfc: error:") and "Traceback" not in r.stderr
+
+
+def test_symlinked_or_replaced_file_named(image, tmp_path):
+    target = tmp_path / "outside.bin"
+    os.rename(image / "rank0" / "data0.bin", target)
+    os.symlink(target, image / "rank0" / "data0.bin")
+    shutil.rmtree(image / "rank1")
+    (image / "rank1").mkdir()
+    report = verify_image(image)
+    kinds = _kinds(report)
+    assert ("unreadable", 0, "data0.bin", None) in kinds and "symlink" in report.problems[0].detail
+    names = [s.name for s in RankManifest.load(image / "rank0").segments if s.file == "data0.bin"]
+    assert sorted(s for k, r, _, s in kinds if k == "missing" and r == 0) == sorted(names)
+    assert ("manifest", 1, None, None) in kinds
