@@ -315,23 +315,37 @@ class ImageWriter:
             if streamed is not None and st.slot.index in out and out[st.slot.index] != streamed:
                 raise ImageError(f"segment {st.slot.name}: given digest does not match the bytes written")
         if reread:
-            local = threading.local()
-
-            def rehash(st: _SlotState) -> tuple[int, _digest.SegmentDigest]:
-                buf = getattr(local, "buf", None)
-                if buf is None:
-                    buf = local.buf = bytearray(_digest.PIECE)
-                s = st.slot
-                raw = _digest.read_chunk_digests(self._files[s.file], s.offset, s.length, buf)
-                return s.index, _digest.finish(raw, s.length)
-
-            with ThreadPoolExecutor(max_workers=min(len(reread), os.cpu_count() or 1)) as pool:
-                out.update(pool.map(rehash, reread))
+            out.update(self._rehash(reread))
         for st in reread:
             d = given.get(st.slot.name)
             if isinstance(d, str) and out[st.slot.index].digest != d:
                 raise ImageError(f"segment {st.slot.name}: given digest does not match the bytes written")
         return out
+
+    def _rehash(self, states: list[_SlotState]) -> dict[int, _digest.SegmentDigest]:
+        """Re-read and hash segments in parallel over 64 MiB runs of chunks (one big segment uses all cores)."""
+        per_task = _digest.BLOCK // _digest.CHUNK
+        tasks = [
+            (st.slot, c, min(c + per_task, _digest.chunk_count(st.slot.length)))
+            for st in states
+            for c in range(0, _digest.chunk_count(st.slot.length), per_task)
+        ]
+        local = threading.local()
+
+        def run(task) -> list[bytes]:
+            slot, first, last = task
+            buf = getattr(local, "buf", None)
+            if buf is None:
+                buf = local.buf = bytearray(_digest.PIECE)
+            start = first * _digest.CHUNK
+            n = min(slot.length, last * _digest.CHUNK) - start
+            return _digest.read_chunk_digests(self._files[slot.file], slot.offset + start, n, buf)
+
+        raw: dict[int, list[bytes]] = {}
+        with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+            for (slot, _, _), digests in zip(tasks, pool.map(run, tasks), strict=True):
+                raw.setdefault(slot.index, []).extend(digests)  # map keeps task order: chunks stay in order
+        return {st.slot.index: _digest.finish(raw[st.slot.index], st.slot.length) for st in states}
 
     @staticmethod
     def _entry(slot: SegmentSlot, d: _digest.SegmentDigest) -> SegmentEntry:
