@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 SAMPLE_HELP = (
-    "Check a sample: the manifest, every file's size, and per segment its first and last 4 MiB chunk "
-    "plus every 16th 4 MiB chunk (segments up to 8 MiB are checked whole; about 1/16 of large ones)."
+    "Check a sample: manifests and file sizes as always, and of each segment's n 4 MiB chunks only "
+    "chunk 0, chunk n-1 and every 16th chunk (0, 16, 32, ...): segments up to 8 MiB are hashed whole, "
+    "GB-sized ones about 1/16."
 )
 
 
