@@ -36,7 +36,9 @@ def split_copy(copy: Copy, limit: int = READ_MAX) -> list[Copy]:
         out_row = copy.out_bytes // copy.rows
         while row < copy.rows:
             n = min(per, copy.rows - row)
-            pieces.append(replace(copy, src=copy.src + row * copy.stride, rows=n, dst=copy.dst + row * out_row))
+            pieces.append(
+                replace(copy, src=copy.src + row * copy.stride, rows=n, dst=copy.dst + row * out_row)
+            )
             row += n
         return pieces
     unit = 8 if copy.convert is None else np.dtype(STORED_NUMPY[copy.convert[0]]).itemsize
@@ -59,7 +61,12 @@ def coalesce(ops: list[Op]) -> list[list[Op]]:
     for op in ops:
         c = op.copy
         c_end = c.src + c.span
-        if reads and c.file == current_file and c.src <= end + READ_GAP and max(end, c_end) - start <= READ_MAX:
+        if (
+            reads
+            and c.file == current_file
+            and c.src <= end + READ_GAP
+            and max(end, c_end) - start <= READ_MAX
+        ):
             reads[-1].append(op)
             end = max(end, c_end)
         else:
@@ -102,7 +109,9 @@ class Reader:
         while done < length:
             got = os.preadv(fd, [view[done:]], offset + done)
             if got <= 0:
-                raise BuildError(f"{path}: short read at byte {offset + done} (the pack changed during prepare?)")
+                raise BuildError(
+                    f"{path}: short read at byte {offset + done} (the pack changed during prepare?)"
+                )
             done += got
         return buf
 

@@ -53,8 +53,13 @@ def engram_segments(pack, world: int, rank: int, sources: EngramSources) -> tupl
         is_map = asset.name == ea.SEG_TOKEN_MAP
         segments.append(
             SegmentPlan(
-                name=asset.name, block="top", kind="engram_assets", layout=asset.layout, dtype=asset.dtype,
-                shape=asset.shape, nbytes=asset.nbytes,
+                name=asset.name,
+                block="top",
+                kind="engram_assets",
+                layout=asset.layout,
+                dtype=asset.dtype,
+                shape=asset.shape,
+                nbytes=asset.nbytes,
                 const=None if is_map else asset.data.tobytes(),
                 derive=("engram_token_map", pack) if is_map else None,
             )
@@ -69,8 +74,14 @@ def engram_segments(pack, world: int, rank: int, sources: EngramSources) -> tupl
         block = row_seg.name.rsplit(".engram.", 1)[0]
         segments.append(
             SegmentPlan(
-                name=row_seg.name, block=block, kind="engram_rows", layout=row_seg.layout, dtype=row_seg.dtype,
-                shape=row_seg.shape, nbytes=row_seg.nbytes, derive=("engram_rows", row_seg),
+                name=row_seg.name,
+                block=block,
+                kind="engram_rows",
+                layout=row_seg.layout,
+                dtype=row_seg.dtype,
+                shape=row_seg.shape,
+                nbytes=row_seg.nbytes,
+                derive=("engram_rows", row_seg),
                 attrs={"lo": row_seg.lo, "hi": row_seg.hi, "layer": row_seg.table.layer_id},
             )
         )

@@ -28,8 +28,6 @@ CODEBOOK_IDS = {"3inst": 0, "mcg": 1, "mul1": 2}
 PROJECTIONS = ("w1", "w3", "w2")
 TABLE_ALIGN = 16
 
-_EXPERT = re.compile(r"^(?P<block>.+)\.ffn\.experts\.(?P<e>\d+)\.(?P<p>w[123])$")
-_SHARED = re.compile(r"^(?P<block>.+)\.ffn\.shared_experts\.(?P<p>w[123])$")
 _WO_A = re.compile(r"^(?P<block>.+)\.attn\.wo_a\.slice\.(?P<g>\d+)$")
 _ENGRAM_TABLE = re.compile(r"\.engram\.embed\.(weight|scale)$")
 _ENGRAM_QK = re.compile(r"^(?P<block>.+)\.engram\.(q|k)_weight$")
@@ -71,21 +69,27 @@ def split_of(name: str) -> str:
 
 
 class _Planner:
-    """Builds one rank's segments from an opened pack."""
+    """Builds one rank's segments from an opened pack; without copies it only counts bytes."""
 
-    def __init__(self, pack, world: int, rank: int):
+    def __init__(self, pack, world: int, rank: int, with_copies: bool):
         self.pack, self.config, self.world, self.rank = pack, pack.config, world, rank
+        self.with_copies = with_copies
         cfg = self.config
-        self.head_cols = even_parts(cfg.num_attention_heads * cfg.head_dim, world, cfg.head_dim, "attn.wq_b")[rank]
-        self.group_rows = even_parts(cfg.o_groups * cfg.o_lora_rank, world, cfg.o_lora_rank, "attn.wo_b")[rank]
+        self.head_cols = even_parts(cfg.num_attention_heads * cfg.head_dim, world, cfg.head_dim, "attn.wq_b")[
+            rank
+        ]
+        self.group_rows = even_parts(cfg.o_groups * cfg.o_lora_rank, world, cfg.o_lora_rank, "attn.wo_b")[
+            rank
+        ]
         self.heads = even_parts(cfg.num_attention_heads, world, 1, "attn.attn_sink")[rank]
         self.vocab = block_parts(cfg.vocab_size, world, "vocabulary (head, embed)")[rank]
         per = cfg.o_groups // world
         self.wo_a_groups = range(rank * per, (rank + 1) * per)
         self.segments: list[SegmentPlan] = []
 
-    def part_for(self, name: str, split: str, group) -> Part | None:
+    def part_for(self, group, split: str) -> Part | None:
         """This rank's part of a group's split dimension."""
+        name = group.name
         if split == "whole":
             return None
         if name == "head":
@@ -94,179 +98,294 @@ class _Planner:
             return self.head_cols
         if name.endswith(".attn.wo_b"):
             return self.group_rows
-        extent = group.n if split == "column" else group.k
-        return block_parts(extent, self.world, name)[self.rank]
+        return block_parts(group.n if split == "column" else group.k, self.world, name)[self.rank]
 
     def add(self, **fields) -> None:
         self.segments.append(SegmentPlan(**fields))
 
-    def add_group(self, name: str, block: str, group, split: str) -> None:
+    def slice_of(
+        self, group, split: str, part: Part | None
+    ) -> tuple[int, int, tuple[Copy, Copy, Copy] | None]:
+        """(k, n) of a rank's slice, and its trellis/suh/svh copies when they are wanted."""
+        if self.with_copies:
+            (k, n), trellis, suh, svh = sl.group_slice(group, split, part)
+            return k, n, (trellis, suh, svh)
+        if split == "column":
+            return group.k, part.size, None
+        if split == "row":
+            return part.size, group.n, None
+        return group.k, group.n, None
+
+    def add_group(self, block: str, group, split: str) -> None:
         """A non-expert EXL3 group: its trellis slice and its two scale vectors."""
-        part = self.part_for(name, split, group)
-        (k, n), trellis, suh, svh = sl.group_slice(group, split, part)
+        part = self.part_for(group, split)
+        k, n, copies = self.slice_of(group, split, part)
+        trellis, suh, svh = copies or (None, None, None)
         tk, tn = k // sl.TILE, n // sl.TILE
         attrs = {"codebook": group.codebook, "bits": group.bits, "k": k, "n": n, "split": split}
         if part is not None:
             attrs["part"] = [part.start, part.stop]
+        name = group.name
         self.add(
-            name=f"{name}.trellis", block=block, kind="other_trellis", layout=LAYOUT_TRELLIS, dtype="int16",
-            shape=(tk, tn, group.width), nbytes=trellis.out_bytes, copies=(trellis,), attrs=attrs,
+            name=f"{name}.trellis",
+            block=block,
+            kind="other_trellis",
+            layout=LAYOUT_TRELLIS,
+            dtype="int16",
+            shape=(tk, tn, group.width),
+            nbytes=tk * tn * group.tile_bytes,
+            copies=_one(trellis),
+            attrs=attrs,
         )
-        self.add(name=f"{name}.suh", block=block, kind="scales", layout=LAYOUT_SCALES, dtype="float16",
-                 shape=(k,), nbytes=suh.out_bytes, copies=(suh,))
-        self.add(name=f"{name}.svh", block=block, kind="scales", layout=LAYOUT_SCALES, dtype="float16",
-                 shape=(n,), nbytes=svh.out_bytes, copies=(svh,))
-        if group.bias is not None and (split != "row" or self.rank == 0):
-            bias = sl.vector_part(group.bias, part) if split == "column" else sl.whole(group.bias)
-            self.add(name=f"{name}.bias", block=block, kind="natives", layout=LAYOUT_NATIVE, dtype="float16",
-                     shape=(n,), nbytes=bias.out_bytes, copies=(bias,))
+        self.add(
+            name=f"{name}.suh",
+            block=block,
+            kind="scales",
+            layout=LAYOUT_SCALES,
+            dtype="float16",
+            shape=(k,),
+            nbytes=2 * k,
+            copies=_one(suh),
+        )
+        self.add(
+            name=f"{name}.svh",
+            block=block,
+            kind="scales",
+            layout=LAYOUT_SCALES,
+            dtype="float16",
+            shape=(n,),
+            nbytes=2 * n,
+            copies=_one(svh),
+        )
+        if group.bias_row is not None and (split != "row" or self.rank == 0):
+            bias = None
+            if self.with_copies:
+                bias = sl.vector_part(group.bias, part) if split == "column" else sl.whole(group.bias)
+            self.add(
+                name=f"{name}.bias",
+                block=block,
+                kind="natives",
+                layout=LAYOUT_NATIVE,
+                dtype="float16",
+                shape=(n,),
+                nbytes=2 * n,
+                copies=_one(bias),
+            )
 
-    def add_native(self, name: str, block: str, info) -> None:
+    def add_native(self, block: str, name: str, row: int) -> None:
         """A native tensor, widened or narrowed to its held dtype, split where the model splits it."""
-        held = held_dtype(name, info.dtype)
-        stored_item = np.dtype(STORED_NUMPY[info.dtype]).itemsize
-        shape = tuple(info.shape)
+        table = self.pack.table
+        stored, shape = table.dtypes[row], tuple(table.shapes[row])
+        held = held_dtype(name, stored)
+        stored_item = np.dtype(STORED_NUMPY[stored]).itemsize
         if name == "embed.weight":
-            row_bytes = shape[1] * stored_item
-            copy = Copy(info.file, info.offset + self.vocab.start * row_bytes, self.vocab.size * row_bytes)
             shape = (self.vocab.size, shape[1])
         elif name.endswith(".attn.attn_sink"):
-            copy = sl.vector_part(info, self.heads, stored_item)
             shape = (self.heads.size,)
-        else:
-            copy = sl.whole(info)
-        convert = None if STORED_HELD.get(info.dtype) == held else (info.dtype, held)
-        if _BF16_ROUNDED.search(name):
-            convert = (info.dtype, "float32_bf16")
-        copy = Copy(copy.file, copy.src, copy.run, copy.rows, copy.stride, 0, convert)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * (HELD_ITEMSIZE.get(held) or stored_item)
-        self.add(name=name, block=block, kind="natives", layout=LAYOUT_NATIVE, dtype=held, shape=shape,
-                 nbytes=nbytes, copies=(copy,))
+        copies = ()
+        if self.with_copies:
+            info = table.info(row)
+            if name == "embed.weight":
+                row_bytes = shape[1] * stored_item
+                copy = Copy(
+                    info.file, info.offset + self.vocab.start * row_bytes, self.vocab.size * row_bytes
+                )
+            elif name.endswith(".attn.attn_sink"):
+                copy = sl.vector_part(info, self.heads, stored_item)
+            else:
+                copy = sl.whole(info)
+            convert = None if STORED_HELD.get(stored) == held else (stored, held)
+            if _BF16_ROUNDED.search(name):
+                convert = (stored, "float32_bf16")
+            copies = (Copy(copy.file, copy.src, copy.run, copy.rows, copy.stride, 0, convert),)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * HELD_ITEMSIZE.get(held, stored_item)
+        self.add(
+            name=name,
+            block=block,
+            kind="natives",
+            layout=LAYOUT_NATIVE,
+            dtype=held,
+            shape=shape,
+            nbytes=nbytes,
+            copies=copies,
+        )
 
     def add_engram_qk(self, block: str) -> None:
         """Engram's q and k weights are used only through their product, bf16(q) * bf16(k) in f32."""
-        q = self.pack.natives[f"{block}.engram.q_weight"]
-        k = self.pack.natives.get(f"{block}.engram.k_weight")
-        if k is None or tuple(k.shape) != tuple(q.shape):
-            raise PlanError(f"{block}.engram.k_weight: missing or not shaped like engram.q_weight {q.shape}")
-        shape = tuple(q.shape)
-        self.add(name=f"{block}.engram.qk", block=block, kind="natives", layout=LAYOUT_NATIVE, dtype="float32",
-                 shape=shape, nbytes=int(np.prod(shape)) * 4, derive=("engram_qk", q, k))
+        index, table = self.pack.table.index, self.pack.table
+        q_row, k_row = index[f"{block}.engram.q_weight"], index.get(f"{block}.engram.k_weight")
+        shape = tuple(table.shapes[q_row])
+        if k_row is None or tuple(table.shapes[k_row]) != shape:
+            raise PlanError(f"{block}.engram.k_weight: missing or not shaped like engram.q_weight {shape}")
+        derive = ("engram_qk", table.info(q_row), table.info(k_row)) if self.with_copies else ("engram_qk",)
+        self.add(
+            name=f"{block}.engram.qk",
+            block=block,
+            kind="natives",
+            layout=LAYOUT_NATIVE,
+            dtype="float32",
+            shape=shape,
+            nbytes=int(np.prod(shape)) * 4,
+            derive=derive,
+        )
 
-    def add_expert_tables(self, block: str, experts: dict[int, dict[str, object]], shared: dict[str, object]) -> None:
-        """Per projection: the rank's routed expert slices then the shared expert's, in one table."""
-        count = len(experts)
-        if sorted(experts) != list(range(count)):
-            raise PlanError(f"{block}: routed experts are not numbered 0..{count - 1}")
-        for proj in PROJECTIONS:
-            entries = [experts[e][proj] for e in range(count)]
-            names = [f"{block}.ffn.experts.{e}.{proj}" for e in range(count)]
-            if proj in shared:
-                entries.append(shared[proj])
-                names.append(f"{block}.ffn.shared_experts.{proj}")
-            self._add_table(block, proj, names, entries, has_shared=proj in shared)
-
-    def _add_table(self, block: str, proj: str, names: list[str], groups: list, has_shared: bool) -> None:
+    def add_table(self, block: str, proj: str, groups: list) -> None:
+        """One projection's expert table: the rank's routed slices, then the shared expert's (last)."""
         split = "row" if proj == "w2" else "column"
         first = groups[0]
-        for name, group in zip(names, groups, strict=True):
+        for group in groups:
             if (group.k, group.n) != (first.k, first.n):
-                raise PlanError(f"{name}: shape {group.k}x{group.n} differs from {names[0]} ({first.k}x{first.n})")
-        part = block_parts(first.k if split == "row" else first.n, self.world, names[0])[self.rank]
+                raise PlanError(
+                    f"{group.name}: shape {group.k}x{group.n} differs from {first.name} ({first.k}x{first.n})"
+                )
+        part = block_parts(first.k if split == "row" else first.n, self.world, first.name)[self.rank]
+        k, n, _ = self.slice_of(first, split, part)
+        tk, tn = k // sl.TILE, n // sl.TILE
+        tiles = tk * tn
         trellis_copies, suh_copies, svh_copies, offsets, widths, codebooks = [], [], [], [], [], []
         offset = 0
-        k, n = first.k, first.n
-        for group in groups:
-            (k, n), trellis, suh, svh = sl.group_slice(group, split, part)
+        routed = len(groups) - (".shared_experts." in groups[-1].name)
+        for i, group in enumerate(groups):
+            if i < routed and group.name != f"{block}.ffn.experts.{i}.{proj}":
+                raise PlanError(
+                    f"{block}: routed {proj} entry {i} is {group.name}; experts must be numbered 0..{routed - 1}"
+                )
             offset = -(-offset // TABLE_ALIGN) * TABLE_ALIGN
             offsets.append(offset)
             widths.append(group.width)
             codebooks.append(CODEBOOK_IDS[group.codebook])
-            trellis_copies.append(_at(trellis, offset))
-            suh_copies.append(_at(suh, len(suh_copies) * k * 2))
-            svh_copies.append(_at(svh, len(svh_copies) * n * 2))
-            offset += trellis.out_bytes
+            if self.with_copies:
+                _, _, (trellis, suh, svh) = self.slice_of(group, split, part)
+                trellis_copies.append(_at(trellis, offset))
+                suh_copies.append(_at(suh, i * k * 2))
+                svh_copies.append(_at(svh, i * n * 2))
+            offset += tiles * group.tile_bytes
         entries = len(groups)
-        uniform = len(set(widths)) == 1
+        has_shared = ".shared_experts." in groups[-1].name
+        shared_bytes = tiles * groups[-1].tile_bytes if has_shared else 0
         base = f"{block}.ffn.experts.{proj}"
-        attrs = {"split": split, "k": k, "n": n, "entries": entries, "shared": has_shared,
-                 "part": [part.start, part.stop], "widths": sorted(set(widths))}
-        tk, tn = k // sl.TILE, n // sl.TILE
-        shared_bytes = trellis_copies[-1].out_bytes if has_shared else 0
-        if uniform:
+        if len(set(widths)) == 1:
             layout, dtype, shape = LAYOUT_STACK, "int16", (entries, tk, tn, widths[0])
         else:
             layout, dtype, shape = LAYOUT_RAGGED, "uint8", (offset,)
-        routed = offset - shared_bytes
-        # The shared entry sits in the same table; its bytes are reported as their own kind.
-        self.add(name=f"{base}.trellis", block=block, kind="routed_trellis", layout=layout, dtype=dtype,
-                 shape=shape, nbytes=offset, copies=tuple(trellis_copies),
-                 attrs={**attrs, "routed_bytes": routed, "shared_bytes": shared_bytes})
-        for field_name, values, dtype_name in (("offsets", offsets, "int64"), ("widths", widths, "int32"),
-                                               ("codebooks", codebooks, "int32")):
+        attrs = {
+            "split": split,
+            "k": k,
+            "n": n,
+            "entries": entries,
+            "shared": has_shared,
+            "part": [part.start, part.stop],
+            "widths": sorted(set(widths)),
+            "shared_bytes": shared_bytes,
+        }
+        # The shared entry sits in the routed table; RankPlan reports its bytes as their own kind.
+        self.add(
+            name=f"{base}.trellis",
+            block=block,
+            kind="routed_trellis",
+            layout=layout,
+            dtype=dtype,
+            shape=shape,
+            nbytes=offset,
+            copies=tuple(trellis_copies),
+            attrs=attrs,
+        )
+        for field_name, values, dtype_name in (
+            ("offsets", offsets, "int64"),
+            ("widths", widths, "int32"),
+            ("codebooks", codebooks, "int32"),
+        ):
             data = np.asarray(values, dtype=dtype_name).tobytes()
-            self.add(name=f"{base}.{field_name}", block=block, kind="tables", layout=LAYOUT_TABLE_INDEX,
-                     dtype=dtype_name, shape=(entries,), nbytes=len(data), const=data)
-        self.add(name=f"{base}.suh", block=block, kind="scales", layout=LAYOUT_SCALES, dtype="float16",
-                 shape=(entries, k), nbytes=entries * k * 2, copies=tuple(suh_copies))
-        self.add(name=f"{base}.svh", block=block, kind="scales", layout=LAYOUT_SCALES, dtype="float16",
-                 shape=(entries, n), nbytes=entries * n * 2, copies=tuple(svh_copies))
+            self.add(
+                name=f"{base}.{field_name}",
+                block=block,
+                kind="tables",
+                layout=LAYOUT_TABLE_INDEX,
+                dtype=dtype_name,
+                shape=(entries,),
+                nbytes=len(data),
+                const=data,
+            )
+        self.add(
+            name=f"{base}.suh",
+            block=block,
+            kind="scales",
+            layout=LAYOUT_SCALES,
+            dtype="float16",
+            shape=(entries, k),
+            nbytes=entries * k * 2,
+            copies=tuple(suh_copies),
+        )
+        self.add(
+            name=f"{base}.svh",
+            block=block,
+            kind="scales",
+            layout=LAYOUT_SCALES,
+            dtype="float16",
+            shape=(entries, n),
+            nbytes=entries * n * 2,
+            copies=tuple(svh_copies),
+        )
+
+
+def _one(copy: Copy | None) -> tuple[Copy, ...]:
+    return () if copy is None else (copy,)
 
 
 def _at(copy: Copy, dst: int) -> Copy:
     return Copy(copy.file, copy.src, copy.run, copy.rows, copy.stride, dst, copy.convert)
 
 
-def _block_of(name: str, prefixes: list[str]) -> str:
-    for prefix in prefixes:
-        if name.startswith(prefix + "."):
-            return prefix
-    return "top"
+def plan_rank(pack, world: int, rank: int, engram_dir=None, with_copies: bool = True) -> RankPlan:
+    """The exact segments of one rank's image, grouped by block in upload order.
 
-
-def plan_rank(pack, world: int, rank: int, engram_dir=None) -> RankPlan:
-    """The exact segments of one rank's image, grouped by block in upload order."""
+    Without copies the plan only counts bytes (what `tfc plan` prints); its sizes are the same.
+    """
     from tfc.compiler.dsv41_engram_plan import EngramSources, engram_segments
+    from tfc.compiler.pack_view import kinds, natives
 
     check_world(pack.config, world)
     if not 0 <= rank < world:
         raise PlanError(f"rank {rank} is outside a TP world of {world}")
-    planner = _Planner(pack, world, rank)
+    planner = _Planner(pack, world, rank, with_copies)
     cfg = pack.config
-    prefixes = [cfg.block_prefix(b) for b in range(cfg.num_blocks)]
-    by_block: dict[str, list[str]] = {p: [] for p in [*prefixes, "top"]}
-    for name in sorted(pack.groups):
-        by_block[_block_of(name, prefixes)].append(name)
-    natives_by_block: dict[str, list[str]] = {p: [] for p in by_block}
-    for name in sorted(pack.natives):
+    blocks = [cfg.block_prefix(b) for b in range(cfg.num_blocks)] + ["top"]
+    natives_by_block: dict[str, list[tuple[str, int]]] = {b: [] for b in blocks}
+    for block, name, row in natives(pack):
         if not _ENGRAM_TABLE.search(name):
-            natives_by_block[_block_of(name, prefixes)].append(name)
-    for block in by_block:
-        for name in natives_by_block[block]:
+            natives_by_block[block].append((name, row))
+    kinds_by_block: dict[str, list] = {b: [] for b in blocks}
+    for view in kinds(pack):
+        kinds_by_block[view.block].append(view)
+    for block in blocks:
+        for name, row in sorted(natives_by_block[block]):
             if not _ENGRAM_QK.match(name):
-                planner.add_native(name, block, pack.natives[name])
-        if f"{block}.engram.q_weight" in pack.natives:
+                planner.add_native(block, name, row)
+        if f"{block}.engram.q_weight" in pack.native_rows:
             planner.add_engram_qk(block)
-        experts: dict[int, dict[str, object]] = {}
-        shared: dict[str, object] = {}
-        for name in by_block[block]:
-            group = pack.groups[name]
-            if m := _EXPERT.match(name):
-                experts.setdefault(int(m["e"]), {})[m["p"]] = group
-            elif m := _SHARED.match(name):
-                shared[m["p"]] = group
-            elif m := _WO_A.match(name):
-                if int(m["g"]) in planner.wo_a_groups:
-                    planner.add_group(name, block, group, "whole")
+        tables: dict[str, list] = {}
+        for view in sorted(kinds_by_block[block], key=lambda v: v.kind):
+            if view.kind.startswith("ffn.experts."):
+                tables.setdefault(view.kind.rsplit(".", 1)[1], []).extend(view.groups)
+            elif view.kind.startswith("ffn.shared_experts."):
+                tables.setdefault(view.kind.rsplit(".", 1)[1] + ".shared", []).extend(view.groups)
             else:
-                planner.add_group(name, block, group, split_of(name))
-        if experts:
-            for e, projs in experts.items():
-                missing = [p for p in PROJECTIONS if p not in projs]
-                if missing:
-                    raise PlanError(f"{block}.ffn.experts.{e}: missing projection(s) {', '.join(missing)}")
-            planner.add_expert_tables(block, experts, shared)
-    engram, _ = engram_segments(pack, world, rank, EngramSources(pack.tensors, engram_dir))
-    order = {block: i for i, block in enumerate(by_block)}
+                for group in view.groups:
+                    m = _WO_A.match(group.name)
+                    if m and int(m["g"]) not in planner.wo_a_groups:
+                        continue
+                    planner.add_group(block, group, "whole" if m else split_of(group.name))
+        for proj in PROJECTIONS:
+            if proj in tables:
+                planner.add_table(block, proj, tables[proj] + tables.get(proj + ".shared", []))
+    index = pack.table.index
+    names = [
+        f"layers.{layer}.engram.embed.{part}"
+        for layer in cfg.engram_layer_ids
+        for part in ("weight", "scale")
+    ]
+    tables = {name: pack.table.info(index[name]) for name in names if name in index}
+    engram, _ = engram_segments(pack, world, rank, EngramSources(tables, engram_dir))
+    order = {block: i for i, block in enumerate(blocks)}
     segments = sorted([*planner.segments, *engram], key=lambda s: order[s.block])
     return RankPlan(world, rank, tuple(segments))

@@ -18,7 +18,11 @@ def trellis_rows(group, part: Part) -> Copy:
     """Rows [part) of the input dimension: one contiguous run of whole k-tile rows."""
     tn, tb = group.n // TILE, group.tile_bytes
     row_bytes = tn * tb
-    return Copy(group.trellis.file, group.trellis.offset + part.start // TILE * row_bytes, part.size // TILE * row_bytes)
+    return Copy(
+        group.trellis.file,
+        group.trellis.offset + part.start // TILE * row_bytes,
+        part.size // TILE * row_bytes,
+    )
 
 
 def trellis_cols(group, part: Part) -> Copy:

@@ -29,7 +29,9 @@ def loader_sources() -> list[Path]:
     import tfc.compiler
     import tfc.packs
 
-    files = sorted(Path(tfc.packs.__file__).parent.glob("*.py")) + sorted(Path(tfc.compiler.__file__).parent.glob("*.py"))
+    files = sorted(Path(tfc.packs.__file__).parent.glob("*.py")) + sorted(
+        Path(tfc.compiler.__file__).parent.glob("*.py")
+    )
     cache_dir = Path(tfc.cache.__file__).parent
     files += [cache_dir / "format.py", cache_dir / "writer.py", cache_dir / "digest.py"]
     return files
@@ -55,7 +57,11 @@ class PrepareResult:
 
 def key_inputs(pack, world: int, strict: bool, jobs: int, engram_dir: Path | None = None) -> dict:
     """Every input of the world key: format, loader source, pack identity, byte-changing options."""
-    extra = [p for p in (pack.config_path, pack.tokenizer_path, pack.root / "model.safetensors.index.json") if p and Path(p).exists()]
+    extra = [
+        p
+        for p in (pack.config_path, pack.tokenizer_path, pack.root / "model.safetensors.index.json")
+        if p and Path(p).exists()
+    ]
     inputs = {
         "format_version": image_format.FORMAT_VERSION,
         "family": FAMILY,
@@ -90,7 +96,9 @@ def plan_json(plan: RankPlan) -> dict:
     }
 
 
-def fill_derived(seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict) -> None:
+def fill_derived(
+    seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict
+) -> None:
     """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`."""
     kind = seg.derive[0]
     if kind == "engram_qk":
@@ -120,6 +128,7 @@ def build_ranks(
     inputs: dict,
     jobs: int,
     progress: Callable[[int, int], None] | None = None,
+    unchanged: Callable[[], None] | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
@@ -129,7 +138,9 @@ def build_ranks(
         for plan in plans:
             writer = writers[plan.rank]
             for seg in plan.segments:
-                slot = writer.add_segment(seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, block_file(seg.block))
+                slot = writer.add_segment(
+                    seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, block_file(seg.block)
+                )
                 sink = len(sinks)
                 sinks.append((plan.rank, slot, seg))
                 ops.extend(Op(copy, sink) for copy in seg.copies)
@@ -154,10 +165,17 @@ def build_ranks(
                     writers[rank].write(slot, 0, np.frombuffer(seg.const, dtype=np.uint8))
                     count(index, len(seg.const))
                 elif seg.derive is not None:
-                    fill_derived(seg, reader, lambda offset, data, i=index: write(i, offset, data) or count(i, data.nbytes), memo)
+                    fill_derived(
+                        seg,
+                        reader,
+                        lambda offset, data, i=index: write(i, offset, data) or count(i, data.nbytes),
+                        memo,
+                    )
         finally:
             reader.close()
         run_reads(ops, write, jobs, count)
+        if unchanged is not None:
+            unchanged()
         paths = {}
         for plan in plans:
             paths[plan.rank] = writers[plan.rank].publish(
@@ -192,6 +210,13 @@ def default_jobs() -> int:
 def plans_for(pack, world: int, ranks: list[int], engram_dir: Path | None = None) -> list[RankPlan]:
     """Rank plans for the ranks asked for."""
     return [plan_rank(pack, world, rank, engram_dir) for rank in ranks]
+
+
+def sampled_identity(pack, jobs: int, engram_dir: Path | None) -> dict:
+    """The cheap identity of a pack (and Engram folder) compared before and after a build."""
+    return key_inputs(pack, 1, False, jobs, engram_dir)["pack_identity"] | {
+        "engram": key_inputs(pack, 1, False, jobs, engram_dir).get("engram_identity")
+    }
 
 
 def find_rank(root: Path, world_key: str, rank: int) -> Path | None:
@@ -236,10 +261,15 @@ def prepare(
         plans = plans_for(pack, world, missing, engram_dir)
         totals = {plan.rank: plan.total for plan in plans}
         progress = progress_factory(totals) if progress_factory else None
-        build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress)
-        again = pack_identity(list(pack.shards), [], strict=False, jobs=jobs)
-        if again["bytes"] != inputs["pack_identity"]["bytes"]:
-            raise BuildError(f"{pack.root}: the pack changed while it was being prepared; prepare it again")
+        before = sampled_identity(pack, jobs, engram_dir)
+
+        def unchanged() -> None:
+            if sampled_identity(pack, jobs, engram_dir) != before:
+                raise BuildError(
+                    f"{pack.root}: the pack changed while it was being prepared; nothing was published"
+                )
+
+        build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress, unchanged)
         for rank in missing:
             result.ranks[rank] = "built"
         result.bytes_written = sum(totals.values())

@@ -43,6 +43,8 @@ def block_parts(extent: int, world: int, what: str) -> list[Part]:
 def even_parts(extent: int, world: int, unit: int, what: str) -> list[Part]:
     """Split `extent` into `world` equal parts of whole `unit`s (heads, groups); refuse otherwise."""
     if extent % unit or (extent // unit) % world:
-        raise PlanError(f"{what}: {extent // unit if unit else extent} units do not divide among {world} ranks")
+        raise PlanError(
+            f"{what}: {extent // unit if unit else extent} units do not divide among {world} ranks"
+        )
     size = extent // world
     return [Part(r * size, (r + 1) * size) for r in range(world)]

@@ -15,12 +15,14 @@ def plan_report(pack, world: int) -> dict:
 
     ranks = []
     for rank in range(world):
-        plan = plan_rank(pack, world, rank)
+        plan = plan_rank(pack, world, rank, with_copies=False)
         blocks = plan.bytes_by_block()
         layers = []
         for index in range(pack.config.num_blocks):
             block = pack.config.block_prefix(index)
-            layers.append({"layer": index, "block": block, "bytes": blocks.get(block, dict.fromkeys(KINDS, 0))})
+            layers.append(
+                {"layer": index, "block": block, "bytes": blocks.get(block, dict.fromkeys(KINDS, 0))}
+            )
         ranks.append(
             {
                 "rank": rank,
@@ -40,9 +42,15 @@ def _human(report: dict) -> None:
     from tfc.compiler.segments import KINDS
 
     console = Console()
-    shown = [k for k in KINDS if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in report["ranks"])]
+    shown = [
+        k
+        for k in KINDS
+        if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in report["ranks"])
+    ]
     for rank in report["ranks"]:
-        table = Table(title=f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes", title_justify="left")
+        table = Table(
+            title=f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes", title_justify="left"
+        )
         table.add_column("block")
         for kind in shown:
             table.add_column(kind, justify="right")
@@ -55,7 +63,9 @@ def _human(report: dict) -> None:
 
 @click.command("plan")
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
-@click.option("--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8).")
+@click.option(
+    "--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(pack_path: str, world: int, as_json: bool) -> None:
     """Print every rank's bytes by kind and block, exactly what `tfc prepare` will write."""

@@ -50,12 +50,26 @@ def _progress_factory(enabled: bool):
 
 @click.command("prepare")
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output", "root", type=click.Path(file_okay=False), help="Image store folder (default: $TFC_CACHE or ~/.cache/tfc/images).")
-@click.option("--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8).")
+@click.option(
+    "-o",
+    "--output",
+    "root",
+    type=click.Path(file_okay=False),
+    help="Image store folder (default: $TFC_CACHE or ~/.cache/tfc/images).",
+)
+@click.option(
+    "--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8)."
+)
 @click.option("--ranks", help="Build only these ranks, e.g. 0,1 (default: every rank).")
 @click.option("--jobs", type=int, help="Parallel reads (default: twice the cores, 4..16).")
-@click.option("--strict-identity", is_flag=True, help="Key on every payload byte of the pack, not sampled blocks.")
-@click.option("--engram-dir", type=click.Path(exists=True, file_okay=False), help="Folder holding DeepSeek's Engram table files.")
+@click.option(
+    "--strict-identity", is_flag=True, help="Key on every payload byte of the pack, not sampled blocks."
+)
+@click.option(
+    "--engram-dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="Folder holding DeepSeek's Engram table files.",
+)
 @click.option("--force", is_flag=True, help="Rebuild even when the image is already in the store.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def prepare(pack_path, root, world, ranks, jobs, strict_identity, engram_dir, force, as_json) -> None:
@@ -98,7 +112,10 @@ def prepare(pack_path, root, world, ranks, jobs, strict_identity, engram_dir, fo
     hits = [r for r, s in result.ranks.items() if s == "hit"]
     if built:
         rate = result.bytes_written / max(result.seconds, 1e-9) / 1e9
-        click.echo(f"built rank(s) {','.join(map(str, built))}: {result.bytes_written:,} bytes in {result.seconds:.2f} s ({rate:.2f} GB/s)", err=True)
+        click.echo(
+            f"built rank(s) {','.join(map(str, built))}: {result.bytes_written:,} bytes in {result.seconds:.2f} s ({rate:.2f} GB/s)",
+            err=True,
+        )
     if hits:
         click.echo(f"cache hit for rank(s) {','.join(map(str, hits))}", err=True)
     click.echo(str(result.path))

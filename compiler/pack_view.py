@@ -1,0 +1,81 @@
+"""A cheap view of an opened pack for planning: groups as table rows, tensor records made on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+
+@dataclass(frozen=True, eq=False)
+class GroupRef:
+    """One EXL3 linear as rows of the pack's tensor table; TensorInfo records are built only when read."""
+
+    table: object
+    name: str
+    k: int
+    n: int
+    width: int
+    codebook: str
+    trellis_row: int
+    suh_row: int
+    svh_row: int
+    bias_row: int | None
+
+    @property
+    def bits(self) -> float:
+        return self.width / 16
+
+    @property
+    def tile_bytes(self) -> int:
+        return 2 * self.width
+
+    @cached_property
+    def trellis(self):
+        return self.table.info(self.trellis_row)
+
+    @cached_property
+    def suh(self):
+        return self.table.info(self.suh_row)
+
+    @cached_property
+    def svh(self):
+        return self.table.info(self.svh_row)
+
+    @cached_property
+    def bias(self):
+        return None if self.bias_row is None else self.table.info(self.bias_row)
+
+
+@dataclass(frozen=True)
+class KindView:
+    """All groups of one projection kind in one block (e.g. the 384 routed w1 of layers.3)."""
+
+    block: str
+    kind: str
+    groups: tuple[GroupRef, ...]
+
+
+def block_name(config, block: int | None) -> str:
+    return "top" if block is None else config.block_prefix(block)
+
+
+@lru_cache(maxsize=4)
+def kinds(pack) -> list[KindView]:
+    """Every group kind of the pack, groups in stored order."""
+    table, bias = pack.table, pack.siblings.get("bias", {})
+    out = []
+    for rec in pack.records:
+        spec = rec.spec
+        refs = tuple(
+            GroupRef(table, name, spec.k, spec.n, rec.widths[j], rec.codebooks[j], rec.trellis[j], rec.suh[j],
+                     rec.svh[j], bias.get(name))
+            for j, name in enumerate(spec.names)
+        )  # fmt: skip
+        out.append(KindView(block_name(pack.config, spec.block), spec.kind, refs))
+    return out
+
+
+def natives(pack) -> list[tuple[str, str, int]]:
+    """(block, name, table row) of every native tensor in use."""
+    specs = pack.native_specs
+    return [(block_name(pack.config, specs[name].block), name, row) for name, row in pack.native_rows.items()]
