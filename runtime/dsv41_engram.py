@@ -14,6 +14,9 @@ q_i = q_weight[i] * k_weight[i] (only ever used as a product; an image may store
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+import numpy as np
 import torch
 
 
@@ -43,3 +46,29 @@ def engram_apply(
     if token_mask is not None:
         gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0.0)
     return streams + gate.unsqueeze(-1) * value.unsqueeze(-2)
+
+
+class EngramFeed:
+    """Table rows of each new chunk: token ids -> hasher row ids -> gathered rows, per Engram layer.
+
+    `hash_rows(ids, lookback)` returns int64 row ids [n, layers, cols] (e.g. runtime.engram_hash.hash_ids);
+    `gather(k, row_ids [n, cols])` returns the k-th Engram layer's rows [n, cols, head_dim].
+    """
+
+    def __init__(
+        self,
+        layer_ids: tuple[int, ...],
+        max_ngram: int,
+        hash_rows: Callable[[Sequence[int], Sequence[int]], np.ndarray],
+        gather: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.layer_ids = layer_ids
+        self.max_ngram = max_ngram
+        self.hash_rows = hash_rows
+        self.gather = gather
+
+    def rows(self, previous: Sequence[int], ids: Sequence[int]) -> dict[int, torch.Tensor]:
+        """Rows of `ids`, which follow the sequence's earlier tokens `previous`, for each Engram layer."""
+        back = list(previous)[len(previous) - min(len(previous), self.max_ngram - 1) :]
+        row_ids = torch.as_tensor(np.asarray(self.hash_rows(list(ids), back), dtype=np.int64))
+        return {layer: self.gather(k, row_ids[:, k]) for k, layer in enumerate(self.layer_ids)}
