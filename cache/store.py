@@ -110,7 +110,11 @@ class ImageStore:
 
     def hold(self, path) -> ImageHold:
         """Hold an image (rank or world folder) while using it: a shared lock rm and prune respect."""
-        return ImageHold(world_dir_of(path))
+        world = world_dir_of(path)
+        return ImageHold(
+            world,
+            create=any(RANK_DIR.fullmatch(p.name) for p in world.iterdir()) if world.is_dir() else False,
+        )
 
     def rm(self, key_prefix: str) -> Path:
         """Remove the one image whose key starts with key_prefix; ImageBusy when a process holds it."""

@@ -397,6 +397,7 @@ class ImageWriter:
                 else:
                     os.rename(self.path, self.dest)
                     _fsync_dir(self.world_dir)
+                    _fsync_dir(self.root)  # the world folder's own entry may be new too
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 remove_tree(self.path)

@@ -173,3 +173,14 @@ def test_parse_bytes():
     assert parse_bytes("500G") == 500 * 10**9
     assert parse_bytes("1.5TiB") == int(1.5 * 2**40)
     assert parse_bytes("123") == 123
+
+
+def test_hold_creates_missing_hold_file(tmp_path):
+    paths = _three(tmp_path)
+    (paths["a"] / ".hold").unlink()  # e.g. an image copied without dotfiles
+    store = ImageStore(tmp_path)
+    with store.hold(paths["a"]):
+        with pytest.raises(ImageBusy):
+            store.rm(paths["a"].name)
+    with pytest.raises(ImageError):
+        store.hold(tmp_path / "not-an-image")
