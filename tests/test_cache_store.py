@@ -179,8 +179,7 @@ def test_hold_creates_missing_hold_file(tmp_path):
     paths = _three(tmp_path)
     (paths["a"] / ".hold").unlink()  # e.g. an image copied without dotfiles
     store = ImageStore(tmp_path)
-    with store.hold(paths["a"]):
-        with pytest.raises(ImageBusy):
-            store.rm(paths["a"].name)
+    with store.hold(paths["a"]), pytest.raises(ImageBusy):
+        store.rm(paths["a"].name)
     with pytest.raises(ImageError):
         store.hold(tmp_path / "not-an-image")
