@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tfc.packs.errors import HeaderError, MissingTensor
 from tfc.packs.safetensors_header import TensorInfo
@@ -13,7 +13,8 @@ MARKER_VALUES = {"mcg": MCG_MARKER, "mul1": MUL1_MARKER}
 CODEBOOKS = ("3inst", "mcg", "mul1")
 INT_WIDTHS = frozenset(range(16, 129, 16))  # K = 1..8 bits, any codebook
 HALF_WIDTHS = frozenset((24, 40, 56))  # K = 1.5, 2.5, 3.5, MUL1 only
-SIBLINGS = frozenset(("su", "sv", "mcg", "mul1", "bias"))  # optional next to trellis / suh / svh
+SIBLINGS = frozenset(("su", "sv", "bias"))  # rare optional siblings, found among leftover names
+MARKER_FORMS = frozenset((("I32", ()), ("I32", (1,)), ("I32", (0,))))  # numel 1: value checked; 0: presence
 SCALE_DTYPES = frozenset(("F16",))
 BIAS_DTYPES = frozenset(("F16", "F32", "BF16"))
 
@@ -59,23 +60,32 @@ def width_error(width: int, codebook: str) -> str | None:
 
 @dataclass
 class KindRecord:
-    """Validated columns of one GroupKind: table indices, widths and codebooks per group."""
+    """Columns of one GroupKind: table rows per group (None where absent), then widths and codebooks."""
 
     spec: object  # deepseek_v41_names.GroupKind (or another family's)
-    trellis: list[int]
+    trellis: list[int | None]
     suh: list[int | None]
     svh: list[int | None]
-    widths: list[int]
-    codebooks: list[str]
+    mcg: list[int | None]
+    mul1: list[int | None]
+    widths: list[int] = field(default_factory=list)
+    codebooks: list[str] = field(default_factory=list)
+
+    def marker(self, j: int) -> int | None:
+        """Row of group j's codebook marker."""
+        return self.mul1[j] if self.mul1[j] is not None else self.mcg[j]
 
 
 def lookup_kind(table, spec) -> KindRecord:
-    """Table rows of one kind's trellis / suh / svh (None where absent); widths and codebooks come later."""
-    index, names = table.index, spec.names
-    trellis = list(map(index.get, [b + ".trellis" for b in names]))
-    suh = list(map(index.get, [b + ".suh" for b in names]))
-    svh = list(map(index.get, [b + ".svh" for b in names]))
-    return KindRecord(spec, trellis, suh, svh, [], [])
+    """Table rows of one kind's trellis, scales and markers; widths and codebooks come with validation."""
+    get, names = table.index.get, spec.names
+    return KindRecord(
+        spec,
+        *(
+            list(map(get, [b + suffix for b in names]))
+            for suffix in (".trellis", ".suh", ".svh", ".mcg", ".mul1")
+        ),
+    )
 
 
 def validate_kind(table, record: KindRecord, siblings: dict[str, dict[str, int]]) -> None:
@@ -100,79 +110,83 @@ def validate_kind(table, record: KindRecord, siblings: dict[str, dict[str, int]]
         raise HeaderError(
             f"{table.where(i)}: trellis {dtypes[i]} {list(shapes[i])}, expected I16 [{tk}, {tn}, width] for {k} x {n}"
         )
-    _check_vectors(table, suh, (k,), SCALE_DTYPES, "suh")
-    _check_vectors(table, svh, (n,), SCALE_DTYPES, "svh")
-    mcg, mul1 = siblings["mcg"], siblings["mul1"]
-    if mcg or mul1:
-        codebooks = ["mul1" if b in mul1 else "mcg" if b in mcg else "3inst" for b in names]
-        both = [b for b in names if b in mul1 and b in mcg]
+    _check_vectors(table, suh, (k,), "suh")
+    _check_vectors(table, svh, (n,), "svh")
+    mcg, mul1 = record.mcg, record.mul1
+    has_mcg, has_mul1 = mcg.count(None) != len(mcg), mul1.count(None) != len(mul1)
+    if has_mcg and has_mul1:
+        both = [j for j, (a, b) in enumerate(zip(mcg, mul1, strict=True)) if a is not None and b is not None]
         if both:
             raise HeaderError(
-                f"{table.where(mul1[both[0]])}: EXL3 group {both[0]} carries both .mcg and .mul1 markers"
+                f"{table.where(mul1[both[0]])}: EXL3 group {names[both[0]]} carries both .mcg and .mul1 markers"
             )
+    if has_mcg or has_mul1:
+        codebooks = [
+            "mul1" if b is not None else "mcg" if a is not None else "3inst"
+            for a, b in zip(mcg, mul1, strict=True)
+        ]
+        rows = [i for i in (mcg if has_mcg else []) + (mul1 if has_mul1 else []) if i is not None]
+        _check_markers(table, rows)
     else:
         codebooks = ["3inst"] * len(names)
     widths = [shapes[i][2] for i in trellis]
     for width, codebook in set(zip(widths, codebooks, strict=True)):
         problem = width_error(width, codebook)
         if problem:
-            j = next(
-                j
-                for j, (w, c) in enumerate(zip(widths, codebooks, strict=True))
-                if (w, c) == (width, codebook)
-            )
+            j = next(j for j, wc in enumerate(zip(widths, codebooks, strict=True)) if wc == (width, codebook))
             raise HeaderError(f"{table.where(trellis[j])}: {problem} (codebook {codebook})")
     record.widths, record.codebooks = widths, codebooks
 
 
 def check_siblings(table, siblings: dict[str, dict[str, int]], dims: dict[str, tuple[int, int]]) -> None:
-    """Dtypes and shapes of the optional siblings (legacy signs, markers, biases) of known groups."""
+    """Dtypes and shapes of the optional siblings (legacy signs, biases) of known groups."""
     for base, i in siblings["su"].items():
-        _expect(table, i, "I16", ((dims[base][0] // 16,),), "su")
+        _expect(table, i, ("I16",), (dims[base][0] // 16,), "su")
     for base, i in siblings["sv"].items():
-        _expect(table, i, "I16", ((dims[base][1] // 16,),), "sv")
+        _expect(table, i, ("I16",), (dims[base][1] // 16,), "sv")
     for base, i in siblings["bias"].items():
-        if table.dtypes[i] not in BIAS_DTYPES or table.shapes[i] != (dims[base][1],):
-            raise HeaderError(
-                f"{table.where(i)}: bias {table.dtypes[i]} {list(table.shapes[i])}, expected [{dims[base][1]}]"
-            )
-    for marker in ("mcg", "mul1"):
-        for i in siblings[marker].values():
-            shape = table.shapes[i]
-            if table.dtypes[i] != "I32" or len(shape) > 1 or (shape and shape[0] > 1):
-                raise HeaderError(
-                    f"{table.where(i)}: codebook marker must be an I32 scalar, got {table.dtypes[i]} {list(shape)}"
-                )
+        _expect(table, i, BIAS_DTYPES, (dims[base][1],), "bias")
 
 
-def check_marker_values(table, siblings: dict[str, dict[str, int]], read_values) -> None:
+def check_marker_values(table, records: list[KindRecord], read_values) -> None:
     """Markers holding a value (numel 1) must hold their codebook's constant; numel 0 marks presence only."""
+    nbytes = table.nbytes
     for marker, expected in MARKER_VALUES.items():
-        stored = [i for i in siblings[marker].values() if table.nbytes[i] == 4]
-        for i, value in zip(stored, read_values(stored), strict=True):
-            if value != expected:
-                raise HeaderError(
-                    f"{table.where(i)}: unknown codebook marker value {value:#010x} (.{marker} must hold {expected:#010x})"
-                )
+        rows, values = read_values(
+            [i for rec in records for i in getattr(rec, marker) if i is not None and nbytes[i] == 4]
+        )
+        if set(values) - {expected}:
+            i, value = next((i, v) for i, v in zip(rows, values, strict=True) if v != expected)
+            raise HeaderError(
+                f"{table.where(i)}: unknown codebook marker value {value:#010x} (.{marker} must hold {expected:#010x})"
+            )
 
 
-def _check_vectors(
-    table, col: list[int | None], shape: tuple[int, ...], allowed: frozenset, what: str
-) -> None:
-    present = [i for i in col if i is not None]
+def _check_markers(table, rows: list[int]) -> None:
+    kinds = set(zip(map(table.dtypes.__getitem__, rows), map(table.shapes.__getitem__, rows), strict=True))
+    if kinds - MARKER_FORMS:
+        i = next(i for i in rows if (table.dtypes[i], table.shapes[i]) not in MARKER_FORMS)
+        raise HeaderError(
+            f"{table.where(i)}: codebook marker must be an I32 scalar, got {table.dtypes[i]} {list(table.shapes[i])}"
+        )
+
+
+def _check_vectors(table, col: list[int | None], shape: tuple[int, ...], what: str) -> None:
+    present = [i for i in col if i is not None] if None in col else col
     if (
         set(map(table.shapes.__getitem__, present)) - {shape}
-        or set(map(table.dtypes.__getitem__, present)) - allowed
+        or set(map(table.dtypes.__getitem__, present)) - SCALE_DTYPES
     ):
-        i = next(i for i in present if table.shapes[i] != shape or table.dtypes[i] not in allowed)
+        i = next(i for i in present if table.shapes[i] != shape or table.dtypes[i] not in SCALE_DTYPES)
         raise HeaderError(
             f"{table.where(i)}: {what} {table.dtypes[i]} {list(table.shapes[i])} does not match the trellis: "
             f"expected F16 {list(shape)}"
         )
 
 
-def _expect(table, i: int, dtype: str, shapes: tuple, what: str) -> None:
-    if table.dtypes[i] != dtype or table.shapes[i] not in shapes:
+def _expect(table, i: int, dtypes, shape: tuple[int, ...], what: str) -> None:
+    if table.dtypes[i] not in dtypes or table.shapes[i] != shape:
+        want = "/".join(sorted(dtypes))
         raise HeaderError(
-            f"{table.where(i)}: {what} {table.dtypes[i]} {list(table.shapes[i])}, expected {dtype} {list(shapes[0])}"
+            f"{table.where(i)}: {what} {table.dtypes[i]} {list(table.shapes[i])}, expected {want} {list(shape)}"
         )

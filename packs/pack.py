@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 from tfc.packs import exl3_groups as eg
@@ -15,7 +19,7 @@ from tfc.packs.deepseek_v41_names import Expected, NativeSpec, expected_tensors,
 from tfc.packs.errors import CoverageError, HeaderError, MissingTensor, PackError
 from tfc.packs.exl3_groups import Exl3Group, KindRecord
 from tfc.packs.safetensors_header import SafetensorsHeader, TensorInfo
-from tfc.packs.shards import TensorTable, load_table
+from tfc.packs.shards import ShardIndex, TensorTable, load_table
 
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = "tokenizer.json"
@@ -45,7 +49,7 @@ class Pack:
     native_specs: dict[str, NativeSpec] = field(repr=False)
     siblings: dict[str, dict[str, int]] = field(repr=False)
     headers: list[SafetensorsHeader] = field(repr=False)
-    index_map: dict[str, str] | None = field(repr=False, default=None)
+    index: ShardIndex | None = field(repr=False, default=None)
 
     @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
@@ -73,7 +77,7 @@ class Pack:
                     name, spec.k, spec.n, rec.widths[j], rec.widths[j] / 16, cb, info(rec.trellis[j]),
                     None if suh is None else info(suh), None if svh is None else info(svh),
                     _opt(info, sib["su"], name), _opt(info, sib["sv"], name), _opt(info, sib["bias"], name),
-                    _opt(info, sib[cb], name) if cb != "3inst" else None, spec.kind, spec.block,
+                    None if (m := rec.marker(j)) is None else info(m), spec.kind, spec.block,
                 )  # fmt: skip
         return out
 
@@ -83,22 +87,38 @@ def _opt(info, rows: dict[str, int], name: str) -> TensorInfo | None:
     return None if i is None else info(i)
 
 
+@contextmanager
+def _gc_paused():
+    """Headers become ~10^6 acyclic objects; pausing the cycle collector meanwhile halves the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def open_pack(path: Path | str, *, check_markers: bool = True) -> Pack:
     """Read a pack's config and headers, and refuse it unless every tensor is planned or ignored."""
-    root = Path(path)
+    with _gc_paused():
+        return _open(Path(path), check_markers)
+
+
+def _open(root: Path, check_markers: bool) -> Pack:
     if not root.is_dir():
         raise PackError(f"{root}: not a directory")
     config_path = root / CONFIG_NAME
     if not config_path.is_file():
         raise PackError(f"{root}: no {CONFIG_NAME}")
     config = load_config(config_path)
-    table, headers, index_map = load_table(root)
+    table, headers, index = load_table(root)
     expected = expected_tensors(config, table.index)
     records = [eg.lookup_kind(table, spec) for spec in expected.groups]
     native_rows, native_specs, missing = _natives(table, expected)
     used: set[int | None] = set(native_rows.values())
     for rec in records:
-        used.update(rec.trellis, rec.suh, rec.svh)
+        used.update(rec.trellis, rec.suh, rec.svh, rec.mcg, rec.mul1)
     group_dims = {b: (r.spec.k, r.spec.n) for r in records for b in r.spec.names}
     siblings, ignored, unknown = _classify(table, used, group_dims, expected)
     missing += _missing_groups(records, siblings)
@@ -108,12 +128,12 @@ def open_pack(path: Path | str, *, check_markers: bool = True) -> Pack:
     eg.check_siblings(table, siblings, group_dims)
     _check_natives(table, native_rows, native_specs)
     if check_markers:
-        eg.check_marker_values(table, siblings, lambda rows: read_u32(table, rows))
+        eg.check_marker_values(table, records, lambda rows: read_u32(table, rows))
     tokenizer = root / TOKENIZER_NAME
     return Pack(
         root=root, config=config, shards=table.files, tokenizer_path=tokenizer if tokenizer.is_file() else None,
         config_path=config_path, ignored=ignored, dspark=expected.dspark, table=table, records=records,
-        native_rows=native_rows, native_specs=native_specs, siblings=siblings, headers=headers, index_map=index_map,
+        native_rows=native_rows, native_specs=native_specs, siblings=siblings, headers=headers, index=index,
     )  # fmt: skip
 
 
@@ -139,6 +159,8 @@ def _classify(table: TensorTable, used: set, group_dims: dict, expected: Expecte
     unknown: list[int] = []
     superseded = set(expected.superseded)
     names = table.names
+    if len(used) - (None in used) == len(names):
+        return siblings, ignored, unknown  # every row is planned: nothing left over
     for i in sorted(set(range(len(names))) - used):
         name = names[i]
         base, _, suffix = name.rpartition(".")
@@ -197,43 +219,39 @@ def _check_natives(table: TensorTable, rows: dict[str, int], specs: dict[str, Na
             )
 
 
-def read_u32(table: TensorTable, rows: list[int]) -> list[int]:
-    """Little-endian uint32 values of 4-byte tensors, read with few preads (nearby ones share a read)."""
-    values: dict[int, int] = {}
-    by_file: dict[int, list[int]] = {}
-    for i in rows:
-        by_file.setdefault(table.file_ids[i], []).append(i)
-    for fid, members in by_file.items():
-        members.sort(key=table.offsets.__getitem__)
+def read_u32(table: TensorTable, rows: list[int]) -> tuple[list[int], list[int]]:
+    """Little-endian uint32 values of 4-byte tensors as (rows, values) in file order; nearby ones share a read."""
+    keys = sorted(
+        zip(map(table.file_ids.__getitem__, rows), map(table.offsets.__getitem__, rows), rows, strict=True)
+    )
+    out_rows: list[int] = []
+    values: list[int] = []
+    for fid, members in groupby(keys, key=itemgetter(0)):
+        members = list(members)
+        runs, start = [], 0
+        for j in range(1, len(members)):
+            if members[j][1] - members[j - 1][1] > _MERGE_GAP:
+                runs.append(members[start:j])
+                start = j
+        runs.append(members[start:])
         fd = os.open(table.files[fid], os.O_RDONLY)
         try:
-            start = 0
-            while start < len(members):
-                end = start + 1
-                while (
-                    end < len(members)
-                    and table.offsets[members[end]] - table.offsets[members[end - 1]] <= _MERGE_GAP
-                ):
-                    end += 1
-                run = members[start:end]
-                lo = table.offsets[run[0]]
-                buf = os.pread(fd, table.offsets[run[-1]] + 4 - lo, lo)
-                if len(buf) != table.offsets[run[-1]] + 4 - lo:
-                    raise HeaderError(f"{table.where(run[-1])}: file ends before this tensor's payload")
-                if _WORDS and table.offsets[run[-1]] - lo == 4 * (len(run) - 1):  # sorted, 4 bytes each
-                    words = array("I", buf)  # back-to-back markers: one conversion for the whole run
+            for run in runs:
+                lo, hi = run[0][1], run[-1][1] + 4
+                buf = os.pread(fd, hi - lo, lo)
+                if len(buf) != hi - lo:
+                    raise HeaderError(f"{table.where(run[-1][2])}: file ends before this tensor's payload")
+                out_rows += [m[2] for m in run]
+                if _WORDS and hi - lo == 4 * len(run):  # back to back: one conversion for the whole run
+                    words = array("I", buf)
                     if sys.byteorder == "big":
                         words.byteswap()
-                    values.update(zip(run, words.tolist(), strict=True))
-                for i in run:
-                    if i not in values:
-                        values[i] = int.from_bytes(
-                            buf[table.offsets[i] - lo : table.offsets[i] - lo + 4], "little"
-                        )
-                start = end
+                    values += words.tolist()
+                else:
+                    values += [int.from_bytes(buf[m[1] - lo : m[1] - lo + 4], "little") for m in run]
         finally:
             os.close(fd)
-    return [values[i] for i in rows]
+    return out_rows, values
 
 
 def read_tensor(info: TensorInfo, as_float: bool = False):

@@ -24,12 +24,15 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Fast path: the exact compact form safetensors writers emit (no escapes, fixed key order). A header that
 # does not tile exactly into these entries goes through the strict json path, which is authoritative.
-_NUM = r"(?:0|[1-9][0-9]{0,19})"
 _ENTRY = re.compile(
-    r'"([^"\\\x00-\x1f\x7f]{1,4096})":\{"dtype":"([A-Z0-9_]{1,16})","shape":\[((?:'
-    + _NUM + r"(?:," + _NUM + r"){0,7})?)\],\"data_offsets\":\[(" + _NUM + r"),(" + _NUM + r")\]\},"
-)  # fmt: skip
-_ENTRY_FIXED = len('"":{"dtype":"","shape":[],"data_offsets":[,]},')
+    r'"([^"\\\x00-\x1f\x7f]{1,4096})":\{("dtype":"[A-Z0-9_]+","shape":\[[0-9,]*\]),'
+    r'"data_offsets":\[(0|[1-9][0-9]{0,19}),(0|[1-9][0-9]{0,19})\]\},'
+)  # dtype and shape travel as one text: headers repeat few of them, so they are parsed once each
+_ENTRY_FIXED = len('"":{,"data_offsets":[,]},')
+_NUM = r"(?:0|[1-9][0-9]{0,19})"
+_DTYPE_SHAPE = re.compile(
+    r'"dtype":"([A-Z0-9_]{1,16})","shape":\[((?:' + _NUM + r"(?:," + _NUM + r"){0,7})?)\]"
+)
 _META_PREFIX = '{"__metadata__":{'
 
 
@@ -120,11 +123,11 @@ def parse_header(raw: bytes, file_size: int, path: Path | str) -> SafetensorsHea
     parsed = _fast_parse(text) or _strict_parse(text, path)
     metadata, names, dtypes, shapes, begins, ends = parsed
     data_start = 8 + len(raw)
-    _validate(path, names, dtypes, shapes, begins, ends, file_size - data_start)
+    nbytes = _validate(path, names, dtypes, shapes, begins, ends, file_size - data_start)
     return SafetensorsHeader(
         path=path, header_len=len(raw), header_bytes=raw, file_size=file_size, data_start=data_start,
-        metadata=metadata, names=names, dtypes=dtypes, shapes=shapes,
-        offsets=[data_start + b for b in begins], nbytes=list(map(sub, ends, begins)),
+        metadata=metadata, names=list(names), dtypes=dtypes, shapes=shapes,
+        offsets=list(map(data_start.__add__, begins)), nbytes=nbytes,
     )  # fmt: skip
 
 
@@ -158,16 +161,32 @@ def _fast_parse(text: str):
     found = _ENTRY.findall(body)
     if not found:
         return None
-    names, dtypes, shape_texts, begin_texts, end_texts = map(list, zip(*found, strict=True))
+    names, kinds, begin_texts, end_texts = zip(*found, strict=True)
     covered = (
-        sum(map(len, names)) + sum(map(len, dtypes)) + sum(map(len, shape_texts)) + sum(map(len, begin_texts))
-        + sum(map(len, end_texts)) + _ENTRY_FIXED * len(found)
+        sum(map(len, names)) + sum(map(len, kinds)) + sum(map(len, begin_texts)) + sum(map(len, end_texts))
+        + _ENTRY_FIXED * len(found)
     )  # fmt: skip
-    if covered != len(body) or len(set(names)) != len(names) or "__metadata__" in names:
-        return None  # not an exact tiling (or a duplicate): let the strict path explain
-    cache = {s: tuple(map(int, s.split(","))) if s else () for s in set(shape_texts)}
-    shapes = list(map(cache.__getitem__, shape_texts))
-    return metadata, names, dtypes, shapes, list(map(int, begin_texts)), list(map(int, end_texts))
+    if (
+        covered != len(body) or len(set(names)) != len(names) or "__metadata__" in names
+    ):  # fmt: skip
+        return None  # not an exact tiling of plain entries (or a duplicate): let the strict path explain
+    dtype_of, shape_of = {}, {}
+    for kind in set(kinds):
+        m = _DTYPE_SHAPE.fullmatch(kind)
+        if m is None:
+            return None
+        dtype_of[kind] = m[1]
+        shape_of[kind] = tuple(map(int, m[2].split(","))) if m[2] else ()
+    dtypes = list(map(dtype_of.__getitem__, kinds))
+    shapes = list(map(shape_of.__getitem__, kinds))
+    ends = list(map(int, end_texts))
+    if (
+        begin_texts[0] == "0" and begin_texts[1:] == end_texts[:-1]
+    ):  # back to back: begins are the ends before
+        begins = [0, *ends[:-1]]
+    else:
+        begins = list(map(int, begin_texts))
+    return metadata, names, dtypes, shapes, begins, ends
 
 
 class _Duplicate(ValueError):
@@ -234,8 +253,11 @@ def _strict_parse(text: str, path: Path):
     return metadata, names, dtypes, shapes, begins, ends
 
 
-def _validate(path, names, dtypes, shapes, begins, ends, buffer_size: int) -> None:
-    """Dtypes known, sizes equal to prod(shape) * itemsize, offsets contiguous from 0 to the buffer end."""
+def _validate(path, names, dtypes, shapes, begins, ends, buffer_size: int) -> list[int]:
+    """Dtypes known, sizes equal to prod(shape) * itemsize, offsets contiguous from 0 to the buffer end.
+
+    Returns every tensor's byte length.
+    """
     if buffer_size < 0:
         raise HeaderError(f"{path.name}: header runs past the end of the file")
     unknown = set(dtypes) - DTYPE_SIZES.keys()
@@ -261,9 +283,9 @@ def _validate(path, names, dtypes, shapes, begins, ends, buffer_size: int) -> No
     if not begins:
         if buffer_size:
             raise HeaderError(f"{path.name}: no tensors, yet {buffer_size} payload bytes follow the header")
-        return
+        return have
     if begins[0] == 0 and begins[1:] == ends[:-1] and ends[-1] == buffer_size:
-        return  # the usual case: stored in offset order, contiguous
+        return have  # the usual case: stored in offset order, contiguous
     order = sorted(range(len(begins)), key=lambda i: (begins[i], ends[i]))
     position, previous = 0, None
     for i in order:  # zero-size tensors may share an offset; anything else must follow exactly
@@ -275,3 +297,4 @@ def _validate(path, names, dtypes, shapes, begins, ends, buffer_size: int) -> No
     if position != buffer_size:
         kind = "past the end of" if position > buffer_size else "short of"
         raise HeaderError(f"{path.name}: data ends at byte {position}, {kind} the {buffer_size}-byte buffer")
+    return have

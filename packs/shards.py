@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,84 +47,182 @@ class TensorTable:
         )
 
 
-def read_index(root: Path) -> dict[str, str] | None:
-    """The index's weight_map (tensor -> shard file name), or None without an index."""
+@dataclass(frozen=True)
+class ShardIndex:
+    """model.safetensors.index.json's weight_map as parallel lists (tensor name, shard file name)."""
+
+    names: list[str]
+    shards: list[str]
+
+    @property
+    def weight_map(self) -> dict[str, str]:
+        """Tensor name -> shard file name."""
+        return dict(zip(self.names, self.shards, strict=True))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_COLON = re.compile(r"\s*:\s*")
+_COMMA = re.compile(r"\s*,\s*")
+_OPEN = re.compile(r"\s*:\s*\{\s*")
+_CLOSE = re.compile(r"\s*\}\s*\}\s*")
+
+
+def read_index(root: Path) -> ShardIndex | None:
+    """The index's weight_map, or None without an index; shard names must be plain *.safetensors names."""
     path = root / INDEX_NAME
     if not path.exists():
         return None
     try:
         if path.stat().st_size > MAX_INDEX_BYTES:
             raise HeaderError(f"{INDEX_NAME}: larger than {MAX_INDEX_BYTES} bytes")
-        raw = json.loads(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except OSError as error:
         raise HeaderError(f"{INDEX_NAME}: cannot read: {error.strerror or error}") from None
-    except (ValueError, RecursionError) as error:
-        raise HeaderError(f"{INDEX_NAME}: not valid UTF-8 JSON ({str(error)[:120]})") from None
-    weight_map = raw.get("weight_map") if type(raw) is dict else None
-    if type(weight_map) is not dict or any(type(v) is not str for v in weight_map.values()):
-        raise HeaderError(f"{INDEX_NAME}: weight_map must map tensor names to shard file names")
-    for shard in set(weight_map.values()):
+    except ValueError as error:
+        raise HeaderError(f"{INDEX_NAME}: not UTF-8 ({str(error)[:120]})") from None
+    index = _fast_index(text) or _strict_index(text)
+    for shard in set(index.shards):
         if not _plain_shard_name(shard):
             raise HeaderError(f"{INDEX_NAME}: {shard!r:.120} is not a plain *.safetensors file name")
-    return weight_map
+    return index
+
+
+def _fast_index(text: str) -> ShardIndex | None:
+    """Split an escape-free index at its quotes (each string is one piece); None: take the json path."""
+    if "\\" in text:
+        return None
+    pieces = text.split('"')
+    try:
+        at = pieces.index("weight_map")
+    except ValueError:
+        return None
+    body = pieces[at + 1 :]
+    if at % 2 == 0 or len(body) < 5 or (len(body) - 1) % 4 or not _OPEN.fullmatch(body[0]):
+        return None
+    names, colons, shards, commas = body[1::4], body[2::4], body[3::4], body[4:-1:4]
+    if (
+        not all(_COLON.fullmatch(c) for c in set(colons)) or not all(_COMMA.fullmatch(c) for c in set(commas))
+        or not _CLOSE.fullmatch(body[-1]) or len(set(names)) != len(names)
+        or not "".join(names).isprintable() or not "".join(set(shards)).isprintable()
+    ):  # fmt: skip
+        return None
+    try:  # what comes before the weight_map key must be valid JSON members (metadata)
+        head = json.loads('"'.join(pieces[:at]) + '"weight_map":{}}', object_pairs_hook=_unique)
+    except (ValueError, RecursionError):
+        return None
+    return ShardIndex(names, shards) if head.get("weight_map") == {} else None
+
+
+def _unique(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key")
+    return out
+
+
+def _strict_index(text: str) -> ShardIndex:
+    try:
+        raw = json.loads(text, object_pairs_hook=_unique)
+    except (ValueError, RecursionError) as error:
+        raise HeaderError(f"{INDEX_NAME}: not valid JSON ({str(error)[:120]})") from None
+    weight_map = raw.get("weight_map") if type(raw) is dict else None
+    if type(weight_map) is not dict or not set(map(type, weight_map.values())) <= {str}:
+        raise HeaderError(f"{INDEX_NAME}: weight_map must map tensor names to shard file names")
+    if any(_CONTROL.search(name) for name in weight_map):
+        raise HeaderError(f"{INDEX_NAME}: a tensor name holds a control character")
+    return ShardIndex(list(weight_map), list(weight_map.values()))
 
 
 def _plain_shard_name(name: str) -> bool:
     return (
-        name.endswith(SHARD_SUFFIX) and "/" not in name and "\\" not in name and "\0" not in name
+        name.endswith(SHARD_SUFFIX) and "/" not in name and "\\" not in name and not _CONTROL.search(name)
         and not name.startswith(".") and len(name) <= 255
     )  # fmt: skip
 
 
-def discover_shards(root: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """Shards in order: those the index lists (by name) then any other *.safetensors; or all, by name."""
-    root = Path(root)
-    weight_map = read_index(root)
+def list_shards(root: Path) -> list[Path]:
+    """Every plain *.safetensors file of the pack, by name."""
     on_disk = sorted(
         e.name
         for e in os.scandir(root)
         if e.name.endswith(SHARD_SUFFIX) and _plain_shard_name(e.name) and e.is_file()
     )
-    if weight_map is None:
-        if not on_disk:
-            raise PackError(f"{root}: no *.safetensors shards and no {INDEX_NAME}")
-        return [root / name for name in on_disk], None
-    listed = sorted(set(weight_map.values()))
-    present = set(on_disk)
-    missing = [name for name in listed if name not in present]
+    if not on_disk:
+        raise PackError(f"{root}: no *.safetensors shards")
+    return [Path(root) / name for name in on_disk]
+
+
+def check_listed(index: ShardIndex | None, shards: list[Path]) -> None:
+    """Every shard the index lists must exist."""
+    if index is None:
+        return
+    present = {p.name for p in shards}
+    missing = sorted(name for name in set(index.shards) if name not in present)
     if missing:
-        count = sum(1 for v in weight_map.values() if v in set(missing))
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise MissingTensor(f"{INDEX_NAME} lists shard(s) that are missing: {shown} ({count} tensors)")
-    extra = [name for name in on_disk if name not in set(listed)]
-    return [root / name for name in listed + extra], weight_map
+        count = sum(1 for v in index.shards if v in set(missing))
+        raise MissingTensor(
+            f"{INDEX_NAME} lists shard(s) that are missing: {_few(missing)} ({count} tensors)"
+        )
 
 
-def check_against_index(headers: list[SafetensorsHeader], weight_map: dict[str, str]) -> None:
-    """Every tensor of an indexed shard is listed for that shard, and every listed tensor is in it."""
-    listed = Counter(weight_map.values())
-    for h in headers:
-        shard = h.path.name
-        if shard not in listed:
-            continue  # not in the index: its tensors are checked for duplicates when merged
-        owners = list(map(weight_map.get, h.names))
-        if owners.count(shard) != len(owners):
-            i = next(i for i, o in enumerate(owners) if o != shard)
-            where = "is not listed in the index" if owners[i] is None else f"is listed for {owners[i]}"
-            raise HeaderError(f"{shard}: tensor {h.names[i]} {where}")
-        if listed[shard] != len(owners):
-            names = set(h.names)
-            absent = [n for n, f in weight_map.items() if f == shard and n not in names]
-            shown = ", ".join(absent[:5]) + (f" and {len(absent) - 5} more" if len(absent) > 5 else "")
-            raise MissingTensor(f"{INDEX_NAME} lists tensor(s) for {shard} that it lacks: {shown}")
+def discover_shards(root: Path) -> tuple[list[Path], ShardIndex | None]:
+    """Every *.safetensors of the pack by name, and the index; a shard the index lists must exist."""
+    index = read_index(Path(root))
+    shards = list_shards(Path(root))
+    check_listed(index, shards)
+    return shards, index
 
 
-def load_table(root: Path) -> tuple[TensorTable, list[SafetensorsHeader], dict[str, str] | None]:
-    """Read every shard header, check them against the index, and merge them; a tensor stored twice is refused."""
-    shards, weight_map = discover_shards(root)
+def _few(items: list[str], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def check_index(table: TensorTable, index: ShardIndex) -> None:
+    """Each listed tensor is stored in the shard the index names; each tensor of a listed shard is listed."""
+    rows = list(map(table.index.get, index.names))
+    if None in rows:
+        absent = [n for n, r in zip(index.names, rows, strict=True) if r is None]
+        shard = index.shards[rows.index(None)]
+        raise MissingTensor(
+            f"{INDEX_NAME} lists tensor(s) that no shard holds: {_few(absent)} (e.g. for {shard})"
+        )
+    file_names = [f.name for f in table.files]
+    stored_in = list(map(file_names.__getitem__, map(table.file_ids.__getitem__, rows)))
+    if stored_in != index.shards:
+        j = next(j for j, (a, b) in enumerate(zip(stored_in, index.shards, strict=True)) if a != b)
+        raise MissingTensor(
+            f"{INDEX_NAME} lists {index.names[j]} for {index.shards[j]}, which lacks it (it is in {stored_in[j]})"
+        )
+    listed = {file_names.index(name) for name in set(index.shards)}
+    counts = Counter()
+    for fid, (start, stop) in enumerate(_file_ranges(table.file_ids)):
+        counts[fid] = stop - start
+    if sum(counts[f] for f in listed) != len(rows):
+        names = set(index.names)
+        unlisted = [
+            table.where(i)
+            for i, f in enumerate(table.file_ids)
+            if f in listed and table.names[i] not in names
+        ]
+        raise HeaderError(f"tensor(s) not listed in {INDEX_NAME}: {_few(unlisted)}")
+
+
+def _file_ranges(file_ids: list[int]) -> list[tuple[int, int]]:
+    """Row range of each file (rows are stored file by file)."""
+    if not file_ids:
+        return []
+    ranges, start = [], 0
+    for fid in range(file_ids[-1] + 1):
+        stop = bisect_right(file_ids, fid, lo=start)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def load_table(root: Path) -> tuple[TensorTable, list[SafetensorsHeader], ShardIndex | None]:
+    """Read every shard header, merge them (a tensor stored twice is refused) and check them against the index."""
+    shards, index = discover_shards(Path(root))
     headers = [read_header(p) for p in shards]
-    if weight_map is not None:
-        check_against_index(headers, weight_map)
     names: list[str] = []
     dtypes: list[str] = []
     shapes: list[tuple[int, ...]] = []
@@ -136,12 +236,15 @@ def load_table(root: Path) -> tuple[TensorTable, list[SafetensorsHeader], dict[s
         offsets += h.offsets
         nbytes += h.nbytes
         file_ids += [fid] * len(h.names)
-    index = dict(zip(names, range(len(names)), strict=True))
-    if len(index) != len(names):
+    rows = dict(zip(names, range(len(names)), strict=True))
+    if len(rows) != len(names):
         first: dict[str, int] = {}
         for i, name in enumerate(names):
             if name in first:
                 a, b = shards[file_ids[first[name]]].name, shards[file_ids[i]].name
                 raise HeaderError(f"tensor {name} is stored twice: in {a} and in {b}")
             first[name] = i
-    return TensorTable(shards, names, dtypes, shapes, offsets, nbytes, file_ids, index), headers, weight_map
+    table = TensorTable(shards, names, dtypes, shapes, offsets, nbytes, file_ids, rows)
+    if index is not None:
+        check_index(table, index)
+    return table, headers, index
