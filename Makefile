@@ -20,6 +20,12 @@ demo: $(VENV)/.ready
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/tfc fixture tiny $(DEMO)/pack
 	$(BIN)/tfc inspect $(DEMO)/pack
+	$(BIN)/tfc plan $(DEMO)/pack --tp 2
+	$(BIN)/tfc prepare $(DEMO)/pack --tp 1 -o $(DEMO)/images > $(DEMO)/tp1.path
+	$(BIN)/tfc prepare $(DEMO)/pack --tp 2 -o $(DEMO)/images > $(DEMO)/tp2.path
+	$(BIN)/tfc verify $$(cat $(DEMO)/tp1.path)
+	$(BIN)/tfc verify $$(cat $(DEMO)/tp2.path)
+	$(BIN)/tfc load $$(cat $(DEMO)/tp1.path)
 
 test: $(VENV)/.ready
 	$(BIN)/python -m pytest

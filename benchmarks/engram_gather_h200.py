@@ -46,7 +46,11 @@ def main() -> None:
     lut = bf16_lut(device)
     out = gather_rows(table, rows, d, row_lo=row_lo, lut=lut)
     ref = gather_rows_reference(table, rows, d, row_lo=row_lo)
-    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), "gather differs from the reference"
+    # bit-exact except NaN payloads: the LUT (TensorFold's published digest) fixes one NaN pattern,
+    # the device's float reference produces its own; both must be NaN in the same places.
+    nan = torch.isnan(out.float())
+    assert torch.equal(nan, torch.isnan(ref.float())), "gather NaNs differ from the reference"
+    assert torch.equal(out.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]), "gather differs from the reference"
     if args.smoke:
         print("smoke ok: gather equals the reference")
         return

@@ -35,6 +35,26 @@ def plan_report(pack, world: int) -> dict:
     return {"world": world, "ranks": ranks}
 
 
+SHORT = {
+    "routed_trellis": "routed",
+    "shared_trellis": "shared",
+    "other_trellis": "trellis",
+    "scales": "scales",
+    "natives": "native",
+    "tables": "tables",
+    "engram_rows": "engram",
+    "engram_assets": "assets",
+}
+
+
+def human_bytes(n: int) -> str:
+    """Bytes in decimal units, three significant figures."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
 def _human(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -42,23 +62,20 @@ def _human(report: dict) -> None:
     from tfc.compiler.segments import KINDS
 
     console = Console()
-    shown = [
-        k
-        for k in KINDS
-        if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in report["ranks"])
-    ]
-    for rank in report["ranks"]:
-        table = Table(
-            title=f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes", title_justify="left"
-        )
+    ranks = report["ranks"]
+    shown = [k for k in KINDS if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in ranks)]
+    for rank in ranks:
+        title = f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes ({human_bytes(rank['total'])})"
+        table = Table(title=title, title_justify="left", box=None, pad_edge=False)
         table.add_column("block")
         for kind in shown:
-            table.add_column(kind, justify="right")
+            table.add_column(SHORT[kind], justify="right")
         table.add_column("total", justify="right")
         rows = [(layer["block"], layer["bytes"]) for layer in rank["layers"]] + [("top", rank["top"])]
         for block, kinds in rows:
-            table.add_row(block, *(f"{kinds[k]:,}" for k in shown), f"{sum(kinds.values()):,}")
+            table.add_row(block, *(human_bytes(kinds[k]) for k in shown), human_bytes(sum(kinds.values())))
         console.print(table)
+    console.print("bytes in decimal units; `--json` gives every count exact to the byte", style="dim")
 
 
 @click.command("plan")
