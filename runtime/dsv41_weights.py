@@ -1,0 +1,170 @@
+"""Dense weights of a DeepSeek-V4.1 TP=1 image for the reference forward: natives as stored, EXL3 decoded to [in, out].
+
+Segments read (compiler lowering, contracts "Expert tables"): natives (`native.v1`) by pack name; EXL3
+groups `<name>.trellis|suh|svh` (codebook from the plan's attrs) decoded with the kernels' numpy reference
+decode; expert tables `<block>.ffn.experts.<p>.*` (stack or ragged, E routed entries then the shared
+expert) decoded per entry into `<block>.ffn.experts.<e>.<p>` and `<block>.ffn.shared_experts.<p>`;
+Engram hash assets and row shards (`engram.rows.e4m3e8m0.v1`) for an `EngramFeed`. Decoding is lazy:
+a name is decoded when the forward first reads it (DSpark blocks stay loadable, never decoded).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tfc.runtime.dsv41_engram import EngramFeed
+
+from tfc.errors import TfcError
+
+FAMILY = "deepseek_v41"
+_TABLE = re.compile(r"^(?P<block>.+)\.ffn\.experts\.(?P<p>w[123])\.trellis$")
+
+
+class WeightLoadError(TfcError):
+    """An image the reference forward cannot take its weights from."""
+
+
+class ImageWeights(Mapping):
+    """Pack name -> dense tensor, decoded from an opened rank image on first access."""
+
+    def __init__(self, image: Any, plan_attrs: Mapping[str, Any], where: str) -> None:
+        self._image = image
+        self._attrs = plan_attrs
+        self._where = where
+        self._cache: dict[str, torch.Tensor] = {}
+        self._sources: dict[str, tuple[str, Any]] = {}
+        names = set(image.segments)
+        for name in names:
+            entry = image.entry(name)
+            if entry.layout == "native.v1":
+                self._sources[name] = ("native", name)
+            elif entry.layout == "exl3.trellis.v1" and name.endswith(".trellis"):
+                self._sources[name[: -len(".trellis")]] = ("group", name[: -len(".trellis")])
+            elif (m := _TABLE.match(name)) is not None:
+                base = name[: -len(".trellis")]
+                count = int(np.prod(image.entry(f"{base}.offsets").shape))
+                for e in range(count - 1):
+                    self._sources[f"{m['block']}.ffn.experts.{e}.{m['p']}"] = ("expert", (base, e))
+                self._sources[f"{m['block']}.ffn.shared_experts.{m['p']}"] = ("expert", (base, count - 1))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        held = self._cache.get(name)
+        if held is None:
+            kind, src = self._sources[name]
+            if kind == "native":
+                held = self.native(src)
+            elif kind == "group":
+                held = self._group(src)
+            else:
+                held = self._expert(*src)
+            self._cache[name] = held
+        return held
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sources
+
+    def array(self, name: str) -> np.ndarray:
+        """One segment as a numpy array (bfloat16 as a torch-viewable uint16 array)."""
+        entry = self._image.entry(name)
+        dtype = np.uint16 if entry.dtype == "bfloat16" else np.dtype(entry.dtype)
+        arr = np.frombuffer(self._image.segment(name), dtype=np.dtype(dtype).newbyteorder("<"))
+        return arr.reshape(entry.shape)
+
+    def native(self, name: str) -> torch.Tensor:
+        """A native segment as a torch tensor (bfloat16 kept as bfloat16)."""
+        entry = self._image.entry(name)
+        t = torch.from_numpy(self.array(name).copy())
+        return t.view(torch.bfloat16) if entry.dtype == "bfloat16" else t
+
+    def _group(self, base: str) -> torch.Tensor:
+        from tfc.kernels.exl3_codebook import CODEBOOKS
+        from tfc.kernels.exl3_reference import dequant
+
+        attrs = self._attrs.get(f"{base}.trellis", {})
+        codebook = attrs.get("codebook")
+        if codebook not in CODEBOOKS:
+            raise WeightLoadError(f"{self._where}: plan gives {base} no known codebook ({codebook!r})")
+        trellis = self.array(f"{base}.trellis")
+        dense = dequant(
+            trellis, self.array(f"{base}.suh"), self.array(f"{base}.svh"), CODEBOOKS.index(codebook)
+        )
+        return torch.from_numpy(dense)
+
+    def _expert(self, base: str, e: int) -> torch.Tensor:
+        from tfc.kernels.exl3_reference import dequant
+
+        suh, svh = self.array(f"{base}.suh")[e], self.array(f"{base}.svh")[e]
+        k, n = suh.shape[0], svh.shape[0]
+        width = int(self.array(f"{base}.widths")[e])
+        codebook = int(self.array(f"{base}.codebooks")[e])
+        layout = self._image.entry(f"{base}.trellis").layout
+        if layout == "exl3.experts.stack.v1":
+            trellis = self.array(f"{base}.trellis")[e]
+        else:
+            start = int(self.array(f"{base}.offsets")[e])
+            size = (k // 16) * (n // 16) * width * 2
+            blob = self.array(f"{base}.trellis")
+            if start < 0 or start + size > blob.shape[0]:
+                raise WeightLoadError(f"{self._where}: {base} entry {e} runs past its table")
+            trellis = blob[start : start + size].view(np.int16).reshape(k // 16, n // 16, width)
+        return torch.from_numpy(dequant(trellis, suh, svh, codebook))
+
+
+def open_dense(image_path: str | Path) -> tuple[dict, ImageWeights, Any]:
+    """(pack config dict, lazily decoded weights, the opened image) of a TP=1 DeepSeek-V4.1 image."""
+    from tfc.runtime.image_open import open_image
+
+    opened = open_image(image_path)
+    m = opened.manifest
+    if m.family != FAMILY:
+        opened.close()
+        raise WeightLoadError(f"{opened.path}: an image of family {m.family!r}, not DeepSeek-V4.1 ({FAMILY})")
+    if m.world != 1:
+        opened.close()
+        raise WeightLoadError(f"{opened.path}: a TP={m.world} image; the reference forward runs TP=1 images")
+    config = (m.meta or {}).get("pack_config")
+    if not isinstance(config, dict):
+        opened.close()
+        raise WeightLoadError(f"{opened.path}: the manifest carries no model config (meta.pack_config)")
+    attrs = (m.plan or {}).get("attrs", {})
+    return config, ImageWeights(opened.image, attrs, str(opened.path)), opened
+
+
+def load_dense_weights(image_path: str | Path) -> tuple[dict, ImageWeights]:
+    """(config dict, weights) of a TP=1 DeepSeek-V4.1 image; weights decode on first access."""
+    config, weights, _ = open_dense(image_path)
+    return config, weights
+
+
+def engram_feed(weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int) -> EngramFeed | None:
+    """The image's Engram hasher and row shards as a feed, or None when the image holds no tables."""
+    from tfc.kernels.engram_rows import decode_rows_reference
+    from tfc.runtime.engram_hash import SEG_ROW_RANGES, SEG_TOKEN_MAP, hash_ids, tables_from_segments
+
+    image = weights._image
+    names = set(image.segments)
+    shards = [f"layers.{layer}.engram.rows" for layer in layer_ids]
+    if SEG_TOKEN_MAP not in names or any(s not in names for s in shards):
+        return None
+    tables = tables_from_segments(weights.array)
+    ranges = weights.array(SEG_ROW_RANGES)
+    records = [torch.from_numpy(weights.array(s).copy()) for s in shards]
+
+    def gather(k: int, ids: torch.Tensor) -> torch.Tensor:
+        local = ids.to(torch.int64) - int(ranges[k][0])
+        if local.numel() and (int(local.min()) < 0 or int(local.max()) >= records[k].shape[0]):
+            raise WeightLoadError(f"Engram rows of layer {layer_ids[k]} fall outside this image's shard")
+        return decode_rows_reference(records[k][local], head_dim).float()
+
+    return EngramFeed(layer_ids, tables.max_ngram, lambda ids, back: hash_ids(tables, ids, back), gather)

@@ -1,0 +1,148 @@
+"""`tfc generate` on the tiny image: tokens equal the reference forward's, seeds repeat, bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tfc.cli import cli
+
+PROMPT = "The model reads the prompt"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread avoids spin-waits on a loaded 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prepare(pack: Path, store: Path, *extra: str) -> Path:
+    result = CliRunner().invoke(cli, ["prepare", str(pack), "-o", str(store), "--json", *extra])
+    assert result.exit_code == 0, result.output
+    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def images(tiny_pack, tmp_path_factory):
+    """The tiny image with Engram tables, and one prepared without them."""
+    root = tmp_path_factory.mktemp("gen")
+    bare = root / "bare-pack"  # the pack without its Engram table files, as EXL3 packs ship
+    bare.mkdir()
+    for f in tiny_pack.iterdir():
+        if not f.name.startswith("engram-") and f.name != "model.safetensors.index.json":
+            (bare / f.name).symlink_to(f)
+    index = json.loads((tiny_pack / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not v.startswith("engram-")}
+    (bare / "model.safetensors.index.json").write_text(json.dumps(index))
+    return {
+        "engram": _prepare(tiny_pack, root / "a", "--engram-dir", str(tiny_pack)),
+        "bare": _prepare(bare, root / "b"),
+    }
+
+
+def _generate(image: Path, tokenizer: Path, *extra: str) -> dict:
+    args = ["generate", str(image), "--prompt", PROMPT, "--tokenizer", str(tokenizer), "--json", *extra]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "tfc", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_generate_greedy_equals_the_reference_forward(images, tiny_pack):
+    from tfc.compiler.engram_map import load_tokenizer
+    from tfc.runtime.dsv41_config import config_from_dict
+    from tfc.runtime.dsv41_generate import generate
+    from tfc.runtime.dsv41_model import Dsv41Model
+    from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
+
+    tok_path = tiny_pack / "tokenizer.json"
+    got = _generate(images["engram"], tok_path, "--max-tokens", "6")
+    raw, weights = load_dense_weights(images["engram"])
+    cfg = config_from_dict(raw)
+    prompt = [cfg.bos_token_id, *load_tokenizer(tok_path).encode(PROMPT, add_special_tokens=False).ids]
+    feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+    want = generate(Dsv41Model(cfg, weights), [prompt], 6, feed=feed, stop_ids=[cfg.eos_token_id])[0]
+    assert got["prompt_tokens"] == prompt
+    assert got["tokens"] == want.tokens and got["finish"] == want.finish
+    # the same image without Engram is a different model
+    plain = generate(Dsv41Model(cfg, weights, engram=False), [prompt], 6, stop_ids=[cfg.eos_token_id])[0]
+    assert plain.tokens != want.tokens
+
+
+def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack):
+    tok = tiny_pack / "tokenizer.json"
+    args = (
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "1.5",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "11",
+        "--chat",
+    )
+    first, again = _generate(images["engram"], tok, *args), _generate(images["engram"], tok, *args)
+    assert first["tokens"] == again["tokens"]
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(str(tok))
+    specials = [t.token_to_id(s) for s in ("<｜User｜>", "<｜Assistant｜>", "</think>")]
+    assert first["prompt_tokens"][:2] == [0, specials[0]] and first["prompt_tokens"][-2:] == specials[1:]
+    other = _generate(images["engram"], tok, *args[:-2], "12", "--chat")
+    assert other["tokens"] != first["tokens"]
+
+
+def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
+    out = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "3", "--no-engram")
+    assert len(out["tokens"]) == 3 or out["finish"] == "stop"
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfc: error:"), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_bad_input_is_one_clear_line(images, tiny_pack, tmp_path):
+    from tfc.cache.key import image_key
+    from tfc.cache.writer import ImageWriter
+
+    tok = str(tiny_pack / "tokenizer.json")
+    inputs = {"family": "llama3", "world": 1}
+    wk = image_key(inputs)
+    with ImageWriter(tmp_path / "other", wk, 0) as w:
+        slot = w.add_segment("x", "float32", (4,), "native.v1", 16)
+        w.write(slot, 0, b"\0" * 16)
+        foreign = w.publish(
+            {"family": "llama3", "key": image_key({"world_key": wk, "rank": 0}), "key_inputs": inputs,
+             "world": 1, "plan": {}, "meta": {}}
+        )  # fmt: skip
+    _one_line_exit_2(_cli("generate", str(foreign), "--prompt", "hi", "--tokenizer", tok), "llama3")
+    _one_line_exit_2(
+        _cli("generate", str(images["engram"]), "--prompt", "word " * 5000, "--tokenizer", tok), "context"
+    )
+    _one_line_exit_2(
+        _cli("generate", str(images["bare"]), "--prompt", "hi", "--tokenizer", tok), "Engram", "--no-engram"
+    )
+    _one_line_exit_2(_cli("generate", str(tmp_path / "nowhere"), "--prompt", "hi", "--tokenizer", tok))
