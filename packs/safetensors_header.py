@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate
 from operator import mul, sub
 from pathlib import Path
 
@@ -120,19 +122,25 @@ def parse_header(raw: bytes, file_size: int, path: Path | str) -> SafetensorsHea
         raise HeaderError(f"{path.name}: header is not UTF-8 (byte {error.start})") from None
     if not text.startswith("{"):
         raise HeaderError(f"{path.name}: header does not start with '{{'")
-    parsed = _fast_parse(text) or _strict_parse(text, path)
-    metadata, names, dtypes, shapes, begins, ends = parsed
     data_start = 8 + len(raw)
-    nbytes = _validate(path, names, dtypes, shapes, begins, ends, file_size - data_start)
+    parsed = _fast_parse(text, file_size - data_start)
+    if parsed is None:  # anything unusual: every rule checked the general way, with precise messages
+        metadata, names, dtypes, shapes, begins, ends = _strict_parse(text, path)
+        nbytes = _validate(path, names, dtypes, shapes, begins, ends, file_size - data_start)
+    else:
+        metadata, names, dtypes, shapes, begins, nbytes = parsed
     return SafetensorsHeader(
         path=path, header_len=len(raw), header_bytes=raw, file_size=file_size, data_start=data_start,
-        metadata=metadata, names=list(names), dtypes=dtypes, shapes=shapes,
+        metadata=metadata, names=names, dtypes=dtypes, shapes=shapes,
         offsets=list(map(data_start.__add__, begins)), nbytes=nbytes,
     )  # fmt: skip
 
 
-def _fast_parse(text: str):
-    """Columns of a header in the writers' exact compact form, or None to take the strict path."""
+def _fast_parse(text: str, buffer_size: int):
+    """Columns of a valid header in the writers' exact form (tensors back to back in header order).
+
+    Returns None for anything else, valid or not; the strict path then decides and explains.
+    """
     body = text.rstrip(" \t\r\n")
     if not body.endswith("}"):
         return None
@@ -148,45 +156,42 @@ def _fast_parse(text: str):
             return None
         if any(type(v) is not str for v in metadata.values()):
             return None
-        rest = body[end + 1 :]
-        if rest == "}":
-            return metadata, [], [], [], [], []
-        if not rest.startswith(","):
+        body = body[end + 1 :]
+        if body == "}":
+            return (metadata, [], [], [], [], []) if buffer_size == 0 else None
+        if not body.startswith(","):
             return None
-        body = rest[1:-1] + ","
-    else:
-        body = body[1:-1] + ","
-    if body == ",":
-        return metadata, [], [], [], [], []
+    body = body[1:-1] + ","
     found = _ENTRY.findall(body)
     if not found:
         return None
     names, kinds, begin_texts, end_texts = zip(*found, strict=True)
-    covered = (
-        sum(map(len, names)) + sum(map(len, kinds)) + sum(map(len, begin_texts)) + sum(map(len, end_texts))
-        + _ENTRY_FIXED * len(found)
+    if begin_texts[0] != "0" or begin_texts[1:] != end_texts[:-1]:
+        return None  # not back to back in header order
+    counts = Counter(kinds)
+    covered = (  # matches that cover the body exactly, char for char, leave nothing unparsed between them
+        sum(map(len, names)) + sum(len(k) * c for k, c in counts.items()) + sum(map(len, end_texts)) * 2
+        - len(end_texts[-1]) + 1 + _ENTRY_FIXED * len(found)
     )  # fmt: skip
-    if (
-        covered != len(body) or len(set(names)) != len(names) or "__metadata__" in names
-    ):  # fmt: skip
-        return None  # not an exact tiling of plain entries (or a duplicate): let the strict path explain
-    dtype_of, shape_of = {}, {}
-    for kind in set(kinds):
+    if covered != len(body) or len(set(names)) != len(names) or "__metadata__" in names:
+        return None
+    dtype_of, shape_of, size_of = {}, {}, {}
+    for kind in counts:
         m = _DTYPE_SHAPE.fullmatch(kind)
-        if m is None:
+        if m is None or m[1] not in DTYPE_SIZES:
             return None
-        dtype_of[kind] = m[1]
-        shape_of[kind] = tuple(map(int, m[2].split(","))) if m[2] else ()
+        shape = tuple(map(int, m[2].split(","))) if m[2] else ()
+        size = DTYPE_SIZES[m[1]]
+        for d in shape:
+            size *= d
+        dtype_of[kind], shape_of[kind], size_of[kind] = m[1], shape, size
+    sizes = list(map(size_of.__getitem__, kinds))
+    ends = list(map(int, end_texts))
+    if list(accumulate(sizes)) != ends or ends[-1] != buffer_size:
+        return None
     dtypes = list(map(dtype_of.__getitem__, kinds))
     shapes = list(map(shape_of.__getitem__, kinds))
-    ends = list(map(int, end_texts))
-    if (
-        begin_texts[0] == "0" and begin_texts[1:] == end_texts[:-1]
-    ):  # back to back: begins are the ends before
-        begins = [0, *ends[:-1]]
-    else:
-        begins = list(map(int, begin_texts))
-    return metadata, names, dtypes, shapes, begins, ends
+    return metadata, list(names), dtypes, shapes, [0, *ends[:-1]], sizes
 
 
 class _Duplicate(ValueError):

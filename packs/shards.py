@@ -6,7 +6,6 @@ import json
 import os
 import re
 from bisect import bisect_right
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,13 +98,12 @@ def _fast_index(text: str) -> ShardIndex | None:
     body = pieces[at + 1 :]
     if at % 2 == 0 or len(body) < 5 or (len(body) - 1) % 4 or not _OPEN.fullmatch(body[0]):
         return None
-    names, colons, shards, commas = body[1::4], body[2::4], body[3::4], body[4:-1:4]
+    names, shards = body[1::4], body[3::4]
     if (
-        not all(_COLON.fullmatch(c) for c in set(colons)) or not all(_COMMA.fullmatch(c) for c in set(commas))
-        or not _CLOSE.fullmatch(body[-1]) or len(set(names)) != len(names)
-        or not "".join(names).isprintable() or not "".join(set(shards)).isprintable()
+        not all(_COLON.fullmatch(c) for c in set(body[2::4])) or not all(_COMMA.fullmatch(c) for c in set(body[4:-1:4]))
+        or not _CLOSE.fullmatch(body[-1])
     ):  # fmt: skip
-        return None
+        return None  # names are checked against the stored ones, uniqueness included, by check_index
     try:  # what comes before the weight_map key must be valid JSON members (metadata)
         head = json.loads('"'.join(pieces[:at]) + '"weight_map":{}}', object_pairs_hook=_unique)
     except (ValueError, RecursionError):
@@ -174,35 +172,44 @@ def discover_shards(root: Path) -> tuple[list[Path], ShardIndex | None]:
 
 
 def _few(items: list[str], shown: int = 5) -> str:
-    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+    """The first few items on one line (names from files may hold anything: control characters escaped)."""
+    text = ", ".join(i if i.isprintable() else repr(i) for i in items[:shown])
+    return text + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def check_index(table: TensorTable, index: ShardIndex) -> None:
     """Each listed tensor is stored in the shard the index names; each tensor of a listed shard is listed."""
+    file_names = [f.name for f in table.files]
+    listed = set(index.shards)
+    ranges = _file_ranges(table.file_ids)
+    if len(listed) == len(file_names):  # the usual case: the index lists every shard, in storage order
+        expected_shards: list[str] = []
+        for name, (start, stop) in zip(file_names, ranges, strict=True):
+            expected_shards += [name] * (stop - start)
+        if index.names == table.names and index.shards == expected_shards:
+            return
     rows = list(map(table.index.get, index.names))
+    if None not in rows and len(set(rows)) != len(rows):
+        raise HeaderError(f"{INDEX_NAME} lists a tensor twice")
     if None in rows:
         absent = [n for n, r in zip(index.names, rows, strict=True) if r is None]
         shard = index.shards[rows.index(None)]
         raise MissingTensor(
             f"{INDEX_NAME} lists tensor(s) that no shard holds: {_few(absent)} (e.g. for {shard})"
         )
-    file_names = [f.name for f in table.files]
     stored_in = list(map(file_names.__getitem__, map(table.file_ids.__getitem__, rows)))
     if stored_in != index.shards:
         j = next(j for j, (a, b) in enumerate(zip(stored_in, index.shards, strict=True)) if a != b)
         raise MissingTensor(
-            f"{INDEX_NAME} lists {index.names[j]} for {index.shards[j]}, which lacks it (it is in {stored_in[j]})"
+            f"{INDEX_NAME} lists {_few([index.names[j]])} for {index.shards[j]}, which lacks it (it is in {stored_in[j]})"
         )
-    listed = {file_names.index(name) for name in set(index.shards)}
-    counts = Counter()
-    for fid, (start, stop) in enumerate(_file_ranges(table.file_ids)):
-        counts[fid] = stop - start
-    if sum(counts[f] for f in listed) != len(rows):
+    listed_ids = {file_names.index(name) for name in listed}
+    if sum(ranges[f][1] - ranges[f][0] for f in listed_ids) != len(rows):
         names = set(index.names)
         unlisted = [
             table.where(i)
             for i, f in enumerate(table.file_ids)
-            if f in listed and table.names[i] not in names
+            if f in listed_ids and table.names[i] not in names
         ]
         raise HeaderError(f"tensor(s) not listed in {INDEX_NAME}: {_few(unlisted)}")
 
