@@ -18,7 +18,10 @@ from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
     load_states,
+    prefetch_rows,
+    release_fence,
     rotate_rows,
+    rotate_sum,
     rotated_slice,
     tile_positions,
     window_offsets,
@@ -58,25 +61,38 @@ def _exl3_gemm_kernel(
     CB: tl.constexpr,
     MP: tl.constexpr,
     BK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT,
     FUSE_ROT: tl.constexpr,
     USE_DOT: tl.constexpr,
+    TRANS: tl.constexpr = False,
+    PF: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     tn = N // 16
     nw: tl.constexpr = W // 2
     pos = tile_positions(BK, 128)
-    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
+    if TRANS:
+        # Decode W-hat transposed ([128 columns, BK rows]): a thread then holds one k-row across many
+        # columns, whose window words sit a compile-time constant apart (cheaper address arithmetic).
+        off_j, off_jp, shift = tl.trans(off_j), tl.trans(off_jp), tl.trans(shift)
     kt0 = pid_s * kt_per_split
     base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
     step = (BK // 16) * tn * nw
     m = tl.arange(0, MP)
     if USE_DOT:
         acc = tl.zeros([MP, 128], dtype=tl.float32)
+        acc_t = tl.zeros([128, MP], dtype=tl.float32)
+    elif TRANS:
+        acc2 = tl.zeros([128, BK], dtype=tl.float32)
     else:
         acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     for kk in range(0, kt_per_split, BK // 16):
+        if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
+            # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
+            if kk + PF * (BK // 16) < kt_per_split:
+                prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
         v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
         base += step
         row0 = (kt0 + kk) * 16
@@ -86,38 +102,41 @@ def _exl3_gemm_kernel(
             else:
                 rows = row0 + tl.arange(0, BK)
                 xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
-            acc = tl.dot(xa, v, acc)
+            if TRANS:
+                acc_t = tl.dot(v, tl.trans(xa), acc_t)
+            else:
+                acc = tl.dot(xa, v, acc)
         else:
             if FUSE_ROT:
                 xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
             else:
                 xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
-            acc2 += xa[:, None] * v.to(tl.float32)
+            if TRANS:
+                acc2 += xa[None, :] * v.to(tl.float32)
+            else:
+                acc2 += xa[:, None] * v.to(tl.float32)
     if not USE_DOT:
-        acc = tl.sum(acc2, axis=0)[None, :]
+        if TRANS:
+            acc = tl.sum(acc2, axis=1)[None, :]
+        else:
+            acc = tl.sum(acc2, axis=0)[None, :]
+    elif TRANS:
+        acc = tl.trans(acc_t)
+    # Every program parks its partial in the workspace; the last one of the column block (arrival
+    # counter) sums them in split order, so results do not depend on scheduling.
     cols = pid_n * 128 + tl.arange(0, 128)
-    c128 = tl.arange(0, 128)
-    if SPLIT == 1:
-        y = rotate_rows(acc, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
+    block = ws_ptr + pid_n * SPLIT * (MP * 128)
+    tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
+    release_fence()
+    last = pid_s >= 0
+    if SPLIT > 1:
+        last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+    if last:
+        y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
         tl.store(
             y_ptr + m[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m[:, None] < M
         )
-    else:
-        part = ws_ptr + (pid_n * SPLIT + pid_s) * (MP * 128)
-        tl.store(part + m[:, None] * 128 + c128[None, :], acc)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT - 1:
-            tot = tl.zeros([MP, 128], dtype=tl.float32)
-            for s in range(SPLIT):
-                src = ws_ptr + (pid_n * SPLIT + s) * (MP * 128)
-                tot += tl.load(src + m[:, None] * 128 + c128[None, :], cache_modifier=".cg")
-            y = rotate_rows(tot, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
-            tl.store(
-                y_ptr + m[:, None] * stride_y + cols[None, :],
-                y.to(y_ptr.dtype.element_ty),
-                mask=m[:, None] < M,
-            )
+        if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
@@ -125,25 +144,32 @@ def _exl3_gemm_kernel(
 class GemmConfig:
     """Launch choices of the fused kernel (None = chosen from the shape)."""
 
-    split: int | None = None
-    block_k: int | None = None
-    fuse_rotation: bool | None = None
-    use_dot: bool | None = None
-    num_warps: int | None = None
+    split: int | None = None  # programs along k per 128-column block
+    block_k: int | None = None  # k rows decoded per loop iteration
+    fuse_rotation: bool = False  # recompute had128(x*suh) per k-slice instead of a separate launch
+    use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
+    trans: bool = False  # decode W-hat transposed (other register layout)
+    prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
+    num_warps: int = 4
+    num_stages: int = 1
+    waves: float = 4.0  # programs per multiprocessor the k-split aims for
 
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
 _SMS: dict[int | None, int] = {}
 
 
 def counters(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 arrival-counter buffer of >= n entries for `device` (kernels leave it zeroed)."""
+    """A zeroed int32 arrival-counter buffer of >= n entries for `device` (kernels leave it zeroed).
+
+    Buffers are never freed (captured CUDA graphs keep their addresses); launches that run concurrently
+    on different streams must not share one.
+    """
     key = (device.type, device.index)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    bufs = _COUNTERS.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def num_sms(device: torch.device) -> int:
@@ -155,15 +181,24 @@ def num_sms(device: torch.device) -> int:
     return _SMS[device.index]
 
 
-def pick_split(tk: int, bkt: int, blocks: int, sms: int, min_iters: int = 2) -> int:
-    """Largest useful k-split: enough programs to fill the chip, each >= min_iters loop iterations."""
+def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min_iters: int = 2) -> int:
+    """Largest k-split (a divisor of the loop count) giving <= waves * sms programs, each >= min_iters."""
     iters = tk // bkt
-    want = max(1, -(-2 * sms // blocks))
+    want = max(1, int(waves * sms) // blocks)
     best = 1
     for d in range(1, iters + 1):
         if iters % d == 0 and d <= want and iters // d >= min(min_iters, iters):
             best = d
     return best
+
+
+def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool) -> torch.Tensor:
+    """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the one-row path."""
+    m_rows, k = x.shape
+    mp = 16 if use_dot else 1
+    xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
+    _rotate_kernel[(k // 128, triton.cdiv(m_rows, mp))](x, suh, xh, m_rows, k, x.stride(0), MP=mp)
+    return xh
 
 
 def exl3_gemm(
@@ -175,8 +210,12 @@ def exl3_gemm(
     out_dtype: torch.dtype | None = None,
     config: GemmConfig = GemmConfig(),
     out: torch.Tensor | None = None,
+    x_rotated: bool = False,
 ) -> torch.Tensor:
-    """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows."""
+    """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
+
+    `x_rotated=True`: x is already rotate_input(x, suh, use_dot) (lets a caller fuse that step elsewhere).
+    """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
@@ -190,40 +229,22 @@ def exl3_gemm(
         raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
     bk = config.block_k or (32 if use_dot else 16)
     blocks = n // 128
-    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device))
-    fuse = config.fuse_rotation if config.fuse_rotation is not None else blocks * split <= 64
+    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), config.waves)
+    if tk % (split * (bk // 16)):
+        raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
+    fuse = config.fuse_rotation and not x_rotated
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
-    xh = x
-    if not fuse:
-        xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
-        _rotate_kernel[(k // 128, triton.cdiv(m_rows, mp))](x, suh, xh, m_rows, k, x.stride(0), MP=mp)
-    ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device) if split > 1 else y
+    xh = x if (fuse or x_rotated) else rotate_input(x, suh, use_dot)
+    ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, blocks) if split > 1 else y
     _exl3_gemm_kernel[(blocks, split)](
-        x,
-        xh,
-        suh,
-        svh,
-        trellis.view(torch.int32),
-        y,
-        ws,
-        cnt,
-        m_rows,
-        n,
-        xh.stride(0),
-        y.stride(0),
-        tk // split,
-        W=width,
-        CB=codebook,
-        MP=mp,
-        BK=bk,
-        SPLIT=split,
-        FUSE_ROT=fuse,
-        USE_DOT=use_dot,
-        num_warps=config.num_warps or 4,
-    )
+        x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
+        m_rows, n, xh.stride(0), y.stride(0), tk // split,
+        W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
+        TRANS=config.trans, PF=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
     return y
 
 

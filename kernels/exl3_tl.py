@@ -8,6 +8,35 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# On a GPU the codebooks run as packed PTX (two weights per instruction); the interpreter runs plain ops.
+USE_ASM = tl.constexpr(not INTERPRET)
+
+_MUL1_ASM = tl.constexpr("""{
+.reg .b32 a, b, one, base, kinv, kbias;
+mov.b32 one, 0x01010101;
+mov.b32 base, 0x6400;
+mov.b32 kinv, 0x1EEE1EEE;
+mov.b32 kbias, 0xC931C931;
+mul.lo.u32 a, $1, 0x83DCD12D;
+mul.lo.u32 b, $2, 0x83DCD12D;
+dp4a.u32.u32 a, a, one, base;
+dp4a.u32.u32 b, b, one, base;
+prmt.b32 a, a, b, 0x5410;
+fma.rn.f16x2 $0, a, kinv, kbias;
+}""")
+
+_INST_ASM = """{
+.reg .b32 a, b, lo, hi;
+mad.lo.u32 a, $1, MULT, ADD;
+mad.lo.u32 b, $2, MULT, ADD;
+lop3.b32 a, a, 0x8FFF8FFF, 0x3B603B60, 0x6A;
+lop3.b32 b, b, 0x8FFF8FFF, 0x3B603B60, 0x6A;
+prmt.b32 lo, a, b, 0x5410;
+prmt.b32 hi, a, b, 0x7632;
+add.rn.f16x2 $0, lo, hi;
+}"""
+_3INST_ASM = tl.constexpr(_INST_ASM.replace("MULT", "89226354").replace("ADD", "64248484"))
+_MCG_ASM = tl.constexpr(_INST_ASM.replace("MULT", "0xCBAC1FED").replace("ADD", "0"))
 
 
 @triton.jit
@@ -22,20 +51,31 @@ def tile_positions(BK: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def window_offsets(pos, width, tn, BK: tl.constexpr, BN: tl.constexpr):
+def window_offsets(pos, width, tn, BK: tl.constexpr, BN: tl.constexpr, INT_RATE: tl.constexpr = False):
     """Word offsets (j, jp) of each element's 16-bit window inside its block, and the right shift.
 
     `pos` = tile_positions; `width` = int16 words per tile (constexpr or runtime); `tn` = tiles per k-row.
-    Offsets are relative to the block's first tile, whose tiles sit at k-stride tn tiles.
+    Offsets are relative to the block's first tile, whose tiles sit at k-stride tn tiles. INT_RATE (width a
+    multiple of 16) splits the window end into a row part and a column part that is a whole number of
+    words, so the compiler sees that a thread's neighbouring columns read words a constant apart.
     """
     nw = width // 2
-    e1 = ((pos + 1) * width >> 4) - 1  # last ring bit of the window (spec §3.1/§3.2)
-    j = e1 >> 5
-    jp = tl.where(j == 0, nw - 1, j - 1)
-    shift = 31 - (e1 & 31)
     kt = tl.arange(0, BK) // 16
     nt = tl.arange(0, BN) // 16
     tile = (kt[:, None] * tn + nt[None, :]) * nw
+    if INT_RATE:
+        r = tl.arange(0, BK) % 16
+        c = tl.arange(0, BN) % 16
+        row = 8 * ((r >> 1) & 3) + 2 * (r >> 3) + (r & 1)
+        # i = row + 32 (c & 7) + 4 (c >> 3); (i + 1) W / 16 = (row + 1) W / 16 + 2 W (c & 7) + W / 4 (c >> 3).
+        t = ((((row + 1) * width) >> 4) - 1)[:, None] + ((width // 4) * (c >> 3))[None, :]
+        j = (t >> 5) + ((width // 16) * (c & 7))[None, :]
+        shift = 31 - (t & 31)
+    else:
+        e1 = ((pos + 1) * width >> 4) - 1  # last ring bit of the window (spec §3.1/§3.2)
+        j = e1 >> 5
+        shift = 31 - (e1 & 31)
+    jp = tl.where(j == 0, nw - 1, j - 1)
     return tile + j, tile + jp, shift
 
 
@@ -50,6 +90,9 @@ def load_states(base, off_j, off_jp, shift):
 @triton.jit
 def cb_mul1(s):
     """MUL1: (1024 + bytesum(s * 0x83DCD12D)) * k_inv + k_bias, exact in fp32, one rounding to fp16."""
+    if USE_ASM:
+        # dp4a adds the four bytes onto 0x6400 = the fp16 bits of 1024 + b; one f16x2 FMA = __hfma.
+        return tl.inline_asm_elementwise(_MUL1_ASM, "=r,r,r", [s], dtype=tl.float16, is_pure=True, pack=2)
     x = s * 0x83DCD12D
     pairs = (x & 0x00FF00FF) + ((x >> 8) & 0x00FF00FF)
     b = (pairs & 0xFFFF) + (pairs >> 16)
@@ -59,8 +102,10 @@ def cb_mul1(s):
 
 
 @triton.jit
-def cb_inst(s, mult, add):
+def cb_inst(s, mult, add, ASM: tl.constexpr = ""):
     """3INST (mult 89226354, add 64248484) / MCG (mult 0xCBAC1FED, add 0): LOP3 then sum of fp16 halves."""
+    if USE_ASM and ASM != "":
+        return tl.inline_asm_elementwise(ASM, "=r,r,r", [s], dtype=tl.float16, is_pure=True, pack=2)
     x = s * mult + add
     x = (x & 0x8FFF8FFF) ^ 0x3B603B60
     lo = (x & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
@@ -75,9 +120,9 @@ def cb_decode(s, CB: tl.constexpr):
     if CB == 2:
         v = cb_mul1(s)
     elif CB == 1:
-        v = cb_inst(s, 0xCBAC1FED, 0)
+        v = cb_inst(s, 0xCBAC1FED, 0, _MCG_ASM)
     else:
-        v = cb_inst(s, 89226354, 64248484)
+        v = cb_inst(s, 89226354, 64248484, _3INST_ASM)
     return v
 
 
@@ -87,9 +132,9 @@ def cb_decode_rt(s, cb):
     if cb == 2:
         v = cb_mul1(s)
     elif cb == 1:
-        v = cb_inst(s, 0xCBAC1FED, 0)
+        v = cb_inst(s, 0xCBAC1FED, 0, _MCG_ASM)
     else:
-        v = cb_inst(s, 89226354, 64248484)
+        v = cb_inst(s, 89226354, 64248484, _3INST_ASM)
     return v
 
 
@@ -119,6 +164,55 @@ def rotate_rows(a, MP: tl.constexpr):
     else:
         out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
     return out * 0.08838834764831845
+
+
+@triton.jit
+def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr):
+    """(sum over s < nsum of the [MP, 128] fp32 block at src + s * part_stride) @ H128 / sqrt(128).
+
+    Reads the block from memory 32 columns at a time so that only a 32x128 slice of H128 is ever live
+    (a whole H128 in registers would cap occupancy of the kernel's main loop).
+    """
+    m = tl.arange(0, MP)
+    out = tl.zeros([MP, 128], dtype=tl.float32)
+    for q in tl.static_range(4):
+        cols = q * 32 + tl.arange(0, 32)
+        a = tl.zeros([MP, 32], dtype=tl.float32)
+        for s in range(nsum):
+            ptrs = src + s * part_stride + m[:, None] * row_stride + cols[None, :]
+            a += tl.load(ptrs, cache_modifier=".cg")
+        h = hadamard_block(32, 128, q * 32, 0)
+        if MP >= 16:
+            out = tl.dot(a, h, out, input_precision="tf32x3")
+        else:
+            out += tl.sum(a[:, :, None] * h[None, :, :], axis=1)
+    return out * 0.08838834764831845
+
+
+@triton.jit
+def prefetch_rows(base, rows: tl.constexpr, row_words, row_bytes):
+    """Ask for `rows` k-tile rows of a column block (row_words int32 words apart) to be pulled into L2."""
+    if USE_ASM:
+        for q in tl.static_range(rows):
+            addr = (base + q * row_words).to(tl.int64, bitcast=True)
+            tl.inline_asm_elementwise(
+                "cp.async.bulk.prefetch.L2.global [$1], $2;\n mov.u32 $0, 0;",
+                "=r,l,r",
+                [addr, row_bytes],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
+
+
+@triton.jit
+def release_fence():
+    """Make this thread's global writes visible GPU-wide before a following arrival atomic."""
+    if USE_ASM:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
+    tl.debug_barrier()
 
 
 @triton.jit

@@ -20,7 +20,9 @@ from tfc.kernels.exl3_tl import (
     cb_decode,
     cb_decode_rt,
     load_states,
-    rotate_rows,
+    prefetch_rows,
+    release_fence,
+    rotate_sum,
     rotated_slice,
     tile_positions,
     window_offsets,
@@ -58,6 +60,7 @@ def _expert_cols(
     W: tl.constexpr,
     CB: tl.constexpr,
     BK: tl.constexpr,
+    PF: tl.constexpr,
 ):
     """Sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 columns of block pid_c]."""
     if W > 0:
@@ -66,13 +69,16 @@ def _expert_cols(
         width = tl.load(wid_ptr + e)
     nw = width // 2
     pos = tile_positions(BK, 128)
-    off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
     base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
     step = (BK // 16) * tn * nw
     if CB < 0:
         cb = tl.load(cb_ptr + e)
     acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     for kk in range(0, kt_per, BK // 16):
+        if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
+            if kk + PF * (BK // 16) < kt_per:
+                prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * width)
         s = load_states(base, off_j, off_jp, shift)
         if CB >= 0:
             v = cb_decode(s, CB)
@@ -89,7 +95,7 @@ def _expert_cols(
 
 
 @triton.jit
-def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, P, D, stride_x, topk, n_routed):
+def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk, n_routed):
     """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1)."""
     blk = tl.program_id(0)
     p = tl.program_id(1)
@@ -101,21 +107,27 @@ def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, P, D, stride_
     else:
         su = tl.load(suh3_ptr + e * D + cols)
     a = tl.load(x_ptr + t * stride_x + cols).to(tl.float32) * su.to(tl.float32)
-    xh = rotate_rows(a[None, :], 1)
-    tl.store(xh_ptr + (proj * P + p) * D + cols[None, :], xh)
+    row = (proj * P + p) * D + blk * 128
+    tl.store(ws_ptr + row + tl.arange(0, 128), a)
+    tl.debug_barrier()
+    xh = rotate_sum(ws_ptr + row, 1, 0, 0, 1)
+    tl.store(xh_ptr + row + tl.arange(0, 128)[None, :], xh)
 
 
 @triton.jit
-def _gate_up_epilogue(g, u, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr):
-    """SwiGLU of one 128-column block, then the down projection's input rotation of that block."""
+def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr):
+    """Sum the split partials, SwiGLU one 128-column block, then rotate it for the down projection."""
     cols = pid_c * 128 + tl.arange(0, 128)
-    g = rotate_rows(g[None, :], 1) * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
-    u = rotate_rows(u[None, :], 1) * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
+    g = rotate_sum(slot_ws, nsum, 256, 0, 1) * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
+    u = rotate_sum(slot_ws + 128, nsum, 256, 0, 1) * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     act = g * tl.sigmoid(g) * u * w
     a2 = act * tl.load(suh2_ptr + e * NI + cols).to(tl.float32)[None, :]
-    tl.store(act_ptr + p * NI + cols[None, :], rotate_rows(a2, 1))
+    scratch = slot_ws + nsum * 256
+    tl.store(scratch + tl.arange(0, 128)[None, :], a2)
+    tl.debug_barrier()
+    tl.store(act_ptr + p * NI + cols[None, :], rotate_sum(scratch, 1, 0, 0, 1))
 
 
 @triton.jit
@@ -126,7 +138,7 @@ def _moe_gate_up_kernel(
     suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
     P, D, NI, stride_x, topk, n_routed, kt_per, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
-    BK: tl.constexpr, SPLIT: tl.constexpr, FUSE: tl.constexpr,
+    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     p = tl.program_id(1)
@@ -140,58 +152,23 @@ def _moe_gate_up_kernel(
     else:
         x1 = xh_ptr + p * D
         x3 = xh_ptr + (P + p) * D
-    g = _expert_cols(
-        t1_ptr,
-        off1_ptr,
-        wid1_ptr,
-        cb1_ptr,
-        e,
-        pid_c,
-        kt0,
-        kt_per,
-        tn,
-        x1,
-        suh1_ptr + e * D,
-        FUSE,
-        W1,
-        CB1,
-        BK,
-    )
-    u = _expert_cols(
-        t3_ptr,
-        off3_ptr,
-        wid3_ptr,
-        cb3_ptr,
-        e,
-        pid_c,
-        kt0,
-        kt_per,
-        tn,
-        x3,
-        suh3_ptr + e * D,
-        FUSE,
-        W3,
-        CB3,
-        BK,
-    )
-    if SPLIT == 1:
-        _gate_up_epilogue(g, u, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
-    else:
-        slot = (p * (NI // 128) + pid_c).to(tl.int64)
-        c = tl.arange(0, 128)
-        part = ws_ptr + (slot * SPLIT + pid_s) * 256
-        tl.store(part + c, g)
-        tl.store(part + 128 + c, u)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if done == SPLIT - 1:
-            gs = tl.zeros([128], dtype=tl.float32)
-            us = tl.zeros([128], dtype=tl.float32)
-            for s in range(SPLIT):
-                src = ws_ptr + (slot * SPLIT + s) * 256
-                gs += tl.load(src + c, cache_modifier=".cg")
-                us += tl.load(src + 128 + c, cache_modifier=".cg")
-            _gate_up_epilogue(gs, us, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
+    g = _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
+                     FUSE, W1, CB1, BK, PF)  # fmt: skip
+    u = _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
+                     FUSE, W3, CB3, BK, PF)  # fmt: skip
+    # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
+    slot = (p * (NI // 128) + pid_c).to(tl.int64)
+    slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
+    c = tl.arange(0, 128)
+    tl.store(slot_ws + pid_s * 256 + c, g)
+    tl.store(slot_ws + pid_s * 256 + 128 + c, u)
+    release_fence()
+    last = pid_s >= 0
+    if SPLIT > 1:
+        last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+    if last:
+        _gate_up_epilogue(slot_ws, SPLIT, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
+        if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + slot, 0)
 
 
@@ -199,7 +176,8 @@ def _moe_gate_up_kernel(
 def _moe_down_kernel(
     ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
     D, NI, stride_y, topk, n_routed, kt_per,
-    W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr, NS: tl.constexpr,
+    W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
+    PF: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -207,34 +185,22 @@ def _moe_down_kernel(
     p = t * (topk + 1) + s // KS
     _, e, _ = _pair(ids_ptr, ids_ptr, p, topk, n_routed)
     kt0 = (s % KS) * kt_per
-    acc = _expert_cols(
-        t2_ptr,
-        off2_ptr,
-        wid2_ptr,
-        cb2_ptr,
-        e,
-        pid_c,
-        kt0,
-        kt_per,
-        D // 16,
-        act_ptr + p * NI,
-        act_ptr,
-        False,
-        W2,
-        CB2,
-        BK,
-    )
+    acc = _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
+                       act_ptr, False, W2, CB2, BK, PF)  # fmt: skip
+    # Workspace per (token, column block): NS x [raw partial 128 | rotated and scaled partial 128].
     c = tl.arange(0, 128)
     cols = pid_c * 128 + c
-    y = tl.sum(rotate_rows(acc[None, :], 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     slot = (t * (D // 128) + pid_c).to(tl.int64)
-    tl.store(ws_ptr + (slot * NS + s) * 128 + c, y)
+    mine = ws_ptr + (slot * NS + s) * 256
+    tl.store(mine + c, acc)
     tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-    if done == NS - 1:
+    y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
+    tl.store(mine + 128 + c, y)
+    release_fence()
+    if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
         tot = tl.zeros([128], dtype=tl.float32)
         for q in range(NS):
-            tot += tl.load(ws_ptr + (slot * NS + q) * 128 + c, cache_modifier=".cg")
+            tot += tl.load(ws_ptr + (slot * NS + q) * 256 + 128 + c, cache_modifier=".cg")
         tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + slot, 0)
 
@@ -247,7 +213,10 @@ class MoeConfig:
     split_down: int | None = None
     block_k: int = 16
     fuse_rotation: bool = False
+    prefetch: int = 0
     num_warps: int = 4
+    num_stages: int = 1
+    waves: float = 4.0  # programs per multiprocessor the k-splits aim for
 
 
 def moe_exl3(
@@ -283,22 +252,23 @@ def moe_exl3(
     bk = config.block_k
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms)
-    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms)
+    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, config.waves)
+    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, config.waves)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
     y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
     if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{tokens}, {d}] with unit column stride")
     act = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
+    ns = (topk + 1) * split2
+    ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
+    ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
     xh = x
     if not config.fuse_rotation:
         xh = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
+        scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
         _moe_rotate_kernel[(d // 128, pairs, 2)](
-            x, ids, w1.suh, w3.suh, xh, pairs, d, x.stride(0), topk, n_routed
-        )
-    ws1 = torch.empty((pairs * c1 * split1 * 256,), dtype=torch.float32, device=dev) if split1 > 1 else act
-    ns = (topk + 1) * split2
-    ws2 = torch.empty((tokens * c2 * ns * 128,), dtype=torch.float32, device=dev)
+            x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed
+        )  # fmt: skip
     cnt = counters(dev, pairs * c1 + tokens * c2)
     cnt1, cnt2 = cnt, cnt[pairs * c1 :]
     _moe_gate_up_kernel[(c1, pairs, split1)](
@@ -308,12 +278,14 @@ def moe_exl3(
         w2.suh, act, ws1, cnt1,
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, FUSE=config.fuse_rotation, num_warps=config.num_warps,
+        BK=bk, SPLIT=split1, FUSE=config.fuse_rotation, PF=config.prefetch,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, num_warps=config.num_warps,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
 
@@ -330,7 +302,7 @@ def moe_reference(
     """Torch reference in float64 from dense weights [k, n] per entry (shared expert last)."""
     shared = len(w1) - 1
     xd = x.double()
-    y = torch.zeros((x.shape[0], w2[0].shape[1]), dtype=torch.float64, device=x.device)
+    y = torch.zeros((x.shape[0], w2[shared].shape[1]), dtype=torch.float64, device=x.device)
     for t in range(x.shape[0]):
         slots = [
             (int(e), float(w)) for e, w in zip(topk_ids[t].tolist(), topk_weights[t].tolist(), strict=True)
