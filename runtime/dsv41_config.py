@@ -195,14 +195,6 @@ def _validate(c: Dsv41Config) -> None:
             raise Dsv41ConfigError(f"compressed layer {i} has no KV source at or before it")
         if c.compress_ratios[i] and not any(s <= i for s in c.index_source_layer_ids):
             raise Dsv41ConfigError(f"compressed layer {i} has no index source at or before it")
-    for i in c.index_source_layer_ids:
-        src = (
-            max(s for s in c.kv_source_layer_ids if s <= i)
-            if any(s <= i for s in c.kv_source_layer_ids)
-            else None
-        )
-        if src is None:
-            raise Dsv41ConfigError(f"index source {i} has no KV source before it")
     cand = c.candidate_source_layer_id
     if cand >= 0 and cand not in c.index_source_layer_ids:
         raise Dsv41ConfigError(f"candidate source {cand} is not an index source")

@@ -12,6 +12,11 @@ Weights: a mapping from the pack's native names to tensors. EXL3 linears come de
 [in, out] under their group name (e.g. `layers.3.attn.wq_a`, `head`); natives as stored (norms
 `.weight` [n], router `ffn.gate.weight` [E, D], `embed.weight` [V, D], mHC `hc_*`). DSpark blocks (`mtp.*`)
 may be present; this forward does not run them. Computes in `dtype` (fp32 by default) on `device`.
+
+Decisions where sources differ: no `hc_head_*` HyperHead (HF V4.1 and the TensorFold V4.1 loader have
+none; exllamav3's V4.1 carries the previous `pre` to its head): such tensors are ignored if present.
+Top-k ties (router, indexer, candidate blocks) go to the lower index. fp32 is not chunk-invariant: the
+cache quantisers turn ~1e-6 summation-order differences into whole rounding steps; fp64 runs are.
 """
 
 from __future__ import annotations

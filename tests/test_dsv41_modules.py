@@ -339,3 +339,62 @@ def test_index_scores_visibility_candidates_and_topk_match_loops():
         ]
         top = sorted(vis, key=lambda grp: (-scores[i, grp].item(), grp))[:3]
         assert sorted(torch.where(bias[i] == 0)[0].tolist()) == sorted(top)
+
+
+# ---- config -----------------------------------------------------------------------------------------
+
+
+def _flash_text() -> dict:
+    """The DeepSeek-V4.1-Flash text_config values the modes depend on (spec section 1.3)."""
+    from tfc.runtime.dsv41_random import TINY_TEXT_CONFIG
+
+    return dict(
+        TINY_TEXT_CONFIG,
+        num_hidden_layers=40,
+        compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+        kv_source_layer_ids=[2, 8, 14, 20],
+        index_source_layer_ids=[2, 8, 14, 20, 24, 28, 32, 36],
+        candidate_source_layer_id=20,
+        engram_layer_ids=[1, 14],
+        num_nextn_predict_layers=3,
+    )
+
+
+def test_flash_layer_modes_match_the_spec_table():
+    from tfc.runtime.dsv41_config import config_from_dict
+
+    cfg = config_from_dict({"text_config": _flash_text(), "bos_token_id": 0, "eos_token_id": 1})
+    got = {
+        m.layer: (m.mode, m.compress_ratio, m.kv_source, m.index_source, m.uses_candidates) for m in cfg.modes
+    }
+    want = {0: ("swa", 0, None, None, False), 1: ("swa", 0, None, None, False), 2: ("full", 2, 2, 2, False)}
+    want |= {i: ("reuse", 2, 2, 2, False) for i in range(3, 8)} | {8: ("full", 2, 8, 8, False)}
+    want |= {i: ("reuse", 2, 8, 8, False) for i in range(9, 14)} | {14: ("full", 2, 14, 14, False)}
+    want |= {i: ("reuse", 2, 14, 14, False) for i in range(15, 20)} | {20: ("full", 1, 20, 20, False)}
+    want |= {i: ("reuse", 1, 20, 20, False) for i in range(21, 24)}
+    for src in (24, 28, 32, 36):
+        want |= {src: ("reindex", 1, 20, src, True)} | {
+            i: ("reuse", 1, 20, src, False) for i in range(src + 1, src + 4)
+        }
+    assert got == want
+    assert [m.layer for m in cfg.modes if m.engram] == [1, 14] and cfg.layer_mode(20).is_candidate_source
+    assert cfg.eos_token_id == 1 and cfg.engram_cols == (3 - 1) * 2
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {"kv_source_layer_ids": [8, 14, 20], "index_source_layer_ids": [8, 14, 20, 24]},
+            "no KV source",
+        ),
+        ({"candidate_source_layer_id": 21}, "not an index source"),
+        ({"scoring_func": "softmax"}, "sqrtsoftplus"),
+        ({"compress_ratios": [0, 4] + [2] * 18 + [1] * 20}, "compress_ratios"),
+    ],
+)
+def test_bad_configs_are_refused_in_one_line(change, words):
+    from tfc.runtime.dsv41_config import Dsv41ConfigError, config_from_dict
+
+    with pytest.raises(Dsv41ConfigError, match=words):
+        config_from_dict({"text_config": _flash_text() | change})

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
+from tokenizers import Tokenizer
 
-from tfc.cli import cli
+from tfc.cli import cli, main
 
 PROMPT = "The model reads the prompt"
 
@@ -50,6 +49,17 @@ def images(tiny_pack, tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="module")
+def dense(images):
+    """The engram image's config, weights (decoded once) and Engram feed, for in-process references."""
+    from tfc.runtime.dsv41_config import config_from_dict
+    from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
+
+    raw, weights = load_dense_weights(images["engram"])
+    cfg = config_from_dict(raw)
+    return cfg, weights, engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+
+
 def _generate(image: Path, tokenizer: Path, *extra: str) -> dict:
     args = ["generate", str(image), "--prompt", PROMPT, "--tokenizer", str(tokenizer), "--json", *extra]
     result = CliRunner().invoke(cli, args)
@@ -57,26 +67,22 @@ def _generate(image: Path, tokenizer: Path, *extra: str) -> dict:
     return json.loads(result.output.strip().splitlines()[-1])
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "tfc", *args], capture_output=True, text=True, env=env, timeout=300
-    )
+def _main(capsys, monkeypatch, *args: str) -> tuple[int, str]:
+    """Run the real entry point (typed errors -> one line, exit 2) in-process; (exit code, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["tfc", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+    return done.value.code, capsys.readouterr().err
 
 
-def test_generate_greedy_equals_the_reference_forward(images, tiny_pack):
-    from tfc.compiler.engram_map import load_tokenizer
-    from tfc.runtime.dsv41_config import config_from_dict
+def test_generate_greedy_equals_the_reference_forward(images, tiny_pack, dense):
     from tfc.runtime.dsv41_generate import generate
     from tfc.runtime.dsv41_model import Dsv41Model
-    from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
 
-    tok_path = tiny_pack / "tokenizer.json"
-    got = _generate(images["engram"], tok_path, "--max-tokens", "6")
-    raw, weights = load_dense_weights(images["engram"])
-    cfg = config_from_dict(raw)
-    prompt = [cfg.bos_token_id, *load_tokenizer(tok_path).encode(PROMPT, add_special_tokens=False).ids]
-    feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+    cfg, weights, feed = dense
+    tok = Tokenizer.from_file(str(tiny_pack / "tokenizer.json"))
+    got = _generate(images["engram"], tiny_pack / "tokenizer.json", "--max-tokens", "6")
+    prompt = [cfg.bos_token_id, *tok.encode(PROMPT, add_special_tokens=False).ids]
     want = generate(Dsv41Model(cfg, weights), [prompt], 6, feed=feed, stop_ids=[cfg.eos_token_id])[0]
     assert got["prompt_tokens"] == prompt
     assert got["tokens"] == want.tokens and got["finish"] == want.finish
@@ -85,7 +91,12 @@ def test_generate_greedy_equals_the_reference_forward(images, tiny_pack):
     assert plain.tokens != want.tokens
 
 
-def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack):
+def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack, dense):
+    from tfc.runtime.dsv41_generate import generate
+    from tfc.runtime.dsv41_model import Dsv41Model
+    from tfc.runtime.sampling import SamplingParams
+
+    cfg, weights, feed = dense
     tok = tiny_pack / "tokenizer.json"
     args = (
         "--max-tokens",
@@ -102,13 +113,15 @@ def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack):
     )
     first, again = _generate(images["engram"], tok, *args), _generate(images["engram"], tok, *args)
     assert first["tokens"] == again["tokens"]
-    from tokenizers import Tokenizer
-
     t = Tokenizer.from_file(str(tok))
-    specials = [t.token_to_id(s) for s in ("<｜User｜>", "<｜Assistant｜>", "</think>")]
-    assert first["prompt_tokens"][:2] == [0, specials[0]] and first["prompt_tokens"][-2:] == specials[1:]
-    other = _generate(images["engram"], tok, *args[:-2], "12", "--chat")
-    assert other["tokens"] != first["tokens"]
+    user, assistant, think_end = (t.token_to_id(s) for s in ("<｜User｜>", "<｜Assistant｜>", "</think>"))
+    ids = first["prompt_tokens"]
+    assert ids[:2] == [0, user] and ids[-2:] == [assistant, think_end]
+    model, stop = Dsv41Model(cfg, weights), [cfg.eos_token_id]
+    p = SamplingParams(temperature=1.5, top_p=0.9, top_k=40, seed=11)
+    assert generate(model, [ids], 5, p, feed=feed, stop_ids=stop)[0].tokens == first["tokens"]
+    other = SamplingParams(temperature=1.5, top_p=0.9, top_k=40, seed=12)
+    assert generate(model, [ids], 5, other, feed=feed, stop_ids=stop)[0].tokens != first["tokens"]
 
 
 def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
@@ -116,15 +129,16 @@ def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
     assert len(out["tokens"]) == 3 or out["finish"] == "stop"
 
 
-def _one_line_exit_2(proc: subprocess.CompletedProcess, *words: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfc: error:"), proc.stderr
+def _one_line_exit_2(result: tuple[int, str], *words: str) -> None:
+    code, err = result
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfc: error:"), err
     for w in words:
         assert w in lines[0], lines[0]
 
 
-def test_bad_input_is_one_clear_line(images, tiny_pack, tmp_path):
+def test_bad_input_is_one_clear_line(images, tiny_pack, tmp_path, capsys, monkeypatch):
     from tfc.cache.key import image_key
     from tfc.cache.writer import ImageWriter
 
@@ -138,11 +152,29 @@ def test_bad_input_is_one_clear_line(images, tiny_pack, tmp_path):
             {"family": "llama3", "key": image_key({"world_key": wk, "rank": 0}), "key_inputs": inputs,
              "world": 1, "plan": {}, "meta": {}}
         )  # fmt: skip
-    _one_line_exit_2(_cli("generate", str(foreign), "--prompt", "hi", "--tokenizer", tok), "llama3")
     _one_line_exit_2(
-        _cli("generate", str(images["engram"]), "--prompt", "word " * 5000, "--tokenizer", tok), "context"
+        _main(capsys, monkeypatch, "generate", str(foreign), "--prompt", "hi", "--tokenizer", tok), "llama3"
     )
     _one_line_exit_2(
-        _cli("generate", str(images["bare"]), "--prompt", "hi", "--tokenizer", tok), "Engram", "--no-engram"
+        _main(
+            capsys,
+            monkeypatch,
+            "generate",
+            str(images["engram"]),
+            "--prompt",
+            "word " * 5000,
+            "--tokenizer",
+            tok,
+        ),
+        "context",
     )
-    _one_line_exit_2(_cli("generate", str(tmp_path / "nowhere"), "--prompt", "hi", "--tokenizer", tok))
+    _one_line_exit_2(
+        _main(capsys, monkeypatch, "generate", str(images["bare"]), "--prompt", "hi", "--tokenizer", tok),
+        "Engram",
+        "--no-engram",
+    )
+    _one_line_exit_2(
+        _main(
+            capsys, monkeypatch, "generate", str(tmp_path / "nowhere"), "--prompt", "hi", "--tokenizer", tok
+        )
+    )

@@ -1,0 +1,90 @@
+"""Whole-model gates on the tiny pack's own weights, read from its prepared TP=1 image (fp64, ATOL 1e-9).
+
+The CUDA test runs the same image on the GPU and holds its logits to the CPU's (fp64: same tolerance;
+greedy tokens equal). It is marked gpu and skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from tfc.runtime.dsv41_config import config_from_dict
+from tfc.runtime.dsv41_generate import generate
+from tfc.runtime.dsv41_model import Dsv41Model
+from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
+
+from tfc.cli import cli
+
+ATOL = 1e-9
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread avoids spin-waits on a loaded 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_pack, tmp_path_factory):
+    """(config, dense weights, Engram feed) of the tiny pack's prepared TP=1 image."""
+    store = tmp_path_factory.mktemp("img")
+    result = CliRunner().invoke(
+        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
+    )
+    assert result.exit_code == 0, result.output
+    image = next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+    raw, weights = load_dense_weights(image)
+    cfg = config_from_dict(raw)
+    return cfg, weights, engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+
+
+def _run(model, feed, toks, cuts):
+    state, out = model.new_state(), []
+    for lo, hi in itertools.pairwise(cuts):
+        out.append(model.forward([toks[lo:hi]], [state], [feed.rows(state.tokens, toks[lo:hi])])[0])
+    return torch.cat(out)
+
+
+def test_tiny_image_one_pass_chunks_and_decode_agree(tiny):
+    cfg, weights, feed = tiny
+    model = Dsv41Model(cfg, weights, dtype=F64)
+    n = 44  # past the window (32), more entries than index_topk (16), several candidate blocks
+    toks = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+    whole = _run(model, feed, toks, [0, n])
+    cuts = [0, *sorted(np.random.default_rng(2).choice(np.arange(1, n), 5, replace=False).tolist()), n]
+    torch.testing.assert_close(_run(model, feed, toks, cuts), whole, rtol=0, atol=ATOL)
+    torch.testing.assert_close(_run(model, feed, toks, list(range(n + 1))), whole, rtol=0, atol=ATOL)
+    assert whole.std() > 0.05
+
+
+def test_tiny_image_greedy_64_tokens_do_not_depend_on_prefill_chunks(tiny):
+    cfg, weights, feed = tiny
+    model = Dsv41Model(cfg, weights, dtype=F64)
+    prompt = [cfg.bos_token_id, *range(100, 113)]
+    runs = [generate(model, [prompt], 64, feed=feed, prefill_chunk=c, keep_logits=True)[0] for c in (0, 5)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 64
+    torch.testing.assert_close(torch.stack(runs[1].logits), torch.stack(runs[0].logits), rtol=0, atol=ATOL)
+    assert len(set(runs[0].tokens)) > 8
+
+
+@pytest.mark.gpu
+def test_tiny_image_on_cuda_matches_cpu(tiny):
+    cfg, weights, feed = tiny
+    toks = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    cpu = Dsv41Model(cfg, weights, dtype=F64)
+    gpu = Dsv41Model(cfg, weights, dtype=F64, device="cuda")
+    for cuts in ([0, 40], [0, 17, 18, 40]):
+        torch.testing.assert_close(
+            _run(gpu, feed, toks, cuts).cpu(), _run(cpu, feed, toks, [0, 40]), rtol=0, atol=ATOL
+        )
+    prompt = [cfg.bos_token_id, *range(100, 113)]
+    want = generate(cpu, [prompt], 32, feed=feed)[0].tokens
+    assert generate(gpu, [prompt], 32, feed=feed)[0].tokens == want
