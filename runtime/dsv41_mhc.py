@@ -2,7 +2,8 @@
 
 References: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`DeepseekV41DecoderLayer.hc_mixes`,
 `hc_collapse`, `hc_expand`, the model's one-hot first `pre` and final collapse) and turboderp-org/exllamav3
-exllamav3/modules/hyperconnections.py (`HyperConnection.mix`, DeepSeek-V4). One projection of the RMS-
+exllamav3/modules/hyperconnections.py at 0315f22c (`HyperConnection.mix`, DeepSeek-V4; its
+architecture/deepseek_v41.py at 13b31a6b also collapses each site with the previous site's weights). One projection of the RMS-
 normalised flattened streams gives pre (hc), post (hc) and comb (hc x hc):
 
     pre  = sigmoid(s0 * m[:hc] + b[:hc]) + hc_eps

@@ -65,6 +65,17 @@ def test_tiny_image_one_pass_chunks_and_decode_agree(tiny):
     assert whole.std() > 0.05
 
 
+def test_dspark_blocks_are_loadable_but_not_run(tiny):
+    cfg, weights, _ = tiny
+    mtp = sorted(n for n in weights if n.startswith("mtp."))
+    assert {"mtp.0.attn.wq_a", "mtp.0.ffn.experts.0.w1", "mtp.0.ffn.shared_experts.w2"} <= set(mtp)
+    assert tuple(weights["mtp.0.ffn.experts.3.w2"].shape) == (cfg.moe_intermediate_size, cfg.hidden_size)
+    assert tuple(weights["mtp.0.attn.wq_a"].shape) == (cfg.hidden_size, cfg.q_lora_rank)
+    model = Dsv41Model(cfg, weights, dtype=F64, engram=False)
+    model.forward([[cfg.bos_token_id, 5]], [model.new_state()])
+    assert not any(n.startswith("mtp.") for n in model._held)
+
+
 def test_tiny_image_greedy_64_tokens_do_not_depend_on_prefill_chunks(tiny):
     cfg, weights, feed = tiny
     model = Dsv41Model(cfg, weights, dtype=F64)
