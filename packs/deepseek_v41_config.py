@@ -13,6 +13,11 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v41",)
 TEXT_MODEL_TYPES = ("deepseek_v41_text",)
 MODES = ("swa", "full", "reindex", "reuse")
 MAX_CONFIG_BYTES = 16 << 20
+LIMITS = {
+    "num_hidden_layers": 1024, "num_nextn_predict_layers": 64, "n_routed_experts": 16384,
+    "dspark_n_routed_experts": 16384, "num_attention_heads": 4096, "o_groups": 1024, "n_shared_experts": 64,
+    "hc_mult": 64, "engram_max_ngram_size": 64, "engram_n_heads": 1024,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -256,6 +261,8 @@ def _check(c: DeepseekV41Config, where: str) -> None:
     ):  # fmt: skip
         need(getattr(c, name) > 0, f"{name} must be positive, got {getattr(c, name)}")
     need(c.num_nextn_predict_layers >= 0, "num_nextn_predict_layers must be >= 0")
+    for name, cap in LIMITS.items():  # hostile configs: bound what sizes the expected tensor list
+        need(getattr(c, name) <= cap, f"{name} {getattr(c, name)} exceeds the supported maximum {cap}")
     for name in ("hidden_size", "moe_intermediate_size", "vocab_size"):
         need(getattr(c, name) % 128 == 0, f"{name} {getattr(c, name)} is not a multiple of 128")
     need(

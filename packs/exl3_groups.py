@@ -76,16 +76,17 @@ class KindRecord:
         return self.mul1[j] if self.mul1[j] is not None else self.mcg[j]
 
 
-def lookup_kind(table, spec) -> KindRecord:
-    """Table rows of one kind's trellis, scales and markers; widths and codebooks come with validation."""
+def lookup_kind(table, spec, markers: tuple[str, ...] = ("mcg", "mul1")) -> KindRecord:
+    """Table rows of one kind's trellis, scales and markers (only the marker kinds the pack holds at all)."""
     get, names = table.index.get, spec.names
-    return KindRecord(
-        spec,
-        *(
-            list(map(get, [b + suffix for b in names]))
-            for suffix in (".trellis", ".suh", ".svh", ".mcg", ".mul1")
-        ),
+    trellis, suh, svh = (
+        list(map(get, [b + suffix for b in names])) for suffix in (".trellis", ".suh", ".svh")
     )
+    mcg, mul1 = (
+        list(map(get, [b + "." + m for b in names])) if m in markers else [None] * len(names)
+        for m in ("mcg", "mul1")
+    )
+    return KindRecord(spec, trellis, suh, svh, mcg, mul1)
 
 
 def validate_kind(table, record: KindRecord, siblings: dict[str, dict[str, int]]) -> None:

@@ -130,6 +130,7 @@ def _broken(change) -> dict:
         (lambda r, t: t.__setitem__("scoring_func", "softmax"), "only sqrtsoftplus"),
         (lambda r, t: r.__setitem__("image_token_id", 200000), "outside the vocabulary"),
         (lambda r, t: t.__setitem__("dspark_target_layer_ids", [37, 38, 45]), "must lie below 40"),
+        (lambda r, t: t.__setitem__("n_routed_experts", 10**9), "exceeds the supported maximum"),
     ],
 )
 def test_config_validation(change, message):

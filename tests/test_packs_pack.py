@@ -321,3 +321,11 @@ def test_not_a_pack(tmp_path):
         open_pack(tmp_path)
     with pytest.raises(PackError, match="not a directory"):
         open_pack(tmp_path / "nothing")
+
+
+def test_config_asking_for_more_than_the_pack_holds(damaged):
+    raw = json.loads((damaged / "config.json").read_text())
+    raw["text_config"]["n_routed_experts"] = 9000
+    replace(damaged / "config.json", json.dumps(raw))
+    with pytest.raises(MissingTensor, match="needs at least"):
+        open_pack(damaged)
