@@ -26,7 +26,7 @@ demo: $(VENV)/.ready
 	$(BIN)/tfc verify $$(cat $(DEMO)/tp1.path)
 	$(BIN)/tfc verify $$(cat $(DEMO)/tp2.path)
 	$(BIN)/tfc load $$(cat $(DEMO)/tp1.path)
-	$(BIN)/tfc generate $$(cat $(DEMO)/tp1.path) --tokenizer $(DEMO)/pack/tokenizer.json --prompt "The model reads the prompt" --max-tokens 16
+	$(BIN)/tfc generate $$(cat $(DEMO)/tp1.path) --prompt "The model reads the prompt" --max-tokens 16
 
 test: $(VENV)/.ready
 	$(BIN)/python -m pytest

@@ -14,6 +14,7 @@ from tfc.compiler.segments import (
     LAYOUT_SCALES,
     LAYOUT_STACK,
     LAYOUT_TABLE_INDEX,
+    LAYOUT_TOKENIZER,
     LAYOUT_TRELLIS,
     STORED_HELD,
     STORED_NUMPY,
@@ -386,6 +387,12 @@ def plan_rank(pack, world: int, rank: int, engram_dir=None, with_copies: bool = 
     ]
     tables = {name: pack.table.info(index[name]) for name in names if name in index}
     engram, _ = engram_segments(pack, world, rank, EngramSources(tables, engram_dir))
+    if pack.tokenizer_path is not None:
+        # the runtime never reads the pack: the image carries the tokenizer it serves with
+        size = pack.tokenizer_path.stat().st_size
+        copies = (Copy(pack.tokenizer_path, 0, size),) if with_copies else ()
+        engram.append(SegmentPlan(name="tokenizer.json", block="top", kind="tokenizer", layout=LAYOUT_TOKENIZER,
+                                  dtype="uint8", shape=(size,), nbytes=size, copies=copies))  # fmt: skip
     order = {block: i for i, block in enumerate(blocks)}
     segments = sorted([*planner.segments, *engram], key=lambda s: order[s.block])
     return RankPlan(world, rank, tuple(segments))

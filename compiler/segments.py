@@ -17,6 +17,7 @@ KINDS = (
     "tables",
     "engram_rows",
     "engram_assets",
+    "tokenizer",
 )
 
 LAYOUT_TRELLIS = "exl3.trellis.v1"
@@ -27,6 +28,7 @@ LAYOUT_SCALES = "exl3.scales.v1"
 LAYOUT_NATIVE = "native.v1"
 LAYOUT_ENGRAM_ROWS = "engram.rows.e4m3e8m0.v1"
 LAYOUT_ENGRAM_ASSET = "engram.asset.v1"
+LAYOUT_TOKENIZER = "tokenizer.json.v1"
 
 # safetensors dtype name -> numpy dtype of the stored elements (bf16 carried as its uint16 bits).
 STORED_NUMPY = {

@@ -38,6 +38,7 @@ KNOWN_LAYOUTS = frozenset(
         "native.v1",
         "engram.rows.e4m3e8m0.v1",
         "engram.asset.v1",
+        "tokenizer.json.v1",
     }
 )
 

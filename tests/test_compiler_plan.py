@@ -16,7 +16,7 @@ from tfc.packs.pack import open_pack, read_tensor
 from tfc.cli.plan_cmd import plan_report
 
 KINDS = ("routed_trellis", "shared_trellis", "other_trellis", "scales", "natives", "tables", "engram_rows",
-         "engram_assets")  # fmt: skip
+         "engram_assets", "tokenizer")  # fmt: skip
 F32 = re.compile(
     r"(norm\.weight|hc_\w+|attn_sink|gate\.bias|weights_proj\.weight|confidence_head\.proj\.weight)$"
 )
@@ -102,6 +102,7 @@ def _expected(pack, world: int, rank: int) -> dict[str, dict[str, int]]:
             out[f"layers.{layer}"]["engram_rows"] += sum(primes[lo_col:hi_col]) * row_bytes
         out["top"]["engram_assets"] = 8 * (2 * layers * cols + layers * cfg.engram_max_ngram_size + 8 + layers
                                            + 2 * world + 2 * layers) + 4 * cfg.vocab_size  # fmt: skip
+    out["top"]["tokenizer"] = (pack.root / "tokenizer.json").stat().st_size
     return out
 
 

@@ -40,6 +40,18 @@ def _tokenizer(path: Path):
         raise GenerateError(f"{path}: not a usable tokenizer.json ({str(error).splitlines()[0]})") from None
 
 
+def _image_tokenizer(opened, image):
+    """The tokenizer.json an image carries (prepare stores the pack's own)."""
+    from tokenizers import Tokenizer
+
+    if "tokenizer.json" not in opened.image.segments:
+        raise GenerateError(f"{image}: the image carries no tokenizer.json; pass --tokenizer")
+    try:
+        return Tokenizer.from_str(bytes(opened.image.segment("tokenizer.json")).decode("utf-8"))
+    except Exception as error:  # the Rust library raises a bare Exception on bad JSON
+        raise GenerateError(f"{image}: its tokenizer.json does not load ({str(error).splitlines()[0]})") from None
+
+
 def _decode_all(weights, names: list[str], enabled: bool) -> None:
     """Decode every weight the forward reads up front, with a progress bar on stderr."""
     from rich.console import Console
@@ -73,8 +85,8 @@ def _decode_all(weights, names: list[str], enabled: bool) -> None:
     "--chat", is_flag=True, help="Apply the DeepSeek-V4.1 chat encoding (one user turn, thinking off)."
 )
 @click.option("--no-engram", is_flag=True, help="Run Engram layers without their tables (gate off).")
-@click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), required=True,
-              help="The pack's tokenizer.json (images do not carry one).")  # fmt: skip
+@click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), default=None,
+              help="A tokenizer.json to use instead of the one the image carries.")  # fmt: skip
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu or cuda.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -107,8 +119,12 @@ def generate(
     from tfc.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    tok = _tokenizer(tokenizer_path)
-    raw, weights, _opened = open_dense(image)
+    raw, weights, opened = open_dense(image)
+    if tokenizer_path is not None:
+        tok = _tokenizer(tokenizer_path)
+    else:
+        tok = _image_tokenizer(opened, image)
+        tokenizer_path = Path(image) / "tokenizer.json"
     cfg = config_from_dict(raw)
     feed = None
     if cfg.engram_layer_ids and not no_engram:

@@ -44,6 +44,7 @@ SHORT = {
     "tables": "tables",
     "engram_rows": "engram",
     "engram_assets": "assets",
+    "tokenizer": "tokenizer",
 }
 
 
