@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from tfc.compiler.errors import PlanError
+
 
 @dataclass(frozen=True, eq=False)
 class GroupRef:
@@ -66,6 +68,15 @@ def kinds(pack) -> list[KindView]:
     out = []
     for rec in pack.records:
         spec = rec.spec
+        legacy = [
+            name
+            for name, suh, svh in zip(spec.names, rec.suh, rec.svh, strict=True)
+            if suh is None or svh is None
+        ]
+        if legacy:
+            raise PlanError(
+                f"{legacy[0]}: legacy .su/.sv sign vectors are not supported; re-quantise with suh/svh"
+            )
         refs = tuple(
             GroupRef(table, name, spec.k, spec.n, rec.widths[j], rec.codebooks[j], rec.trellis[j], rec.suh[j],
                      rec.svh[j], bias.get(name))

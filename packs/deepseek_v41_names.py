@@ -138,9 +138,11 @@ def model_natives(c: DeepseekV41Config) -> list[NativeSpec]:
     out = [
         NativeSpec("embed.weight", None, "embed", ((c.vocab_size, D),), FLOAT),
         NativeSpec("norm.weight", None, "norm", ((D,),), FLOAT),
-        NativeSpec("hc_head_fn", None, "mhc", ((hc, hc * D),), FLOAT),
-        NativeSpec("hc_head_base", None, "mhc", ((hc,),), FLOAT),
-        NativeSpec("hc_head_scale", None, "mhc", ((1,),), FLOAT),
+        # DeepSeek-V4 checkpoints carry an mHC head; V4.1's reference collapses the streams with the last
+        # FFN site's `pre` and has none, so a V4.1 pack may or may not hold these (spec: check headers).
+        NativeSpec("hc_head_fn", None, "mhc", ((hc, hc * D),), FLOAT, optional=True),
+        NativeSpec("hc_head_base", None, "mhc", ((hc,),), FLOAT, optional=True),
+        NativeSpec("hc_head_scale", None, "mhc", ((1,),), FLOAT, optional=True),
     ]
     for layer, rows in zip(c.engram_layer_ids, c.engram_num_embeddings, strict=True):
         hd = c.engram_head_dim
