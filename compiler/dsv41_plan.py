@@ -230,40 +230,43 @@ class _Planner:
             derive=derive,
         )
 
-    def add_table(self, block: str, proj: str, groups: list) -> None:
+    def add_table(self, block: str, proj: str, views: list) -> None:
         """One projection's expert table: the rank's routed slices, then the shared expert's (last)."""
         split = "row" if proj == "w2" else "column"
-        first = groups[0]
-        for group in groups:
-            if (group.k, group.n) != (first.k, first.n):
+        first = views[0]
+        for view in views:
+            if (view.k, view.n) != (first.k, first.n):
                 raise PlanError(
-                    f"{group.name}: shape {group.k}x{group.n} differs from {first.name} ({first.k}x{first.n})"
+                    f"{view.names[0]}: shape {view.k}x{view.n} differs from {first.names[0]} ({first.k}x{first.n})"
                 )
-        part = block_parts(first.k if split == "row" else first.n, self.world, first.name)[self.rank]
-        k, n, _ = self.slice_of(first, split, part)
+        part = block_parts(first.k if split == "row" else first.n, self.world, first.names[0])[self.rank]
+        k, n = (part.size, first.n) if split == "row" else (first.k, part.size)
         tk, tn = k // sl.TILE, n // sl.TILE
         tiles = tk * tn
-        trellis_copies, suh_copies, svh_copies, offsets, widths, codebooks = [], [], [], [], [], []
-        offset = 0
-        routed = len(groups) - (".shared_experts." in groups[-1].name)
-        for i, group in enumerate(groups):
-            if i < routed and group.name != f"{block}.ffn.experts.{i}.{proj}":
-                raise PlanError(
-                    f"{block}: routed {proj} entry {i} is {group.name}; experts must be numbered 0..{routed - 1}"
-                )
-            offset = -(-offset // TABLE_ALIGN) * TABLE_ALIGN
-            offsets.append(offset)
-            widths.append(group.width)
-            codebooks.append(CODEBOOK_IDS[group.codebook])
-            if self.with_copies:
+        names = [name for view in views for name in view.names]
+        widths = [w for view in views for w in view.widths]
+        codebooks = [CODEBOOK_IDS[c] for view in views for c in view.codebooks]
+        # every entry is whole tiles of 2*W bytes, a multiple of 16, so entries stay 16-byte aligned
+        sizes = np.asarray(widths, dtype=np.int64) * (2 * tiles)
+        assert not (sizes % TABLE_ALIGN).any()
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).tolist()
+        offset = int(sizes.sum())
+        has_shared = ".shared_experts." in names[-1]
+        trellis_copies, suh_copies, svh_copies = [], [], []
+        if self.with_copies:
+            routed = len(names) - has_shared
+            groups = [group for view in views for group in view.groups]
+            for i, group in enumerate(groups):
+                if i < routed and group.name != f"{block}.ffn.experts.{i}.{proj}":
+                    raise PlanError(
+                        f"{block}: routed {proj} entry {i} is {group.name}; experts must be numbered 0..{routed - 1}"
+                    )
                 _, _, (trellis, suh, svh) = self.slice_of(group, split, part)
-                trellis_copies.append(_at(trellis, offset))
+                trellis_copies.append(_at(trellis, offsets[i]))
                 suh_copies.append(_at(suh, i * k * 2))
                 svh_copies.append(_at(svh, i * n * 2))
-            offset += tiles * group.tile_bytes
-        entries = len(groups)
-        has_shared = ".shared_experts." in groups[-1].name
-        shared_bytes = tiles * groups[-1].tile_bytes if has_shared else 0
+        entries = len(names)
+        shared_bytes = int(sizes[-1]) if has_shared else 0
         base = f"{block}.ffn.experts.{proj}"
         if len(set(widths)) == 1:
             layout, dtype, shape = LAYOUT_STACK, "int16", (entries, tk, tn, widths[0])
@@ -367,9 +370,9 @@ def plan_rank(pack, world: int, rank: int, engram_dir=None, with_copies: bool = 
         tables: dict[str, list] = {}
         for view in sorted(kinds_by_block[block], key=lambda v: v.kind):
             if view.kind.startswith("ffn.experts."):
-                tables.setdefault(view.kind.rsplit(".", 1)[1], []).extend(view.groups)
+                tables.setdefault(view.kind.rsplit(".", 1)[1], []).append(view)
             elif view.kind.startswith("ffn.shared_experts."):
-                tables.setdefault(view.kind.rsplit(".", 1)[1] + ".shared", []).extend(view.groups)
+                tables.setdefault(view.kind.rsplit(".", 1)[1] + ".shared", []).append(view)
             else:
                 for group in view.groups:
                     m = _WO_A.match(group.name)

@@ -48,13 +48,30 @@ class GroupRef:
         return None if self.bias_row is None else self.table.info(self.bias_row)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KindView:
     """All groups of one projection kind in one block (e.g. the 384 routed w1 of layers.3)."""
 
     block: str
     kind: str
-    groups: tuple[GroupRef, ...]
+    k: int
+    n: int
+    names: tuple[str, ...]
+    widths: list[int]
+    codebooks: list[str]
+    record: object = None
+    table: object = None
+    bias: dict | None = None
+
+    @cached_property
+    def groups(self) -> tuple[GroupRef, ...]:
+        """The kind's groups as table-row references (made on first use: plans of bytes never need them)."""
+        rec = self.record
+        return tuple(
+            GroupRef(self.table, name, self.k, self.n, self.widths[j], self.codebooks[j], rec.trellis[j],
+                     rec.suh[j], rec.svh[j], (self.bias or {}).get(name))
+            for j, name in enumerate(self.names)
+        )  # fmt: skip
 
 
 def block_name(config, block: int | None) -> str:
@@ -68,21 +85,15 @@ def kinds(pack) -> list[KindView]:
     out = []
     for rec in pack.records:
         spec = rec.spec
-        legacy = [
-            name
-            for name, suh, svh in zip(spec.names, rec.suh, rec.svh, strict=True)
-            if suh is None or svh is None
-        ]
-        if legacy:
-            raise PlanError(
-                f"{legacy[0]}: legacy .su/.sv sign vectors are not supported; re-quantise with suh/svh"
+        if None in rec.suh or None in rec.svh:
+            legacy = next(
+                n for n, a, b in zip(spec.names, rec.suh, rec.svh, strict=True) if a is None or b is None
             )
-        refs = tuple(
-            GroupRef(table, name, spec.k, spec.n, rec.widths[j], rec.codebooks[j], rec.trellis[j], rec.suh[j],
-                     rec.svh[j], bias.get(name))
-            for j, name in enumerate(spec.names)
-        )  # fmt: skip
-        out.append(KindView(block_name(pack.config, spec.block), spec.kind, refs))
+            raise PlanError(
+                f"{legacy}: legacy .su/.sv sign vectors are not supported; re-quantise with suh/svh"
+            )
+        out.append(KindView(block_name(pack.config, spec.block), spec.kind, spec.k, spec.n, tuple(spec.names),
+                            rec.widths, rec.codebooks, rec, table, bias))  # fmt: skip
     return out
 
 
