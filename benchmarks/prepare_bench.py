@@ -137,7 +137,7 @@ def main() -> None:
         pack_dir = work / "pack"
         shutil.rmtree(pack_dir, ignore_errors=True)
         t0 = time.perf_counter()
-        write_flash_random(pack_dir, layers=args.make_layers, jobs=args.jobs)
+        write_flash_random(pack_dir, layers=args.make_layers, jobs=args.jobs)  # = tfc fixture flash-random
         results["make_pack_s"] = time.perf_counter() - t0
     pack_files = files_of(pack_dir)
     pack_bytes = sum(p.stat().st_size for p in pack_files)

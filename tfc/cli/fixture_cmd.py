@@ -1,4 +1,4 @@
-"""`tfc fixture tiny|flash-headers OUT`: write a synthetic pack in the real DeepSeek-V4.1 layout."""
+"""`tfc fixture tiny|flash-headers|flash-random OUT`: write a synthetic pack in the real DeepSeek-V4.1 layout."""
 
 from __future__ import annotations
 
@@ -29,3 +29,17 @@ def flash_headers(out: Path) -> None:
     from tfc.fixtures.flash_headers import write_flash_headers
 
     click.echo(write_flash_headers(out))
+
+
+@fixture.command("flash-random")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--layers", default=4, show_default=True, help="Backbone layers (at least 4; 4 makes about 22 GB).")
+@click.option("--seed", default=0, show_default=True, help="Seed of every random payload.")
+@click.option("--jobs", default=8, show_default=True, help="Writer threads.")
+def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
+    """Flash geometry with fewer layers and random payloads written out: packs of tens of GB for benchmarks."""
+    from tfc.fixtures.flash_random import write_flash_random
+
+    if layers < 4:
+        raise click.BadParameter("needs at least 4 layers (swa, swa, ratio 2, ratio 1)", param_hint="--layers")
+    click.echo(write_flash_random(out, layers=layers, seed=seed, jobs=jobs))
