@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc  # noqa: E402
+from _bench_env import ensure_tfc
 
 ensure_tfc()
 
