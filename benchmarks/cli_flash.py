@@ -35,7 +35,11 @@ def _cpu() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--command", default="inspect", help="the tfc subcommand and its options; the pack goes after the first word")
+    ap.add_argument(
+        "--command",
+        default="inspect",
+        help="the tfc subcommand and its options; the pack goes after the first word",
+    )
     ap.add_argument("--limit", type=float, default=1.0, help="the target, seconds of wall time")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--pack", type=Path, default=None)
