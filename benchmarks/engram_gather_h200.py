@@ -50,7 +50,9 @@ def main() -> None:
     # the device's float reference produces its own; both must be NaN in the same places.
     nan = torch.isnan(out.float())
     assert torch.equal(nan, torch.isnan(ref.float())), "gather NaNs differ from the reference"
-    assert torch.equal(out.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]), "gather differs from the reference"
+    assert torch.equal(out.view(torch.int16)[~nan], ref.view(torch.int16)[~nan]), (
+        "gather differs from the reference"
+    )
     if args.smoke:
         print("smoke ok: gather equals the reference")
         return

@@ -57,7 +57,9 @@ def drop_cache(paths: list[Path]) -> str:
 
 
 def files_of(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
+    return sorted(
+        p for p in folder.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".json")
+    )
 
 
 def parallel_copy(src: list[Path], dst_dir: Path, jobs: int) -> float:
@@ -112,7 +114,9 @@ def parallel_read(paths: list[Path], jobs: int) -> tuple[float, int]:
 def cpu_name() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+        return next(
+            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
+        )
     except Exception:
         return platform.processor() or "unknown"
 

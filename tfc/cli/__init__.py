@@ -14,11 +14,19 @@ from tfc.errors import TfcError
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": ("tfc.cli.inspect_cmd", "inspect", "What a pack or image holds, from headers alone."),
     "plan": ("tfc.cli.plan_cmd", "plan", "The rank weight plan of a pack, without writing anything."),
-    "prepare": ("tfc.cli.prepare_cmd", "prepare", "Build (or find in the cache) the prepared image of every rank."),
+    "prepare": (
+        "tfc.cli.prepare_cmd",
+        "prepare",
+        "Build (or find in the cache) the prepared image of every rank.",
+    ),
     "verify": ("tfc.cli.verify_cmd", "verify", "Recompute an image's payload digests."),
     "cache": ("tfc.cli.cache_cmd", "cache", "List, remove and prune prepared images."),
     "load": ("tfc.cli.load_cmd", "load", "Open, upload and capture an image, print phase times, exit."),
-    "generate": ("tfc.cli.generate_cmd", "generate", "Generate text from an image with the runtime's forward."),
+    "generate": (
+        "tfc.cli.generate_cmd",
+        "generate",
+        "Generate text from an image with the runtime's forward.",
+    ),
     "engram": ("tfc.cli.engram_cmd", "engram", "Which Engram table rows a text touches."),
     "dequant": ("tfc.cli.dequant_cmd", "dequant", "One EXL3 group's dense weight from the reference decode."),
     "fixture": ("tfc.cli.fixture_cmd", "fixture", "Write a synthetic pack in the real layout."),

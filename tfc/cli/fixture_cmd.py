@@ -33,7 +33,9 @@ def flash_headers(out: Path) -> None:
 
 @fixture.command("flash-random")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--layers", default=4, show_default=True, help="Backbone layers (at least 4; 4 makes about 22 GB).")
+@click.option(
+    "--layers", default=4, show_default=True, help="Backbone layers (at least 4; 4 makes about 22 GB)."
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of every random payload.")
 @click.option("--jobs", default=8, show_default=True, help="Writer threads.")
 def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
@@ -41,5 +43,7 @@ def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
     from tfc.fixtures.flash_random import write_flash_random
 
     if layers < 4:
-        raise click.BadParameter("needs at least 4 layers (swa, swa, ratio 2, ratio 1)", param_hint="--layers")
+        raise click.BadParameter(
+            "needs at least 4 layers (swa, swa, ratio 2, ratio 1)", param_hint="--layers"
+        )
     click.echo(write_flash_random(out, layers=layers, seed=seed, jobs=jobs))

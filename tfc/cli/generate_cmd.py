@@ -49,7 +49,9 @@ def _image_tokenizer(opened, image):
     try:
         return Tokenizer.from_str(bytes(opened.image.segment("tokenizer.json")).decode("utf-8"))
     except Exception as error:  # the Rust library raises a bare Exception on bad JSON
-        raise GenerateError(f"{image}: its tokenizer.json does not load ({str(error).splitlines()[0]})") from None
+        raise GenerateError(
+            f"{image}: its tokenizer.json does not load ({str(error).splitlines()[0]})"
+        ) from None
 
 
 def _decode_all(weights, names: list[str], enabled: bool) -> None:
