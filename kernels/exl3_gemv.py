@@ -17,6 +17,10 @@ import triton.language as tl
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
+    lane_cols,
+    lane_sum,
+    lane_table,
+    lane_windows,
     load_states,
     prefetch_rows,
     release_fence,
@@ -52,6 +56,7 @@ def _exl3_gemm_kernel(
     y_ptr,
     ws_ptr,
     cnt_ptr,
+    tab_ptr,
     M,
     N,
     stride_x,
@@ -64,7 +69,7 @@ def _exl3_gemm_kernel(
     SPLIT,
     FUSE_ROT: tl.constexpr,
     USE_DOT: tl.constexpr,
-    TRANS: tl.constexpr = False,
+    LANES: tl.constexpr = False,
     PF: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
@@ -73,19 +78,17 @@ def _exl3_gemm_kernel(
     nw: tl.constexpr = W // 2
     pos = tile_positions(BK, 128)
     off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
-    if TRANS:
-        # Decode W-hat transposed ([128 columns, BK rows]): a thread then holds one k-row across many
-        # columns, whose window words sit a compile-time constant apart (cheaper address arithmetic).
-        off_j, off_jp, shift = tl.trans(off_j), tl.trans(off_jp), tl.trans(shift)
+    if LANES:
+        # One row only: decode in MMA lane order so that each warp-wide gather reads a single tile.
+        tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, W, tn, BK // 16)
     kt0 = pid_s * kt_per_split
     base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
     step = (BK // 16) * tn * nw
     m = tl.arange(0, MP)
     if USE_DOT:
         acc = tl.zeros([MP, 128], dtype=tl.float32)
-        acc_t = tl.zeros([128, MP], dtype=tl.float32)
-    elif TRANS:
-        acc2 = tl.zeros([128, BK], dtype=tl.float32)
+    elif LANES:
+        acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
     else:
         acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     for kk in range(0, kt_per_split, BK // 16):
@@ -93,7 +96,12 @@ def _exl3_gemm_kernel(
             # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
             if kk + PF * (BK // 16) < kt_per_split:
                 prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
-        v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
+        if LANES:
+            # Tile offsets as their own pointer step: the per-lane window words then differ between a
+            # thread's tiles by compile-time constants (immediate load offsets).
+            v = cb_decode(load_states(base + tiles, off_j, off_jp, shift), CB)
+        else:
+            v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
         base += step
         row0 = (kt0 + kk) * 16
         if USE_DOT:
@@ -102,31 +110,25 @@ def _exl3_gemm_kernel(
             else:
                 rows = row0 + tl.arange(0, BK)
                 xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
-            if TRANS:
-                acc_t = tl.dot(v, tl.trans(xa), acc_t)
-            else:
-                acc = tl.dot(xa, v, acc)
+            acc = tl.dot(xa, v, acc)
+        elif LANES:
+            acc4 += tl.load(xh_ptr + row0 + xrow).to(tl.float32) * v.to(tl.float32)
         else:
             if FUSE_ROT:
                 xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
             else:
                 xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
-            if TRANS:
-                acc2 += xa[None, :] * v.to(tl.float32)
-            else:
-                acc2 += xa[:, None] * v.to(tl.float32)
-    if not USE_DOT:
-        if TRANS:
-            acc = tl.sum(acc2, axis=1)[None, :]
-        else:
-            acc = tl.sum(acc2, axis=0)[None, :]
-    elif TRANS:
-        acc = tl.trans(acc_t)
+            acc2 += xa[:, None] * v.to(tl.float32)
     # Every program parks its partial in the workspace; the last one of the column block (arrival
     # counter) sums them in split order, so results do not depend on scheduling.
     cols = pid_n * 128 + tl.arange(0, 128)
     block = ws_ptr + pid_n * SPLIT * (MP * 128)
-    tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
+    if LANES:
+        tl.store(block + pid_s * 128 + lane_cols(), lane_sum(acc4))
+    else:
+        if not USE_DOT:
+            acc = tl.sum(acc2, axis=0)[None, :]
+        tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -148,11 +150,11 @@ class GemmConfig:
     block_k: int | None = None  # k rows decoded per loop iteration
     fuse_rotation: bool = False  # recompute had128(x*suh) per k-slice instead of a separate launch
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
-    trans: bool = False  # decode W-hat transposed (other register layout)
+    lanes: bool = False  # one row: decode in MMA lane order (one tile per warp-wide gather)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
-    num_warps: int = 4
+    num_warps: int | None = None  # 4 for one row, 8 on matrix units
     num_stages: int = 1
-    waves: float = 4.0  # programs per multiprocessor the k-split aims for
+    waves: float | None = None  # programs per multiprocessor the k-split aims for (8 one row, 2 matrix units)
 
 
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
@@ -229,10 +231,11 @@ def exl3_gemm(
         raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
     bk = config.block_k or (32 if use_dot else 16)
     blocks = n // 128
-    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), config.waves)
+    waves = config.waves or (2.0 if use_dot else 8.0)
+    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), waves)
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
-    fuse = config.fuse_rotation and not x_rotated
+    fuse = config.fuse_rotation and not x_rotated and not (config.lanes and not use_dot)
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
@@ -240,10 +243,10 @@ def exl3_gemm(
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, blocks) if split > 1 else y
     _exl3_gemm_kernel[(blocks, split)](
-        x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
+        x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt, lane_table(x.device),
         m_rows, n, xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
-        TRANS=config.trans, PF=config.prefetch, num_warps=config.num_warps, num_stages=config.num_stages,
+        LANES=config.lanes and not use_dot, PF=config.prefetch, num_warps=config.num_warps or (8 if use_dot else 4), num_stages=config.num_stages,
     )  # fmt: skip
     return y
 

@@ -19,6 +19,10 @@ from tfc.kernels.exl3_gemv import counters, num_sms, pick_split
 from tfc.kernels.exl3_tl import (
     cb_decode,
     cb_decode_rt,
+    lane_cols,
+    lane_sum,
+    lane_table,
+    lane_windows,
     load_states,
     prefetch_rows,
     release_fence,
@@ -44,54 +48,52 @@ def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
 
 
 @triton.jit
-def _expert_cols(
-    words_ptr,
-    off_ptr,
-    wid_ptr,
-    cb_ptr,
-    e,
-    pid_c,
-    kt0,
-    kt_per,
-    tn,
-    xin_ptr,
-    suh_ptr,
-    FUSE: tl.constexpr,
-    W: tl.constexpr,
-    CB: tl.constexpr,
-    BK: tl.constexpr,
-    PF: tl.constexpr,
-):
-    """Sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 columns of block pid_c]."""
+def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
+                 FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
+                 LANES: tl.constexpr):  # fmt: skip
+    """dst[c] = sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 pid_c + c], c < 128."""
     if W > 0:
         width = W
     else:
         width = tl.load(wid_ptr + e)
     nw = width // 2
-    pos = tile_positions(BK, 128)
-    off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
+    if LANES:
+        tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, width, tn, BK // 16)
+        acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
+    else:
+        pos = tile_positions(BK, 128)
+        off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
+        acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
     step = (BK // 16) * tn * nw
     if CB < 0:
         cb = tl.load(cb_ptr + e)
-    acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     for kk in range(0, kt_per, BK // 16):
         if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
             if kk + PF * (BK // 16) < kt_per:
                 prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * width)
-        s = load_states(base, off_j, off_jp, shift)
+        if LANES:
+            s = load_states(base + tiles, off_j, off_jp, shift)
+        else:
+            s = load_states(base, off_j, off_jp, shift)
         if CB >= 0:
             v = cb_decode(s, CB)
         else:
             v = cb_decode_rt(s, cb)
         base += step
         row0 = (kt0 + kk) * 16
-        if FUSE:
-            xa = tl.sum(rotated_slice(xin_ptr, suh_ptr, 1, 0, row0, 1, BK), axis=0)
+        if LANES:
+            acc4 += tl.load(xin_ptr + row0 + xrow) * v.to(tl.float32)
         else:
-            xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
-        acc2 += xa[:, None] * v.to(tl.float32)
-    return tl.sum(acc2, axis=0)
+            if FUSE:
+                xa = tl.sum(rotated_slice(xin_ptr, suh_ptr, 1, 0, row0, 1, BK), axis=0)
+            else:
+                xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
+            acc2 += xa[:, None] * v.to(tl.float32)
+    if LANES:
+        tl.store(dst + lane_cols(), lane_sum(acc4))
+    else:
+        tl.store(dst + tl.arange(0, 128), tl.sum(acc2, axis=0))
 
 
 @triton.jit
@@ -135,10 +137,10 @@ def _moe_gate_up_kernel(
     x_ptr, ids_ptr, wts_ptr, xh_ptr,
     t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, suh1_ptr, svh1_ptr,
     t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, suh3_ptr, svh3_ptr,
-    suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
+    suh2_ptr, act_ptr, ws_ptr, cnt_ptr, tab_ptr,
     P, D, NI, stride_x, topk, n_routed, kt_per, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
-    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT,
+    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr, SPLIT,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     p = tl.program_id(1)
@@ -152,16 +154,13 @@ def _moe_gate_up_kernel(
     else:
         x1 = xh_ptr + p * D
         x3 = xh_ptr + (P + p) * D
-    g = _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
-                     FUSE, W1, CB1, BK, PF)  # fmt: skip
-    u = _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
-                     FUSE, W3, CB3, BK, PF)  # fmt: skip
     # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
     slot = (p * (NI // 128) + pid_c).to(tl.int64)
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
-    c = tl.arange(0, 128)
-    tl.store(slot_ws + pid_s * 256 + c, g)
-    tl.store(slot_ws + pid_s * 256 + 128 + c, u)
+    _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
+                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, LANES)  # fmt: skip
+    _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
+                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, LANES)  # fmt: skip
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -174,10 +173,10 @@ def _moe_gate_up_kernel(
 
 @triton.jit
 def _moe_down_kernel(
-    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
+    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr, tab_ptr,
     D, NI, stride_y, topk, n_routed, kt_per,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr,
+    PF: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -185,14 +184,13 @@ def _moe_down_kernel(
     p = t * (topk + 1) + s // KS
     _, e, _ = _pair(ids_ptr, ids_ptr, p, topk, n_routed)
     kt0 = (s % KS) * kt_per
-    acc = _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
-                       act_ptr, False, W2, CB2, BK, PF)  # fmt: skip
     # Workspace per (token, column block): NS x [raw partial 128 | rotated and scaled partial 128].
     c = tl.arange(0, 128)
     cols = pid_c * 128 + c
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
-    tl.store(mine + c, acc)
+    _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, tab_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
+                 act_ptr, mine, False, W2, CB2, BK, PF, LANES)  # fmt: skip
     tl.debug_barrier()
     y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     tl.store(mine + 128 + c, y)
@@ -213,10 +211,11 @@ class MoeConfig:
     split_down: int | None = None
     block_k: int = 16
     fuse_rotation: bool = False
-    prefetch: int = 0
+    prefetch: int = 4
+    lanes: bool = False  # decode in MMA lane order (one tile per warp-wide gather)
     num_warps: int = 4
     num_stages: int = 1
-    waves: float = 4.0  # programs per multiprocessor the k-splits aim for
+    waves: float = 8.0  # programs per multiprocessor the k-splits aim for
 
 
 def moe_exl3(
@@ -262,8 +261,10 @@ def moe_exl3(
     ns = (topk + 1) * split2
     ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
     ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
+    fuse = config.fuse_rotation and not config.lanes
+    tab = lane_table(dev)
     xh = x
-    if not config.fuse_rotation:
+    if not fuse:
         xh = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
         scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
         _moe_rotate_kernel[(d // 128, pairs, 2)](
@@ -275,16 +276,16 @@ def moe_exl3(
         x, ids, wts, xh,
         w1.words, w1.offsets, w1.widths, w1.codebooks, w1.suh, w1.svh,
         w3.words, w3.offsets, w3.widths, w3.codebooks, w3.suh, w3.svh,
-        w2.suh, act, ws1, cnt1,
+        w2.suh, act, ws1, cnt1, tab,
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, FUSE=config.fuse_rotation, PF=config.prefetch,
+        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, LANES=config.lanes,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
-        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
+        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2, tab,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, LANES=config.lanes,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y

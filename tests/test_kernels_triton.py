@@ -18,6 +18,7 @@ GEMM_CASES = [
     # (name, width, codebook, rows, dtype, config kwargs)
     ("m1_fused", 32, 2, 1, "float16", {"fuse_rotation": True}),
     ("m1_split", 48, 0, 1, "bfloat16", {"fuse_rotation": False, "split": 4}),
+    ("m1_lanes", 40, 2, 1, "float16", {"lanes": True, "block_k": 32, "split": 2}),
     ("m4_dot_fused", 24, 2, 4, "float16", {"fuse_rotation": True, "split": 2}),
     ("m16_dot", 64, 1, 16, "bfloat16", {"fuse_rotation": False, "split": 2}),
 ]
@@ -93,10 +94,10 @@ def _cases() -> dict[str, dict]:
         limit = 0.3
         want = moe_reference(x, ids, wts, *dense, swiglu_limit=limit)
         unclamped = moe_reference(x, ids, wts, *dense, swiglu_limit=0.0)
-        for fuse in (False, True):
+        for mode, cfg in (("rotate", {}), ("fused", {"fuse_rotation": True}), ("lanes", {"lanes": True})):
             y = torch.full((tokens, d), float("nan"), dtype=torch.float32)
-            moe_exl3(x, ids, wts, *tables, swiglu_limit=limit, config=MoeConfig(fuse_rotation=fuse), out=y)
-            results[f"moe_{layout}_{'fused' if fuse else 'rotate'}"] = {
+            moe_exl3(x, ids, wts, *tables, swiglu_limit=limit, config=MoeConfig(**cfg), out=y)
+            results[f"moe_{layout}_{mode}"] = {
                 "err": float((y.double() - want).norm() / want.norm()),
                 "clamp_matters": float((unclamped - want).norm() / want.norm()),
                 "widths": tables[0].width,
@@ -129,7 +130,9 @@ def test_gemm_kernel(interp_results, case):
     assert r["deterministic"] and r["counters_zero"]
 
 
-@pytest.mark.parametrize("case", ["stack_rotate", "stack_fused", "ragged_rotate", "ragged_fused"])
+@pytest.mark.parametrize(
+    "case", ["stack_rotate", "stack_fused", "stack_lanes", "ragged_rotate", "ragged_fused", "ragged_lanes"]
+)
 def test_moe_kernel(interp_results, case):
     r = interp_results[f"moe_{case}"]
     assert r["clamp_matters"] > 1e-2, "the test inputs must exercise the SwiGLU clamp"
