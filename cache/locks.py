@@ -14,6 +14,7 @@ from pathlib import Path
 from tfc.cache.errors import ImageError
 
 LOCK_NAME = ".lock"  # exclusive while a writer cleans temps or publishes a rank
+BUILD_NAME = ".build"  # exclusive while one process builds ranks, so concurrent builders of a key wait
 HOLD_NAME = ".hold"  # shared while a process uses or writes the image; exclusive to remove it
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -33,6 +34,21 @@ def _open(path: Path, create: bool) -> int:
 def exclusive(world_dir: Path):
     """Hold `<world_dir>/.lock` exclusively (blocking) for the body."""
     fd = _open(world_dir / LOCK_NAME, create=True)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def building(world_dir: Path):
+    """Hold `<world_dir>/.build` exclusively (blocking): one builder of a key at a time; a killed one lets go."""
+    try:
+        world_dir.mkdir(parents=True, exist_ok=True)
+        fd = _open(world_dir / BUILD_NAME, create=True)
+    except OSError as error:
+        raise ImageError(f"cannot create image folder {world_dir}: {error.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

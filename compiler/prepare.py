@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from tfc.cache import format as image_format
 from tfc.cache.key import image_key, source_hash
+from tfc.cache.locks import building
 from tfc.cache.writer import ImageWriter
 from tfc.compiler.build import Op, Reader, run_reads
 from tfc.compiler.convert import bf16_round, to_f32
@@ -251,12 +252,28 @@ def prepare(
     inputs = key_inputs(pack, world, strict_identity, jobs, engram_dir)
     world_key = image_key(inputs)
     result = PrepareResult(world_key, Path(root) / world_key[:16], world)
-    missing = []
+    if force and result.path.exists():
+        from tfc.cache.store import ImageStore
+
+        ImageStore(root).rm(world_key)  # refuses (ImageBusy) while a running process holds the image
+    missing = [rank for rank in ranks if not find_rank(root, world_key, rank)]
+    if missing:
+        # one builder of a key at a time: a second prepare waits, then finds what the first published
+        with building(result.path):
+            missing = [rank for rank in missing if not find_rank(root, world_key, rank)]
+            _build_missing(
+                pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
+            )
     for rank in ranks:
-        if not force and find_rank(root, world_key, rank):
-            result.ranks[rank] = "hit"
-        else:
-            missing.append(rank)
+        result.ranks.setdefault(rank, "hit")
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _build_missing(
+    pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
+) -> None:
+    """Plan and build the ranks still missing, recording them in `result`."""
     if missing:
         plans = plans_for(pack, world, missing, engram_dir)
         totals = {plan.rank: plan.total for plan in plans}
@@ -273,5 +290,3 @@ def prepare(
         for rank in missing:
             result.ranks[rank] = "built"
         result.bytes_written = sum(totals.values())
-    result.seconds = time.perf_counter() - started
-    return result

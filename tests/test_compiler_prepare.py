@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -102,6 +103,18 @@ def test_changed_pack_during_prepare_publishes_nothing(pack_copy, tmp_path, monk
     assert not list((tmp_path / "store").glob("*/rank*/manifest.json"))
 
 
+def test_force_rebuilds_and_refuses_a_held_image(pack_copy, tmp_path):
+    from tfc.cache.errors import ImageBusy
+    from tfc.cache.store import ImageStore
+
+    pack = open_pack(pack_copy)
+    first = prep.prepare(pack, tmp_path / "store", 1, jobs=2)
+    again = prep.prepare(pack, tmp_path / "store", 1, jobs=2, force=True)
+    assert again.ranks == {0: "built"} and verify_image(again.path).ok
+    with ImageStore(tmp_path / "store").hold(first.path), pytest.raises(ImageBusy):
+        prep.prepare(pack, tmp_path / "store", 1, jobs=2, force=True)
+
+
 def test_cli_bad_world_and_unwritable_output(pack_copy, tmp_path):
     bad = _tfc("prepare", str(pack_copy), "--tp", "3", "-o", str(tmp_path / "s"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "TP world 3" in bad.stderr
@@ -145,7 +158,10 @@ def test_two_concurrent_prepares_publish_one_image(pack_copy, tmp_path):
     ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    assert len({o[0].strip().split('"path": ')[1].split(",")[0] for o in outs}) == 1
+    results = [json.loads(o[0]) for o in outs]
+    assert len({r["path"] for r in results}) == 1
+    # built once: one process built both ranks, the other waited and found them
+    assert sorted(sorted(set(r["ranks"].values())) for r in results) == [["built"], ["hit"]]
     assert len(list(store.iterdir())) == 1
     assert len(_published(store)) == 2
     assert verify_image(next(store.iterdir())).ok

@@ -70,7 +70,11 @@ def _progress_factory(enabled: bool):
     type=click.Path(exists=True, file_okay=False),
     help="Folder holding DeepSeek's Engram table files.",
 )
-@click.option("--force", is_flag=True, help="Rebuild even when the image is already in the store.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Remove this key's image from the store and build it again (refused while a process holds it).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def prepare(pack_path, root, world, ranks, jobs, strict_identity, engram_dir, force, as_json) -> None:
     """Plan and build every rank's image of PACK, or find it in the store; print where it is."""
