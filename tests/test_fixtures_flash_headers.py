@@ -16,12 +16,17 @@ def pack(flash_headers_pack):
 
 
 def test_geometry_and_sizes(flash_headers_pack, pack):
-    shards = sorted(flash_headers_pack.glob("*.safetensors"))
-    assert len(shards) == 44 and len(pack.shards) == 44
+    shards = sorted(flash_headers_pack.glob("model-*.safetensors"))
+    engram = sorted(flash_headers_pack.glob("engram-*.safetensors"))
+    assert len(shards) == 44 and len(pack.shards) == 46 and len(engram) == 2
     assert 185_000 <= len(pack.table.names) <= 195_000
     apparent = sum(p.stat().st_size for p in shards)
-    on_disk = sum(p.stat().st_blocks * 512 for p in shards)
+    on_disk = sum(p.stat().st_blocks * 512 for p in [*shards, *engram])
     assert 190e9 < apparent < 215e9 and on_disk < 200e6, "payloads are holes"
+    # DeepSeek's two real-size Engram table files (engram.md section 8; sizes from deepseek_v41.md section 5)
+    assert [p.stat().st_size for p in engram] == [101_377_628_616, 101_380_404_312]
+    assert pack.tensors["layers.14.engram.embed.weight"].shape == (384016682, 256)
+    assert pack.tensors["layers.1.engram.embed.scale"].dtype == "F8_E8M0"
     groups = pack.groups
     assert groups["layers.0.ffn.experts.0.w1"].trellis.shape[:2] == (320, 144)
     assert groups["layers.0.ffn.experts.0.w2"].trellis.shape[:2] == (144, 320)
