@@ -129,38 +129,68 @@ def read_chunk_digests(fd: int, offset: int, length: int, buf: bytearray | None 
 
 
 class StreamingDigest:
-    """Digest of a segment written sequentially, fed chunk by chunk as the bytes are written."""
+    """Digest of a segment whose bytes arrive in any order (never overlapping), hashed as they arrive.
+
+    A write that covers a whole 4 MiB chunk is hashed at once; pieces of a chunk are gathered into one
+    buffer until the chunk is complete, then hashed. So an image is digested while it is written, in
+    whatever order parallel readers deliver its bytes, and never read back.
+    """
 
     def __init__(self, length: int) -> None:
         self.length = length
-        self.pos = 0
-        self._raw: list[bytes] = []
-        self._hasher = blake3.blake3()
-        self._in_chunk = 0
+        self._raw: list[bytes | None] = [None] * chunk_count(length)
+        self._parts: dict[int, tuple[bytearray, int]] = {}
+        self._lock = threading.Lock()
+        self._done = 0
+        if length == 0:
+            self._raw[0] = hash_chunk(b"")
 
-    def update(self, data) -> None:
-        """Feed the next bytes of the segment (in order)."""
+    @property
+    def pos(self) -> int:
+        """Bytes fed so far (the next offset, for bytes fed in order)."""
+        return self._done
+
+    def update(self, data, offset: int | None = None) -> None:
+        """Feed bytes that belong at `offset` in the segment (default: right after the bytes fed so far)."""
         mv = _bytes_view(data)
-        if self.pos + len(mv) > self.length:
-            raise ValueError(f"{self.pos + len(mv)} bytes fed to a {self.length}-byte segment")
+        pos = self._done if offset is None else offset
+        if pos < 0 or pos + len(mv) > self.length:
+            raise ValueError(f"{len(mv)} bytes at {pos} overrun a {self.length}-byte segment")
         while len(mv):
-            take = min(len(mv), CHUNK - self._in_chunk)
-            self._hasher.update(mv[:take])
-            self._in_chunk += take
-            self.pos += take
+            chunk = pos // CHUNK
+            start = chunk * CHUNK
+            size = min(CHUNK, self.length - start)
+            take = min(len(mv), start + size - pos)
+            if take == size:
+                self._store(chunk, hash_chunk(mv[:take]), take)
+            else:
+                with self._lock:
+                    buf, filled = self._parts.get(chunk) or (bytearray(size), 0)
+                    buf[pos - start : pos - start + take] = mv[:take]
+                    filled += take
+                    if filled < size:
+                        self._parts[chunk] = (buf, filled)
+                        self._done += take
+                        buf = None
+                    else:
+                        self._parts.pop(chunk, None)
+                if buf is not None:
+                    self._store(chunk, hash_chunk(buf), take)
+            pos += take
             mv = mv[take:]
-            if self._in_chunk == CHUNK and self.pos < self.length:
-                self._raw.append(self._hasher.digest())
-                self._hasher = blake3.blake3()
-                self._in_chunk = 0
+
+    def _store(self, chunk: int, digest: bytes, took: int) -> None:
+        with self._lock:
+            self._raw[chunk] = digest
+            self._done += took
 
     @property
     def complete(self) -> bool:
         """True once every byte of the segment was fed."""
-        return self.pos == self.length
+        return self._done == self.length and None not in self._raw
 
     def result(self) -> SegmentDigest:
         """The finished SegmentDigest (only once complete)."""
         if not self.complete:
-            raise ValueError(f"only {self.pos} of {self.length} bytes fed")
-        return finish([*self._raw, self._hasher.digest()], self.length)
+            raise ValueError(f"only {self._done} of {self.length} bytes fed")
+        return finish(self._raw, self.length)

@@ -147,8 +147,7 @@ class ImageWriter:
     def write(self, slot: SegmentSlot, rel_offset: int, data) -> None:
         """Write bytes at `rel_offset` within a slot (positional; safe from many threads).
 
-        The digest is computed on the fly while a slot's bytes arrive in order; any other order makes
-        publish re-read that segment.
+        The digest is computed on the fly, in whatever order the slot's bytes arrive (each byte once).
         """
         state = self._state(slot)
         mv = memoryview(data)
@@ -172,13 +171,9 @@ class ImageWriter:
                 view, pos = view[n:], pos + n
         except OSError as error:
             raise self._os_error(error, slot.file) from None
+        state.stream.update(mv, rel_offset)  # any order: chunks are hashed as they complete
         with state.lock:
             state.written += len(mv)
-            if state.stream is not None:
-                if rel_offset == state.stream.pos:
-                    state.stream.update(mv)
-                else:
-                    state.stream = None  # out of order: re-read at publish
         with self._lock:
             self._written += len(mv)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 
@@ -51,6 +52,14 @@ def test_digest_paths_agree(tmp_path):
             s.update(data[pos : pos + step])
             pos += step
         assert s.result() == whole
+        # the same bytes fed in a random order of random pieces give the same digest
+        cuts = sorted({0, n, *(int(c) for c in rng.integers(0, max(n, 1), 7))})
+        pieces = list(itertools.pairwise(cuts))
+        rng.shuffle(pieces)
+        shuffled = dg.StreamingDigest(n)
+        for a, b in pieces:
+            shuffled.update(data[a:b], a)
+        assert shuffled.complete and shuffled.result() == whole
         f = tmp_path / f"d{n}"
         f.write_bytes(b"\x01" * 4096 + data)
         fd = os.open(f, os.O_RDONLY)
