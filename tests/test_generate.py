@@ -127,6 +127,18 @@ def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack, dens
 def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
     out = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "3", "--no-engram")
     assert len(out["tokens"]) == 3 or out["finish"] == "stop"
+    # and says so loudly: the outputs are not the model's
+    args = ["generate", str(images["bare"]), "--prompt", PROMPT, "--max-tokens", "1", "--no-engram", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and "WITHOUT their memory tables" in result.stderr
+
+
+def test_generate_reads_the_tokenizer_the_image_carries(images, tiny_pack):
+    carried = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "4", "--no-engram")
+    args = ["generate", str(images["bare"]), "--prompt", PROMPT, "--json", "--max-tokens", "4", "--no-engram"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["tokens"] == carried["tokens"]
 
 
 def _one_line_exit_2(result: tuple[int, str], *words: str) -> None:

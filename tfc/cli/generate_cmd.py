@@ -129,6 +129,14 @@ def generate(
         tokenizer_path = Path(image) / "tokenizer.json"
     cfg = config_from_dict(raw)
     feed = None
+    if cfg.engram_layer_ids and no_engram:
+        click.secho(
+            f"tfc: warning: --no-engram: Engram layers {list(cfg.engram_layer_ids)} run WITHOUT their memory "
+            "tables (gate off); outputs are not the model's",
+            err=True,
+            fg="yellow",
+            bold=True,
+        )
     if cfg.engram_layer_ids and not no_engram:
         feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
         if feed is None:
