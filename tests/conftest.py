@@ -25,6 +25,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture()
+def one_torch_thread():
+    """Tiny shapes: one intra-op thread avoids spin-waits on a loaded 2-core box."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_pack(tmp_path_factory):
     """The tiny synthetic DeepSeek-V4.1 pack, written once per session (treat as read-only)."""

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
@@ -16,13 +15,7 @@ from tfc.cli import cli, main
 PROMPT = "The model reads the prompt"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread avoids spin-waits on a loaded 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _prepare(pack: Path, store: Path, *extra: str) -> Path:
