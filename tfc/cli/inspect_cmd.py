@@ -1,4 +1,4 @@
-"""`tfc inspect PACK [--json]`: what a pack holds, from its headers alone (no torch, no payload reads)."""
+"""`tfc inspect PACK_OR_IMAGE [--json]`: what a pack or image holds, from headers and manifests alone."""
 
 from __future__ import annotations
 
@@ -59,10 +59,18 @@ def _text(s: dict) -> str:
 
 
 @click.command()
-@click.argument("pack", type=click.Path(exists=True, file_okay=False))
+@click.argument("pack", metavar="PACK_OR_IMAGE", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def inspect(pack: str, as_json: bool) -> None:
-    """What a pack holds, from its headers alone: model, block modes, tensors by kind, widths, bytes."""
+    """What a pack (headers) or a prepared image (manifests) holds: model, blocks, tensors, widths, bytes."""
+    from pathlib import Path
+
+    from tfc.cli.image_summary import image_text, is_image, summarize_image
+
+    if is_image(Path(pack)):
+        summary = summarize_image(Path(pack))
+        click.echo(json.dumps(summary, indent=1) if as_json else image_text(summary))
+        return
     gc.disable()  # short-lived and acyclic: the collector would only rescan a million header objects
     from tfc.packs.pack import open_pack
     from tfc.packs.summary import summarize
