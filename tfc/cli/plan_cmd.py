@@ -64,7 +64,9 @@ def _human(report: dict) -> None:
 
     console = Console()
     ranks = report["ranks"]
-    shown = [k for k in KINDS if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in ranks)]
+    shown = [
+        k for k in KINDS if any(r["top"][k] or any(layer["bytes"][k] for layer in r["layers"]) for r in ranks)
+    ]
     for rank in ranks:
         title = f"rank {rank['rank']} of {report['world']}: {rank['total']:,} bytes ({human_bytes(rank['total'])})"
         table = Table(title=title, title_justify="left", box=None, pad_edge=False)
