@@ -386,6 +386,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="skip eager (no-graph) timings")
     ap.add_argument("--only", default="", help="comma list of sections: decode,gemm,moe")
     ap.add_argument("--dry", action="store_true", help="CPU smoke under TRITON_INTERPRET=1 (tiny shapes)")
+    ap.add_argument("--shapes", default="", help="comma list of shape names to keep (default: all)")
+    ap.add_argument("--rows", default="", help="comma list of row counts to keep (default: 1,4,16)")
     args = ap.parse_args()
     if args.dry:
         _dry_run()
@@ -409,6 +411,10 @@ def main():
     results["copy_gbps"] = copy_bandwidth()
     log(f"copy bandwidth {results['copy_gbps']:.0f} GB/s")
     only = set(filter(None, args.only.split(","))) or {"decode", "gemm", "moe"}
+    if args.shapes:
+        SHAPES[:] = [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    if args.rows:
+        ROWS[:] = [int(r) for r in args.rows.split(",")]
 
     def save():
         (out / "kernels_h200.json").write_text(json.dumps(results, indent=1))
