@@ -165,3 +165,21 @@ def test_two_concurrent_prepares_publish_one_image(pack_copy, tmp_path):
     assert len(list(store.iterdir())) == 1
     assert len(_published(store)) == 2
     assert verify_image(next(store.iterdir())).ok
+
+
+def test_engram_tables_from_a_separate_folder(pack_copy, tmp_path):
+    """Published EXL3 packs lack the Engram tables: without them the image says so; --engram-dir adds them."""
+    from tfc.cache.reader import open_rank
+
+    tables = tmp_path / "engram"
+    tables.mkdir()
+    for f in pack_copy.glob("engram-*.safetensors"):
+        f.rename(tables / f.name)
+    bare = prep.prepare(open_pack(pack_copy), tmp_path / "store", 1, jobs=2)
+    full = prep.prepare(open_pack(pack_copy), tmp_path / "store", 1, jobs=2, engram_dir=tables)
+    assert bare.world_key != full.world_key
+    with open_rank(bare.path / "rank0") as a, open_rank(full.path / "rank0") as b:
+        assert a.manifest.plan["engram_tables"] is False and b.manifest.plan["engram_tables"] is True
+        rows = [n for n in b.manifest.segment_map if n.endswith(".engram.rows")]
+        assert rows and not [n for n in a.manifest.segment_map if n.endswith(".engram.rows")]
+        assert "engram.token_map" in a.manifest.segment_map  # hash assets do not need the tables
