@@ -175,6 +175,10 @@ def test_engram_tables_from_a_separate_folder(pack_copy, tmp_path):
     tables.mkdir()
     for f in pack_copy.glob("engram-*.safetensors"):
         f.rename(tables / f.name)
+    index_path = pack_copy / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not v.startswith("engram-")}
+    index_path.write_text(json.dumps(index))
     bare = prep.prepare(open_pack(pack_copy), tmp_path / "store", 1, jobs=2)
     full = prep.prepare(open_pack(pack_copy), tmp_path / "store", 1, jobs=2, engram_dir=tables)
     assert bare.world_key != full.world_key
