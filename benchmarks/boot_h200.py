@@ -164,18 +164,9 @@ def drop_cache(files: list[Path]) -> dict:
 
 def resident(files: list[Path]) -> float:
     """Fraction of the files' pages in the page cache (mincore on a fresh read-only map)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    from tfc.runtime.upload import libc as typed_libc
+
+    libc = typed_libc()
     have = total = 0
     for f in files:
         size = f.stat().st_size

@@ -105,7 +105,7 @@ class _Files:
         is what cudaHostRegister needs, and Python's mmap hides it for read-only maps)."""
         if path not in self.maps:
             size = os.fstat(self.fds[path]).st_size
-            addr = _libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, self.fds[path], 0)
+            addr = libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, self.fds[path], 0)
             if addr in (None, ctypes.c_void_p(-1).value):
                 raise UploadError(f"cannot map {path} ({size} bytes): {os.strerror(ctypes.get_errno())}")
             self.maps[path] = (addr, size)
@@ -113,15 +113,16 @@ class _Files:
 
     def __exit__(self, *exc: object) -> None:
         for addr, size in self.maps.values():
-            _libc().munmap(addr, size)
+            libc().munmap(addr, size)
         for fd in self.fds.values():
             os.close(fd)
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
+def libc() -> ctypes.CDLL:
+    """libc with mmap, munmap and mincore typed for 64-bit pointers and sizes."""
+    lib = ctypes.CDLL(None, use_errno=True)
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = [
         ctypes.c_void_p,
         ctypes.c_size_t,
         ctypes.c_int,
@@ -129,8 +130,9 @@ def _libc() -> ctypes.CDLL:
         ctypes.c_int,
         ctypes.c_long,
     ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
+    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    return lib
 
 
 def _host_bytes(addr: int, n: int) -> Any:
