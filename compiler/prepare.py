@@ -12,7 +12,7 @@ import numpy as np
 from tfc.cache import format as image_format
 from tfc.cache.key import image_key, source_hash
 from tfc.cache.locks import building
-from tfc.cache.writer import ImageWriter
+from tfc.cache.writer import SPACE_MARGIN, ImageWriter, free_bytes
 from tfc.compiler.build import Op, Reader, run_reads
 from tfc.compiler.convert import bf16_round, to_f32
 from tfc.compiler.dsv41_plan import plan_rank
@@ -132,6 +132,14 @@ def build_ranks(
     unchanged: Callable[[], None] | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
+    need = sum(plan.total for plan in plans)
+    Path(root).mkdir(parents=True, exist_ok=True)
+    if free_bytes(Path(root)) < need + SPACE_MARGIN:
+        raise BuildError(
+            f"not enough free space in {root} for {len(plans)} rank image(s): {need / 1e9:.2f} GB to write + "
+            f"{SPACE_MARGIN / 2**30:.0f} GiB margin, {free_bytes(Path(root)) / 1e9:.2f} GB free; "
+            "free space or use another -o / TFC_CACHE"
+        )
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
     sinks: list[tuple[int, object]] = []
     ops: list[Op] = []

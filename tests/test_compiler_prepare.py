@@ -115,6 +115,13 @@ def test_force_rebuilds_and_refuses_a_held_image(pack_copy, tmp_path):
         prep.prepare(pack, tmp_path / "store", 1, jobs=2, force=True)
 
 
+def test_no_space_is_one_error_before_anything_is_written(pack_copy, tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "free_bytes", lambda path: 10 << 20)
+    with pytest.raises(BuildError, match="not enough free space"):
+        prep.prepare(open_pack(pack_copy), tmp_path / "store", 2, jobs=2)
+    assert not list((tmp_path / "store").rglob("*.bin"))
+
+
 def test_cli_bad_world_and_unwritable_output(pack_copy, tmp_path):
     bad = _tfc("prepare", str(pack_copy), "--tp", "3", "-o", str(tmp_path / "s"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "TP world 3" in bad.stderr
