@@ -18,10 +18,8 @@ safetensors for the baseline).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import json
-import mmap
 import os
 import platform
 import statistics
@@ -163,28 +161,10 @@ def drop_cache(files: list[Path]) -> dict:
 
 
 def resident(files: list[Path]) -> float:
-    """Fraction of the files' pages in the page cache (mincore on a fresh read-only map)."""
-    from tfc.runtime.upload import libc as typed_libc
+    """Fraction of the files' pages in the page cache (the runtime's own mincore probe)."""
+    from tfc.runtime.upload import resident_fraction
 
-    libc = typed_libc()
-    have = total = 0
-    for f in files:
-        size = f.stat().st_size
-        if not size:
-            continue
-        pages = -(-size // mmap.PAGESIZE)
-        vec = (ctypes.c_ubyte * pages)()
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            rc = libc.mincore(addr, size, vec)
-            libc.munmap(addr, size)
-        finally:
-            os.close(fd)
-        if rc == 0:
-            have += pages - bytes(vec).count(0)  # only bit 0 is defined; the others are zero
-            total += pages
-    return round(have / total, 4) if total else 0.0
+    return resident_fraction(files)
 
 
 def warm_cache(files: list[Path]) -> None:

@@ -91,7 +91,7 @@ def boot(
 
         with phases.time("upload", nbytes=total) as ph:
             report = upload(arena, method, threads=threads, progress=tick)
-            ph.note = f"{report.method}, {report.threads} threads; read overlaps upload"
+            ph.note = f"{report.method}, {report.threads} threads{', ' + report.config if report.config else ''}; read overlaps upload"
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
         settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
         check_same_settings(settings)  # a no-op until torch.distributed runs several ranks

@@ -305,3 +305,46 @@ def test_ring_and_register_control_flow_on_cpu(tmp_path, monkeypatch, method):
         assert not live
         for s in opened.manifest.segments:
             assert arena.raw(s.name).numpy().tobytes() == arrays[s.name], s.name
+
+
+def test_resident_fraction_and_ring_staging_choice(tmp_path):
+    """The ring picks its staging from how much of the image the page cache holds (mincore, no reads)."""
+    import os
+
+    from tfc.runtime import upload as up
+
+    f = tmp_path / "data.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    assert up.resident_fraction([f]) == 1.0  # just written: every page is cached
+    assert (
+        up.resident_fraction([tmp_path / "empty.bin"] if (tmp_path / "empty.bin").touch() is None else [])
+        == 0.0
+    )
+    assert up.WARM_RING[0] < up.COLD_RING[0]  # small slots from cache, large reads from disk
+
+
+def test_ring_staging_follows_the_page_cache(tmp_path, monkeypatch):
+    import contextlib
+    import types
+
+    from tfc.runtime import upload as up
+
+    f = tmp_path / "image.bin"
+    f.write_bytes(b"\x5a" * 4096)
+    arena = types.SimpleNamespace(
+        device=types.SimpleNamespace(type="cuda"),
+        plan=types.SimpleNamespace(chunks=[types.SimpleNamespace(path=f)]),
+        nbytes=4096,
+    )
+    seen = []
+    monkeypatch.setattr(up, "_Files", lambda a: contextlib.nullcontext(None))
+    monkeypatch.setattr(
+        up, "_upload_ring", lambda a, files, t, slot, per, tick: seen.append((slot, per)) or 0.0
+    )
+    warm = up.upload(arena, "ring")
+    monkeypatch.setattr(up, "resident_fraction", lambda paths: 0.0)
+    cold = up.upload(arena, "ring")
+    assert seen == [up.WARM_RING, up.COLD_RING]
+    assert "100% of the image in page cache" in warm.config and "0% of the image" in cold.config
+    up.upload(arena, "ring", slot_bytes=1 << 20, slots_per_thread=3)  # explicit staging wins
+    assert seen[-1] == (1 << 20, 3)
