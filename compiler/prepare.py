@@ -121,6 +121,20 @@ def fill_derived(
         raise BuildError(f"{seg.name}: unknown derived segment kind {kind!r}")
 
 
+def check_space(root: Path, plans: list[RankPlan]) -> None:
+    """Refuse, before anything is created, a build the store's filesystem has no room for."""
+    need = sum(plan.total for plan in plans)
+    probe = Path(root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = free_bytes(probe)
+    if free < need + SPACE_MARGIN:
+        raise BuildError(
+            f"not enough free space in {root} for {len(plans)} rank image(s): {need / 1e9:.2f} GB to write + "
+            f"{SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another -o / TFC_CACHE"
+        )
+
+
 def build_ranks(
     pack,
     plans: list[RankPlan],
@@ -132,14 +146,7 @@ def build_ranks(
     unchanged: Callable[[], None] | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
-    need = sum(plan.total for plan in plans)
-    Path(root).mkdir(parents=True, exist_ok=True)
-    if free_bytes(Path(root)) < need + SPACE_MARGIN:
-        raise BuildError(
-            f"not enough free space in {root} for {len(plans)} rank image(s): {need / 1e9:.2f} GB to write + "
-            f"{SPACE_MARGIN / 2**30:.0f} GiB margin, {free_bytes(Path(root)) / 1e9:.2f} GB free; "
-            "free space or use another -o / TFC_CACHE"
-        )
+    check_space(root, plans)
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
     sinks: list[tuple[int, object]] = []
     ops: list[Op] = []
@@ -266,16 +273,31 @@ def prepare(
         ImageStore(root).rm(world_key)  # refuses (ImageBusy) while a running process holds the image
     missing = [rank for rank in ranks if not find_rank(root, world_key, rank)]
     if missing:
+        check_space(root, plans_for(pack, world, missing, engram_dir))
         # one builder of a key at a time: a second prepare waits, then finds what the first published
-        with building(result.path):
-            missing = [rank for rank in missing if not find_rank(root, world_key, rank)]
-            _build_missing(
-                pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
-            )
+        try:
+            with building(result.path):
+                missing = [rank for rank in missing if not find_rank(root, world_key, rank)]
+                _build_missing(
+                    pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
+                )
+        finally:
+            _drop_if_empty(result.path)
     for rank in ranks:
         result.ranks.setdefault(rank, "hit")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _drop_if_empty(world_dir: Path) -> None:
+    """Leave no empty image folder behind a build that published nothing (its lock files only)."""
+    try:
+        if world_dir.is_dir() and not any(p.name.startswith(("rank", ".tmp-")) for p in world_dir.iterdir()):
+            for p in world_dir.iterdir():
+                p.unlink()
+            world_dir.rmdir()
+    except OSError:
+        pass  # another prepare may be using the folder right now; an empty folder is harmless
 
 
 def _build_missing(
