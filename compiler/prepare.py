@@ -146,7 +146,6 @@ def build_ranks(
     unchanged: Callable[[], None] | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
-    check_space(root, plans)
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
     sinks: list[tuple[int, object]] = []
     ops: list[Op] = []
@@ -230,9 +229,8 @@ def plans_for(pack, world: int, ranks: list[int], engram_dir: Path | None = None
 
 def sampled_identity(pack, jobs: int, engram_dir: Path | None) -> dict:
     """The cheap identity of a pack (and Engram folder) compared before and after a build."""
-    return key_inputs(pack, 1, False, jobs, engram_dir)["pack_identity"] | {
-        "engram": key_inputs(pack, 1, False, jobs, engram_dir).get("engram_identity")
-    }
+    inputs = key_inputs(pack, 1, False, jobs, engram_dir)
+    return {"pack": inputs["pack_identity"], "engram": inputs.get("engram_identity")}
 
 
 def find_rank(root: Path, world_key: str, rank: int) -> Path | None:
@@ -273,13 +271,14 @@ def prepare(
         ImageStore(root).rm(world_key)  # refuses (ImageBusy) while a running process holds the image
     missing = [rank for rank in ranks if not find_rank(root, world_key, rank)]
     if missing:
-        check_space(root, plans_for(pack, world, missing, engram_dir))
+        plans = plans_for(pack, world, missing, engram_dir)
+        check_space(root, plans)
         # one builder of a key at a time: a second prepare waits, then finds what the first published
         try:
             with building(result.path):
-                missing = [rank for rank in missing if not find_rank(root, world_key, rank)]
+                plans = [plan for plan in plans if not find_rank(root, world_key, plan.rank)]
                 _build_missing(
-                    pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
+                    pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result
                 )
         finally:
             _drop_if_empty(result.path)
@@ -300,12 +299,9 @@ def _drop_if_empty(world_dir: Path) -> None:
         pass  # another prepare may be using the folder right now; an empty folder is harmless
 
 
-def _build_missing(
-    pack, root, world, missing, world_key, inputs, jobs, engram_dir, progress_factory, result
-) -> None:
-    """Plan and build the ranks still missing, recording them in `result`."""
-    if missing:
-        plans = plans_for(pack, world, missing, engram_dir)
+def _build_missing(pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result) -> None:
+    """Build the planned ranks still missing, recording them in `result`."""
+    if plans:
         totals = {plan.rank: plan.total for plan in plans}
         progress = progress_factory(totals) if progress_factory else None
         before = sampled_identity(pack, jobs, engram_dir)
@@ -317,6 +313,6 @@ def _build_missing(
                 )
 
         build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress, unchanged)
-        for rank in missing:
-            result.ranks[rank] = "built"
+        for plan in plans:
+            result.ranks[plan.rank] = "built"
         result.bytes_written = sum(totals.values())
