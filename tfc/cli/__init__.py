@@ -12,7 +12,11 @@ from tfc.errors import TfcError
 
 # name -> (module, function, one-line help); modules import only what their command needs.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "inspect": ("tfc.cli.inspect_cmd", "inspect", "What a pack or image holds, from headers or manifests alone."),
+    "inspect": (
+        "tfc.cli.inspect_cmd",
+        "inspect",
+        "What a pack or image holds, from headers or manifests alone.",
+    ),
     "plan": ("tfc.cli.plan_cmd", "plan", "The rank weight plan of a pack, without writing anything."),
     "prepare": (
         "tfc.cli.prepare_cmd",
