@@ -15,17 +15,11 @@ from tfc.runtime.engram_hash import HashTables, compress, hash_compressed, hash_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engram_map import hardware, tokenizer_path
+from tfc.fixtures.flash_headers import flash_text_config
 
 POSITIONS = 1_000_000
 REPEATS = 7
-FLASH = {
-    "engram_layer_ids": [1, 14],
-    "engram_max_ngram_size": 4,
-    "engram_n_heads": 8,
-    "engram_head_dim": 256,
-    "engram_vocab_size": 16_000_000,
-    "engram_num_embeddings": [384_006_168, 384_016_682],
-}
+FLASH = {k: v for k, v in flash_text_config().items() if k.startswith("engram_")}
 
 
 def timed(fn, repeats: int) -> list[float]:

@@ -70,6 +70,21 @@ _TOP_KEYS = {
 _SEGMENT_KEYS = {"name", "file", "offset", "length", "dtype", "shape", "layout", "digest", "chunks"}
 
 
+def open_regular(path: Path, what: str, missing: str) -> tuple[int, os.stat_result]:
+    """(fd, stat) of a regular file opened read-only without following a link; ImageError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ImageError(f"{path}: {missing}") from None
+    except OSError as error:
+        raise ImageError(f"{path}: cannot open {what}: {error.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ImageError(f"{path}: {what} is not a regular file")
+    return fd, st
+
+
 def align_up(n: int) -> int:
     """The next multiple of ALIGN at or above n."""
     return -(-n // ALIGN) * ALIGN
@@ -176,16 +191,8 @@ class RankManifest:
         p = Path(path)
         if p.is_dir():
             p = p / MANIFEST_NAME
+        fd, st = open_regular(p, "manifest", "no manifest (not a published rank image)")
         try:
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise ImageError(f"{p}: no manifest (not a published rank image)") from None
-        except OSError as error:
-            raise ImageError(f"{p}: cannot open manifest: {error.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ImageError(f"{p}: manifest is not a regular file")
             if st.st_size > MAX_MANIFEST_BYTES:
                 raise ImageError(
                     f"{p}: manifest is {st.st_size} bytes, over the {MAX_MANIFEST_BYTES}-byte limit"

@@ -5,13 +5,10 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import stat
 from pathlib import Path
 
 from tfc.cache.errors import ImageError
-from tfc.cache.format import RankManifest, SegmentEntry
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+from tfc.cache.format import RankManifest, SegmentEntry, open_regular
 
 
 class RankImage:
@@ -82,16 +79,8 @@ def open_rank(path, *, verify: str | None = None) -> RankImage:
     try:
         for f in manifest.files:
             fp = p / f.name  # f.name matched the strict basename pattern in RankManifest.load
+            fd, st = open_regular(fp, "data file", "data file is missing")
             try:
-                fd = os.open(fp, os.O_RDONLY | os.O_NOFOLLOW | _O_CLOEXEC)
-            except FileNotFoundError:
-                raise ImageError(f"{fp}: data file is missing") from None
-            except OSError as error:
-                raise ImageError(f"{fp}: cannot open data file: {error.strerror}") from None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise ImageError(f"{fp}: data file is not a regular file")
                 if st.st_size != f.size:
                     what = "truncated" if st.st_size < f.size else "longer than recorded"
                     raise ImageError(

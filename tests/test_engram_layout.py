@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from tfc.fixtures.flash_headers import flash_text_config
 from tfc.packs.engram_layout import (
     EngramConfigError,
     check_layout,
@@ -18,16 +19,7 @@ from tfc.packs.engram_layout import (
     next_prime,
 )
 
-FLASH = {
-    "engram_layer_ids": [1, 14],
-    "engram_max_ngram_size": 4,
-    "engram_n_heads": 8,
-    "engram_head_dim": 256,
-    "engram_vocab_size": 16_000_000,
-    "engram_num_embeddings": [384_006_168, 384_016_682],
-    "engram_compressed_vocab_size": 99_092,
-    "engram_pad_token_id": 2,
-}
+FLASH = {k: v for k, v in flash_text_config().items() if k.startswith("engram_")}
 
 
 @pytest.fixture(scope="module")
