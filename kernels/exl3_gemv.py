@@ -14,9 +14,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_runs import runs_cols, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
+    fwht128,
     lane_cols,
     lane_sum,
     lane_table,
@@ -71,64 +73,84 @@ def _exl3_gemm_kernel(
     USE_DOT: tl.constexpr,
     LANES: tl.constexpr = False,
     PF: tl.constexpr = 0,
+    RUNS: tl.constexpr = False,
+    KDIM=0,
+    TPE: tl.constexpr = 2,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     tn = N // 16
     nw: tl.constexpr = W // 2
-    pos = tile_positions(BK, 128)
-    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
-    if LANES:
-        # One row only: decode in MMA lane order so that each warp-wide gather reads a single tile.
-        tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, W, tn, BK // 16)
-    kt0 = pid_s * kt_per_split
-    base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
-    step = (BK // 16) * tn * nw
-    m = tl.arange(0, MP)
-    if USE_DOT:
-        acc = tl.zeros([MP, 128], dtype=tl.float32)
-    elif LANES:
-        acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
-    else:
-        acc2 = tl.zeros([BK, 128], dtype=tl.float32)
-    for kk in range(0, kt_per_split, BK // 16):
-        if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
-            # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
-            if kk + PF * (BK // 16) < kt_per_split:
-                prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
-        if LANES:
-            # Tile offsets as their own pointer step: the per-lane window words then differ between a
-            # thread's tiles by compile-time constants (immediate load offsets).
-            v = cb_decode(load_states(base + tiles, off_j, off_jp, shift), CB)
-        else:
-            v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
-        base += step
-        row0 = (kt0 + kk) * 16
-        if USE_DOT:
-            if FUSE_ROT:
-                xa = rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
-            else:
-                rows = row0 + tl.arange(0, BK)
-                xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
-            acc = tl.dot(xa, v, acc)
-        elif LANES:
-            acc4 += tl.load(xh_ptr + row0 + xrow).to(tl.float32) * v.to(tl.float32)
-        else:
-            if FUSE_ROT:
-                xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
-            else:
-                xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
-            acc2 += xa[:, None] * v.to(tl.float32)
-    # Every program parks its partial in the workspace; the last one of the column block (arrival
-    # counter) sums them in split order, so results do not depend on scheduling.
     cols = pid_n * 128 + tl.arange(0, 128)
     block = ws_ptr + pid_n * SPLIT * (MP * 128)
-    if LANES:
-        tl.store(block + pid_s * 128 + lane_cols(), lane_sum(acc4))
+    kt0 = pid_s * kt_per_split
+    m = tl.arange(0, MP)
+    if RUNS:
+        # One row, integer width: 32-position runs cut from words loaded once (exl3_runs).
+        xs = xh_ptr
+        if FUSE_ROT:
+            # This program's rows of had128(x * suh), into its column block's row of the xh scratch.
+            xs = xh_ptr + pid_n * KDIM
+            i = tl.arange(0, 128)
+            for r0 in range(kt0 * 16, (kt0 + kt_per_split) * 16, BK):
+                blk = (r0 // 128) * 128
+                a = tl.load(x_ptr + blk + i).to(tl.float32) * tl.load(suh_ptr + blk + i).to(tl.float32)
+                keep = (i >= r0 - blk) & (i < r0 - blk + BK)
+                tl.store(xs + blk + i, fwht128(a) * 0.08838834764831845, mask=keep)
+            tl.debug_barrier()
+        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+        a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
+        store_cols(block + pid_s * 128, a, b)
     else:
-        if not USE_DOT:
-            acc = tl.sum(acc2, axis=0)[None, :]
-        tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
+        pos = tile_positions(BK, 128)
+        off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
+        if LANES:
+            # One row only: decode in MMA lane order so that each warp-wide gather reads a single tile.
+            tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, W, tn, BK // 16)
+        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+        step = (BK // 16) * tn * nw
+        if USE_DOT:
+            acc = tl.zeros([MP, 128], dtype=tl.float32)
+        elif LANES:
+            acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
+        else:
+            acc2 = tl.zeros([BK, 128], dtype=tl.float32)
+        for kk in range(0, kt_per_split, BK // 16):
+            if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
+                # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
+                if kk + PF * (BK // 16) < kt_per_split:
+                    prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
+            if LANES:
+                # Tile offsets as their own pointer step: the per-lane window words then differ between a
+                # thread's tiles by compile-time constants (immediate load offsets).
+                v = cb_decode(load_states(base + tiles, off_j, off_jp, shift), CB)
+            else:
+                v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
+            base += step
+            row0 = (kt0 + kk) * 16
+            if USE_DOT:
+                if FUSE_ROT:
+                    xa = rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
+                else:
+                    rows = row0 + tl.arange(0, BK)
+                    xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
+                acc = tl.dot(xa, v, acc)
+            elif LANES:
+                acc4 += tl.load(xh_ptr + row0 + xrow).to(tl.float32) * v.to(tl.float32)
+            else:
+                if FUSE_ROT:
+                    xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
+                else:
+                    xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
+                acc2 += xa[:, None] * v.to(tl.float32)
+        # Every program parks its partial in the workspace; the last one of the column block (arrival
+        # counter) sums them in split order, so results do not depend on scheduling.
+        if LANES:
+            tl.store(block + pid_s * 128 + lane_cols(), lane_sum(acc4))
+        else:
+            if not USE_DOT:
+                acc = tl.sum(acc2, axis=0)[None, :]
+            tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -151,6 +173,8 @@ class GemmConfig:
     fuse_rotation: bool = False  # recompute had128(x*suh) per k-slice instead of a separate launch
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
     lanes: bool = False  # one row: decode in MMA lane order (one tile per warp-wide gather)
+    runs: bool | None = None  # one row, integer width: 32-position runs from words loaded once (default)
+    run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
     num_warps: int | None = None  # 4 for one row, 8 on matrix units
     num_stages: int = 1
@@ -229,7 +253,8 @@ def exl3_gemm(
     mp = 16 if use_dot else 1
     if m_rows > mp:
         raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
-    bk = config.block_k or (32 if use_dot else 16)
+    runs = not use_dot and width % 16 == 0 and not config.lanes and config.runs is not False
+    bk = config.block_k or (64 if runs else 32 if use_dot else 16)
     blocks = n // 128
     waves = config.waves or (2.0 if use_dot else 8.0)
     split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), waves)
@@ -240,13 +265,15 @@ def exl3_gemm(
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
     xh = x if (fuse or x_rotated) else rotate_input(x, suh, use_dot)
+    if runs and fuse:  # each program rotates its own rows into a per-column-block scratch
+        xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, blocks) if split > 1 else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt, lane_table(x.device),
-        m_rows, n, xh.stride(0), y.stride(0), tk // split,
+        m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
-        LANES=config.lanes and not use_dot, PF=config.prefetch, num_warps=config.num_warps or (8 if use_dot else 4), num_stages=config.num_stages,
+        LANES=config.lanes and not use_dot, PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 4), num_stages=config.num_stages,
     )  # fmt: skip
     return y
 

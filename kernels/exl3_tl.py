@@ -196,6 +196,8 @@ def hadamard_block(R: tl.constexpr, C: tl.constexpr, row0, col0):
 @triton.jit
 def rotate_rows(a, MP: tl.constexpr):
     """a [MP, 128] fp32 -> a @ H128 / sqrt(128), in fp32 (tf32x3 matrix units when MP >= 16)."""
+    if MP == 1:
+        return tl.reshape(fwht128(tl.reshape(a, (128,))), (1, 128)) * 0.08838834764831845
     h = hadamard_block(128, 128, 0, 0)
     if MP >= 16:
         out = tl.dot(a, h, input_precision="tf32x3")
@@ -205,12 +207,58 @@ def rotate_rows(a, MP: tl.constexpr):
 
 
 @triton.jit
+def _butterfly(v, d: tl.constexpr):
+    """One Walsh-Hadamard stage on axis d of a [2] * 7 tensor: (a, b) -> (a + b, a - b)."""
+    if d == 6:
+        a, b = tl.split(v)
+        v = tl.join(a + b, a - b)
+    else:
+        # Bring axis d last, split it, put it back.
+        if d == 0:
+            order: tl.constexpr = (1, 2, 3, 4, 5, 6, 0)
+            back: tl.constexpr = (6, 0, 1, 2, 3, 4, 5)
+        elif d == 1:
+            order: tl.constexpr = (0, 2, 3, 4, 5, 6, 1)
+            back: tl.constexpr = (0, 6, 1, 2, 3, 4, 5)
+        elif d == 2:
+            order: tl.constexpr = (0, 1, 3, 4, 5, 6, 2)
+            back: tl.constexpr = (0, 1, 6, 2, 3, 4, 5)
+        elif d == 3:
+            order: tl.constexpr = (0, 1, 2, 4, 5, 6, 3)
+            back: tl.constexpr = (0, 1, 2, 6, 3, 4, 5)
+        elif d == 4:
+            order: tl.constexpr = (0, 1, 2, 3, 5, 6, 4)
+            back: tl.constexpr = (0, 1, 2, 3, 6, 4, 5)
+        else:
+            order: tl.constexpr = (0, 1, 2, 3, 4, 6, 5)
+            back: tl.constexpr = (0, 1, 2, 3, 4, 6, 5)
+        a, b = tl.split(tl.permute(v, order))
+        v = tl.permute(tl.join(a + b, a - b), back)
+    return v
+
+
+@triton.jit
+def fwht128(x):
+    """x [128] fp32 -> x @ H128 (unnormalized), by seven butterfly stages instead of a 128x128 product."""
+    v = tl.reshape(x, (2, 2, 2, 2, 2, 2, 2))
+    for d in tl.static_range(7):
+        v = _butterfly(v, d)
+    return tl.reshape(v, (128,))
+
+
+@triton.jit
 def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr):
     """(sum over s < nsum of the [MP, 128] fp32 block at src + s * part_stride) @ H128 / sqrt(128).
 
     Reads the block from memory 32 columns at a time so that only a 32x128 slice of H128 is ever live
     (a whole H128 in registers would cap occupancy of the kernel's main loop).
     """
+    if MP == 1:
+        # One row: sum the parts, then butterflies (few registers; the product form needs ~100).
+        tot = tl.zeros([128], dtype=tl.float32)
+        for s in range(nsum):
+            tot += tl.load(src + s * part_stride + tl.arange(0, 128), cache_modifier=".cg")
+        return tl.reshape(fwht128(tot), (1, 128)) * 0.08838834764831845
     m = tl.arange(0, MP)
     out = tl.zeros([MP, 128], dtype=tl.float32)
     for q in tl.static_range(4):

@@ -32,6 +32,7 @@ class ExpertTable:
     n: int
     width: int
     codebook: int
+    integer_widths: bool = False  # every entry's width is a whole number of bits (16 K words)
 
     @property
     def entries(self) -> int:
@@ -101,7 +102,8 @@ class ExpertTable:
             )
         width = int(wids[0]) if len(set(wids.tolist())) == 1 else 0
         codebook = int(cbs[0]) if len(set(cbs.tolist())) == 1 else -1
-        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, width, codebook)
+        integer = all(int(w) % 16 == 0 for w in wids.tolist())
+        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, width, codebook, integer)
 
     @classmethod
     def build(

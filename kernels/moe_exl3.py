@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_gemv import counters, num_sms, pick_split
+from tfc.kernels.exl3_runs import runs_cols, runs_cols_rt, store_cols
 from tfc.kernels.exl3_tl import (
     cb_decode,
     cb_decode_rt,
@@ -50,13 +51,31 @@ def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
 @triton.jit
 def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
                  FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
-                 LANES: tl.constexpr):  # fmt: skip
+                 LANES: tl.constexpr, RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
     """dst[c] = sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 pid_c + c], c < 128."""
     if W > 0:
         width = W
     else:
         width = tl.load(wid_ptr + e)
     nw = width // 2
+    if RUNS:
+        # Integer widths, one codebook: 32-position runs cut from words loaded once (exl3_runs).
+        base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
+        if W > 0:
+            a, b = runs_cols(base, tn, kt_per, xin_ptr + kt0 * 16, W, CB, BK // 16, TPE)
+        else:
+            a, b = runs_cols_rt(base, width, tn, kt_per, xin_ptr + kt0 * 16, CB, BK // 16, TPE)
+        store_cols(dst, a, b)
+    else:
+        _expert_cols_gather(words_ptr, off_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr,
+                            dst, width, nw, FUSE, W, CB, BK, PF, LANES)  # fmt: skip
+
+
+@triton.jit
+def _expert_cols_gather(words_ptr, off_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
+                        width, nw, FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
+                        PF: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+    """_expert_cols by per-element window gathers (any width, codebooks chosen per entry)."""
     if LANES:
         tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, width, tn, BK // 16)
         acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
@@ -140,7 +159,8 @@ def _moe_gate_up_kernel(
     suh2_ptr, act_ptr, ws_ptr, cnt_ptr, tab_ptr,
     P, D, NI, stride_x, topk, n_routed, kt_per, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
-    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr, SPLIT,
+    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr, SPLIT, RUNS: tl.constexpr,
+    TPE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     p = tl.program_id(1)
@@ -158,9 +178,9 @@ def _moe_gate_up_kernel(
     slot = (p * (NI // 128) + pid_c).to(tl.int64)
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
     _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
-                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, LANES)  # fmt: skip
+                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, LANES, RUNS, TPE)  # fmt: skip
     _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
-                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, LANES)  # fmt: skip
+                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, LANES, RUNS, TPE)  # fmt: skip
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -176,7 +196,7 @@ def _moe_down_kernel(
     ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr, tab_ptr,
     D, NI, stride_y, topk, n_routed, kt_per,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr, LANES: tl.constexpr,
+    PF: tl.constexpr, LANES: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -190,7 +210,7 @@ def _moe_down_kernel(
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
     _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, tab_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
-                 act_ptr, mine, False, W2, CB2, BK, PF, LANES)  # fmt: skip
+                 act_ptr, mine, False, W2, CB2, BK, PF, LANES, RUNS2, TPE)  # fmt: skip
     tl.debug_barrier()
     y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     tl.store(mine + 128 + c, y)
@@ -209,13 +229,20 @@ class MoeConfig:
 
     split_gate_up: int | None = None
     split_down: int | None = None
-    block_k: int = 16
+    block_k: int | None = None  # k rows per loop iteration: 64 for the run decode, else 16
     fuse_rotation: bool = False
     prefetch: int = 4
     lanes: bool = False  # decode in MMA lane order (one tile per warp-wide gather)
+    runs: bool | None = None  # 32-position runs (integer widths, one codebook per table; default where so)
+    run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     num_warps: int = 4
     num_stages: int = 1
     waves: float = 8.0  # programs per multiprocessor the k-splits aim for
+
+
+def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
+    """Whether a table takes the run decode: integer widths, one codebook, not switched off or to lanes."""
+    return config.runs is not False and not config.lanes and table.codebook >= 0 and table.integer_widths
 
 
 def moe_exl3(
@@ -248,7 +275,9 @@ def moe_exl3(
     n_routed = w1.entries - 1
     pairs = tokens * (topk + 1)
     dev = x.device
-    bk = config.block_k
+    runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
+    runs2 = _runs_apply(config, w2)
+    bk = config.block_k or (64 if runs13 or runs2 else 16)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
     split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, config.waves)
@@ -261,7 +290,7 @@ def moe_exl3(
     ns = (topk + 1) * split2
     ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
     ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
-    fuse = config.fuse_rotation and not config.lanes
+    fuse = config.fuse_rotation and not config.lanes and not runs13
     tab = lane_table(dev)
     xh = x
     if not fuse:
@@ -279,13 +308,13 @@ def moe_exl3(
         w2.suh, act, ws1, cnt1, tab,
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, LANES=config.lanes,
+        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, LANES=config.lanes, RUNS=runs13, TPE=config.run_tiles,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2, tab,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, LANES=config.lanes,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, LANES=config.lanes, RUNS2=runs2, TPE=config.run_tiles,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
