@@ -60,7 +60,7 @@ def boot(
     method: str | None = None,
     verify: str | None = None,
     graphs: bool | None = None,
-    threads: int = 8,
+    threads: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> Booted:
@@ -93,6 +93,8 @@ def boot(
             report = upload(arena, method, threads=threads, progress=tick)
             ph.note = f"{report.method}, {report.threads} threads{', ' + report.config if report.config else ''}; read overlaps upload"
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
+        if report.staging_seconds:
+            phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")
         settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
         check_same_settings(settings)  # a no-op until torch.distributed runs several ranks
         cache = GraphCache(settings)

@@ -1,5 +1,8 @@
-"""Fill a DeviceArena from the rank's files: pinned staging ring, registered mmap, or host copy.
+"""Fill a DeviceArena from the rank's files: pinned staging ring, mmap copy, registered mmap, or host copy.
 
+* `auto` (the default): `mmap` when the page cache holds the image (a `mincore` probe), else `ring`.
+* `mmap` (runtime/upload_mmap.py): threads copy the read-only mapping into a pinned staging ring
+  while the host-to-device copies of earlier slots run.
 * `ring`: reader threads `preadv` file ranges into pinned staging slots and issue async
   host-to-device copies on per-thread CUDA streams; a slot is reused once its copy's event has
   completed, so reading and copying overlap.
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -24,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from tfc.runtime.arena import DeviceArena
+from tfc.runtime.pages import MAP_FAILED, libc, resident_fraction
 
 from tfc.errors import TfcError
 
-METHODS = ("ring", "register", "host")
+METHODS = ("auto", "ring", "mmap", "register", "host")
+THREADS = 8  # readers or registration threads when not asked for (mmap: its own default)
 PAGE = mmap.PAGESIZE
 REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
 REGISTER_PORTABLE = 0x01  # cudaHostRegisterPortable
@@ -48,6 +54,7 @@ class UploadReport:
     read_seconds: float  # until the last byte was in host memory (read or registered)
     threads: int
     config: str = ""  # the staging chosen, and why
+    staging_seconds: float = 0.0  # allocating staging, summed over the threads (overlaps the copies)
 
     @property
     def gbps(self) -> float:
@@ -63,77 +70,72 @@ Progress = Callable[[int], None]
 WARM_RING = (4 << 20, 4)  # 8 threads x 4 MiB x 4: 0.925 s for 22 GB warm
 COLD_RING = (64 << 20, 2)  # 8 threads x 64 MiB x 2: 1.06x the disk floor cold
 WARM_FRACTION = 0.9
-MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def resident_fraction(paths) -> float:
-    """Fraction of the files' pages in the page cache (mincore on a fresh read-only map; no page is read)."""
-    lib = libc()
-    have = total = 0
-    for path in paths:
-        size = os.stat(path).st_size
-        if not size:
-            continue
-        pages = -(-size // mmap.PAGESIZE)
-        vec = (ctypes.c_ubyte * pages)()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = lib.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        finally:
-            os.close(fd)  # the mapping keeps the file
-        if addr in (None, MAP_FAILED):
-            continue
-        try:
-            rc = lib.mincore(addr, size, vec)
-        finally:
-            lib.munmap(addr, size)
-        if rc == 0:
-            have += pages - bytes(vec).count(0)  # only bit 0 is defined; the others are zero
-            total += pages
-    return round(have / total, 4) if total else 0.0
 
 
 def upload(
     arena: DeviceArena,
     method: str | None = None,
-    threads: int = 8,
+    threads: int | None = None,
     slot_bytes: int | None = None,
     slots_per_thread: int | None = None,
     window_bytes: int = 256 << 20,
     progress: Progress | None = None,
+    **mmap_options: Any,
 ) -> UploadReport:
-    """Fill `arena` from its plan's files with `method` (host for a CPU arena, ring by default).
+    """Fill `arena` from its plan's files with `method` (host for a CPU arena, auto by default).
 
-    Without `slot_bytes`, the ring picks its staging by how much of the image the page cache holds.
+    `auto` takes `mmap` when the page cache holds the image and `ring` otherwise; without
+    `slot_bytes`, the ring picks its staging by the same probe. `mmap_options` are the fields of
+    `upload_mmap.MmapStaging` (prefault, drop, issuer, streams, pinning).
     """
     if arena.device.type == "cpu":
         method = "host"
-    method = method or "ring"
+    method = method or "auto"
     if method not in METHODS:
         raise UploadError(f"upload method {method!r} is not one of {METHODS}")
     if method == "host" and arena.device.type != "cpu":
         raise UploadError("upload method 'host' needs a CPU arena")
     tick = progress or (lambda n: None)
-    config = ""
-    if method == "ring" and slot_bytes is None:
+    t0 = time.perf_counter()
+    notes = []
+    resident = None
+    if method == "auto" or (method == "ring" and slot_bytes is None):
         resident = resident_fraction(sorted({c.path for c in arena.plan.chunks}))
+    if method == "auto":
+        method = "mmap" if resident >= WARM_FRACTION else "ring"
+        notes.append(f"auto: {resident:.0%} of the image in page cache")
+    if method == "mmap":
+        from tfc.runtime.upload_mmap import staging_for, upload_mmap
+
+        cfg = staging_for(threads, slot_bytes, slots_per_thread, **mmap_options)
+        threads = cfg.threads
+        notes.insert(0, cfg.describe())
+    elif mmap_options:
+        raise UploadError(f"{sorted(mmap_options)} only apply to upload method 'mmap', not {method!r}")
+    elif method == "ring" and slot_bytes is None:
         slot_bytes, per = WARM_RING if resident >= WARM_FRACTION else COLD_RING
         slots_per_thread = slots_per_thread or per
-        config = (
-            f"{slot_bytes >> 20} MiB x {slots_per_thread} slots ({resident:.0%} of the image in page cache)"
-        )
+        notes.insert(0, f"{slot_bytes >> 20} MiB x {slots_per_thread} slots")
+        if len(notes) == 1:
+            notes.append(f"{resident:.0%} of the image in page cache")
+    threads = threads or THREADS
     slot_bytes = slot_bytes or (16 << 20)
     slots_per_thread = slots_per_thread or 2
-    t0 = time.perf_counter()
+    staging = 0.0
     with _Files(arena) as files:
         if method == "host":
             read_done = _upload_host(arena, files, threads, slot_bytes, tick)
+        elif method == "mmap":
+            read_done, staging = upload_mmap(arena, files, cfg, tick)
         elif method == "ring":
             read_done = _upload_ring(arena, files, threads, slot_bytes, slots_per_thread, tick)
         else:
             read_done = _upload_register(arena, files, threads, window_bytes, tick)
     t1 = time.perf_counter()
-    return UploadReport(method, str(arena.device), arena.nbytes, t1 - t0, read_done - t0, threads, config)
+    config = "; ".join(notes)
+    return UploadReport(
+        method, str(arena.device), arena.nbytes, t1 - t0, read_done - t0, threads, config, staging
+    )
 
 
 class _Files:
@@ -155,7 +157,7 @@ class _Files:
         if path not in self.maps:
             size = os.fstat(self.fds[path]).st_size
             addr = libc().mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, self.fds[path], 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
+            if addr in (None, MAP_FAILED):
                 raise UploadError(f"cannot map {path} ({size} bytes): {os.strerror(ctypes.get_errno())}")
             self.maps[path] = (addr, size)
         return self.maps[path]
@@ -165,23 +167,6 @@ class _Files:
             libc().munmap(addr, size)
         for fd in self.fds.values():
             os.close(fd)
-
-
-def libc() -> ctypes.CDLL:
-    """libc with mmap, munmap and mincore typed for 64-bit pointers and sizes."""
-    lib = ctypes.CDLL(None, use_errno=True)
-    lib.mmap.restype = ctypes.c_void_p
-    lib.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    return lib
 
 
 def _host_bytes(addr: int, n: int) -> Any:
@@ -209,8 +194,11 @@ def _pread_into(fd: int, buf: memoryview, offset: int, path: Path) -> None:
         done += n
 
 
-def _run_workers(n: int, work: Callable[[int], None]) -> None:
-    """Run `work(i)` on n threads; re-raise the first failure after all have stopped."""
+def _run_workers(n: int, work: Callable[[int], None], on_error: Callable[[], None] | None = None) -> None:
+    """Run `work(i)` on n threads; after all have stopped, raise the first failure as one typed line.
+
+    `on_error` runs in the failing thread (to tell the others to stop).
+    """
     errors: list[BaseException] = []
 
     def wrapped(i: int) -> None:
@@ -218,6 +206,8 @@ def _run_workers(n: int, work: Callable[[int], None]) -> None:
             work(i)
         except BaseException as e:
             errors.append(e)
+            if on_error is not None:
+                on_error()
 
     pool = [threading.Thread(target=wrapped, args=(i,), daemon=True) for i in range(n)]
     for t in pool:
@@ -225,7 +215,11 @@ def _run_workers(n: int, work: Callable[[int], None]) -> None:
     for t in pool:
         t.join()
     if errors:
-        raise errors[0]
+        first = errors[0]
+        if isinstance(first, TfcError) or not isinstance(first, Exception):
+            raise first
+        lines = str(first).strip().splitlines() or [""]
+        raise UploadError(f"upload thread failed: {type(first).__name__}: {lines[0]}") from first
 
 
 def _queue_of(items: list) -> queue.SimpleQueue:
@@ -288,10 +282,18 @@ def _upload_ring(
 
     _run_workers(threads, reader)
     torch.cuda.synchronize(device)
-    empty_host = getattr(torch._C, "_host_emptyCache", None)
-    if empty_host is not None:
-        empty_host()  # give the staging slots back instead of keeping them cached for the whole run
+    empty_host_cache(torch)  # give the staging slots back instead of keeping them cached for the whole run
     return max(last_read) or time.perf_counter()
+
+
+def empty_host_cache(torch: Any) -> None:
+    """Return torch's cached pinned blocks to the system (the name moved between torch versions)."""
+    fn = getattr(torch._C, "_host_emptyCache", None) or getattr(
+        getattr(torch, "accelerator", None), "empty_host_cache", None
+    )
+    if fn is not None:
+        with contextlib.suppress(RuntimeError):  # a build without an accelerator has no cache to empty
+            fn()
 
 
 class _Registrar:
@@ -309,17 +311,16 @@ class _Registrar:
             self._rt = None
             self._torch = torch.cuda.cudart()
 
-    def register(self, ptr: int, size: int) -> None:
-        flags = REGISTER_READ_ONLY | REGISTER_PORTABLE
+    def register(self, ptr: int, size: int, flags: int = REGISTER_READ_ONLY | REGISTER_PORTABLE) -> None:
         if self._rt is not None:
             err = self._rt.cudaHostRegister(ptr, size, flags)[0]
         else:
             err = self._torch.cudaHostRegister(ptr, size, flags)
         code = int(getattr(err, "value", err))
         if code != 0:
+            kind = "read-only" if flags & REGISTER_READ_ONLY else "staging"
             raise UploadError(
-                f"cudaHostRegister (read-only) of {size} bytes failed with CUDA error {code}; "
-                "use --method ring"
+                f"cudaHostRegister ({kind}) of {size} bytes failed with CUDA error {code}; use --method ring"
             )
 
     def unregister(self, ptr: int) -> None:

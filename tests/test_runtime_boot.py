@@ -195,6 +195,7 @@ def test_tfc_load_cli_prints_phases_and_writes_json(image, tmp_path):
     assert "no forward" in r.stdout or "graphs off" in r.stdout
     data = json.loads(out.read_text())
     assert data["bytes"] > 0 and data["upload"]["bytes"] == data["bytes"] and data["rank"] == 0
+    assert data["method"] == "host" and "upload_config" in data
 
 
 def test_tfc_load_cli_refusal_is_one_line(tmp_path):
@@ -210,15 +211,25 @@ def test_tfc_load_cli_refusal_is_one_line(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["ring", "register"])
-def test_cuda_upload_equals_file_bytes(tmp_path, method):
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("ring", {}),
+        ("register", {}),
+        ("mmap", {}),
+        ("mmap", {"issuer": "single", "streams": 2, "pinning": "torch", "prefault": "none", "drop": False}),
+        ("mmap", {"issuer": "single", "streams": 1, "prefault": "willneed", "slots_per_thread": 1}),
+        ("auto", {}),
+    ],
+)
+def test_cuda_upload_equals_file_bytes(tmp_path, method, options):
     import torch
 
     path, arrays = make_image(tmp_path, big=True)
     with open_image(path) as opened:
         arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cuda")
-        report = upload(arena, method, threads=4, slot_bytes=1 << 18, window_bytes=1 << 19)
-        assert report.method == method
+        report = upload(arena, method, threads=4, slot_bytes=1 << 18, window_bytes=1 << 19, **options)
+        assert report.method == (method if method != "auto" else "mmap")  # just written: cached
         torch.cuda.synchronize()
         for s in opened.manifest.segments:
             raw = arena.raw(s.name)
@@ -256,6 +267,9 @@ class _FakeCuda:
             pass
 
     class Event:
+        def __init__(self, **flags):
+            pass
+
         def record(self, stream=None):
             pass
 

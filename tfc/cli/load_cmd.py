@@ -38,11 +38,19 @@ def _progress(enabled: bool):
 @click.option("--rank", type=int, help="Rank to load (default: the folder's rank, or 0).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option(
-    "--method", type=click.Choice(["ring", "register"]), help="Upload path on CUDA (default: ring)."
+    "--method",
+    type=click.Choice(["auto", "mmap", "ring", "register"]),
+    default="auto",
+    show_default=True,
+    help="Upload path on CUDA: auto takes mmap when the page cache holds the image, else ring.",
 )
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
-@click.option("--threads", type=int, default=8, show_default=True, help="Reader / registration threads.")
+@click.option(
+    "--threads",
+    type=int,
+    help="Copy / reader / registration threads (default: 16 for mmap, at most the CPUs; 8).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the phase timings as JSON.")
 def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> None:
     """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times."""
@@ -71,6 +79,7 @@ def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> No
             "world": m.world,
             "device": str(booted.arena.device),
             "method": booted.upload.method,
+            "upload_config": booted.upload.config,
             "segments": len(m.segments),
             "bytes": booted.arena.nbytes,
             "chunks": len(booted.arena.chunks),

@@ -1,0 +1,271 @@
+"""Warm upload: threads copy the read-only mmap of the rank's files into a pinned staging ring.
+
+Copy threads take slot-sized pieces from one queue. For each piece a thread waits until one of its
+own slots is free (the event recorded after that slot's last host-to-device copy has completed),
+optionally pre-faults the piece's page tables in one call (MADV_POPULATE_READ, else MADV_WILLNEED),
+copies the piece with `memmove` (ctypes releases the GIL), optionally drops the piece's page tables
+again (MADV_DONTNEED: the page cache keeps the pages, and the final munmap has nothing left to tear
+down), then has the asynchronous host-to-device copy issued: by itself on its own stream, or by one
+issuer thread over a few streams. Host copies and PCIe transfers of different slots run at once.
+
+Slots are allocated when first used (so the first copies start before the whole ring exists):
+anonymous memory page-locked with cudaHostRegister (`register`), or torch's pinned allocator (`torch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tfc.runtime import upload as up
+from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, MAP_FAILED, libc
+
+PREFAULTS = ("none", "populate", "willneed")
+ISSUERS = ("thread", "single")
+PINNINGS = ("register", "torch")
+PAGE = mmap.PAGESIZE
+_copy = ctypes.memmove  # a ctypes foreign call: the GIL is released while it runs
+
+
+@dataclass(frozen=True)
+class MmapStaging:
+    """How the mmap path stages: copy threads, slots per thread and their size, and the options."""
+
+    threads: int
+    slot_bytes: int = 8 << 20
+    slots_per_thread: int = 2
+    prefault: str = "none"  # page tables of a piece before copying it: none, populate or willneed
+    drop: bool = True  # MADV_DONTNEED a piece's pages once copied
+    issuer: str = "thread"  # who issues the host-to-device copies: each copy thread, or one thread
+    streams: int = 2  # CUDA streams of the single issuer
+    pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
+
+    @property
+    def ring_bytes(self) -> int:
+        """Staging bytes when every slot is in use."""
+        return self.threads * self.slots_per_thread * self.slot_bytes
+
+    def describe(self) -> str:
+        """One line for the phase note: threads, slots, options."""
+        who = "per thread" if self.issuer == "thread" else f"by one issuer on {self.streams} streams"
+        return (
+            f"{self.threads} threads x {self.slot_bytes >> 20} MiB x {self.slots_per_thread} slots "
+            f"({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
+            f"{', drop' if self.drop else ''}, copies issued {who}"
+        )
+
+
+def cpu_threads() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# The warm default. Measured on the H200 host: benchmarks/boot_h200.md (boot_h200.py sweeps it).
+WARM_MMAP = MmapStaging(threads=16)
+
+
+def staging_for(
+    threads: int | None = None,
+    slot_bytes: int | None = None,
+    slots_per_thread: int | None = None,
+    **options: Any,
+) -> MmapStaging:
+    """WARM_MMAP with whatever was asked for instead (threads default to at most the CPU count)."""
+    fields = {"threads": threads or min(WARM_MMAP.threads, cpu_threads())}
+    fields |= {"slot_bytes": slot_bytes, "slots_per_thread": slots_per_thread, **options}
+    unknown = set(fields) - set(MmapStaging.__dataclass_fields__)
+    if unknown:
+        raise up.UploadError(f"unknown mmap upload options {sorted(unknown)}")
+    cfg = replace(WARM_MMAP, **{k: v for k, v in fields.items() if v is not None})
+    for name, value, allowed in (
+        ("prefault", cfg.prefault, PREFAULTS),
+        ("issuer", cfg.issuer, ISSUERS),
+        ("pinning", cfg.pinning, PINNINGS),
+    ):
+        if value not in allowed:
+            raise up.UploadError(f"mmap upload {name} {value!r} is not one of {allowed}")
+    if cfg.threads < 1 or cfg.slots_per_thread < 1 or cfg.streams < 1 or cfg.slot_bytes < PAGE:
+        raise up.UploadError(f"mmap upload needs at least one thread, slot, stream and page per slot: {cfg}")
+    return replace(cfg, slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE)
+
+
+class _Advice:
+    """The per-piece madvise calls: pre-fault before the copy, drop after it."""
+
+    def __init__(self, prefault: str, drop: bool) -> None:
+        self.lib = libc()
+        self.advice = {"none": 0, "populate": MADV_POPULATE_READ, "willneed": MADV_WILLNEED}[prefault]
+        self.drop = drop
+
+    def before(self, addr: int, n: int) -> None:
+        if not self.advice:
+            return
+        start = addr - addr % PAGE
+        if self.lib.madvise(start, addr + n - start, self.advice) != 0 and self.advice == MADV_POPULATE_READ:
+            self.advice = MADV_WILLNEED  # a kernel before 5.14: ask for read-ahead instead
+
+    def after(self, addr: int, n: int) -> None:
+        lo, hi = -(-addr // PAGE) * PAGE, (addr + n) // PAGE * PAGE  # whole pages only
+        if self.drop and hi > lo:
+            self.lib.madvise(lo, hi - lo, MADV_DONTNEED)
+
+
+class _Slot:
+    """One page-locked staging buffer: its address and a uint8 tensor over it."""
+
+    def __init__(self, nbytes: int, pinning: str) -> None:
+        import torch
+
+        self.nbytes, self.pinning, self.mapped = nbytes, pinning, 0
+        if pinning == "torch":
+            self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            self.addr = self.tensor.data_ptr()
+            return
+        lib = libc()
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+        if addr in (None, MAP_FAILED):
+            raise up.UploadError(f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}")
+        self.mapped = addr
+        self.registrar = up._Registrar()
+        try:
+            self.registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
+        except BaseException:
+            lib.munmap(addr, nbytes)
+            self.mapped = 0
+            raise
+        self.addr = addr
+        self.tensor = torch.frombuffer(up._host_bytes(addr, nbytes), dtype=torch.uint8)
+
+    def free(self) -> None:
+        """Give the memory back (after every copy from it has completed)."""
+        self.tensor = None
+        if self.mapped:
+            self.registrar.unregister(self.mapped)
+            libc().munmap(self.mapped, self.nbytes)
+            self.mapped = 0
+
+
+def upload_mmap(
+    arena: up.DeviceArena, files: up._Files, cfg: MmapStaging, tick: Callable[[int], None]
+) -> tuple[float, float]:
+    """Fill `arena` through the staging ring; returns (when the last piece left the mapping, staging seconds)."""
+    import torch
+
+    device = arena.device
+    pieces = up._pieces(arena, cfg.slot_bytes)
+    bases = {p: files.map(p) for p in sorted({pc[1] for pc in pieces})}  # before any thread starts
+    for _, path, foff, _, n in pieces:
+        if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
+            raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
+    work = up._queue_of(pieces)
+    threads = min(cfg.threads, max(1, len(pieces)))
+    advice = _Advice(cfg.prefault, cfg.drop)
+    stop = threading.Event()
+    ready: queue.SimpleQueue = queue.SimpleQueue()  # (thread, slot, chunk, offset, length); None: done
+    back = [queue.SimpleQueue() for _ in range(threads)]  # (slot, event after its last copy or None)
+    last_copy = [0.0] * threads
+    staging = [0.0] * threads
+    slots: list[list[_Slot]] = [[] for _ in range(threads)]
+
+    def copier(i: int) -> None:
+        mine, own, stream = slots[i], cfg.issuer == "thread", None
+        try:
+            for k in range(cfg.slots_per_thread):
+                back[i].put((k, None))
+            torch.cuda.set_device(device)
+            if own:
+                stream = torch.cuda.Stream(device=device)
+                events = [torch.cuda.Event(blocking=True) for _ in range(cfg.slots_per_thread)]
+            with torch.cuda.stream(stream) if own else contextlib.nullcontext():
+                while not stop.is_set():
+                    try:
+                        ci, path, foff, coff, n = work.get_nowait()
+                    except queue.Empty:
+                        break
+                    k, event = back[i].get()
+                    if event is not None:
+                        # Blocking events: a waiting thread sleeps rather than spin on a core the copies need.
+                        event.synchronize()  # the slot's previous copy has left it
+                    if k == len(mine):
+                        t0 = time.perf_counter()
+                        mine.append(_Slot(cfg.slot_bytes, cfg.pinning))
+                        staging[i] += time.perf_counter() - t0
+                    src = bases[path][0] + foff
+                    advice.before(src, n)
+                    _copy(mine[k].addr, src, n)
+                    advice.after(src, n)
+                    last_copy[i] = time.perf_counter()
+                    if own:
+                        arena.chunks[ci][coff : coff + n].copy_(mine[k].tensor[:n], non_blocking=True)
+                        events[k].record(stream)
+                        back[i].put((k, events[k]))
+                    else:
+                        ready.put((i, k, ci, coff, n))
+                    tick(n)
+        finally:
+            if stream is not None:
+                stream.synchronize()
+            if not own:
+                ready.put(None)
+
+    def issuer() -> None:
+        streams: list[Any] = []
+        events: dict[tuple[int, int], Any] = {}
+        left, j, failure = threads, 0, None
+        try:
+            torch.cuda.set_device(device)
+            streams = [torch.cuda.Stream(device=device) for _ in range(cfg.streams)]
+        except Exception as e:
+            failure = e
+            stop.set()
+        while left:
+            item = ready.get()
+            if item is None:
+                left -= 1
+                continue
+            i, k, ci, coff, n = item
+            event = None
+            if failure is None:
+                try:
+                    stream = streams[j % len(streams)]
+                    j += 1
+                    with torch.cuda.stream(stream):
+                        arena.chunks[ci][coff : coff + n].copy_(slots[i][k].tensor[:n], non_blocking=True)
+                    event = events.get((i, k))
+                    if event is None:
+                        event = events[i, k] = torch.cuda.Event(blocking=True)
+                    event.record(stream)
+                except Exception as e:
+                    failure = e
+                    stop.set()
+            back[i].put((k, event))  # always answer: a copy thread waiting for a slot must not hang
+        for s in streams:
+            s.synchronize()
+        if failure is not None:
+            raise failure
+
+    def run(i: int) -> None:
+        issuer() if i == threads else copier(i)
+
+    try:
+        up._run_workers(threads + (1 if cfg.issuer == "single" else 0), run, on_error=stop.set)
+        torch.cuda.synchronize(device)
+    finally:
+        for mine in slots:
+            for slot in mine:
+                slot.free()
+        if cfg.pinning == "torch":
+            up.empty_host_cache(torch)  # the slots go back now, not at exit
+    return max(last_copy) or time.perf_counter(), sum(staging)

@@ -1,0 +1,226 @@
+"""The mmap upload path on the CPU (CUDA streams and events faked): bytes, failures, the auto choice."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import types
+from pathlib import Path
+
+import pytest
+from test_runtime_boot import _FakeCuda
+from tfc.runtime import upload as up
+from tfc.runtime import upload_mmap as um
+from tfc.runtime.arena import DeviceArena, UploadItem, plan_arena
+
+PAGE = um.PAGE
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    """torch.cuda streams/events as no-ops, pinned memory as plain memory, registration recorded."""
+    import torch
+
+    for name in ("Stream", "Event", "stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(_FakeCuda, name))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    live: dict[int, int] = {}
+    seen: list[int] = []
+
+    class Registrar:
+        def register(self, ptr, size, flags=up.REGISTER_READ_ONLY | up.REGISTER_PORTABLE):
+            assert ptr % PAGE == 0 and ptr not in live and not flags & up.REGISTER_READ_ONLY
+            live[ptr] = size
+            seen.append(size)
+
+        def unregister(self, ptr):
+            del live[ptr]
+
+    monkeypatch.setattr(up, "_Registrar", Registrar)
+    return types.SimpleNamespace(live=live, seen=seen)
+
+
+def _files(root: Path, sizes: list[int], seed: int = 0) -> tuple[list[UploadItem], dict[str, bytes]]:
+    """Files of random bytes cut into segments at 4 KiB offsets (lengths not multiples of anything)."""
+    items, data = [], {}
+    for f, size in enumerate(sizes):
+        blob = os.urandom(size)
+        path = root / f"L{f:02d}.bin"
+        path.write_bytes(blob)
+        off, s = 0, 0
+        while off < size:
+            n = min(size - off, 9_000 + 37_011 * ((s + seed) % 5))
+            items.append(UploadItem(f"{path.name}.{s}", path, off, n))
+            data[f"{path.name}.{s}"] = blob[off : off + n]
+            off = -(-(off + n) // 4096) * 4096
+            s += 1
+    return items, data
+
+
+def _run(arena: DeviceArena, cfg: um.MmapStaging) -> tuple[float, float, int]:
+    ticks: list[int] = []
+    lock = threading.Lock()
+
+    def tick(n: int) -> None:
+        with lock:
+            ticks.append(n)
+
+    with up._Files(arena) as files:
+        read_done, staging = um.upload_mmap(arena, files, cfg, tick)
+    return read_done, staging, sum(ticks)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(threads=3, slots_per_thread=2),
+        dict(threads=4, slots_per_thread=1, prefault="none", drop=False),
+        dict(threads=3, slots_per_thread=3, issuer="single", streams=2, prefault="willneed"),
+        dict(threads=2, slots_per_thread=2, issuer="single", streams=1, pinning="torch"),
+        dict(threads=5, slots_per_thread=2, pinning="torch", drop=False),
+    ],
+)
+def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, options):
+    items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
+    arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
+    cfg = um.staging_for(slot_bytes=3 * PAGE, **options)  # tiny slots: hundreds of pieces
+    assert len(up._pieces(arena, cfg.slot_bytes)) > 100
+    read_done, staging, moved = _run(arena, cfg)
+    assert moved == arena.nbytes and read_done > 0 and staging >= 0
+    for name, blob in data.items():
+        assert arena.raw(name).numpy().tobytes() == blob, name
+    assert not fake_cuda.live  # every staging slot was unregistered
+    registered = 0 if cfg.pinning == "torch" else len(fake_cuda.seen)
+    assert registered <= cfg.threads * cfg.slots_per_thread
+    assert all(size == cfg.slot_bytes for size in fake_cuda.seen)
+
+
+def test_mmap_staging_options_are_checked():
+    cfg = um.staging_for(threads=2, slot_bytes=(1 << 20) + 5, prefault="none")
+    assert cfg.slot_bytes == 1 << 20 and cfg.threads == 2 and cfg.prefault == "none"
+    assert "2 threads x 1 MiB x 2 slots" in cfg.describe()
+    assert um.staging_for().threads == min(um.WARM_MMAP.threads, um.cpu_threads())
+    for bad in (
+        dict(prefault="always"),
+        dict(issuer="many"),
+        dict(pinning="mlock"),
+        dict(slots_per_thread=0),
+    ):
+        with pytest.raises(up.UploadError, match="mmap upload"):
+            um.staging_for(**bad)
+    with pytest.raises(up.UploadError, match="unknown mmap upload options"):
+        um.staging_for(window=3)
+
+
+def _one_line_failure(arena: DeviceArena, cfg: um.MmapStaging) -> str:
+    """Run the upload on a thread (a hang fails the test instead of stalling it); return the error line."""
+    out: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            _run(arena, cfg)
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the upload hung after a failure"
+    assert len(out) == 1 and isinstance(out[0], up.UploadError), out
+    msg = str(out[0])
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("issuer", ["thread", "single"])
+def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, issuer):
+    items, _ = _files(tmp_path, [600_000, 300_000])
+    arena = DeviceArena(plan_arena(items), "cpu")
+    calls = [0]
+    real = um._copy
+
+    def copy(dst, src, n):
+        calls[0] += 1
+        if calls[0] == 7:
+            raise RuntimeError("CUDA error: an illegal memory access\nCompile with TORCH_USE_CUDA_DSA")
+        return real(dst, src, n)
+
+    monkeypatch.setattr(um, "_copy", copy)
+    cfg = um.staging_for(threads=3, slot_bytes=PAGE, issuer=issuer)
+    msg = _one_line_failure(arena, cfg)
+    assert msg == "upload thread failed: RuntimeError: CUDA error: an illegal memory access"
+    assert not fake_cuda.live
+
+
+def test_mmap_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch):
+    items, _ = _files(tmp_path, [500_000])
+    arena = DeviceArena(plan_arena(items), "cpu")
+    recorded = [0]
+
+    class Event(_FakeCuda.Event):
+        def record(self, stream=None):
+            recorded[0] += 1
+            if recorded[0] == 5:
+                raise OSError("the copy engine is gone")
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    cfg = um.staging_for(threads=4, slot_bytes=PAGE, slots_per_thread=1, issuer="single")
+    assert _one_line_failure(arena, cfg) == "upload thread failed: OSError: the copy engine is gone"
+    assert not fake_cuda.live
+
+
+def test_mmap_refuses_a_short_file_before_copying(tmp_path, fake_cuda):
+    items, _ = _files(tmp_path, [300_000])
+    arena = DeviceArena(plan_arena(items), "cpu")
+    os.truncate(items[0].path, 100_000)  # a mapping read past its end would be SIGBUS
+    with pytest.raises(up.UploadError, match=r"L00.bin ends at 100000, before the") as info:
+        _run(arena, um.staging_for(threads=2, slot_bytes=64 * PAGE))
+    assert "\n" not in str(info.value) and not fake_cuda.seen
+
+
+def _cuda_arena(path: Path) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        device=types.SimpleNamespace(type="cuda"),
+        plan=types.SimpleNamespace(chunks=[types.SimpleNamespace(path=path)]),
+        nbytes=4096,
+    )
+
+
+def test_auto_takes_mmap_when_the_image_is_cached_and_ring_from_disk(tmp_path, monkeypatch):
+    f = tmp_path / "image.bin"
+    f.write_bytes(b"\xa5" * 4096)  # just written: every page is in the page cache
+    arena = _cuda_arena(f)
+    seen: list = []
+    monkeypatch.setattr(up, "_Files", lambda a: contextlib.nullcontext(None))
+    monkeypatch.setattr(um, "upload_mmap", lambda a, files, cfg, tick: seen.append(cfg) or (0.0, 0.25))
+    monkeypatch.setattr(
+        up, "_upload_ring", lambda a, files, t, slot, per, tick: seen.append((t, slot, per)) or 0.0
+    )
+    warm = up.upload(arena)
+    assert warm.method == "mmap" and seen[-1] == um.staging_for() and warm.staging_seconds == 0.25
+    assert warm.threads == seen[-1].threads and "auto: 100% of the image in page cache" in warm.config
+    assert up.upload(arena, "auto").method == "mmap"
+    asked = up.upload(arena, "mmap", threads=5, slot_bytes=1 << 20, issuer="single", streams=3)
+    assert seen[-1] == um.MmapStaging(5, 1 << 20, issuer="single", streams=3) and "auto" not in asked.config
+    monkeypatch.setattr(up, "resident_fraction", lambda paths: 0.5)
+    cold = up.upload(arena)
+    assert cold.method == "ring" and seen[-1] == (up.THREADS, *up.COLD_RING)
+    assert "auto: 50% of the image in page cache" in cold.config
+    assert up.upload(arena, "mmap").method == "mmap"  # asked for by name: taken even when not cached
+    with pytest.raises(up.UploadError, match="only apply to upload method 'mmap'"):
+        up.upload(arena, "ring", prefault="none")
+
+
+def test_tfc_load_offers_the_methods():
+    from click.testing import CliRunner
+
+    from tfc.cli.load_cmd import load
+
+    text = CliRunner().invoke(load, ["--help"]).output
+    assert "[auto|mmap|ring|register]" in text
