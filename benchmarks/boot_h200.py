@@ -1,27 +1,34 @@
-"""Benchmark: time to weights resident on an H200 for the `ring` and `register` upload paths.
+"""Benchmark: time to weights resident on an H200 for the `auto`, `mmap`, `ring` and `register` upload paths.
 
 Run on the GPU machine from the repository root:
 
-    python3 benchmarks/boot_h200.py --image DIR --out DIR [--make-gb 24]
+    python3 benchmarks/boot_h200.py --image DIR --out DIR [--reps 3] [--make-gb 24] [--budget-s 225]
 
 DIR is a rank folder (manifest.json), a folder written by `--make-gb` (bench_segments.json: a
 synthetic rank of per-layer files with segments at 4 KiB offsets), or any folder of *.bin files.
-Measured in the same run: warm and cold (page cache dropped) boots of both paths, the floors
-(image bytes / pinned H2D bandwidth warm; image bytes / parallel-pread disk bandwidth cold) and
-`safetensors.torch.load_file(..., device="cuda")` of an equivalent safetensors file, warm.
-Writes boot_h200.json and boot_h200.md into --out (commit them beside this script) and prints a
-short table last. Needs torch with
-CUDA; imports only tfc.runtime.arena / tfc.runtime.upload (no blake3 or numpy needed;
-safetensors for the baseline).
+Measured in the same run: the floors (image bytes / pinned H2D bandwidth warm; image bytes /
+parallel-pread disk bandwidth cold), the host side of the warm path (memcpy out of a fresh mmap with
+16 threads, pinned staging allocation: benchmarks/boot_host.py), warm boots (`auto`, a sweep of the
+`mmap` path, the best known `ring` and `register` configurations), cold boots (page cache dropped:
+`auto`, `register`) and `safetensors.torch.load_file(..., device="cuda")` of an equivalent
+safetensors file, warm. A boot is timed from reading the segment list to `torch.cuda.synchronize()`
+after the upload: arena plan, device allocation, the upload (page-cache probe, staging allocation,
+copies, unmapping, freeing the staging); each boot starts with torch's pinned cache emptied, as a
+fresh process does. Stages that would not fit in --budget-s are skipped (and say so). Writes
+boot_h200.json and boot_h200.md into --out (commit them beside this script) and prints a short
+table last. Needs torch with CUDA (`--host-only` runs boot_host.py's part without it); imports only
+tfc.runtime (safetensors for the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import threading
@@ -227,6 +234,9 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
 
 # -- boots ------------------------------------------------------------------------------------
 
+CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "window_bytes", "prefault", "drop", "issuer",
+            "streams", "pinning")  # fmt: skip
+
 
 def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
     """Open the segment list, allocate the arena, upload, synchronise: time to weights resident."""
@@ -242,26 +252,52 @@ def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict
     torch.cuda.synchronize()
     t_end = time.perf_counter()
     out = {
-        "method": method,
+        "label": method,
         **cfg,
+        "method": report.method,
+        "threads": report.threads,
         "bytes": plan.nbytes,
         "seconds": t_end - t0,
         "open_s": t_open - t0,
         "alloc_s": t_alloc - t_open,
         "upload_s": report.seconds,
         "read_s": report.read_seconds,
+        "staging_s": report.staging_seconds,
+        "config": report.config,
     }
     out["gbps"] = plan.nbytes / out["seconds"] / 1e9
     arena.release()
     del arena
     torch.cuda.empty_cache()
-    # The next boot pays for its pinned slots, as a fresh process does.
-    empty_host = getattr(torch._C, "_host_emptyCache", None) or getattr(
-        getattr(torch, "accelerator", None), "empty_host_cache", None
-    )
-    if empty_host is not None:
-        empty_host()
+    upload_mod.empty_host_cache(torch)  # the next boot pays for its pinned slots, as a fresh process does
     return out
+
+
+def boot_median(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict, reps: int) -> dict:
+    """The median of `reps` warm boots, with every run's seconds."""
+    runs = [boot_once(torch, arena_mod, upload_mod, folder, method, cfg) for _ in range(reps)]
+    med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    med["all_seconds"] = [round(r["seconds"], 4) for r in runs]
+    print(f"warm {method} {cfg}: {med['seconds']:.3f} s ({med['gbps']:.1f} GB/s)", file=sys.stderr)
+    return med
+
+
+def mmap_sweep() -> tuple[list[dict], list[dict]]:
+    """The mmap path's grid (threads x staging), then one change at a time around the grid's best."""
+    grid = [
+        dict(threads=t, slot_bytes=s << 20, slots_per_thread=k)
+        for t in (8, 12, 16)
+        for s, k in ((4, 2), (8, 2), (8, 3), (32, 2))
+    ]
+    around = [
+        dict(prefault="populate"),
+        dict(prefault="willneed"),
+        dict(drop=False),
+        dict(issuer="single", streams=1),
+        dict(issuer="single", streams=2),
+        dict(pinning="torch"),
+    ]
+    return grid, around
 
 
 def write_safetensors(items: list, path: Path) -> int:
@@ -306,15 +342,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--make-gb", type=float, default=0.0, help="write a synthetic image of this size first")
     ap.add_argument("--reps", type=int, default=3, help="warm repetitions (median)")
+    ap.add_argument(
+        "--budget-s", type=float, default=225.0, help="skip stages that would end later than this"
+    )
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--no-safetensors", action="store_true")
+    ap.add_argument("--host-only", action="store_true", help="only the host copy part (no CUDA needed)")
     args = ap.parse_args()
-    import torch
-
-    if not torch.cuda.is_available():
-        sys.exit("boot_h200: needs CUDA")
+    start = time.perf_counter()
     arena_mod, upload_mod = _import_tfc()
-    args.out.mkdir(parents=True, exist_ok=True)
+    import boot_host
+
     if args.make_gb and not any(args.image.glob("*.bin")):
         t0 = time.perf_counter()
         make_image(args.image, args.make_gb)
@@ -324,6 +362,15 @@ def main() -> None:
     items, source = image_items(args.image, arena_mod.UploadItem)
     files = sorted({it.path for it in items})
     image_bytes = arena_mod.plan_arena(items).nbytes
+    if args.host_only:
+        warm_cache(files)
+        print(json.dumps({"bytes": image_bytes, "host_copy": boot_host.host_copies(files, 16, 1)}, indent=1))
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("boot_h200: needs CUDA (--host-only runs the host part)")
+    args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -331,77 +378,104 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name(0),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "python": platform.python_version(),
             "torch": torch.__version__,
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         },
         "image": {"path": str(args.image), "source": source, "files": len(files), "segments": len(items),
                   "bytes": image_bytes},
+        "skipped": [],
     }  # fmt: skip
     print(
         f"image: {image_bytes / 1e9:.2f} GB in {len(files)} files, {len(items)} segments ({source})",
         file=sys.stderr,
     )
 
-    res["h2d_pinned_gbps"] = pinned_h2d_gbps(torch)
-    floor_warm = image_bytes / (res["h2d_pinned_gbps"]["best"] * 1e9)
+    def stop(signum, frame):
+        raise SystemExit(f"boot_h200: signal {signum}, writing what was measured")
 
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, image_bytes, start)
+    finally:
+        res["wall_s"] = round(time.perf_counter() - start, 1)
+        report(res, args.out)
+
+
+def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, image_bytes, start) -> None:
+    """Every stage in order of importance, each skipped when it would not fit in the budget."""
+    from tfc.runtime import upload_mmap
+
+    deadline = start + args.budget_s
+    gb = image_bytes / 1e9
+    cold_est = 0.0 if args.no_cold else 4 * gb / 1.7 + 5  # two disk floors, two cold boots (1.9 GB/s disk)
+    st_est = 0.0 if args.no_safetensors else 1.6 * gb + 5  # write at 1.3 GB/s, then three loads
+
+    def fits(seconds: float, what: str, reserve: float = 0.0) -> bool:
+        ok = time.perf_counter() + seconds + reserve <= deadline
+        if not ok:
+            res["skipped"].append(what)
+            print(f"skipped (time budget): {what}", file=sys.stderr)
+        return ok
+
+    res["defaults"] = {"WARM_MMAP": dataclasses.asdict(upload_mmap.WARM_MMAP), "WARM_RING": upload_mod.WARM_RING,
+                       "COLD_RING": upload_mod.COLD_RING, "WARM_FRACTION": upload_mod.WARM_FRACTION}  # fmt: skip
+    res["h2d_pinned_gbps"] = pinned_h2d_gbps(torch)
+    res["floor_warm_s"] = image_bytes / (res["h2d_pinned_gbps"]["best"] * 1e9)
+    res["staging_alloc"] = boot_host.staging_alloc(torch, 32, 8 << 20, 16)
     warm_cache(files)
     res["warm_resident"] = resident(files)
-    configs = {
-        "ring": [
-            dict(threads=t, slot_bytes=s << 20, slots_per_thread=k)
-            for t in (8, 16)
-            for s, k in ((4, 4), (16, 2), (64, 2))
-        ],
-        "register": [dict(threads=t, window_bytes=w) for t in (1, 4, 8) for w in (256 << 20, 1 << 30)],
-    }
-    res["warm"] = []
-    best: dict[str, dict] = {}
-    for method, cfgs in configs.items():
-        for cfg in cfgs:
-            runs = [
-                boot_once(torch, arena_mod, upload_mod, args.image, method, cfg) for _ in range(args.reps)
-            ]
-            med = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
-            med["all_seconds"] = [round(r["seconds"], 4) for r in runs]
-            res["warm"].append(med)
-            print(f"warm {method} {cfg}: {med['seconds']:.3f} s ({med['gbps']:.1f} GB/s)", file=sys.stderr)
-            if method not in best or med["seconds"] < best[method]["seconds"]:
-                best[method] = med
+    res["host_copy"] = boot_host.host_copies(files, 16)
 
-    if not args.no_cold:
+    reps = max(1, args.reps)
+    per_boot = reps * (res["floor_warm_s"] * 2.5 + 0.3)  # a guess for a warm config, kept on the safe side
+    reserve = cold_est + st_est
+    res["warm"] = []
+
+    def warm(method: str, cfg: dict) -> dict | None:
+        if not fits(per_boot, f"warm {method} {cfg}", reserve):
+            return None
+        run = boot_median(torch, arena_mod, upload_mod, args.image, method, cfg, reps)
+        res["warm"].append(run)
+        return run
+
+    warm("auto", {})
+    grid, around = mmap_sweep()
+    done = [r for r in (warm("mmap", cfg) for cfg in grid) if r]
+    if done:
+        best = min(done, key=lambda r: r["seconds"])
+        base = {k: best[k] for k in ("threads", "slot_bytes", "slots_per_thread")}
+        for change in around:
+            warm("mmap", {**base, **change})
+    mmap_runs = [r for r in res["warm"] if r["label"] == "mmap"]
+    if mmap_runs:
+        best = min(mmap_runs, key=lambda r: r["seconds"])
+        res["best_mmap"] = best["config"]
+    for cfg in (dict(threads=8, slot_bytes=4 << 20, slots_per_thread=4),
+                dict(threads=16, slot_bytes=16 << 20, slots_per_thread=2)):  # fmt: skip
+        warm("ring", cfg)
+    warm("register", dict(threads=4, window_bytes=256 << 20))
+
+    if not args.no_cold and fits(cold_est, "cold boots and the disk floor", st_est):
         res["cold"] = []
         disk = []
         for threads in (8, 16):
             res[f"drop_before_disk_{threads}"] = drop_cache(files)
             disk.append(disk_read_gbps(files, threads))
         res["disk_read_gbps"] = {"8_threads": round(disk[0], 3), "16_threads": round(disk[1], 3)}
-        floor_cold = image_bytes / (max(disk) * 1e9)
-        cold_runs = []
-        for method in ("ring", "register"):
-            cfg = {
-                k: v
-                for k, v in best[method].items()
-                if k in ("threads", "slot_bytes", "slots_per_thread", "window_bytes")
-            }
-            if method == "ring":
-                cfg["threads"] = 16
-            cold_runs.append((method, cfg))
-        # a disk wants few large reads in flight: also try 8 readers of 64 MiB
-        cold_runs.append(("ring", {"threads": 8, "slot_bytes": 64 << 20, "slots_per_thread": 2}))
-        for method, cfg in cold_runs:
+        res["floor_cold_s"] = image_bytes / (max(disk) * 1e9)
+        for method, cfg in (("auto", {}), ("register", dict(threads=4, window_bytes=256 << 20))):
             drop = drop_cache(files)
             run = boot_once(torch, arena_mod, upload_mod, args.image, method, cfg)
-            run["drop"] = drop
+            run["drop_cache"] = drop
             res["cold"].append(run)
             print(
-                f"cold {method} {cfg}: {run['seconds']:.3f} s (resident before {drop['resident']})",
+                f"cold {method} {cfg}: {run['seconds']:.3f} s (resident before {drop['resident']}; "
+                f"{run['config']})",
                 file=sys.stderr,
             )
-        res["floor_cold_s"] = floor_cold
-    res["floor_warm_s"] = floor_warm
 
-    if not args.no_safetensors:
+    if not args.no_safetensors and fits(st_est, "safetensors baseline"):
         try:
             import safetensors  # noqa: F401
 
@@ -412,14 +486,23 @@ def main() -> None:
                     "skipped": f"only {free / 1e9:.1f} GB free for a {image_bytes / 1e9:.1f} GB file"
                 }
             else:
-                write_safetensors(items, st_path)
                 try:
-                    res["safetensors"] = safetensors_warm(torch, st_path, max(1, args.reps))
+                    write_safetensors(items, st_path)
+                    res["safetensors"] = safetensors_warm(torch, st_path, reps)
                 finally:
                     st_path.unlink(missing_ok=True)
         except ImportError:
             res["safetensors"] = {"skipped": "safetensors is not installed"}
-    report(res, args.out)
+
+
+def _cfg(r: dict) -> str:
+    """A run's configuration, short: sizes in MiB, options only where they differ from the default."""
+    parts = []
+    for k in CFG_KEYS:
+        if k in r and r[k] is not None:
+            v = r[k]
+            parts.append(f"{k}={v >> 20}M" if k.endswith("bytes") else f"{k}={v}")
+    return ", ".join(parts) or "-"
 
 
 def report(res: dict, out: Path) -> None:
@@ -427,54 +510,67 @@ def report(res: dict, out: Path) -> None:
     rows = []
     st = res.get("safetensors", {}).get("seconds")
     for kind, floor, target in (
-        ("warm", res["floor_warm_s"], TARGET_WARM),
+        ("warm", res.get("floor_warm_s"), TARGET_WARM),
         ("cold", res.get("floor_cold_s"), TARGET_COLD),
     ):
-        if kind not in res:
+        if not res.get(kind) or not floor:
             continue
-        runs = res[kind]
-        for method in ("ring", "register"):
-            mine = [r for r in runs if r["method"] == method]
+        for label in ("auto", "mmap", "ring", "register"):
+            mine = [r for r in res[kind] if r["label"] == label]
             if not mine:
                 continue
             r = min(mine, key=lambda r: r["seconds"])
-            cfg = ", ".join(f"{k}={v >> 20 if k.endswith('bytes') else v}{'M' if k.endswith('bytes') else ''}"
-                            for k, v in r.items() if k in ("threads", "slot_bytes", "slots_per_thread", "window_bytes"))  # fmt: skip
+            name = f"auto ({r['method']})" if label == "auto" else label
+            cfg = r["config"] if label == "auto" else _cfg(r)
             ratio = r["seconds"] / floor
-            line = [kind, method, cfg, f"{r['seconds']:.3f}", f"{r['gbps']:.1f}", f"{floor:.3f}", f"{ratio:.2f}x",
-                    f"<= {target}x", "yes" if ratio <= target else "NO"]  # fmt: skip
+            line = [kind, name, cfg, f"{r['seconds']:.3f}", f"{r['gbps']:.1f}", f"{floor:.3f}", f"{ratio:.2f}x",
+                    f"<= {target}x", "yes" if ratio <= target else "NO", f"{r['staging_s']:.3f}"]  # fmt: skip
             if kind == "warm" and st:
                 line.append(f"{st / r['seconds']:.1f}x")
             rows.append(line)
-    head = [
-        "cache",
-        "method",
-        "best config",
-        "seconds",
-        "GB/s",
-        "floor s",
-        "vs floor",
-        "target",
-        "met",
-        "vs safetensors",
-    ]
+    head = ["cache", "method", "config (best median)", "seconds", "GB/s", "floor s", "vs floor", "target",
+            "met", "staging s", "vs safetensors"]  # fmt: skip
     md = ["# Boot: time to weights resident (H200)", "", f"Command: `{res['command']}`  ", f"Date: {res['date']}  ",
-          f"Hardware: {json.dumps(res['hardware'])}  ", f"Image: {json.dumps(res['image'])}", "",
-          f"Pinned H2D: {res['h2d_pinned_gbps']}; disk read (cold, parallel pread): {res.get('disk_read_gbps')} GB/s; "
+          f"Hardware: {json.dumps(res['hardware'])}  ", f"Image: {json.dumps(res['image'])}  ",
+          f"Benchmark wall time: {res.get('wall_s')} s; skipped for the time budget: {res.get('skipped') or 'nothing'}",
+          "",
+          "A boot is timed from reading the segment list to `torch.cuda.synchronize()` after the upload: arena plan, "
+          "device allocation, the upload (page-cache probe for auto, staging allocation, copies, unmapping, freeing "
+          "the staging); torch's pinned cache is emptied before each boot, as in a fresh process. Warm: median of "
+          "--reps boots with the image in the page cache; cold: one boot after dropping it. Floors: image bytes / "
+          "pinned H2D bandwidth (warm), image bytes / parallel-pread disk bandwidth (cold). staging s: seconds "
+          "spent allocating pinned staging, summed over the threads (it overlaps the copies).", "",
+          f"Pinned H2D: {res.get('h2d_pinned_gbps')}; disk read (cold, parallel pread): {res.get('disk_read_gbps')} GB/s; "
           f"safetensors load_file warm: {st if st is not None else res.get('safetensors')} s "
           f"(target: >= {TARGET_ST}x faster)", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     md += ["| " + " | ".join(r + [""] * (len(head) - len(r))) + " |" for r in rows]
+    sweep = [r for r in res.get("warm", []) if r["label"] == "mmap"]
+    if sweep:
+        floor = res["floor_warm_s"]
+        md += ["", f"Warm `mmap` sweep (defaults: {res['defaults']['WARM_MMAP']}; best: {res.get('best_mmap')}):", "",
+               "| config | median s | GB/s | vs floor | read s | staging s | all s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        md += [f"| {_cfg(r)} | {r['seconds']:.3f} | {r['gbps']:.1f} | {r['seconds'] / floor:.2f}x | "
+               f"{r['read_s']:.3f} | {r['staging_s']:.3f} | {r['all_seconds']} |" for r in sweep]  # fmt: skip
+    if res.get("host_copy"):
+        md += ["", "Host copy out of a fresh read-only mmap of the (cached) image into per-thread 8 MiB buffers "
+               "(benchmarks/boot_host.py; best of 2; munmap timed apart):", "",
+               "| threads | copier | prefault | drop | GB/s | munmap s |", "|---|---|---|---|---|---|"]  # fmt: skip
+        md += [f"| {r['threads']} | {r['copier']} | {r['prefault']} | {r['drop']} | {r['gbps']} | {r['munmap_s']} |"
+               for r in res["host_copy"]]  # fmt: skip
+    if res.get("staging_alloc"):
+        md += ["", "Pinned staging allocation, 32 slots of 8 MiB (`upload_mmap._Slot`; free timed apart):", "",
+               "| pinning | threads | seconds | ms/GiB | free s |", "|---|---|---|---|---|"]  # fmt: skip
+        md += [f"| {r['pinning']} | {r['threads']} | {r['seconds']} | {r['ms_per_gib']} | {r['free_s']} |"
+               for r in res["staging_alloc"]]  # fmt: skip
     md += ["", "Every run (JSON): boot_h200.json"]
     (out / "boot_h200.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (out / "boot_h200.md").write_text("\n".join(md) + "\n")
-    widths = [
-        max(len(str(x)) for x in col)
-        for col in zip(head, *[r + [""] * (len(head) - len(r)) for r in rows], strict=False)
-    ]
+    table = [head, *[r + [""] * (len(head) - len(r)) for r in rows]]
+    widths = [max(len(str(x)) for x in col) for col in zip(*table, strict=True)]
     print()
-    for r in [head, *[r + [""] * (len(head) - len(r)) for r in rows]]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=False)))
+    for r in table:
+        print("  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)))
 
 
 if __name__ == "__main__":

@@ -224,3 +224,22 @@ def test_tfc_load_offers_the_methods():
 
     text = CliRunner().invoke(load, ["--help"]).output
     assert "[auto|mmap|ring|register]" in text
+
+
+def test_boot_benchmark_host_part_runs_without_cuda(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    for i in range(2):
+        (tmp_path / f"L{i:02d}.bin").write_bytes(os.urandom(3 << 20))
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "boot_h200.py"), "--image", str(tmp_path), "--out",
+         str(tmp_path / "out"), "--host-only"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["bytes"] == 6 << 20 and len(data["host_copy"]) == 5
+    assert all(c["gbps"] > 0 and c["bytes"] == 6 << 20 for c in data["host_copy"])
