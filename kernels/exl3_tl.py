@@ -209,31 +209,28 @@ def rotate_rows(a, MP: tl.constexpr):
 @triton.jit
 def _butterfly(v, d: tl.constexpr):
     """One Walsh-Hadamard stage on axis d of a [2] * 7 tensor: (a, b) -> (a + b, a - b)."""
-    if d == 6:
+    # Bring axis d last (a literal permutation per axis), split it, join the sum and difference, put it back.
+    if d == 0:
+        a, b = tl.split(tl.permute(v, (1, 2, 3, 4, 5, 6, 0)))
+        v = tl.permute(tl.join(a + b, a - b), (6, 0, 1, 2, 3, 4, 5))
+    elif d == 1:
+        a, b = tl.split(tl.permute(v, (0, 2, 3, 4, 5, 6, 1)))
+        v = tl.permute(tl.join(a + b, a - b), (0, 6, 1, 2, 3, 4, 5))
+    elif d == 2:
+        a, b = tl.split(tl.permute(v, (0, 1, 3, 4, 5, 6, 2)))
+        v = tl.permute(tl.join(a + b, a - b), (0, 1, 6, 2, 3, 4, 5))
+    elif d == 3:
+        a, b = tl.split(tl.permute(v, (0, 1, 2, 4, 5, 6, 3)))
+        v = tl.permute(tl.join(a + b, a - b), (0, 1, 2, 6, 3, 4, 5))
+    elif d == 4:
+        a, b = tl.split(tl.permute(v, (0, 1, 2, 3, 5, 6, 4)))
+        v = tl.permute(tl.join(a + b, a - b), (0, 1, 2, 3, 6, 4, 5))
+    elif d == 5:
+        a, b = tl.split(tl.permute(v, (0, 1, 2, 3, 4, 6, 5)))
+        v = tl.permute(tl.join(a + b, a - b), (0, 1, 2, 3, 4, 6, 5))
+    else:
         a, b = tl.split(v)
         v = tl.join(a + b, a - b)
-    else:
-        # Bring axis d last, split it, put it back.
-        if d == 0:
-            order: tl.constexpr = (1, 2, 3, 4, 5, 6, 0)
-            back: tl.constexpr = (6, 0, 1, 2, 3, 4, 5)
-        elif d == 1:
-            order: tl.constexpr = (0, 2, 3, 4, 5, 6, 1)
-            back: tl.constexpr = (0, 6, 1, 2, 3, 4, 5)
-        elif d == 2:
-            order: tl.constexpr = (0, 1, 3, 4, 5, 6, 2)
-            back: tl.constexpr = (0, 1, 6, 2, 3, 4, 5)
-        elif d == 3:
-            order: tl.constexpr = (0, 1, 2, 4, 5, 6, 3)
-            back: tl.constexpr = (0, 1, 2, 6, 3, 4, 5)
-        elif d == 4:
-            order: tl.constexpr = (0, 1, 2, 3, 5, 6, 4)
-            back: tl.constexpr = (0, 1, 2, 3, 6, 4, 5)
-        else:
-            order: tl.constexpr = (0, 1, 2, 3, 4, 6, 5)
-            back: tl.constexpr = (0, 1, 2, 3, 4, 6, 5)
-        a, b = tl.split(tl.permute(v, order))
-        v = tl.permute(tl.join(a + b, a - b), back)
     return v
 
 
