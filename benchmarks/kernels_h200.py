@@ -73,33 +73,23 @@ ROWS = [1, 4, 16]
 DECODE_CHECKS = [("w1_2b_mul1", 5120, 2304, 2, 2), ("w2_3b_3inst", 2304, 5120, 3, 0),
                  ("w1_2.5b_mul1", 5120, 2304, 2.5, 2), ("wkv_6b_mcg", 5120, 512, 6, 1)]  # fmt: skip
 MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, top-k
-# Runs 1-2 (kernels_h200.md) swept the per-element gather decode (block_k, warps, waves, prefetch, lanes);
-# its best one-row family stays here as "gather_*", next to the 32-position run decode (exl3_runs) in a
-# sweep of block_k, warps and programs per multiprocessor, with the input rotation fused or launched apart.
+# Runs 1-2 (kernels_h200.md) swept the per-element gather decode; run 3 swept the 32-position run decode
+# (exl3_runs) against it. This sweep is around run 3's best, now the default, after the split-k partial
+# sums were made parallel (sum_parts).
 ONE_ROW = {
-    "gather_bk16_w4_o8": GemmConfig(use_dot=False, block_k=16, num_warps=4, waves=8, runs=False),
-    "runs_bk64_t2_w4_o8": GemmConfig(use_dot=False, block_k=64, run_tiles=2, num_warps=4, waves=8),
-    "runs_bk64_t2_w4_o8_fused": GemmConfig(block_k=64, run_tiles=2, num_warps=4, waves=8, fuse_rotation=True),
-    "runs_bk32_t1_w4_o8_fused": GemmConfig(block_k=32, run_tiles=1, num_warps=4, waves=8, fuse_rotation=True),
-    "runs_bk128_t4_w4_o8_fused": GemmConfig(
-        block_k=128, run_tiles=4, num_warps=4, waves=8, fuse_rotation=True
-    ),
-    "runs_bk32_t2_w2_o8_fused": GemmConfig(block_k=32, run_tiles=2, num_warps=2, waves=8, fuse_rotation=True),
-    "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8, fuse_rotation=True),
-    "runs_bk64_t2_w4_o4_fused": GemmConfig(block_k=64, run_tiles=2, num_warps=4, waves=4, fuse_rotation=True),
-    "runs_bk64_t2_w4_o16_fused": GemmConfig(
-        block_k=64, run_tiles=2, num_warps=4, waves=16, fuse_rotation=True
-    ),
+    "runs_default": GemmConfig(),  # block_k 64, 4 tiles per element, 2 warps, 8 programs/SM, fused rotation
+    "runs_bk64_t4_w2_o4_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=4),
+    "runs_bk64_t4_w2_o16_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
+    "runs_bk32_t2_w2_o8_fused": GemmConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),
 }
 MANY_ROWS = {
     "dot_bk32_w8_o2": GemmConfig(use_dot=True, block_k=32, num_warps=8, waves=2),
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
 }
 MOE = {
-    "gather_bk16_w4_o8_pf4": MoeConfig(block_k=16, num_warps=4, waves=8, prefetch=4, runs=False),
-    "runs_bk64_t2_w4_o8": MoeConfig(block_k=64, run_tiles=2, num_warps=4, waves=8),
-    "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),
-    "runs_bk64_t2_w4_o16": MoeConfig(block_k=64, run_tiles=2, num_warps=4, waves=16),
+    "runs_default": MoeConfig(),  # block_k 32, 2 tiles per element, 2 warps, 8 programs/SM
+    "runs_bk64_t4_w2_o8": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
+    "runs_bk32_t2_w2_o4": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=4),
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 

@@ -170,13 +170,13 @@ class GemmConfig:
 
     split: int | None = None  # programs along k per 128-column block
     block_k: int | None = None  # k rows decoded per loop iteration
-    fuse_rotation: bool = False  # recompute had128(x*suh) per k-slice instead of a separate launch
+    fuse_rotation: bool | None = None  # had128(x*suh) inside the main kernel (default: on for the run decode)
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
     lanes: bool = False  # one row: decode in MMA lane order (one tile per warp-wide gather)
     runs: bool | None = None  # one row, integer width: 32-position runs from words loaded once (default)
-    run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
+    run_tiles: int = 4  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
-    num_warps: int | None = None  # 4 for one row, 8 on matrix units
+    num_warps: int | None = None  # 2 for the run decode, 4 for other one-row paths, 8 on matrix units
     num_stages: int = 1
     waves: float | None = None  # programs per multiprocessor the k-split aims for (8 one row, 2 matrix units)
 
@@ -260,7 +260,8 @@ def exl3_gemm(
     split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), waves)
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
-    fuse = config.fuse_rotation and not x_rotated and not (config.lanes and not use_dot)
+    fuse_req = config.fuse_rotation if config.fuse_rotation is not None else runs
+    fuse = fuse_req and not x_rotated and not (config.lanes and not use_dot)
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
@@ -273,7 +274,7 @@ def exl3_gemm(
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt, lane_table(x.device),
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
-        LANES=config.lanes and not use_dot, PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 4), num_stages=config.num_stages,
+        LANES=config.lanes and not use_dot, PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 2 if runs else 4), num_stages=config.num_stages,
     )  # fmt: skip
     return y
 

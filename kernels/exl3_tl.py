@@ -244,6 +244,18 @@ def fwht128(x):
 
 
 @triton.jit
+def sum_parts(src, nsum, part_stride):
+    """Sum of nsum fp32 [128] vectors part_stride apart, 8 loads in flight at a time, in a fixed order."""
+    c = tl.arange(0, 128)[None, :]
+    tot = tl.zeros([128], dtype=tl.float32)
+    for s0 in range(0, nsum, 8):
+        s = s0 + tl.arange(0, 8)[:, None]
+        parts = tl.load(src + s * part_stride + c, mask=s < nsum, other=0.0, cache_modifier=".cg")
+        tot += tl.sum(parts, axis=0)
+    return tot
+
+
+@triton.jit
 def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr):
     """(sum over s < nsum of the [MP, 128] fp32 block at src + s * part_stride) @ H128 / sqrt(128).
 
@@ -252,10 +264,7 @@ def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr):
     """
     if MP == 1:
         # One row: sum the parts, then butterflies (few registers; the product form needs ~100).
-        tot = tl.zeros([128], dtype=tl.float32)
-        for s in range(nsum):
-            tot += tl.load(src + s * part_stride + tl.arange(0, 128), cache_modifier=".cg")
-        return tl.reshape(fwht128(tot), (1, 128)) * 0.08838834764831845
+        return tl.reshape(fwht128(sum_parts(src, nsum, part_stride)), (1, 128)) * 0.08838834764831845
     m = tl.arange(0, MP)
     out = tl.zeros([MP, 128], dtype=tl.float32)
     for q in tl.static_range(4):

@@ -29,6 +29,7 @@ from tfc.kernels.exl3_tl import (
     release_fence,
     rotate_sum,
     rotated_slice,
+    sum_parts,
     tile_positions,
     window_offsets,
 )
@@ -216,9 +217,7 @@ def _moe_down_kernel(
     tl.store(mine + 128 + c, y)
     release_fence()
     if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
-        tot = tl.zeros([128], dtype=tl.float32)
-        for q in range(NS):
-            tot += tl.load(ws_ptr + (slot * NS + q) * 256 + 128 + c, cache_modifier=".cg")
+        tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256)
         tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + slot, 0)
 
@@ -229,13 +228,13 @@ class MoeConfig:
 
     split_gate_up: int | None = None
     split_down: int | None = None
-    block_k: int | None = None  # k rows per loop iteration: 64 for the run decode, else 16
+    block_k: int | None = None  # k rows per loop iteration: 32 for the run decode, else 16
     fuse_rotation: bool = False
     prefetch: int = 4
     lanes: bool = False  # decode in MMA lane order (one tile per warp-wide gather)
     runs: bool | None = None  # 32-position runs (integer widths, one codebook per table; default where so)
     run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
-    num_warps: int = 4
+    num_warps: int | None = None  # 2 for the run decode, else 4
     num_stages: int = 1
     waves: float = 8.0  # programs per multiprocessor the k-splits aim for
 
@@ -277,7 +276,8 @@ def moe_exl3(
     dev = x.device
     runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
     runs2 = _runs_apply(config, w2)
-    bk = config.block_k or (64 if runs13 or runs2 else 16)
+    bk = config.block_k or (32 if runs13 or runs2 else 16)
+    warps = config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
     split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, config.waves)
@@ -309,13 +309,13 @@ def moe_exl3(
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, LANES=config.lanes, RUNS=runs13, TPE=config.run_tiles,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2, tab,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, LANES=config.lanes, RUNS2=runs2, TPE=config.run_tiles,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
 
