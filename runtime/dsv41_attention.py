@@ -9,7 +9,8 @@ Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`Deepseek
     o     = softmax([q.keys / sqrt(head_dim) + mask, sink_h]) without the sink column, @ keys
     o     = rope^-1(o)  (removes the query rotation carried by V's rope slice)
     y     = concat_g(o[heads of group g] @ wo_a.slice.g) @ wo_b
-rope is the `compress` table on layers with compress_ratio > 0 and `main` on the others.
+rope is the `compress` table on layers with compress_ratio > 0 and `main` on the others. The layer computes
+in float64 (runtime/dsv41_numerics.py); its result and the state it keeps take x's dtype.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tfc.runtime.dsv41_csa import (
     topk_bias,
     visible,
 )
+from tfc.runtime.dsv41_numerics import WIDE, linear, wide
 from tfc.runtime.dsv41_quant import fake_quant_fp4, fake_quant_fp8
 from tfc.runtime.dsv41_rope import Rope, apply_rope
 from tfc.runtime.dsv41_state import SequenceState, WindowRing, new_compressor
@@ -45,6 +47,7 @@ class Segment:
     shared: dict = field(default_factory=dict)  # compress_kv, index_k, topk_bias, candidates (latest source)
 
 
+@wide
 def attend(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -65,7 +68,7 @@ def attend(
         extra = torch.einsum("nhd,gd->nhg", q, compressed) * scale + bias.unsqueeze(1)
         logits = torch.cat((logits, extra), dim=-1)
         values = torch.cat((keys, compressed))
-    sink = sinks.to(q.dtype).view(1, -1, 1).expand(q.shape[0], -1, 1)
+    sink = sinks.view(1, -1, 1).expand(q.shape[0], -1, 1)
     logits = torch.cat((logits, sink), dim=-1)
     probs = torch.softmax(logits - logits.amax(-1, keepdim=True), dim=-1)[..., :-1]
     return torch.einsum("nhk,kd->nhd", probs, values)
@@ -80,39 +83,44 @@ def attention(
     get: Getter,
     rope: Rope,
 ) -> torch.Tensor:
-    """One attention layer on flat tokens x [T, D] at positions [T]; updates each segment's state."""
+    """One attention layer on flat tokens x [T, D] at positions [T]; updates each segment's state.
+
+    Computes in float64; the result, the window ring and the compressor state take x's dtype."""
     p = f"layers.{mode.layer}.attn"
     eps, heads, hd = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.head_dim
-    cos, sin = rope.cos_sin(positions, "compress" if mode.compress_ratio else "main", x.dtype)
-    q_res = rms_norm(x @ get(f"{p}.wq_a"), get(f"{p}.q_norm.weight"), eps)
+    act, x = x.dtype, x.to(WIDE)
+    cos, sin = (
+        t.to(WIDE) for t in rope.cos_sin(positions, "compress" if mode.compress_ratio else "main", act)
+    )
+    q_res = rms_norm(linear(x, get(f"{p}.wq_a")), get(f"{p}.q_norm.weight"), eps)
     q = apply_rope(
-        (q_res @ get(f"{p}.wq_b")).unflatten(-1, (heads, hd)), cos.unsqueeze(-2), sin.unsqueeze(-2)
+        linear(q_res, get(f"{p}.wq_b")).unflatten(-1, (heads, hd)), cos.unsqueeze(-2), sin.unsqueeze(-2)
     )
     kv = fake_quant_fp8(
-        apply_rope(rms_norm(x @ get(f"{p}.wkv"), get(f"{p}.kv_norm.weight"), eps), cos, sin), 32
+        apply_rope(rms_norm(linear(x, get(f"{p}.wkv")), get(f"{p}.kv_norm.weight"), eps), cos, sin), 32
     )
     ckv = cgate = None
     if mode.mode == "full":
-        ckv = x @ get(f"{p}.compressor.wkv")
+        ckv = linear(x, get(f"{p}.compressor.wkv"))
         if mode.compress_ratio > 1:
-            cgate = x @ get(f"{p}.compressor.wgate")
+            cgate = linear(x, get(f"{p}.compressor.wgate"))
     sinks = get(f"{p}.attn_sink")
     out = torch.empty_like(q)
     for seg in segments:
         rows = slice(seg.start, seg.end)
         ring = seg.state.windows.get(mode.layer)
         if ring is None:
-            ring = seg.state.windows[mode.layer] = WindowRing(cfg.sliding_window, hd, x.dtype, x.device)
+            ring = seg.state.windows[mode.layer] = WindowRing(cfg.sliding_window, hd, act, x.device)
         start = seg.state.position
         prior, prior_pos = ring.before(start)
-        keys = torch.cat((prior, kv[rows]))
+        keys = torch.cat((prior.to(WIDE), kv[rows]))
         key_pos = torch.cat((prior_pos, positions[rows]))
         ring.write(start, kv[rows])
         compressed = bias = None
         if mode.compress_ratio:
             ctx = _Rows(x[rows], q_res[rows], positions[rows], cos[rows], sin[rows])
             if mode.mode == "full":
-                _compress(seg, ctx, ckv[rows], None if cgate is None else cgate[rows], mode, cfg, get, rope)
+                _compress(seg, ckv[rows], None if cgate is None else cgate[rows], mode, cfg, get, rope, act)
             if mode.is_index_source:
                 _index(seg, ctx, mode, cfg, get)
             compressed, bias = seg.shared.get("compress_kv"), seg.shared.get("topk_bias")
@@ -122,9 +130,10 @@ def attention(
     out = apply_rope(out, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
     per = heads // cfg.o_groups
     groups = [
-        out[:, g * per : (g + 1) * per].flatten(1) @ get(f"{p}.wo_a.slice.{g}") for g in range(cfg.o_groups)
+        linear(out[:, g * per : (g + 1) * per].flatten(1), get(f"{p}.wo_a.slice.{g}"))
+        for g in range(cfg.o_groups)
     ]
-    return torch.cat(groups, dim=-1) @ get(f"{p}.wo_b")
+    return linear(torch.cat(groups, dim=-1), get(f"{p}.wo_b")).to(act)
 
 
 @dataclass(frozen=True)
@@ -140,29 +149,29 @@ class _Rows:
 
 def _compress(
     seg: Segment,
-    ctx: _Rows,
     ckv: torch.Tensor,
     cgate: torch.Tensor | None,
     mode: LayerMode,
     cfg: Dsv41Config,
     get: Getter,
     rope: Rope,
+    act: torch.dtype,
 ) -> None:
-    """A KV source: close the groups this chunk completes, publish entries and indexer keys."""
+    """A KV source: close the groups this chunk completes, publish entries and indexer keys (state in `act`)."""
     p = f"layers.{mode.layer}.attn"
     state = seg.state.compressors.get(mode.layer)
     if state is None:
         index_dim = cfg.index_head_dim if mode.is_index_source else None
-        state = new_compressor(mode.compress_ratio, cfg.head_dim, index_dim, ckv.dtype, ckv.device)
+        state = new_compressor(mode.compress_ratio, cfg.head_dim, index_dim, act, ckv.device)
         seg.state.compressors[mode.layer] = state
     latent, first = compress(state, ckv, cgate, get(f"{p}.compressor.norm.weight"), cfg.rms_norm_eps)
     if latent is not None:
         group_pos = first + mode.compress_ratio * torch.arange(latent.shape[0], device=latent.device)
-        gcos, gsin = rope.cos_sin(group_pos, "compress", latent.dtype)
+        gcos, gsin = (t.to(latent.dtype) for t in rope.cos_sin(group_pos, "compress", act))
         if state.index_keys is not None:
             # Index keys come from the pre-rope latent, rotated and FP4-quantised on their own.
             ik = rms_norm(
-                latent @ get(f"{p}.indexer.wk"), get(f"{p}.indexer.k_norm.weight"), cfg.rms_norm_eps
+                linear(latent, get(f"{p}.indexer.wk")), get(f"{p}.indexer.k_norm.weight"), cfg.rms_norm_eps
             )
             state.index_keys.append(fake_quant_fp4(apply_rope(ik, gcos, gsin), 32))
         state.entries.append(fake_quant_fp4(apply_rope(latent, gcos, gsin), 16, e4m3_scale=True))

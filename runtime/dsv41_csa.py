@@ -21,6 +21,7 @@ Ties are broken towards the lower entry / block index (a stable sort), so every 
 from __future__ import annotations
 
 import torch
+from tfc.runtime.dsv41_numerics import wide
 from tfc.runtime.dsv41_quant import fake_quant_fp4
 from tfc.runtime.dsv41_rope import apply_rope
 from tfc.runtime.dsv41_state import CompressorState
@@ -28,9 +29,10 @@ from tfc.runtime.dsv41_state import CompressorState
 NEG_INF = float("-inf")
 
 
+@wide
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last axis."""
-    return weight.to(x.dtype) * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps))
+    return weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps))
 
 
 def compress(
@@ -41,18 +43,23 @@ def compress(
     eps: float,
 ) -> tuple[torch.Tensor | None, int]:
     """Feed one chunk's projected rows [n, head_dim]; returns (normalised latents of the groups it
-    completes [G, head_dim] or None, the position of the first such group's first token)."""
-    ratio = state.ratio
+    completes [G, head_dim] or None, the position of the first such group's first token).
+
+    The rows take the state's dtype whether or not they wait for their group (so where a chunk ends
+    cannot change a latent); the pooling runs in the rows' own dtype."""
+    ratio, work = state.ratio, kv.dtype
     first = state.groups * ratio
-    kv = torch.cat((state.pending_kv, kv))
+    kv = torch.cat((state.pending_kv, kv.to(state.pending_kv.dtype)))
     if gate is not None:
-        gate = torch.cat((state.pending_gate, gate))
+        gate = torch.cat((state.pending_gate, gate.to(state.pending_gate.dtype)))
     usable = kv.shape[0] // ratio * ratio
     state.pending_kv = kv[usable:]
     if gate is not None:
         state.pending_gate = gate[usable:]
+        gate = gate.to(work)
     if usable == 0:
         return None, first
+    kv = kv.to(work)
     if ratio == 1:
         latent = kv
     else:
@@ -62,6 +69,7 @@ def compress(
     return rms_norm(latent, norm_weight, eps), first
 
 
+@wide
 def index_scores(
     q_res: torch.Tensor,
     x: torch.Tensor,
@@ -74,10 +82,10 @@ def index_scores(
 ) -> torch.Tensor:
     """Indexer scores [n, G] of n queries against G indexer keys (no visibility mask yet)."""
     head_dim = keys.shape[-1]
-    q = (q_res @ wq_b.to(q_res.dtype)).unflatten(-1, (n_heads, head_dim))
+    q = (q_res @ wq_b).unflatten(-1, (n_heads, head_dim))
     q = fake_quant_fp4(apply_rope(q, cos.unsqueeze(-2), sin.unsqueeze(-2)), 32)
     scores = torch.relu(torch.einsum("nhd,gd->nhg", q, keys)) * head_dim**-0.5
-    w = (x @ weights_proj.to(x.dtype).T) * n_heads**-0.5
+    w = (x @ weights_proj.T) * n_heads**-0.5
     return (scores * w.unsqueeze(-1)).sum(1)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from tfc.runtime.dsv41_numerics import wide
 
 
 def engram_qk(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
@@ -25,6 +26,7 @@ def engram_qk(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
     return q_weight * k_weight
 
 
+@wide
 def engram_apply(
     streams: torch.Tensor,
     rows: torch.Tensor,
@@ -37,11 +39,11 @@ def engram_apply(
 ) -> torch.Tensor:
     """Streams [T, hc, D] after the Engram add, from rows [T, cols, head_dim] and wkv [cols*head_dim, (hc+1)*D]."""
     t, hc, d = streams.shape
-    kv = rows.reshape(t, -1).to(streams.dtype) @ wkv.to(streams.dtype)
+    kv = rows.reshape(t, -1) @ wkv
     key = kv[:, : hc * d].reshape(t, hc, d)
     value = kv[:, hc * d :]
     rstd = torch.rsqrt(streams.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
-    dot = (streams * qk.to(streams.dtype) * key).sum(-1) * rstd * d**-0.5
+    dot = (streams * qk * key).sum(-1) * rstd * d**-0.5
     gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(clamp).sqrt(), dot))
     if token_mask is not None:
         gate = gate.masked_fill(~token_mask.unsqueeze(-1), 0.0)

@@ -18,8 +18,10 @@ The site update is  streams_k <- post_k * y + sum_j comb[j, k] * streams_j.
 from __future__ import annotations
 
 import torch
+from tfc.runtime.dsv41_numerics import wide
 
 
+@wide
 def hc_mix(
     streams: torch.Tensor,
     fn: torch.Tensor,
@@ -35,9 +37,7 @@ def hc_mix(
     hc = streams.shape[-2]
     flat = streams.flatten(-2)
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
-    mixes = flat @ fn.to(flat.dtype).T
-    base = base.to(flat.dtype)
-    scale = scale.to(flat.dtype)
+    mixes = flat @ fn.T
     pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + hc_eps
     post = post_alpha * torch.sigmoid(mixes[..., hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
     logits = (mixes[..., 2 * hc :] * scale[2] + base[2 * hc :]).unflatten(-1, (hc, hc))
@@ -49,11 +49,13 @@ def hc_mix(
     return pre, post, comb
 
 
+@wide
 def hc_collapse(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """One sublayer input [..., D] = sum_i pre_i * stream_i."""
     return (pre.unsqueeze(-1) * streams).sum(-2)
 
 
+@wide
 def hc_expand(
     y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:

@@ -11,12 +11,15 @@ Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`Deepseek
 Weights: a mapping from the pack's native names to tensors. EXL3 linears come decoded to dense
 [in, out] under their group name (e.g. `layers.3.attn.wq_a`, `head`); natives as stored (norms
 `.weight` [n], router `ffn.gate.weight` [E, D], `embed.weight` [V, D], mHC `hc_*`). DSpark blocks (`mtp.*`)
-may be present; this forward does not run them. Computes in `dtype` (fp32 by default) on `device`.
+may be present; this forward does not run them. Activations in `dtype` (fp32 by default) on `device`.
 
 Decisions where sources differ: no `hc_head_*` HyperHead (HF V4.1 and the TensorFold V4.1 loader have
 none; exllamav3's V4.1 carries the previous `pre` to its head): such tensors are ignored if present.
-Top-k ties (router, indexer, candidate blocks) go to the lower index. fp32 is not chunk-invariant: the
-cache quantisers turn ~1e-6 summation-order differences into whole rounding steps; fp64 runs are.
+Top-k ties (router, indexer, candidate blocks) go to the lower index.
+
+Numerics: activations (streams, module outputs, caches, logits) are in `dtype`; every module computes in
+float64 and rounds its result to `dtype` (runtime/dsv41_numerics.py), so an fp32 token's bits do not depend
+on the batch or on chunking (the FP8/FP4 cache quantisers would amplify fp32 summation-order noise).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tfc.runtime.dsv41_csa import rms_norm
 from tfc.runtime.dsv41_engram import engram_apply, engram_qk
 from tfc.runtime.dsv41_mhc import first_pre, hc_collapse, hc_expand, hc_mix
 from tfc.runtime.dsv41_moe import moe
+from tfc.runtime.dsv41_numerics import linear
 from tfc.runtime.dsv41_rope import build_rope
 from tfc.runtime.dsv41_state import SequenceState
 
@@ -65,7 +69,7 @@ class Dsv41Model:
         self._held: dict[str, torch.Tensor] = {}
 
     def get(self, name: str) -> torch.Tensor:
-        """A weight by pack name, in the compute dtype on the compute device (converted once)."""
+        """A weight by pack name, in the activation dtype on the compute device (converted once)."""
         held = self._held.get(name)
         if held is None:
             raw = self._weights.get(name)
@@ -120,9 +124,9 @@ class Dsv41Model:
         out = rms_norm(hc_collapse(streams, pre), self.get("norm.weight"), cfg.rms_norm_eps)
         if last_only:
             out = out[[s.end - 1 for s in segments]]
-            logits = list((out @ self.get("head")).unsqueeze(1).unbind(0))
+            logits = list(linear(out, self.get("head")).unsqueeze(1).unbind(0))
         else:
-            logits = list((out @ self.get("head")).split([s.end - s.start for s in segments]))
+            logits = list(linear(out, self.get("head")).split([s.end - s.start for s in segments]))
         for seg, chunk in zip(segments, ids, strict=True):
             seg.state.position += chunk.numel()
             seg.state.tokens.extend(chunk.tolist())

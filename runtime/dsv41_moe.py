@@ -18,8 +18,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from tfc.runtime.dsv41_numerics import wide
 
 
+@wide
 def route(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -29,8 +31,8 @@ def route(
     normalise: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k], expert ids [T, k]) for tokens x [T, D]."""
-    scores = F.softplus(x @ gate_weight.to(x.dtype).T).sqrt()
-    biased = scores + gate_bias.to(x.dtype)
+    scores = F.softplus(x @ gate_weight.T).sqrt()
+    biased = scores + gate_bias
     # Stable descending sort: equal biased scores pick the lower expert id, on every rank and batch shape.
     ids = torch.sort(biased, dim=-1, descending=True, stable=True).indices[..., :top_k]
     weights = scores.gather(-1, ids)
@@ -39,6 +41,7 @@ def route(
     return weights * scaling, ids
 
 
+@wide
 def swiglu(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -48,17 +51,18 @@ def swiglu(
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One clamped SwiGLU expert; `weight` [T, 1] scales the activation before the down projection."""
-    gate = x @ w1.to(x.dtype)
-    up = x @ w3.to(x.dtype)
+    gate = x @ w1
+    up = x @ w3
     if limit > 0:
         up = up.clamp(-limit, limit)
         gate = gate.clamp(max=limit)
     act = F.silu(gate) * up
     if weight is not None:
         act = act * weight
-    return act @ w2.to(x.dtype)
+    return act @ w2
 
 
+@wide
 def moe(
     x: torch.Tensor,
     get: Callable[[str], torch.Tensor],

@@ -60,7 +60,9 @@ class Rope:
         inv = (self.main if kind == "main" else self.compress).to(positions.device)
         # fp32 angles as the reference; fp64 runs keep the fp32 frequencies but a wider product.
         work = torch.float64 if dtype == torch.float64 else torch.float32
-        freqs = positions.to(work).unsqueeze(-1) * inv.to(work)
+        freqs = (positions.to(work).unsqueeze(-1) * inv.to(work)).double()
+        # cos/sin in fp64 then rounded: a vectorised fp32 cos and its scalar tail can differ by an ulp,
+        # which would make a position's rotation depend on where it fell in the batch.
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 

@@ -25,7 +25,7 @@ class GrowRows:
         self.count = 0
 
     def append(self, rows: torch.Tensor) -> None:
-        """Add rows [n, width] at the end."""
+        """Add rows [n, width] at the end (stored in the buffer's dtype)."""
         need = self.count + rows.shape[0]
         if need > self._data.shape[0]:
             grown = torch.empty(
@@ -36,7 +36,7 @@ class GrowRows:
             )
             grown[: self.count] = self._data[: self.count]
             self._data = grown
-        self._data[self.count : need] = rows
+        self._data[self.count : need] = rows.to(self._data.dtype)
         self.count = need
 
     def view(self) -> torch.Tensor:
@@ -62,7 +62,7 @@ class WindowRing:
         n = keys.shape[0]
         keep = min(n, self.window)
         positions = torch.arange(start + n - keep, start + n, device=self.keys.device)
-        self.keys[positions % self.window] = keys[n - keep :]
+        self.keys[positions % self.window] = keys[n - keep :].to(self.keys.dtype)
 
 
 @dataclass
