@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One H200 call for the runtime questions: the GPU tests (uploads, forward; the kernel GPU tests run with
+# the kernel benchmark), a 22 GB Flash-geometry image, then the boot benchmark. From the repository root,
+# with .whl carried (blake3 for python 3.12):  bash benchmarks/h200_boot.sh
+set -u
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+WORK=${WORK:-/tmp/tfcbench}; mkdir -p "$WORK"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
+  && export PYTHONPATH=/tmp/site || { echo "install failed"; exit 1; }
+TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
+REPO=$PWD
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "== gpu tests"
+(cd /tmp && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --ignore="$REPO/tests/test_kernels_gpu.py" \
+  "$REPO/tests") 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+echo "== image"
+T0=$(date +%s)
+eval "$TFC fixture flash-random $WORK/pack --jobs 16" >/dev/null && eval "$TFC prepare $WORK/pack -o $WORK/store" \
+  | tail -2
+echo "image made in $(( $(date +%s) - T0 )) s"
+rm -rf "$WORK/pack"
+IMG=$(ls -d "$WORK"/store/*/rank0 2>/dev/null | head -1)
+echo "== boot ($IMG)"
+[ -n "$IMG" ] && timeout 190 python3 benchmarks/boot_h200.py --image "$IMG" --out "$OUT" --reps 2 --budget-s 160 \
+  2>&1 | tail -40
+rm -rf "$WORK"
