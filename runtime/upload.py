@@ -65,7 +65,7 @@ class UploadReport:
 Progress = Callable[[int], None]
 
 
-# Ring staging measured fastest on the H200 host (benchmarks/boot_h200.md): many small slots when the
+# Ring staging measured fastest on the H200 host (benchmarks/boot_h200_run1.md): many small slots when the
 # image is in the page cache, a few large reads in flight when it comes from disk.
 WARM_RING = (4 << 20, 4)  # 8 threads x 4 MiB x 4: 0.925 s for 22 GB warm
 COLD_RING = (64 << 20, 2)  # 8 threads x 64 MiB x 2: 1.06x the disk floor cold
