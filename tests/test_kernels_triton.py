@@ -18,6 +18,13 @@ GEMM_CASES = [
     # (name, width, codebook, rows, dtype, config kwargs)
     ("m1_fused", 32, 2, 1, "float16", {"fuse_rotation": True}),
     ("m1_split", 48, 0, 1, "bfloat16", {"fuse_rotation": False, "split": 4}),
+    # One row, integer widths: the 32-position run decode (exl3_runs) with 1, 2 and 4 tiles per element,
+    # the input rotation fused or launched apart, every codebook, widths 1, 5, 6 and 8 bits.
+    ("m1_runs_t1_w16", 16, 0, 1, "float16", {"run_tiles": 1, "block_k": 32, "split": 2}),
+    ("m1_runs_t2_w80", 80, 1, 1, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
+    ("m1_runs_t4_w96", 96, 0, 1, "float16", {"run_tiles": 4, "block_k": 128}),
+    ("m1_runs_t4_w128", 128, 2, 1, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
+    ("m1_gather", 32, 2, 1, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
     ("m1_lanes", 40, 2, 1, "float16", {"lanes": True, "block_k": 32, "split": 2}),
     ("m4_dot_fused", 24, 2, 4, "float16", {"fuse_rotation": True, "split": 2}),
     ("m16_dot", 64, 1, 16, "bfloat16", {"fuse_rotation": False, "split": 2}),
@@ -74,7 +81,7 @@ def _cases() -> dict[str, dict]:
             "counters_zero": bool((counters(x.device, 1) == 0).all()),
         }
 
-    for layout in ("stack", "ragged"):
+    for layout in ("stack", "ragged", "ragged_int"):
         d, inter, routed, topk, tokens = 128, 256, 4, 2, 2
         tables, dense = [], []
         for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
@@ -82,11 +89,13 @@ def _cases() -> dict[str, dict]:
             for e in range(routed + 1):
                 if layout == "stack":
                     specs.append((32, 2))
+                elif layout == "ragged_int":  # integer widths, one codebook: the run decode per width
+                    specs.append(([32, 48, 64, 80, 128][e], 2))
                 else:  # mixed widths (half rates on mul1) and, for w3, mixed codebooks
                     width = [24, 32, 48, 40, 64][e]
                     specs.append((width, 2 if width % 16 or proj != 1 else e % 3))
             gs = [group(k, n, w, c) for w, c in specs]
-            tables.append(ExpertTable.build([g[0] for g in gs], layout=layout))
+            tables.append(ExpertTable.build([g[0] for g in gs], layout=layout.removesuffix("_int")))
             dense.append([g[1] for g in gs])
         x = torch.randn(tokens, d).to(torch.float16)
         ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)])
@@ -94,7 +103,12 @@ def _cases() -> dict[str, dict]:
         limit = 0.3
         want = moe_reference(x, ids, wts, *dense, swiglu_limit=limit)
         unclamped = moe_reference(x, ids, wts, *dense, swiglu_limit=0.0)
-        for mode, cfg in (("rotate", {}), ("fused", {"fuse_rotation": True}), ("lanes", {"lanes": True})):
+        modes = (("rotate", {}), ("fused", {"fuse_rotation": True}), ("lanes", {"lanes": True}))
+        if layout == "stack":
+            modes += (("gather", {"runs": False}), ("runs_t4", {"run_tiles": 4, "block_k": 128}))
+        elif layout == "ragged_int":
+            modes = (("runs", {}),)
+        for mode, cfg in modes:
             y = torch.full((tokens, d), float("nan"), dtype=torch.float32)
             moe_exl3(x, ids, wts, *tables, swiglu_limit=limit, config=MoeConfig(**cfg), out=y)
             results[f"moe_{layout}_{mode}"] = {
@@ -102,6 +116,7 @@ def _cases() -> dict[str, dict]:
                 "clamp_matters": float((unclamped - want).norm() / want.norm()),
                 "widths": tables[0].width,
                 "codebook": tables[1].codebook,
+                "integer_widths": tables[0].integer_widths,
             }
     return results
 
@@ -110,7 +125,7 @@ def _cases() -> dict[str, dict]:
 def interp_results():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, check=False
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -130,14 +145,18 @@ def test_gemm_kernel(interp_results, case):
     assert r["deterministic"] and r["counters_zero"]
 
 
-@pytest.mark.parametrize(
-    "case", ["stack_rotate", "stack_fused", "stack_lanes", "ragged_rotate", "ragged_fused", "ragged_lanes"]
-)
+MOE_CASES = ["stack_rotate", "stack_fused", "stack_lanes", "stack_gather", "stack_runs_t4"]
+MOE_CASES += ["ragged_rotate", "ragged_fused", "ragged_lanes", "ragged_int_runs"]
+
+
+@pytest.mark.parametrize("case", MOE_CASES)
 def test_moe_kernel(interp_results, case):
     r = interp_results[f"moe_{case}"]
     assert r["clamp_matters"] > 1e-2, "the test inputs must exercise the SwiGLU clamp"
     assert r["err"] < 1e-5, r
-    if case.startswith("ragged"):
+    if case.startswith("ragged_int"):
+        assert r["widths"] == 0 and r["codebook"] == 2 and r["integer_widths"]  # run decode, width per entry
+    elif case.startswith("ragged"):
         assert r["widths"] == 0 and r["codebook"] == -1  # mixed widths and codebooks: run-time paths
     else:
         assert r["widths"] == 32 and r["codebook"] == 2
