@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,16 @@ LIMITS = {
 
 @dataclass(frozen=True)
 class LayerMode:
-    """How one block attends: its mode, compress ratio, KV / index sources and extras."""
+    """How one block attends: its mode, compress ratio, KV / index sources, candidate roles and extras."""
 
     layer: int
     mode: str  # swa | full | reindex | reuse
     compress_ratio: int
     kv_source: int | None
     index_source: int | None
+    is_index_source: bool
     uses_candidates: bool
+    is_candidate_source: bool
     engram: bool
 
 
@@ -149,7 +151,7 @@ class DeepseekV41Config:
         engram = layer in self.engram_layer_ids
         ratio = self.compress_ratios[layer] if layer < len(self.compress_ratios) else 0
         if self.is_dspark(layer) or ratio == 0:
-            return LayerMode(layer, "swa", ratio, None, None, False, engram)
+            return LayerMode(layer, "swa", ratio, None, None, False, False, False, engram)
         kv = max(s for s in self.kv_source_layer_ids if s <= layer)
         index = max(s for s in self.index_source_layer_ids if s <= layer)
         if layer in self.kv_source_layer_ids:
@@ -158,9 +160,15 @@ class DeepseekV41Config:
             mode = "reindex"
         else:
             mode = "reuse"
+        # Candidates are blocks of the candidate source's compressed entries: only a reindex layer scoring
+        # that same KV source can use them (a full layer or another KV source's layers have other keys).
         cand = self.candidate_source_layer_id
-        uses = mode == "reindex" and cand is not None and layer > cand
-        return LayerMode(layer, mode, ratio, kv, index, uses, engram)
+        uses = mode == "reindex" and kv == cand
+        return LayerMode(layer, mode, ratio, kv, index, index == layer, uses, layer == cand, engram)
+
+    def layer_mode_records(self) -> list[dict[str, Any]]:
+        """Every backbone layer's mode as a plain JSON object (what a prepared image carries)."""
+        return [asdict(self.layer_mode(layer)) for layer in range(self.num_hidden_layers)]
 
 
 _KIND = {
