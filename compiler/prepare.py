@@ -200,7 +200,7 @@ def build_ranks(
                     "key_inputs": inputs,
                     "world": plan.world,
                     "plan": plan_json(plan),
-                    "meta": {"pack_config": json_config(pack)},
+                    "meta": image_meta(pack),
                 }
             )
         return paths
@@ -208,6 +208,11 @@ def build_ranks(
         for writer in writers.values():
             writer.abort()
         raise
+
+
+def image_meta(pack) -> dict:
+    """What the runtime reads instead of the pack: the model config and every backbone layer's mode record."""
+    return {"pack_config": json_config(pack), "layer_modes": pack.config.layer_mode_records()}
 
 
 def json_config(pack) -> dict:
