@@ -1,18 +1,23 @@
-"""DeepSeek-V4.1 text config for the runtime forward, built from a plain config dict (never from packs)."""
+"""DeepSeek-V4.1 text config for the runtime forward: a config dict plus the layer modes prepare recorded."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tfc.errors import TfcError
 
 MODES = ("swa", "full", "reindex", "reuse")
+HINT = "re-run `tfc prepare` to rebuild it"
 
 
 class Dsv41ConfigError(TfcError):
     """A config the DeepSeek-V4.1 forward cannot run."""
+
+
+class LayerModeError(Dsv41ConfigError):
+    """Layer mode records (an image's meta.layer_modes) that are missing or not well-formed."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class LayerMode:
 
 @dataclass(frozen=True)
 class Dsv41Config:
-    """The text_config fields the forward reads (names as in config.json), plus derived layer modes."""
+    """The text_config fields the forward reads (names as in config.json), plus the recorded layer modes."""
 
     vocab_size: int
     hidden_size: int
@@ -62,7 +67,7 @@ class Dsv41Config:
     index_n_heads: int
     index_head_dim: int
     index_topk: int
-    candidate_source_layer_id: int
+    candidate_source_layer_id: int | None
     candidate_topk_blocks: int
     candidate_block_size: int
     hc_mult: int
@@ -138,8 +143,8 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
-def config_from_dict(raw: Mapping[str, Any]) -> Dsv41Config:
-    """Build the runtime config from config.json's dict (text keys nested under text_config or not)."""
+def config_from_dict(raw: Mapping[str, Any], layer_modes: Any, where: str = "config") -> Dsv41Config:
+    """The runtime config from config.json's dict (text keys under text_config or not) and mode records."""
     text = raw.get("text_config", raw)
     if not isinstance(text, Mapping):
         raise Dsv41ConfigError("config text_config is not an object")
@@ -154,13 +159,12 @@ def config_from_dict(raw: Mapping[str, Any]) -> Dsv41Config:
     if len(ratios) < n or any(r not in (0, 1, 2) for r in ratios):
         raise Dsv41ConfigError(f"compress_ratios must hold {n}+ entries of 0, 1 or 2; got {list(ratios)}")
     kv = tuple(int(i) for i in text.get("kv_source_layer_ids", ()))
-    ix = tuple(int(i) for i in text.get("index_source_layer_ids", kv))
     cand = values["candidate_source_layer_id"]
-    values["candidate_source_layer_id"] = (kv[-1] if kv else -1) if cand is None else int(cand)
     values.update(
         compress_ratios=ratios,
         kv_source_layer_ids=kv,
-        index_source_layer_ids=ix,
+        index_source_layer_ids=tuple(int(i) for i in text.get("index_source_layer_ids", kv)),
+        candidate_source_layer_id=None if cand is None else int(cand),
         engram_layer_ids=tuple(int(i) for i in values["engram_layer_ids"] or ()),
         bos_token_id=raw.get("bos_token_id", text.get("bos_token_id")),
         eos_token_id=_first(raw.get("eos_token_id", text.get("eos_token_id"))),
@@ -168,7 +172,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> Dsv41Config:
     )
     cfg = Dsv41Config(**values)
     _validate(cfg)
-    return _with_modes(cfg)
+    return replace(cfg, modes=layer_modes_from_records(layer_modes, cfg, where))
 
 
 def _first(value: Any) -> int | None:
@@ -187,50 +191,91 @@ def _validate(c: Dsv41Config) -> None:
         raise Dsv41ConfigError(f"qk_rope_head_dim {c.qk_rope_head_dim} does not fit the head dims")
     if c.num_experts_per_tok > c.n_routed_experts:
         raise Dsv41ConfigError("num_experts_per_tok exceeds n_routed_experts")
-    for i in c.kv_source_layer_ids + c.index_source_layer_ids:
-        if not 0 <= i < n or c.compress_ratios[i] == 0:
-            raise Dsv41ConfigError(f"source layer {i} is not a compressed backbone layer")
-    for i in range(n):
-        if c.compress_ratios[i] and not any(s <= i for s in c.kv_source_layer_ids):
-            raise Dsv41ConfigError(f"compressed layer {i} has no KV source at or before it")
-        if c.compress_ratios[i] and not any(s <= i for s in c.index_source_layer_ids):
-            raise Dsv41ConfigError(f"compressed layer {i} has no index source at or before it")
-    cand = c.candidate_source_layer_id
-    if cand >= 0 and cand not in c.index_source_layer_ids:
-        raise Dsv41ConfigError(f"candidate source {cand} is not an index source")
     for i in c.engram_layer_ids:
         if not 0 <= i < n:
             raise Dsv41ConfigError(f"Engram layer {i} is not a backbone layer")
 
 
-def _with_modes(c: Dsv41Config) -> Dsv41Config:
-    modes = []
-    for layer in range(c.num_hidden_layers):
-        ratio = c.compress_ratios[layer]
-        kv = max((s for s in c.kv_source_layer_ids if s <= layer), default=None) if ratio else None
-        ix = max((s for s in c.index_source_layer_ids if s <= layer), default=None) if ratio else None
-        if not ratio:
-            mode = "swa"
-        elif layer in c.kv_source_layer_ids:
-            mode = "full"
-        elif layer in c.index_source_layer_ids:
-            mode = "reindex"
-        else:
-            mode = "reuse"
-        is_ix = layer in c.index_source_layer_ids
-        cand = c.candidate_source_layer_id
-        modes.append(
-            LayerMode(
-                layer=layer,
-                mode=mode,
-                compress_ratio=ratio,
-                kv_source=kv,
-                index_source=ix,
-                is_index_source=is_ix,
-                uses_candidates=is_ix and 0 <= cand < layer,
-                is_candidate_source=layer == cand,
-                engram=layer in c.engram_layer_ids,
-            )
+_RECORD: dict[str, tuple[type, ...]] = {
+    "layer": (int,),
+    "mode": (str,),
+    "compress_ratio": (int,),
+    "kv_source": (int, type(None)),
+    "index_source": (int, type(None)),
+    "is_index_source": (bool,),
+    "uses_candidates": (bool,),
+    "is_candidate_source": (bool,),
+    "engram": (bool,),
+}
+
+
+def layer_modes_from_records(records: Any, c: Dsv41Config, where: str = "config") -> tuple[LayerMode, ...]:
+    """The backbone layers' `LayerMode`s from their records, refused in one line unless well-formed."""
+
+    def bad(why: str) -> LayerModeError:
+        return LayerModeError(f"{where}: {why}; {HINT}")
+
+    n = c.num_hidden_layers
+    if records is None:
+        raise bad("no layer mode records (meta.layer_modes): the image predates them")
+    if type(records) is not list or len(records) != n:
+        count = len(records) if type(records) is list else type(records).__name__
+        raise bad(f"meta.layer_modes must list {n} layer mode records, one per backbone layer; got {count}")
+    modes: list[LayerMode] = []
+    for i, rec in enumerate(records):
+        if type(rec) is not dict or set(rec) != set(_RECORD):
+            raise bad(f"layer mode record {i} is not an object with exactly the keys {', '.join(_RECORD)}")
+        for key, kinds in _RECORD.items():
+            if type(rec[key]) not in kinds:
+                kind = " or ".join(k.__name__ for k in kinds)
+                raise bad(f"layer mode record {i}: {key} = {rec[key]!r:.40} is not {kind}")
+        mode = LayerMode(**rec)
+        why = _mode_problem(mode, i, c, modes)
+        if why:
+            raise bad(f"layer mode record {i}: {why}")
+        modes.append(mode)
+    sources = [m.layer for m in modes if m.is_candidate_source]
+    want = [] if c.candidate_source_layer_id is None else [c.candidate_source_layer_id]
+    if sources != want:
+        raise bad(f"the layer mode records name candidate source layers {sources}, the config {want}")
+    return tuple(modes)
+
+
+def _mode_problem(m: LayerMode, i: int, c: Dsv41Config, before: list[LayerMode]) -> str | None:
+    """Why record `i` cannot run (it may refer to itself and to the records before it), or None."""
+    if m.layer != i:
+        return f"is for layer {m.layer}"
+    if m.mode not in MODES:
+        return f"mode {m.mode!r:.20} is not one of {', '.join(MODES)}"
+    if m.compress_ratio != c.compress_ratios[i]:
+        return (
+            f"compress ratio {m.compress_ratio}, the config's compress_ratios[{i}] = {c.compress_ratios[i]}"
         )
-    object.__setattr__(c, "modes", tuple(modes))
-    return c
+    if m.engram != (i in c.engram_layer_ids):
+        return f"engram {m.engram} disagrees with the config's engram_layer_ids {list(c.engram_layer_ids)}"
+    if (m.mode == "swa") != (m.compress_ratio == 0):
+        return f"mode {m.mode} with compress ratio {m.compress_ratio}"
+    if m.mode == "swa":
+        if (m.kv_source, m.index_source) != (None, None) or m.is_index_source or m.uses_candidates:
+            return "a swa layer has no KV or index source"
+        return "a swa layer is no candidate source" if m.is_candidate_source else None
+    mine = [*before, m]
+    if m.kv_source is None or not 0 <= m.kv_source <= i or mine[m.kv_source].mode != "full":
+        return f"KV source {m.kv_source} is not a full layer at or before it"
+    if m.index_source is None or not 0 <= m.index_source <= i or not mine[m.index_source].is_index_source:
+        return f"index source {m.index_source} is not an index source at or before it"
+    if mine[m.kv_source].compress_ratio != m.compress_ratio:
+        return f"KV source {m.kv_source} has compress ratio {mine[m.kv_source].compress_ratio}"
+    own = {"full": (True, True), "reindex": (False, True), "reuse": (False, False)}[m.mode]
+    if (m.kv_source == i, m.index_source == i) != own or m.is_index_source != own[1]:
+        return f"a {m.mode} layer with KV source {m.kv_source} and index source {m.index_source}"
+    if m.is_candidate_source and (not m.is_index_source or m.uses_candidates):
+        return "a candidate source must be an index source that uses no candidates"
+    if m.uses_candidates:
+        # Candidates are blocks of the candidate source's compressed entries: same KV source, earlier layer.
+        sources = [s for s in before if s.is_candidate_source and s.kv_source == m.kv_source]
+        if not m.is_index_source or not sources:
+            return (
+                "uses candidates without an index of its own or a candidate source on its KV source before it"
+            )
+    return None

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tfc.runtime.dsv41_config import Dsv41Config, config_from_dict
 from tfc.runtime.dsv41_engram import EngramFeed
 
 from tfc.errors import TfcError
@@ -121,30 +122,37 @@ class ImageWeights(Mapping):
         return torch.from_numpy(dequant(trellis, suh, svh, codebook))
 
 
-def open_dense(image_path: str | Path) -> tuple[dict, ImageWeights, Any]:
-    """(pack config dict, lazily decoded weights, the opened image) of a TP=1 DeepSeek-V4.1 image."""
+def open_dense(image_path: str | Path) -> tuple[Dsv41Config, ImageWeights, Any]:
+    """(model config with its recorded layer modes, lazily decoded weights, the opened image) of a TP=1 image."""
     from tfc.runtime.image_open import open_image
 
     opened = open_image(image_path)
-    m = opened.manifest
-    if m.family != FAMILY:
+    try:
+        m = opened.manifest
+        if m.family != FAMILY:
+            raise WeightLoadError(
+                f"{opened.path}: an image of family {m.family!r}, not DeepSeek-V4.1 ({FAMILY})"
+            )
+        if m.world != 1:
+            raise WeightLoadError(
+                f"{opened.path}: a TP={m.world} image; the reference forward runs TP=1 images"
+            )
+        meta = m.meta or {}
+        config = meta.get("pack_config")
+        if not isinstance(config, dict):
+            raise WeightLoadError(f"{opened.path}: the manifest carries no model config (meta.pack_config)")
+        cfg = config_from_dict(config, meta.get("layer_modes"), str(opened.path))
+    except BaseException:
         opened.close()
-        raise WeightLoadError(f"{opened.path}: an image of family {m.family!r}, not DeepSeek-V4.1 ({FAMILY})")
-    if m.world != 1:
-        opened.close()
-        raise WeightLoadError(f"{opened.path}: a TP={m.world} image; the reference forward runs TP=1 images")
-    config = (m.meta or {}).get("pack_config")
-    if not isinstance(config, dict):
-        opened.close()
-        raise WeightLoadError(f"{opened.path}: the manifest carries no model config (meta.pack_config)")
+        raise
     attrs = (m.plan or {}).get("attrs", {})
-    return config, ImageWeights(opened.image, attrs, str(opened.path)), opened
+    return cfg, ImageWeights(opened.image, attrs, str(opened.path)), opened
 
 
-def load_dense_weights(image_path: str | Path) -> tuple[dict, ImageWeights]:
-    """(config dict, weights) of a TP=1 DeepSeek-V4.1 image; weights decode on first access."""
-    config, weights, _ = open_dense(image_path)
-    return config, weights
+def load_dense_weights(image_path: str | Path) -> tuple[Dsv41Config, ImageWeights]:
+    """(config, weights) of a TP=1 DeepSeek-V4.1 image; weights decode on first access."""
+    cfg, weights, _ = open_dense(image_path)
+    return cfg, weights
 
 
 def engram_feed(weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int) -> EngramFeed | None:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from tfc.runtime.dsv41_config import config_from_dict
 from tfc.runtime.dsv41_generate import generate
 from tfc.runtime.dsv41_model import Dsv41Model
 from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
@@ -38,8 +37,7 @@ def tiny(tiny_pack, tmp_path_factory):
     )
     assert result.exit_code == 0, result.output
     image = next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
-    raw, weights = load_dense_weights(image)
-    cfg = config_from_dict(raw)
+    cfg, weights = load_dense_weights(image)
     return cfg, weights, engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
 
 

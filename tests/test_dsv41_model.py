@@ -22,6 +22,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from tfc.fixtures.layer_modes import layer_mode_records
 from tfc.runtime.dsv41_config import config_from_dict
 from tfc.runtime.dsv41_engram import EngramFeed
 from tfc.runtime.dsv41_generate import generate
@@ -39,7 +40,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def cfg():
-    return config_from_dict(tiny_config_dict())
+    raw = tiny_config_dict()
+    return config_from_dict(raw, layer_mode_records(raw))
 
 
 def _feed(cfg, dtype) -> EngramFeed:

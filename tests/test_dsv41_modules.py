@@ -361,9 +361,11 @@ def _flash_text() -> dict:
 
 
 def test_flash_layer_modes_match_the_spec_table():
+    from tfc.fixtures.layer_modes import layer_mode_records
     from tfc.runtime.dsv41_config import config_from_dict
 
-    cfg = config_from_dict({"text_config": _flash_text(), "bos_token_id": 0, "eos_token_id": 1})
+    raw = {"text_config": _flash_text(), "bos_token_id": 0, "eos_token_id": 1}
+    cfg = config_from_dict(raw, layer_mode_records(raw))
     got = {
         m.layer: (m.mode, m.compress_ratio, m.kv_source, m.index_source, m.uses_candidates) for m in cfg.modes
     }
@@ -384,17 +386,22 @@ def test_flash_layer_modes_match_the_spec_table():
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        (
-            {"kv_source_layer_ids": [8, 14, 20], "index_source_layer_ids": [8, 14, 20, 24]},
-            "no KV source",
-        ),
-        ({"candidate_source_layer_id": 21}, "not an index source"),
         ({"scoring_func": "softmax"}, "sqrtsoftplus"),
         ({"compress_ratios": [0, 4] + [2] * 18 + [1] * 20}, "compress_ratios"),
+        (
+            {"compress_ratios": [0, 0] + [2] * 19 + [1] * 19},
+            "record 20: compress ratio 1, the config's compress_ratios[20] = 2",
+        ),
+        ({"engram_layer_ids": [1]}, "engram True disagrees"),
+        ({"candidate_source_layer_id": 2}, "candidate source layers [20], the config [2]"),
     ],
 )
 def test_bad_configs_are_refused_in_one_line(change, words):
+    """Source-layer rules are packs' (tests/test_packs_config.py); the runtime checks config against records."""
+    from tfc.fixtures.layer_modes import layer_mode_records
     from tfc.runtime.dsv41_config import Dsv41ConfigError, config_from_dict
 
-    with pytest.raises(Dsv41ConfigError, match=words):
-        config_from_dict({"text_config": _flash_text() | change})
+    records = layer_mode_records({"text_config": _flash_text()})
+    with pytest.raises(Dsv41ConfigError) as refused:
+        config_from_dict({"text_config": _flash_text() | change}, records)
+    assert words in str(refused.value) and "\n" not in str(refused.value)

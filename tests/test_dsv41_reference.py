@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from tfc.fixtures.layer_modes import layer_mode_records
 from tfc.runtime.dsv41_config import config_from_dict
 from tfc.runtime.dsv41_model import Dsv41Model
 from tfc.runtime.dsv41_quant import fake_quant_fp4, fake_quant_fp8
@@ -167,7 +168,8 @@ def _attention(t, w, layer, ratio, x, inv_main, inv_comp, published):
                     blocks[(vis - 1) // bs] = math.inf
                 keep = sorted(blocks, key=lambda bb, bl=blocks: (-bl[bb], bb))[: t["candidate_topk_blocks"]]
                 cands.append({g for g in range(len(published["ikeys"])) if g // bs in keep})
-            elif 0 <= t["candidate_source_layer_id"] < layer:
+            elif layer not in t["kv_source_layer_ids"] and 0 <= t["candidate_source_layer_id"] < layer:
+                # only reindex layers use the candidates (spec deepseek_v41.md section 2)
                 score = {g: v for g, v in score.items() if g in published["cands"][k]}
             chosen.append(set(sorted(score, key=lambda g, sc=score: (-sc[g], g))[: t["index_topk"]]))
         published["chosen"] = chosen
@@ -203,7 +205,7 @@ def _engram_rows(cfg, n, seed):
 
 def test_stateful_chunked_forward_matches_one_shot_reference():
     raw = tiny_config_dict()
-    cfg = config_from_dict(raw)
+    cfg = config_from_dict(raw, layer_mode_records(raw))
     w = random_weights(cfg, seed=3, dtype=F64)
     n = 22  # past the window (8), several candidate blocks, more entries than index_topk
     toks = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(4)).tolist()

@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("transformers", minversion="5.0")
 v4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
+from tfc.fixtures.layer_modes import layer_mode_records  # noqa: E402
 from tfc.runtime.dsv41_config import config_from_dict  # noqa: E402
 from tfc.runtime.dsv41_csa import rms_norm  # noqa: E402
 from tfc.runtime.dsv41_mhc import hc_collapse, hc_mix  # noqa: E402
@@ -29,7 +30,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}  # the port computes norms and mHC in fp32
 @pytest.fixture(scope="module")
 def setup():
     raw = tiny_config_dict()
-    cfg = config_from_dict(raw)
+    cfg = config_from_dict(raw, layer_mode_records(raw))
     t = raw["text_config"]
     hf = DeepseekV4Config(
         vocab_size=cfg.vocab_size,

@@ -45,11 +45,9 @@ def images(tiny_pack, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dense(images):
     """The engram image's config, weights (decoded once) and Engram feed, for in-process references."""
-    from tfc.runtime.dsv41_config import config_from_dict
     from tfc.runtime.dsv41_weights import engram_feed, load_dense_weights
 
-    raw, weights = load_dense_weights(images["engram"])
-    cfg = config_from_dict(raw)
+    cfg, weights = load_dense_weights(images["engram"])
     return cfg, weights, engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
 
 

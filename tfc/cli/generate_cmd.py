@@ -114,20 +114,18 @@ def generate(
     """
     import torch
 
-    from tfc.runtime.dsv41_config import config_from_dict
     from tfc.runtime.dsv41_generate import generate as run
     from tfc.runtime.dsv41_model import Dsv41Model
     from tfc.runtime.dsv41_weights import engram_feed, open_dense
     from tfc.runtime.sampling import SamplingParams
 
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    raw, weights, opened = open_dense(image)
+    cfg, weights, opened = open_dense(image)
     if tokenizer_path is not None:
         tok = _tokenizer(tokenizer_path)
     else:
         tok = _image_tokenizer(opened, image)
         tokenizer_path = Path(image) / "tokenizer.json"
-    cfg = config_from_dict(raw)
     feed = None
     if cfg.engram_layer_ids and no_engram:
         click.secho(
