@@ -2,14 +2,7 @@
 # One H200 session for the image questions: GPU tests, prepare vs copy, verify vs read, boot, Engram gather.
 # Run on the device from the repository root with .whl carried (blake3 for python 3.12):
 #   bash benchmarks/h200_all.sh
-set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-WORK=${WORK:-/tmp/tfcbench}; mkdir -p "$WORK"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
-  && export PYTHONPATH=/tmp/site || { echo "install failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+source benchmarks/_h200_setup.sh
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/gpu.txt"
 df -h "$WORK" | tail -1 | tee -a "$OUT/gpu.txt"
 echo "== gpu tests"; REPO=$PWD; (cd /tmp && timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider "$REPO/tests") 2>&1 | tail -25 | tee "$OUT/gpu_tests.txt"

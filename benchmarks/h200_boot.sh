@@ -2,16 +2,9 @@
 # One H200 call for the runtime questions: the GPU tests (uploads, forward; the kernel GPU tests run with
 # the kernel benchmark), a 22 GB Flash-geometry image, then the boot benchmark. From the repository root,
 # with .whl carried (blake3 for python 3.12):  bash benchmarks/h200_boot.sh
-set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-WORK=${WORK:-/tmp/tfcbench}; mkdir -p "$WORK"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
-  && export PYTHONPATH=/tmp/site || { echo "install failed"; exit 1; }
+source benchmarks/_h200_setup.sh
 TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
 REPO=$PWD
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "== gpu tests"
 [ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --ignore="$REPO/tests/test_kernels_gpu.py" \
   "$REPO/tests") 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
