@@ -12,43 +12,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import USE_ASM, cb_decode
+from tfc.kernels.exl3_tl import USE_ASM, cb_decode, codebook_ptx
 
 # Two states in, two fp32 values out: the codebook as in exl3_tl (bit-exact fp16) plus the widening.
-_MUL1_F32 = tl.constexpr("""{
-.reg .b32 a, b, one, base, kinv, kbias;
-.reg .b16 l, h;
-mov.b32 one, 0x01010101;
-mov.b32 base, 0x6400;
-mov.b32 kinv, 0x1EEE1EEE;
-mov.b32 kbias, 0xC931C931;
-mul.lo.u32 a, $2, 0x83DCD12D;
-mul.lo.u32 b, $3, 0x83DCD12D;
-dp4a.u32.u32 a, a, one, base;
-dp4a.u32.u32 b, b, one, base;
-prmt.b32 a, a, b, 0x5410;
-fma.rn.f16x2 a, a, kinv, kbias;
-mov.b32 {l, h}, a;
-cvt.f32.f16 $0, l;
-cvt.f32.f16 $1, h;
-}""")
-
-_INST_F32 = """{
-.reg .b32 a, b, lo, hi;
-.reg .b16 l, h;
-mad.lo.u32 a, $2, MULT, ADD;
-mad.lo.u32 b, $3, MULT, ADD;
-lop3.b32 a, a, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-lop3.b32 b, b, 0x8FFF8FFF, 0x3B603B60, 0x6A;
-prmt.b32 lo, a, b, 0x5410;
-prmt.b32 hi, a, b, 0x7632;
-add.rn.f16x2 a, lo, hi;
-mov.b32 {l, h}, a;
-cvt.f32.f16 $0, l;
-cvt.f32.f16 $1, h;
-}"""
-_3INST_F32 = tl.constexpr(_INST_F32.replace("MULT", "89226354").replace("ADD", "64248484"))
-_MCG_F32 = tl.constexpr(_INST_F32.replace("MULT", "0xCBAC1FED").replace("ADD", "0"))
+_MUL1_F32 = tl.constexpr(codebook_ptx(2, widen=True))
+_3INST_F32 = tl.constexpr(codebook_ptx(0, widen=True))
+_MCG_F32 = tl.constexpr(codebook_ptx(1, widen=True))
 
 RUN_WIDTHS = tuple(range(16, 129, 16))  # integer widths K = 1 .. 8 (int16 words per tile = 16 K)
 

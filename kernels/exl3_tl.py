@@ -11,32 +11,51 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 # On a GPU the codebooks run as packed PTX (two weights per instruction); the interpreter runs plain ops.
 USE_ASM = tl.constexpr(not INTERPRET)
 
-_MUL1_ASM = tl.constexpr("""{
-.reg .b32 a, b, one, base, kinv, kbias;
+# Codebooks of two states (SA, SB) as PTX; DST gets the two fp16 values packed (spec exl3.md §4).
+_MUL1_BODY = """.reg .b32 a, b, one, base, kinv, kbias;
 mov.b32 one, 0x01010101;
 mov.b32 base, 0x6400;
 mov.b32 kinv, 0x1EEE1EEE;
 mov.b32 kbias, 0xC931C931;
-mul.lo.u32 a, $1, 0x83DCD12D;
-mul.lo.u32 b, $2, 0x83DCD12D;
+mul.lo.u32 a, SA, 0x83DCD12D;
+mul.lo.u32 b, SB, 0x83DCD12D;
 dp4a.u32.u32 a, a, one, base;
 dp4a.u32.u32 b, b, one, base;
 prmt.b32 a, a, b, 0x5410;
-fma.rn.f16x2 $0, a, kinv, kbias;
-}""")
-
-_INST_ASM = """{
-.reg .b32 a, b, lo, hi;
-mad.lo.u32 a, $1, MULT, ADD;
-mad.lo.u32 b, $2, MULT, ADD;
+fma.rn.f16x2 DST, a, kinv, kbias;"""
+_INST_BODY = """.reg .b32 a, b, lo, hi;
+mad.lo.u32 a, SA, MULT, ADD;
+mad.lo.u32 b, SB, MULT, ADD;
 lop3.b32 a, a, 0x8FFF8FFF, 0x3B603B60, 0x6A;
 lop3.b32 b, b, 0x8FFF8FFF, 0x3B603B60, 0x6A;
 prmt.b32 lo, a, b, 0x5410;
 prmt.b32 hi, a, b, 0x7632;
-add.rn.f16x2 $0, lo, hi;
-}"""
-_3INST_ASM = tl.constexpr(_INST_ASM.replace("MULT", "89226354").replace("ADD", "64248484"))
-_MCG_ASM = tl.constexpr(_INST_ASM.replace("MULT", "0xCBAC1FED").replace("ADD", "0"))
+add.rn.f16x2 DST, lo, hi;"""
+CODEBOOK_BODIES = {
+    0: _INST_BODY.replace("MULT", "89226354").replace("ADD", "64248484"),
+    1: _INST_BODY.replace("MULT", "0xCBAC1FED").replace("ADD", "0"),
+    2: _MUL1_BODY,
+}
+
+
+def codebook_ptx(cb: int, widen: bool = False) -> str:
+    """Inline PTX of codebook cb: states $1, $2 -> packed fp16 $0; widen: states $2, $3 -> fp32 $0, $1."""
+    body = CODEBOOK_BODIES[cb]
+    if not widen:
+        return "{\n" + body.replace("SA", "$1").replace("SB", "$2").replace("DST", "$0") + "\n}"
+    regs, ops = body.replace("SA", "$2").replace("SB", "$3").replace("DST", "a").split("\n", 1)
+    return (
+        "{\n"
+        + regs
+        + "\n.reg .b16 l, h;\n"
+        + ops
+        + "\nmov.b32 {l, h}, a;\ncvt.f32.f16 $0, l;\ncvt.f32.f16 $1, h;\n}"
+    )
+
+
+_MUL1_ASM = tl.constexpr(codebook_ptx(2))
+_3INST_ASM = tl.constexpr(codebook_ptx(0))
+_MCG_ASM = tl.constexpr(codebook_ptx(1))
 
 
 @triton.jit
