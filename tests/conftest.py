@@ -54,3 +54,67 @@ def flash_headers_pack(tmp_path_factory):
     out = tmp_path_factory.mktemp("flash") / "pack"
     write_flash_headers(out)
     return out
+
+
+class FakeCuda:
+    """Enough of torch.cuda for the upload paths to run their control flow on the CPU."""
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        def __init__(self, **flags):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def query(self):
+            return True
+
+    @staticmethod
+    def stream(s):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+@pytest.fixture()
+def fake_cuda(monkeypatch):
+    """torch.cuda streams/events as no-ops, pinned memory as plain memory, host registrations recorded.
+
+    `live` maps each registered address to its (size, flags) until it is unregistered; `seen` lists the
+    (size, flags) of every registration.
+    """
+    import types
+
+    import torch
+    from tfc.runtime import upload as up
+
+    for name in ("Stream", "Event", "stream"):
+        monkeypatch.setattr(torch.cuda, name, getattr(FakeCuda, name))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    live: dict[int, tuple[int, int]] = {}
+    seen: list[tuple[int, int]] = []
+
+    class Registrar:
+        def register(self, ptr, size, flags=up.REGISTER_READ_ONLY | up.REGISTER_PORTABLE):
+            assert ptr % up.PAGE == 0 and ptr not in live
+            live[ptr] = (size, flags)
+            seen.append((size, flags))
+
+        def unregister(self, ptr):
+            del live[ptr]
+
+    monkeypatch.setattr(up, "_Registrar", Registrar)
+    return types.SimpleNamespace(live=live, seen=seen)

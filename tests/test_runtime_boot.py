@@ -256,59 +256,11 @@ def test_register_windows_are_disjoint_pages_covering_every_chunk(tmp_path):
     assert sum(c[3] for _, _, _, cs in windows for c in cs) == Planned.plan.nbytes
 
 
-class _FakeCuda:
-    """Enough of torch.cuda for the ring and register paths to run their control flow on the CPU."""
-
-    class Stream:
-        def __init__(self, device=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class Event:
-        def __init__(self, **flags):
-            pass
-
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def query(self):
-            return True
-
-    @staticmethod
-    def stream(s):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-
 @pytest.mark.parametrize("method", ["ring", "register"])
-def test_ring_and_register_control_flow_on_cpu(tmp_path, monkeypatch, method):
-    import torch
+def test_ring_and_register_control_flow_on_cpu(tmp_path, fake_cuda, method):
     from tfc.runtime import upload as up
 
     path, arrays = make_image(tmp_path, big=True)
-    for name in ("Stream", "Event", "stream"):
-        monkeypatch.setattr(torch.cuda, name, getattr(_FakeCuda, name))
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
-    live: set[int] = set()
-
-    class Registrar:
-        def register(self, ptr, size):
-            assert ptr % up.PAGE == 0 and ptr not in live
-            live.add(ptr)
-
-        def unregister(self, ptr):
-            live.remove(ptr)
-
-    monkeypatch.setattr(up, "_Registrar", Registrar)
     with open_image(path) as opened:
         arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cpu")
         with up._Files(arena) as files:
@@ -316,7 +268,7 @@ def test_ring_and_register_control_flow_on_cpu(tmp_path, monkeypatch, method):
                 up._upload_ring(arena, files, 3, 1 << 17, 2, lambda n: None)
             else:
                 up._upload_register(arena, files, 3, 1 << 18, lambda n: None)
-        assert not live
+        assert not fake_cuda.live
         for s in opened.manifest.segments:
             assert arena.raw(s.name).numpy().tobytes() == arrays[s.name], s.name
 

@@ -9,39 +9,12 @@ import types
 from pathlib import Path
 
 import pytest
-from test_runtime_boot import _FakeCuda
+from conftest import FakeCuda
 from tfc.runtime import upload as up
 from tfc.runtime import upload_mmap as um
 from tfc.runtime.arena import DeviceArena, UploadItem, plan_arena
 
 PAGE = um.PAGE
-
-
-@pytest.fixture()
-def fake_cuda(monkeypatch):
-    """torch.cuda streams/events as no-ops, pinned memory as plain memory, registration recorded."""
-    import torch
-
-    for name in ("Stream", "Event", "stream"):
-        monkeypatch.setattr(torch.cuda, name, getattr(_FakeCuda, name))
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: None)
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
-    live: dict[int, int] = {}
-    seen: list[int] = []
-
-    class Registrar:
-        def register(self, ptr, size, flags=up.REGISTER_READ_ONLY | up.REGISTER_PORTABLE):
-            assert ptr % PAGE == 0 and ptr not in live and not flags & up.REGISTER_READ_ONLY
-            live[ptr] = size
-            seen.append(size)
-
-        def unregister(self, ptr):
-            del live[ptr]
-
-    monkeypatch.setattr(up, "_Registrar", Registrar)
-    return types.SimpleNamespace(live=live, seen=seen)
 
 
 def _files(root: Path, sizes: list[int], seed: int = 0) -> tuple[list[UploadItem], dict[str, bytes]]:
@@ -96,7 +69,7 @@ def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, options):
     assert not fake_cuda.live  # every staging slot was unregistered
     registered = 0 if cfg.pinning == "torch" else len(fake_cuda.seen)
     assert registered <= cfg.threads * cfg.slots_per_thread
-    assert all(size == cfg.slot_bytes for size in fake_cuda.seen)
+    assert all(size == cfg.slot_bytes and not flags & up.REGISTER_READ_ONLY for size, flags in fake_cuda.seen)
 
 
 def test_mmap_staging_options_are_checked():
@@ -161,7 +134,7 @@ def test_mmap_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch)
     arena = DeviceArena(plan_arena(items), "cpu")
     recorded = [0]
 
-    class Event(_FakeCuda.Event):
+    class Event(FakeCuda.Event):
         def record(self, stream=None):
             recorded[0] += 1
             if recorded[0] == 5:
