@@ -88,13 +88,19 @@ def upload(
     `slot_bytes`, the ring picks its staging by the same probe. `mmap_options` are the fields of
     `upload_mmap.MmapStaging` (prefault, drop, issuer, streams, pinning).
     """
-    if arena.device.type == "cpu":
-        method = "host"
     method = method or "auto"
     if method not in METHODS:
         raise UploadError(f"upload method {method!r} is not one of {METHODS}")
+    if arena.device.type == "cpu":
+        if method not in ("auto", "host"):
+            raise UploadError(
+                f"upload method {method!r} needs a CUDA device; a CPU arena takes plain host copies"
+            )
+        method = "host"
     if method == "host" and arena.device.type != "cpu":
         raise UploadError("upload method 'host' needs a CPU arena")
+    if threads is not None and threads < 1:
+        raise UploadError(f"upload needs at least one thread, not {threads}")
     tick = progress or (lambda n: None)
     t0 = time.perf_counter()
     notes = []

@@ -210,6 +210,21 @@ def test_tfc_load_cli_refusal_is_one_line(tmp_path):
     assert r.stderr.count("\n") == 1 and "tfc prepare" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "says"), [(["--method", "mmap"], "needs a CUDA device"), (["--threads", "0"], "0")]
+)
+def test_tfc_load_cli_bad_options_are_one_line(image, args, says):
+    path, _ = image
+    r = subprocess.run(
+        [sys.executable, "-m", "tfc", "load", str(path), "--device", "cpu", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert says in r.stderr.strip().splitlines()[-1]  # the error is the last line (after click's usage)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "method, options",
@@ -314,3 +329,18 @@ def test_ring_staging_follows_the_page_cache(tmp_path, monkeypatch):
     assert "100% of the image in page cache" in warm.config and "0% of the image" in cold.config
     up.upload(arena, "ring", slot_bytes=1 << 20, slots_per_thread=3)  # explicit staging wins
     assert seen[-1] == (1 << 20, 3)
+
+
+def test_cpu_arena_refuses_a_cuda_upload_method_and_bad_thread_counts(tmp_path):
+    """Asking for a CUDA path on the CPU is an error, not a silent switch to host copies."""
+    from tfc.runtime.upload import UploadError
+
+    path, _ = make_image(tmp_path)
+    with open_image(path) as opened:
+        arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cpu")
+        for method in ("mmap", "ring", "register"):
+            with pytest.raises(UploadError, match="needs a CUDA device"):
+                upload(arena, method)
+        with pytest.raises(UploadError, match="at least one thread"):
+            upload(arena, threads=0)
+        assert upload(arena, "auto").method == "host"

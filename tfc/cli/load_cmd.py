@@ -42,13 +42,13 @@ def _progress(enabled: bool):
     type=click.Choice(["auto", "mmap", "ring", "register"]),
     default="auto",
     show_default=True,
-    help="Upload path on CUDA: auto takes mmap when the page cache holds the image, else ring.",
+    help="Upload path on CUDA: auto takes mmap when the page cache holds the image, else ring (a CPU arena takes host copies).",
 )
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
 @click.option(
     "--threads",
-    type=int,
+    type=click.IntRange(min=1),
     help="Copy / reader / registration threads (default: 16 for mmap, at most the CPUs; 8).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the phase timings as JSON.")
