@@ -19,10 +19,6 @@ from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
     fwht128,
-    lane_cols,
-    lane_sum,
-    lane_table,
-    lane_windows,
     load_states,
     prefetch_rows,
     release_fence,
@@ -58,7 +54,6 @@ def _exl3_gemm_kernel(
     y_ptr,
     ws_ptr,
     cnt_ptr,
-    tab_ptr,
     M,
     N,
     stride_x,
@@ -71,7 +66,6 @@ def _exl3_gemm_kernel(
     SPLIT,
     FUSE_ROT: tl.constexpr,
     USE_DOT: tl.constexpr,
-    LANES: tl.constexpr = False,
     PF: tl.constexpr = 0,
     RUNS: tl.constexpr = False,
     KDIM=0,
@@ -104,15 +98,10 @@ def _exl3_gemm_kernel(
     else:
         pos = tile_positions(BK, 128)
         off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
-        if LANES:
-            # One row only: decode in MMA lane order so that each warp-wide gather reads a single tile.
-            tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, W, tn, BK // 16)
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         step = (BK // 16) * tn * nw
         if USE_DOT:
             acc = tl.zeros([MP, 128], dtype=tl.float32)
-        elif LANES:
-            acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
         else:
             acc2 = tl.zeros([BK, 128], dtype=tl.float32)
         for kk in range(0, kt_per_split, BK // 16):
@@ -120,12 +109,7 @@ def _exl3_gemm_kernel(
                 # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
                 if kk + PF * (BK // 16) < kt_per_split:
                     prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
-            if LANES:
-                # Tile offsets as their own pointer step: the per-lane window words then differ between a
-                # thread's tiles by compile-time constants (immediate load offsets).
-                v = cb_decode(load_states(base + tiles, off_j, off_jp, shift), CB)
-            else:
-                v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
+            v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
             base += step
             row0 = (kt0 + kk) * 16
             if USE_DOT:
@@ -135,8 +119,6 @@ def _exl3_gemm_kernel(
                     rows = row0 + tl.arange(0, BK)
                     xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
                 acc = tl.dot(xa, v, acc)
-            elif LANES:
-                acc4 += tl.load(xh_ptr + row0 + xrow).to(tl.float32) * v.to(tl.float32)
             else:
                 if FUSE_ROT:
                     xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
@@ -145,12 +127,9 @@ def _exl3_gemm_kernel(
                 acc2 += xa[:, None] * v.to(tl.float32)
         # Every program parks its partial in the workspace; the last one of the column block (arrival
         # counter) sums them in split order, so results do not depend on scheduling.
-        if LANES:
-            tl.store(block + pid_s * 128 + lane_cols(), lane_sum(acc4))
-        else:
-            if not USE_DOT:
-                acc = tl.sum(acc2, axis=0)[None, :]
-            tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
+        if not USE_DOT:
+            acc = tl.sum(acc2, axis=0)[None, :]
+        tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -172,7 +151,6 @@ class GemmConfig:
     block_k: int | None = None  # k rows decoded per loop iteration
     fuse_rotation: bool | None = None  # had128(x*suh) inside the main kernel (default: on for the run decode)
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
-    lanes: bool = False  # one row: decode in MMA lane order (one tile per warp-wide gather)
     runs: bool | None = None  # one row, integer width: 32-position runs from words loaded once (default)
     run_tiles: int = 4  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
@@ -253,7 +231,7 @@ def exl3_gemm(
     mp = 16 if use_dot else 1
     if m_rows > mp:
         raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
-    runs = not use_dot and width % 16 == 0 and not config.lanes and config.runs is not False
+    runs = not use_dot and width % 16 == 0 and config.runs is not False
     bk = config.block_k or (64 if runs else 32 if use_dot else 16)
     blocks = n // 128
     waves = config.waves or (2.0 if use_dot else 8.0)
@@ -261,7 +239,7 @@ def exl3_gemm(
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
     fuse_req = config.fuse_rotation if config.fuse_rotation is not None else runs
-    fuse = fuse_req and not x_rotated and not (config.lanes and not use_dot)
+    fuse = fuse_req and not x_rotated
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
@@ -271,10 +249,10 @@ def exl3_gemm(
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, blocks) if split > 1 else y
     _exl3_gemm_kernel[(blocks, split)](
-        x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt, lane_table(x.device),
+        x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
-        LANES=config.lanes and not use_dot, PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 2 if runs else 4), num_stages=config.num_stages,
+        PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 2 if runs else 4), num_stages=config.num_stages,
     )  # fmt: skip
     return y
 

@@ -99,44 +99,6 @@ def window_offsets(pos, width, tn, BK: tl.constexpr, BN: tl.constexpr, INT_RATE:
 
 
 @triton.jit
-def lane_windows(tab_ptr, width, tn, BKT: tl.constexpr):
-    """Lane-ordered block of BKT x 8 tiles as [t 32, p 8, kt BKT, nt 8], i = 8 t + p (the MMA lane order).
-
-    One warp-wide load then reads one tile (32 lanes x positions 8t+p: a 64-256 byte ring, one or two
-    cache lines) instead of eight. The per-position window words come from a host table (lane_table):
-    loaded values carry no contiguity for the compiler, which therefore keeps the 32 lanes along t.
-    Returns the tile offsets [1, 1, BKT, 8] and, per lane element, the window words (j, jp) inside a tile,
-    the shift and the row (k within the block).
-    """
-    t = tl.arange(0, 32)[:, None, None, None]
-    p = tl.arange(0, 8)[None, :, None, None]
-    kt = tl.arange(0, BKT)[None, None, :, None]
-    nt = tl.arange(0, 8)[None, None, None, :]
-    ent = tl.load(tab_ptr + (width // 8) * 256 + 8 * t + p)
-    tile = (kt * tn + nt) * (width // 2)
-    row = 16 * kt + (ent >> 24)
-    return tile, ent & 0xFF, (ent >> 8) & 0xFF, (ent >> 16) & 0xFF, row
-
-
-@triton.jit
-def lane_sum(acc):
-    """Sum a lane-ordered [32, 8, BKT, 8] accumulator over its rows -> [2, 8, 8] (ph, nt, tc)."""
-    a = tl.sum(acc, axis=2)  # [t, p, nt]
-    a = tl.reshape(a, (8, 4, 2, 2, 2, 8))  # t = 4 tc + tr, p = 4 ph + 2 pm + pl
-    a = tl.sum(tl.sum(tl.sum(a, axis=4), axis=3), axis=1)  # [tc, ph, nt]
-    return tl.permute(a, (1, 2, 0))
-
-
-@triton.jit
-def lane_cols():
-    """Column (within the 128-column block) of each lane_sum entry: 16 nt + 8 ph + tc."""
-    ph = tl.arange(0, 2)[:, None, None]
-    nt = tl.arange(0, 8)[None, :, None]
-    tc = tl.arange(0, 8)[None, None, :]
-    return 16 * nt + 8 * ph + tc
-
-
-@triton.jit
 def load_states(base, off_j, off_jp, shift):
     """16-bit states: ((w[jp] << 32 | w[j]) >> shift) & 0xFFFF, w = the tile's little-endian uint32 words."""
     lo = tl.load(base + off_j).to(tl.uint32, bitcast=True).to(tl.uint64)
@@ -342,26 +304,6 @@ def rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP: tl.constexpr, BK: tl.co
     else:
         out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
     return out
-
-
-_LANE_TABLES: dict[tuple[str, int | None], object] = {}
-
-
-def lane_table(device):
-    """int32 [17, 256]: row W // 8 holds, for position i, j | jp << 8 | shift << 16 | tile row << 24."""
-    import numpy as np
-    import torch
-    from tfc.kernels.exl3_reference import position_rc, window_words
-
-    key = (device.type, device.index)
-    if key not in _LANE_TABLES:
-        tab = np.zeros((17, 256), dtype=np.int64)
-        rows = position_rc()[0]
-        for width in range(16, 129, 8):
-            j, jp, shift = window_words(width)
-            tab[width // 8] = j | (jp << 8) | (shift << 16) | (rows << 24)
-        _LANE_TABLES[key] = torch.from_numpy(tab.astype(np.int32)).to(device)
-    return _LANE_TABLES[key]
 
 
 def next_pow2(v: int) -> int:

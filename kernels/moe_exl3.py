@@ -20,10 +20,6 @@ from tfc.kernels.exl3_runs import runs_cols, runs_cols_rt, store_cols
 from tfc.kernels.exl3_tl import (
     cb_decode,
     cb_decode_rt,
-    lane_cols,
-    lane_sum,
-    lane_table,
-    lane_windows,
     load_states,
     prefetch_rows,
     release_fence,
@@ -50,41 +46,36 @@ def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
 
 
 @triton.jit
-def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
+def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
                  FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
-                 LANES: tl.constexpr, RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
+                 RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
     """dst[c] = sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 pid_c + c], c < 128."""
     if W > 0:
         width = W
     else:
         width = tl.load(wid_ptr + e)
     nw = width // 2
+    base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
     if RUNS:
         # Integer widths, one codebook: 32-position runs cut from words loaded once (exl3_runs).
-        base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
         if W > 0:
             a, b = runs_cols(base, tn, kt_per, xin_ptr + kt0 * 16, W, CB, BK // 16, TPE)
         else:
             a, b = runs_cols_rt(base, width, tn, kt_per, xin_ptr + kt0 * 16, CB, BK // 16, TPE)
         store_cols(dst, a, b)
     else:
-        _expert_cols_gather(words_ptr, off_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr,
-                            dst, width, nw, FUSE, W, CB, BK, PF, LANES)  # fmt: skip
+        _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, suh_ptr, dst, width, nw,
+                            FUSE, W, CB, BK, PF)  # fmt: skip
 
 
 @triton.jit
-def _expert_cols_gather(words_ptr, off_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
-                        width, nw, FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
-                        PF: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
+def _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, suh_ptr, dst, width, nw,
+                        FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr,
+                        PF: tl.constexpr):  # fmt: skip
     """_expert_cols by per-element window gathers (any width, codebooks chosen per entry)."""
-    if LANES:
-        tiles, off_j, off_jp, shift, xrow = lane_windows(tab_ptr, width, tn, BK // 16)
-        acc4 = tl.zeros([32, 8, BK // 16, 8], dtype=tl.float32)
-    else:
-        pos = tile_positions(BK, 128)
-        off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
-        acc2 = tl.zeros([BK, 128], dtype=tl.float32)
-    base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
+    pos = tile_positions(BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
+    acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     step = (BK // 16) * tn * nw
     if CB < 0:
         cb = tl.load(cb_ptr + e)
@@ -92,28 +83,19 @@ def _expert_cols_gather(words_ptr, off_ptr, cb_ptr, tab_ptr, e, pid_c, kt0, kt_p
         if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
             if kk + PF * (BK // 16) < kt_per:
                 prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * width)
-        if LANES:
-            s = load_states(base + tiles, off_j, off_jp, shift)
-        else:
-            s = load_states(base, off_j, off_jp, shift)
+        s = load_states(base, off_j, off_jp, shift)
         if CB >= 0:
             v = cb_decode(s, CB)
         else:
             v = cb_decode_rt(s, cb)
         base += step
         row0 = (kt0 + kk) * 16
-        if LANES:
-            acc4 += tl.load(xin_ptr + row0 + xrow) * v.to(tl.float32)
+        if FUSE:
+            xa = tl.sum(rotated_slice(xin_ptr, suh_ptr, 1, 0, row0, 1, BK), axis=0)
         else:
-            if FUSE:
-                xa = tl.sum(rotated_slice(xin_ptr, suh_ptr, 1, 0, row0, 1, BK), axis=0)
-            else:
-                xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
-            acc2 += xa[:, None] * v.to(tl.float32)
-    if LANES:
-        tl.store(dst + lane_cols(), lane_sum(acc4))
-    else:
-        tl.store(dst + tl.arange(0, 128), tl.sum(acc2, axis=0))
+            xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
+        acc2 += xa[:, None] * v.to(tl.float32)
+    tl.store(dst + tl.arange(0, 128), tl.sum(acc2, axis=0))
 
 
 @triton.jit
@@ -157,10 +139,10 @@ def _moe_gate_up_kernel(
     x_ptr, ids_ptr, wts_ptr, xh_ptr,
     t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, suh1_ptr, svh1_ptr,
     t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, suh3_ptr, svh3_ptr,
-    suh2_ptr, act_ptr, ws_ptr, cnt_ptr, tab_ptr,
+    suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
     P, D, NI, stride_x, topk, n_routed, kt_per, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
-    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, LANES: tl.constexpr, SPLIT, RUNS: tl.constexpr,
+    BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
     TPE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
@@ -178,10 +160,10 @@ def _moe_gate_up_kernel(
     # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
     slot = (p * (NI // 128) + pid_c).to(tl.int64)
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
-    _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
-                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, LANES, RUNS, TPE)  # fmt: skip
-    _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, tab_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
-                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, LANES, RUNS, TPE)  # fmt: skip
+    _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
+                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, RUNS, TPE)  # fmt: skip
+    _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
+                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, RUNS, TPE)  # fmt: skip
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -194,10 +176,10 @@ def _moe_gate_up_kernel(
 
 @triton.jit
 def _moe_down_kernel(
-    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr, tab_ptr,
+    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
     D, NI, stride_y, topk, n_routed, kt_per,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr, LANES: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr,
+    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -210,8 +192,8 @@ def _moe_down_kernel(
     cols = pid_c * 128 + c
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
-    _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, tab_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
-                 act_ptr, mine, False, W2, CB2, BK, PF, LANES, RUNS2, TPE)  # fmt: skip
+    _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
+                 act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE)  # fmt: skip
     tl.debug_barrier()
     y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     tl.store(mine + 128 + c, y)
@@ -231,7 +213,6 @@ class MoeConfig:
     block_k: int | None = None  # k rows per loop iteration: 32 for the run decode, else 16
     fuse_rotation: bool = False
     prefetch: int = 4
-    lanes: bool = False  # decode in MMA lane order (one tile per warp-wide gather)
     runs: bool | None = None  # 32-position runs (integer widths, one codebook per table; default where so)
     run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     num_warps: int | None = None  # 2 for the run decode, else 4
@@ -240,8 +221,8 @@ class MoeConfig:
 
 
 def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
-    """Whether a table takes the run decode: integer widths, one codebook, not switched off or to lanes."""
-    return config.runs is not False and not config.lanes and table.codebook >= 0 and table.integer_widths
+    """Whether a table takes the run decode: integer widths, one codebook, not switched off."""
+    return config.runs is not False and table.codebook >= 0 and table.integer_widths
 
 
 def moe_exl3(
@@ -290,8 +271,7 @@ def moe_exl3(
     ns = (topk + 1) * split2
     ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
     ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
-    fuse = config.fuse_rotation and not config.lanes and not runs13
-    tab = lane_table(dev)
+    fuse = config.fuse_rotation and not runs13
     xh = x
     if not fuse:
         xh = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
@@ -305,16 +285,16 @@ def moe_exl3(
         x, ids, wts, xh,
         w1.words, w1.offsets, w1.widths, w1.codebooks, w1.suh, w1.svh,
         w3.words, w3.offsets, w3.widths, w3.codebooks, w3.suh, w3.svh,
-        w2.suh, act, ws1, cnt1, tab,
+        w2.suh, act, ws1, cnt1,
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, LANES=config.lanes, RUNS=runs13, TPE=config.run_tiles,
+        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=config.run_tiles,
         num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
-        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2, tab,
+        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, LANES=config.lanes, RUNS2=runs2, TPE=config.run_tiles,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=config.run_tiles,
         num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y

@@ -25,7 +25,7 @@ GEMM_CASES = [
     ("m1_runs_t4_w96", 96, 0, 1, "float16", {"run_tiles": 4, "block_k": 128}),
     ("m1_runs_t4_w128", 128, 2, 1, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
     ("m1_gather", 32, 2, 1, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
-    ("m1_lanes", 40, 2, 1, "float16", {"lanes": True, "block_k": 32, "split": 2}),
+    ("m1_gather_half_rate", 40, 2, 1, "float16", {"block_k": 32, "split": 2}),
     ("m4_dot_fused", 24, 2, 4, "float16", {"fuse_rotation": True, "split": 2}),
     ("m16_dot", 64, 1, 16, "bfloat16", {"fuse_rotation": False, "split": 2}),
 ]
@@ -103,7 +103,7 @@ def _cases() -> dict[str, dict]:
         limit = 0.3
         want = moe_reference(x, ids, wts, *dense, swiglu_limit=limit)
         unclamped = moe_reference(x, ids, wts, *dense, swiglu_limit=0.0)
-        modes = (("rotate", {}), ("fused", {"fuse_rotation": True}), ("lanes", {"lanes": True}))
+        modes = (("rotate", {}), ("fused", {"fuse_rotation": True}))
         if layout == "stack":
             modes += (("gather", {"runs": False}), ("runs_t4", {"run_tiles": 4, "block_k": 128}))
         elif layout == "ragged_int":
@@ -145,8 +145,8 @@ def test_gemm_kernel(interp_results, case):
     assert r["deterministic"] and r["counters_zero"]
 
 
-MOE_CASES = ["stack_rotate", "stack_fused", "stack_lanes", "stack_gather", "stack_runs_t4"]
-MOE_CASES += ["ragged_rotate", "ragged_fused", "ragged_lanes", "ragged_int_runs"]
+MOE_CASES = ["stack_rotate", "stack_fused", "stack_gather", "stack_runs_t4"]
+MOE_CASES += ["ragged_rotate", "ragged_fused", "ragged_int_runs"]
 
 
 @pytest.mark.parametrize("case", MOE_CASES)
