@@ -235,7 +235,7 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
 # -- boots ------------------------------------------------------------------------------------
 
 CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "window_bytes", "prefault", "drop", "issuer",
-            "streams", "pinning")  # fmt: skip
+            "streams", "pinning", "huge", "affinity")  # fmt: skip
 
 
 def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
@@ -263,6 +263,7 @@ def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict
         "upload_s": report.seconds,
         "read_s": report.read_seconds,
         "staging_s": report.staging_seconds,
+        "steps": report.steps,
         "config": report.config,
     }
     out["gbps"] = plan.nbytes / out["seconds"] / 1e9

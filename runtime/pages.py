@@ -10,7 +10,9 @@ import os
 MAP_FAILED = ctypes.c_void_p(-1).value
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
+MADV_HUGEPAGE = 14
 MADV_POPULATE_READ = 22  # Linux >= 5.14; older kernels answer EINVAL
+MADV_POPULATE_WRITE = 23
 
 
 @functools.cache

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ class UploadReport:
     threads: int
     config: str = ""  # the staging chosen, and why
     staging_seconds: float = 0.0  # allocating staging, summed over the threads (overlaps the copies)
+    steps: dict[str, float] = field(default_factory=dict)  # mmap: seconds per step, summed over threads
 
     @property
     def gbps(self) -> float:
@@ -127,12 +128,13 @@ def upload(
     threads = threads or THREADS
     slot_bytes = slot_bytes or (16 << 20)
     slots_per_thread = slots_per_thread or 2
-    staging = 0.0
+    staging, steps = 0.0, {}
     with _Files(arena) as files:
         if method == "host":
             read_done = _upload_host(arena, files, threads, slot_bytes, tick)
         elif method == "mmap":
-            read_done, staging = upload_mmap(arena, files, cfg, tick)
+            times = upload_mmap(arena, files, cfg, tick)
+            read_done, staging, steps = times.read_done, times.staging, times.steps()
         elif method == "ring":
             read_done = _upload_ring(arena, files, threads, slot_bytes, slots_per_thread, tick)
         else:
@@ -140,7 +142,7 @@ def upload(
     t1 = time.perf_counter()
     config = "; ".join(notes)
     return UploadReport(
-        method, str(arena.device), arena.nbytes, t1 - t0, read_done - t0, threads, config, staging
+        method, str(arena.device), arena.nbytes, t1 - t0, read_done - t0, threads, config, staging, steps
     )
 
 

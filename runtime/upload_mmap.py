@@ -9,7 +9,9 @@ down), then has the asynchronous host-to-device copy issued: by itself on its ow
 issuer thread over a few streams. Host copies and PCIe transfers of different slots run at once.
 
 Slots are allocated when first used (so the first copies start before the whole ring exists):
-anonymous memory page-locked with cudaHostRegister (`register`), or torch's pinned allocator (`torch`).
+anonymous memory page-locked with cudaHostRegister (`register`, optionally on transparent huge pages),
+or torch's pinned allocator (`torch`). Each thread can be bound to one CPU (`affinity`). The upload
+reports, summed over the threads, the seconds spent waiting for a slot, copying and issuing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tfc.runtime import upload as up
-from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, MAP_FAILED, libc
+from tfc.runtime.pages import (
+    MADV_DONTNEED,
+    MADV_HUGEPAGE,
+    MADV_POPULATE_READ,
+    MADV_POPULATE_WRITE,
+    MADV_WILLNEED,
+    MAP_FAILED,
+    libc,
+)
 
 PREFAULTS = ("none", "populate", "willneed")
 ISSUERS = ("thread", "single")
@@ -47,6 +57,8 @@ class MmapStaging:
     issuer: str = "thread"  # who issues the host-to-device copies: each copy thread, or one thread
     streams: int = 2  # CUDA streams of the single issuer
     pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
+    huge: bool = False  # register: back the slots with transparent huge pages (MADV_HUGEPAGE)
+    affinity: bool = False  # bind copy thread i to the i-th CPU this process may use
 
     @property
     def ring_bytes(self) -> int:
@@ -59,8 +71,24 @@ class MmapStaging:
         return (
             f"{self.threads} threads x {self.slot_bytes >> 20} MiB x {self.slots_per_thread} slots "
             f"({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
-            f"{', drop' if self.drop else ''}, copies issued {who}"
+            f"{', drop' if self.drop else ''}{', huge pages' if self.huge else ''}"
+            f"{', threads bound to CPUs' if self.affinity else ''}, copies issued {who}"
         )
+
+
+@dataclass
+class MmapTimes:
+    """When the last piece left the mapping, and seconds per step summed over the copy threads."""
+
+    read_done: float = 0.0
+    staging: float = 0.0  # allocating and pinning slots
+    wait: float = 0.0  # waiting for a slot's previous host-to-device copy
+    copy: float = 0.0  # memmove out of the mapping (with the madvise calls)
+    issue: float = 0.0  # issuing the host-to-device copies (or handing them to the issuer)
+
+    def steps(self) -> dict[str, float]:
+        """The summed steps, rounded, for a report."""
+        return {k: round(getattr(self, k), 4) for k in ("staging", "wait", "copy", "issue")}
 
 
 def cpu_threads() -> int:
@@ -125,7 +153,7 @@ class _Advice:
 class _Slot:
     """One page-locked staging buffer: its address and a uint8 tensor over it."""
 
-    def __init__(self, nbytes: int, pinning: str) -> None:
+    def __init__(self, nbytes: int, pinning: str, huge: bool = False) -> None:
         import torch
 
         self.nbytes, self.pinning, self.mapped = nbytes, pinning, 0
@@ -134,11 +162,15 @@ class _Slot:
             self.addr = self.tensor.data_ptr()
             return
         lib = libc()
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (0 if huge else getattr(mmap, "MAP_POPULATE", 0))
         addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
         if addr in (None, MAP_FAILED):
             raise up.UploadError(f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}")
         self.mapped = addr
+        if huge:  # ask for huge pages first, then fault the whole slot in (a refusal leaves small pages)
+            lib.madvise(addr, nbytes, MADV_HUGEPAGE)
+            if lib.madvise(addr, nbytes, MADV_POPULATE_WRITE) != 0:
+                ctypes.memset(addr, 0, nbytes)
         self.registrar = up._Registrar()
         try:
             self.registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
@@ -160,8 +192,8 @@ class _Slot:
 
 def upload_mmap(
     arena: up.DeviceArena, files: up._Files, cfg: MmapStaging, tick: Callable[[int], None]
-) -> tuple[float, float]:
-    """Fill `arena` through the staging ring; returns (when the last piece left the mapping, staging seconds)."""
+) -> MmapTimes:
+    """Fill `arena` through the staging ring; returns when the last piece left the mapping, and the steps."""
     import torch
 
     device = arena.device
@@ -177,12 +209,15 @@ def upload_mmap(
     ready: queue.SimpleQueue = queue.SimpleQueue()  # (thread, slot, chunk, offset, length); None: done
     back = [queue.SimpleQueue() for _ in range(threads)]  # (slot, event after its last copy or None)
     last_copy = [0.0] * threads
-    staging = [0.0] * threads
+    spent = [MmapTimes() for _ in range(threads)]
     slots: list[list[_Slot]] = [[] for _ in range(threads)]
 
     def copier(i: int) -> None:
-        mine, own, stream = slots[i], cfg.issuer == "thread", None
+        mine, own, stream, t = slots[i], cfg.issuer == "thread", None, spent[i]
         try:
+            if cfg.affinity:
+                cpus = sorted(os.sched_getaffinity(0))
+                os.sched_setaffinity(0, {cpus[i % len(cpus)]})  # pid 0: this thread only (Linux)
             for k in range(cfg.slots_per_thread):
                 back[i].put((k, None))
             torch.cuda.set_device(device)
@@ -195,25 +230,30 @@ def upload_mmap(
                         ci, path, foff, coff, n = work.get_nowait()
                     except queue.Empty:
                         break
+                    t0 = time.perf_counter()
                     k, event = back[i].get()
                     if event is not None:
                         # Blocking events: a waiting thread sleeps rather than spin on a core the copies need.
                         event.synchronize()  # the slot's previous copy has left it
+                    t1 = time.perf_counter()
+                    t.wait += t1 - t0
                     if k == len(mine):
-                        t0 = time.perf_counter()
-                        mine.append(_Slot(cfg.slot_bytes, cfg.pinning))
-                        staging[i] += time.perf_counter() - t0
+                        mine.append(_Slot(cfg.slot_bytes, cfg.pinning, cfg.huge))
+                        t.staging += time.perf_counter() - t1
+                        t1 = time.perf_counter()
                     src = bases[path][0] + foff
                     advice.before(src, n)
                     _copy(mine[k].addr, src, n)
                     advice.after(src, n)
-                    last_copy[i] = time.perf_counter()
+                    last_copy[i] = t2 = time.perf_counter()
+                    t.copy += t2 - t1
                     if own:
                         arena.chunks[ci][coff : coff + n].copy_(mine[k].tensor[:n], non_blocking=True)
                         events[k].record(stream)
                         back[i].put((k, events[k]))
                     else:
                         ready.put((i, k, ci, coff, n))
+                    t.issue += time.perf_counter() - t2
                     tick(n)
         finally:
             if stream is not None:
@@ -269,4 +309,8 @@ def upload_mmap(
                 slot.free()
         if cfg.pinning == "torch":
             up.empty_host_cache(torch)  # the slots go back now, not at exit
-    return max(last_copy) or time.perf_counter(), sum(staging)
+    total = MmapTimes(read_done=max(last_copy) or time.perf_counter())
+    for t in spent:
+        for k in ("staging", "wait", "copy", "issue"):
+            setattr(total, k, getattr(total, k) + getattr(t, k))
+    return total

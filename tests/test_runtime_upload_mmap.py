@@ -43,8 +43,9 @@ def _run(arena: DeviceArena, cfg: um.MmapStaging) -> tuple[float, float, int]:
             ticks.append(n)
 
     with up._Files(arena) as files:
-        read_done, staging = um.upload_mmap(arena, files, cfg, tick)
-    return read_done, staging, sum(ticks)
+        times = um.upload_mmap(arena, files, cfg, tick)
+    assert min(times.steps().values()) >= 0
+    return times.read_done, times.staging, sum(ticks)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,7 @@ def _run(arena: DeviceArena, cfg: um.MmapStaging) -> tuple[float, float, int]:
         dict(threads=3, slots_per_thread=3, issuer="single", streams=2, prefault="willneed"),
         dict(threads=2, slots_per_thread=2, issuer="single", streams=1, pinning="torch"),
         dict(threads=5, slots_per_thread=2, pinning="torch", drop=False),
+        dict(threads=3, slots_per_thread=2, huge=True, affinity=True),
     ],
 )
 def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, options):
@@ -171,7 +173,9 @@ def test_auto_takes_mmap_when_the_image_is_cached_and_ring_from_disk(tmp_path, m
     arena = _cuda_arena(f)
     seen: list = []
     monkeypatch.setattr(up, "_Files", lambda a: contextlib.nullcontext(None))
-    monkeypatch.setattr(um, "upload_mmap", lambda a, files, cfg, tick: seen.append(cfg) or (0.0, 0.25))
+    monkeypatch.setattr(
+        um, "upload_mmap", lambda a, files, cfg, tick: seen.append(cfg) or um.MmapTimes(staging=0.25)
+    )
     monkeypatch.setattr(
         up, "_upload_ring", lambda a, files, t, slot, per, tick: seen.append((t, slot, per)) or 0.0
     )
