@@ -9,12 +9,13 @@ Measured in one run, each part skipped when it would pass --budget-s:
    (the H2D loop runs on its own thread while the memmove copies the whole image);
 2. pinning cost of 256 MiB of staging: fresh small pages, the same pages registered again, huge pages,
    torch's allocator;
-3. warm boots of the `register` path with more threads and smaller windows;
-4. warm boots of the `mmap` path (3 each): the default, CPU-bound threads, huge-page staging, other
-   thread counts and slot sizes, and the default with its staging pinned before the timer ("pool") to
-   show what the staging costs inside a boot. Each boot reports its per-step seconds summed over threads.
+3. warm boots of the `mmap` path (3 each): the default, with `direct` threads that page-lock windows of
+   the mapping and copy from them beside the staging threads, and the default with its staging pinned
+   before the timer ("pool") to show what the staging costs inside a boot. Each boot reports its
+   per-step seconds summed over threads.
 
-Writes boot_pipeline_h200.json into --out and prints a summary table.
+`--plan short` runs the contention part and two boots only (for a second process under other settings,
+e.g. GLIBC_TUNABLES). Writes boot_pipeline_h200_{plan}.json into --out and prints a summary table.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def h2d_loop(torch, stop: threading.Event, out: dict, piece: int = 128 * MIB, to
     del src, dst
 
 
-def contention(torch, files: list[Path], threads: int) -> dict:
-    """H2D alone, memmove alone, and both at once."""
+def contention(torch, files: list[Path], threads: int, piece: int) -> dict:
+    """H2D alone, memmove (into `piece`-sized buffers) alone, and both at once."""
     res: dict = {}
     stop = threading.Event()
     alone: dict = {"ready": threading.Event()}
@@ -72,19 +73,19 @@ def contention(torch, files: list[Path], threads: int) -> dict:
     stop.set()
     t.join()
     res["h2d_alone_gbps"] = alone["gbps"]
-    res["memmove_alone"] = boot_host.mmap_copy(files, threads, drop=True)
+    res["memmove_alone"] = boot_host.mmap_copy(files, threads, piece=piece, drop=True)
     stop = threading.Event()
     both: dict = {"ready": threading.Event()}
     t = threading.Thread(target=h2d_loop, args=(torch, stop, both))
     t.start()
     both["ready"].wait()
     time.sleep(0.05)
-    res["memmove_with_h2d"] = boot_host.mmap_copy(files, threads, drop=True)
+    res["memmove_with_h2d"] = boot_host.mmap_copy(files, threads, piece=piece, drop=True)
     stop.set()
     t.join()
     res["h2d_with_memmove_gbps"] = both["gbps"]
     for k in ("memmove_alone", "memmove_with_h2d"):
-        res[k] = {"gbps": res[k]["gbps"], "seconds": res[k]["seconds"], "threads": threads}
+        res[k] = {"gbps": res[k]["gbps"], "seconds": res[k]["seconds"], "threads": threads, "piece": piece}
     print(f"contention ({threads} threads): {json.dumps(res)}", file=sys.stderr)
     return res
 
@@ -165,6 +166,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--plan", choices=("main", "short"), default="main", help="short: contention and 2 boots")
     args = ap.parse_args()
     start = time.perf_counter()
     arena_mod, upload_mod = boot_h200._import_tfc()
@@ -186,24 +188,19 @@ def main() -> None:
     try:
         res["h2d_pinned_gbps"] = boot_h200.pinned_h2d_gbps(torch)
         res["floor_warm_s"] = nbytes / (res["h2d_pinned_gbps"]["best"] * 1e9)
-        res["contention"] = [contention(torch, files, t) for t in (16, 8)]
-        res["pin_costs"] = pin_costs(torch)
+        res["contention"] = [contention(torch, files, 16, piece) for piece in (8 * MIB, 1 * MIB)]
+        if args.plan == "main":
+            res["pin_costs"] = pin_costs(torch)
         res["boots"] = []
         base = dict(threads=16, slot_bytes=8 * MIB, slots_per_thread=2)
-        plan = [
-            ("mmap", base),
-            ("mmap", {**base, "affinity": True}),
-            ("mmap", {**base, "huge": True}),
-            ("mmap", {**base, "huge": True, "affinity": True}),
-            ("mmap", {**base, "threads": 14}),
-            ("mmap", {**base, "slot_bytes": 4 * MIB, "slots_per_thread": 4}),
-            ("mmap", {**base, "slot_bytes": 16 * MIB}),
-            ("mmap", {**base, "drop": False}),
-            ("register", dict(threads=8, window_bytes=64 * MIB)),
-            ("register", dict(threads=16, window_bytes=64 * MIB)),
-            ("register", dict(threads=16, window_bytes=128 * MIB)),
-            ("mmap", base),
-        ]
+        plan = [("mmap", base)] + [
+            ("mmap", {**base, **extra})
+            for extra in (
+                [dict(direct=2), dict(direct=4), dict(direct=4, window_bytes=128 * MIB),
+                 dict(threads=12, direct=4), dict(threads=14, direct=2), dict(direct=6)]
+                if args.plan == "main" else [dict(direct=4)]
+            )
+        ]  # fmt: skip
         for method, cfg in plan:
             if left() < 3 * args.reps * 1.5:
                 res["skipped"].append(f"{method} {cfg}")
@@ -223,7 +220,7 @@ def main() -> None:
     finally:
         res["wall_s"] = round(time.perf_counter() - start, 1)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "boot_pipeline_h200.json").write_text(json.dumps(res, indent=1))
+        (args.out / f"boot_pipeline_h200_{args.plan}.json").write_text(json.dumps(res, indent=1))
     floor = res.get("floor_warm_s", 0)
     print(f"floor {floor:.3f} s; target {1.25 * floor:.3f} s")
     for b in res.get("boots", []):

@@ -19,8 +19,16 @@ rm -rf "$WORK/pack"
 IMG=$(ls -d "$WORK"/store/*/rank0 2>/dev/null | head -1)
 if [ -n "$IMG" ] && [ "${PIPELINE_S:-0}" -gt 0 ]; then
   echo "== boot pipeline ($IMG)"
+  (lscpu | grep -iE "model name|cache|numa|socket"; /lib64/ld-linux-x86-64.so.2 --list-tunables 2>/dev/null \
+    | grep -iE "non_temporal|rep_movsb") | tee "$OUT/cpu.txt"
   timeout $(( PIPELINE_S + 40 )) python3 benchmarks/boot_pipeline_h200.py --image "$IMG" --out "$OUT" \
-    --budget-s "$PIPELINE_S" 2>&1 | tee "$OUT/boot_pipeline_log.txt" | tail -60
+    --budget-s "$PIPELINE_S" 2>&1 | tee "$OUT/boot_pipeline_log.txt" | tail -30
+  if [ -n "${NT_THRESHOLD:-}" ]; then  # the same copies with glibc's non-temporal stores from NT_THRESHOLD bytes
+    echo "== boot pipeline, GLIBC_TUNABLES non-temporal threshold $NT_THRESHOLD"
+    GLIBC_TUNABLES=glibc.cpu.x86_non_temporal_threshold=$NT_THRESHOLD timeout 100 python3 \
+      benchmarks/boot_pipeline_h200.py --image "$IMG" --out "$OUT" --budget-s 60 --plan short 2>&1 \
+      | tee "$OUT/boot_pipeline_nt_log.txt" | tail -12
+  fi
 fi
 BOOT_S=${BOOT_S:-160}
 if [ -n "$IMG" ] && [ "$BOOT_S" -gt 0 ]; then

@@ -59,6 +59,8 @@ class MmapStaging:
     pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
     huge: bool = False  # register: back the slots with transparent huge pages (MADV_HUGEPAGE)
     affinity: bool = False  # bind copy thread i to the i-th CPU this process may use
+    direct: int = 0  # more threads that page-lock whole windows of the mapping and copy straight from them
+    window_bytes: int = 64 << 20  # the work unit when `direct` threads share it with the copy threads
 
     @property
     def ring_bytes(self) -> int:
@@ -73,6 +75,11 @@ class MmapStaging:
             f"({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
             f"{', drop' if self.drop else ''}{', huge pages' if self.huge else ''}"
             f"{', threads bound to CPUs' if self.affinity else ''}, copies issued {who}"
+            + (
+                f"; {self.direct} direct threads on {self.window_bytes >> 20} MiB windows"
+                if self.direct
+                else ""
+            )
         )
 
 
@@ -85,10 +92,20 @@ class MmapTimes:
     wait: float = 0.0  # waiting for a slot's previous host-to-device copy
     copy: float = 0.0  # memmove out of the mapping (with the madvise calls)
     issue: float = 0.0  # issuing the host-to-device copies (or handing them to the issuer)
+    pin: float = 0.0  # direct threads: page-locking and unlocking windows of the mapping
+    direct_bytes: int = 0  # bytes the direct threads copied straight from the mapping
 
     def steps(self) -> dict[str, float]:
         """The summed steps, rounded, for a report."""
-        return {k: round(getattr(self, k), 4) for k in ("staging", "wait", "copy", "issue")}
+        return {k: round(getattr(self, k), 4) for k in _STEPS}
+
+    def add(self, other: MmapTimes) -> None:
+        """Sum another thread's steps into these."""
+        for k in _STEPS:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+
+_STEPS = ("staging", "wait", "copy", "issue", "pin", "direct_bytes")
 
 
 def cpu_threads() -> int:
@@ -126,7 +143,13 @@ def staging_for(
             raise up.UploadError(f"mmap upload {name} {value!r} is not one of {allowed}")
     if cfg.threads < 1 or cfg.slots_per_thread < 1 or cfg.streams < 1 or cfg.slot_bytes < PAGE:
         raise up.UploadError(f"mmap upload needs at least one thread, slot, stream and page per slot: {cfg}")
-    return replace(cfg, slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE)
+    if cfg.direct < 0 or cfg.window_bytes < PAGE:
+        raise up.UploadError(f"mmap upload needs direct >= 0 and windows of at least a page: {cfg}")
+    return replace(
+        cfg,
+        slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE,
+        window_bytes=cfg.window_bytes - cfg.window_bytes % PAGE,
+    )
 
 
 class _Advice:
@@ -197,19 +220,22 @@ def upload_mmap(
     import torch
 
     device = arena.device
-    pieces = up._pieces(arena, cfg.slot_bytes)
-    bases = {p: files.map(p) for p in sorted({pc[1] for pc in pieces})}  # before any thread starts
-    for _, path, foff, _, n in pieces:
-        if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
-            raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
-    work = up._queue_of(pieces)
-    threads = min(cfg.threads, max(1, len(pieces)))
+    # Work units: disjoint page-aligned windows of the files (one slot's worth without direct threads).
+    windows = up._windows(arena, cfg.window_bytes if cfg.direct else cfg.slot_bytes)
+    bases = {p: files.map(p) for p in sorted({w[0] for w in windows})}  # before any thread starts
+    for path, _, _, copies in windows:
+        for _, foff, _, n in copies:
+            if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
+                raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
+    work = up._queue_of(windows)
+    threads = min(cfg.threads, max(1, len(windows)))
+    direct = min(cfg.direct, max(0, len(windows) - 1))
     advice = _Advice(cfg.prefault, cfg.drop)
     stop = threading.Event()
     ready: queue.SimpleQueue = queue.SimpleQueue()  # (thread, slot, chunk, offset, length); None: done
     back = [queue.SimpleQueue() for _ in range(threads)]  # (slot, event after its last copy or None)
-    last_copy = [0.0] * threads
-    spent = [MmapTimes() for _ in range(threads)]
+    last_copy = [0.0] * (threads + direct)
+    spent = [MmapTimes() for _ in range(threads + direct)]
     slots: list[list[_Slot]] = [[] for _ in range(threads)]
 
     def copier(i: int) -> None:
@@ -225,11 +251,7 @@ def upload_mmap(
                 stream = torch.cuda.Stream(device=device)
                 events = [torch.cuda.Event(blocking=True) for _ in range(cfg.slots_per_thread)]
             with torch.cuda.stream(stream) if own else contextlib.nullcontext():
-                while not stop.is_set():
-                    try:
-                        ci, path, foff, coff, n = work.get_nowait()
-                    except queue.Empty:
-                        break
+                for ci, path, foff, coff, n in _pieces_of(work, stop, cfg.slot_bytes):
                     t0 = time.perf_counter()
                     k, event = back[i].get()
                     if event is not None:
@@ -297,11 +319,61 @@ def upload_mmap(
         if failure is not None:
             raise failure
 
-    def run(i: int) -> None:
-        issuer() if i == threads else copier(i)
+    def direct_copier(i: int) -> None:
+        """Page-lock a window of the mapping, copy from it, unlock it once its copies are done."""
+        t, reg, pending = spent[i], up._Registrar(), []  # (event, address, bytes) of windows in flight
+        torch.cuda.set_device(device)
+        stream = torch.cuda.Stream(device=device)
+
+        def unlock(event: Any, addr: int, size: int) -> None:
+            event.synchronize()
+            t0 = time.perf_counter()
+            reg.unregister(addr)
+            advice.after(addr, size)
+            t.pin += time.perf_counter() - t0
+
+        try:
+            with torch.cuda.stream(stream):
+                while not stop.is_set():
+                    try:
+                        path, start, end, copies = work.get_nowait()
+                    except queue.Empty:
+                        break
+                    base, length = bases[path]
+                    # Whole pages: the mapping's last page is valid up to its end, past the end of the file.
+                    addr, size = base + start, min(end, -(-length // PAGE) * PAGE) - start
+                    t0 = time.perf_counter()
+                    reg.register(addr, size)
+                    pending.append((torch.cuda.Event(blocking=True), addr, size))
+                    t1 = time.perf_counter()
+                    t.pin += t1 - t0
+                    for ci, foff, coff, n in copies:
+                        src = torch.frombuffer(up._host_bytes(base + foff, n), dtype=torch.uint8)
+                        arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
+                        t.direct_bytes += n
+                        tick(n)
+                    pending[-1][0].record(stream)
+                    last_copy[i] = t2 = time.perf_counter()
+                    t.issue += t2 - t1
+                    while pending and (len(pending) > 2 or pending[0][0].query()):
+                        unlock(*pending.pop(0))
+        finally:
+            stream.synchronize()
+            for item in pending:
+                unlock(*item)
+
+    issuers = 1 if cfg.issuer == "single" else 0
+
+    def run(i: int) -> None:  # workers: copy threads, then the issuer if any, then direct threads
+        if i < threads:
+            copier(i)
+        elif i < threads + issuers:
+            issuer()
+        else:
+            direct_copier(i - issuers)  # its entry in spent and last_copy follows the copy threads'
 
     try:
-        up._run_workers(threads + (1 if cfg.issuer == "single" else 0), run, on_error=stop.set)
+        up._run_workers(threads + issuers + direct, run, on_error=stop.set)
         torch.cuda.synchronize(device)
     finally:
         for mine in slots:
@@ -311,6 +383,17 @@ def upload_mmap(
             up.empty_host_cache(torch)  # the slots go back now, not at exit
     total = MmapTimes(read_done=max(last_copy) or time.perf_counter())
     for t in spent:
-        for k in ("staging", "wait", "copy", "issue"):
-            setattr(total, k, getattr(total, k) + getattr(t, k))
+        total.add(t)
     return total
+
+
+def _pieces_of(work: queue.SimpleQueue, stop: threading.Event, piece_bytes: int):
+    """The copies of the windows taken from `work`, cut into pieces of at most `piece_bytes`."""
+    while not stop.is_set():
+        try:
+            path, _, _, copies = work.get_nowait()
+        except queue.Empty:
+            return
+        for ci, foff, coff, n in copies:
+            for off in range(0, n, piece_bytes):
+                yield ci, path, foff + off, coff + off, min(piece_bytes, n - off)
