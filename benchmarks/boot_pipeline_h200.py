@@ -196,9 +196,8 @@ def main() -> None:
         plan = [("mmap", base)] + [
             ("mmap", {**base, **extra})
             for extra in (
-                [dict(direct=2), dict(direct=4), dict(direct=4, window_bytes=128 * MIB),
-                 dict(threads=12, direct=4), dict(threads=14, direct=2), dict(direct=6)]
-                if args.plan == "main" else [dict(direct=4)]
+                [dict(slot_bytes=16 * MIB), dict(threads=12), dict(issuer="single", streams=2)]
+                if args.plan == "main" else []
             )
         ]  # fmt: skip
         for method, cfg in plan:

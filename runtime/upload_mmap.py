@@ -9,9 +9,10 @@ down), then has the asynchronous host-to-device copy issued: by itself on its ow
 issuer thread over a few streams. Host copies and PCIe transfers of different slots run at once.
 
 Slots are allocated when first used (so the first copies start before the whole ring exists):
-anonymous memory page-locked with cudaHostRegister (`register`, optionally on transparent huge pages),
-or torch's pinned allocator (`torch`). Each thread can be bound to one CPU (`affinity`). The upload
-reports, summed over the threads, the seconds spent waiting for a slot, copying and issuing.
+anonymous memory page-locked with cudaHostRegister (`register`), or torch's pinned allocator (`torch`).
+The upload reports, summed over the threads, the seconds spent staging, waiting for a slot, copying
+and issuing. Variants measured slower on the H200 host and removed (benchmarks/boot_pipeline_h200.md):
+huge-page slots, threads bound to CPUs, threads that page-lock the mapping and copy from it directly.
 """
 
 from __future__ import annotations
@@ -28,15 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tfc.runtime import upload as up
-from tfc.runtime.pages import (
-    MADV_DONTNEED,
-    MADV_HUGEPAGE,
-    MADV_POPULATE_READ,
-    MADV_POPULATE_WRITE,
-    MADV_WILLNEED,
-    MAP_FAILED,
-    libc,
-)
+from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, MAP_FAILED, libc
 
 PREFAULTS = ("none", "populate", "willneed")
 ISSUERS = ("thread", "single")
@@ -57,10 +50,6 @@ class MmapStaging:
     issuer: str = "thread"  # who issues the host-to-device copies: each copy thread, or one thread
     streams: int = 2  # CUDA streams of the single issuer
     pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
-    huge: bool = False  # register: back the slots with transparent huge pages (MADV_HUGEPAGE)
-    affinity: bool = False  # bind copy thread i to the i-th CPU this process may use
-    direct: int = 0  # more threads that page-lock whole windows of the mapping and copy straight from them
-    window_bytes: int = 64 << 20  # the work unit when `direct` threads share it with the copy threads
 
     @property
     def ring_bytes(self) -> int:
@@ -73,13 +62,7 @@ class MmapStaging:
         return (
             f"{self.threads} threads x {self.slot_bytes >> 20} MiB x {self.slots_per_thread} slots "
             f"({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
-            f"{', drop' if self.drop else ''}{', huge pages' if self.huge else ''}"
-            f"{', threads bound to CPUs' if self.affinity else ''}, copies issued {who}"
-            + (
-                f"; {self.direct} direct threads on {self.window_bytes >> 20} MiB windows"
-                if self.direct
-                else ""
-            )
+            f"{', drop' if self.drop else ''}, copies issued {who}"
         )
 
 
@@ -92,20 +75,10 @@ class MmapTimes:
     wait: float = 0.0  # waiting for a slot's previous host-to-device copy
     copy: float = 0.0  # memmove out of the mapping (with the madvise calls)
     issue: float = 0.0  # issuing the host-to-device copies (or handing them to the issuer)
-    pin: float = 0.0  # direct threads: page-locking and unlocking windows of the mapping
-    direct_bytes: int = 0  # bytes the direct threads copied straight from the mapping
 
     def steps(self) -> dict[str, float]:
         """The summed steps, rounded, for a report."""
-        return {k: round(getattr(self, k), 4) for k in _STEPS}
-
-    def add(self, other: MmapTimes) -> None:
-        """Sum another thread's steps into these."""
-        for k in _STEPS:
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-
-
-_STEPS = ("staging", "wait", "copy", "issue", "pin", "direct_bytes")
+        return {k: round(getattr(self, k), 4) for k in ("staging", "wait", "copy", "issue")}
 
 
 def cpu_threads() -> int:
@@ -143,13 +116,7 @@ def staging_for(
             raise up.UploadError(f"mmap upload {name} {value!r} is not one of {allowed}")
     if cfg.threads < 1 or cfg.slots_per_thread < 1 or cfg.streams < 1 or cfg.slot_bytes < PAGE:
         raise up.UploadError(f"mmap upload needs at least one thread, slot, stream and page per slot: {cfg}")
-    if cfg.direct < 0 or cfg.window_bytes < PAGE:
-        raise up.UploadError(f"mmap upload needs direct >= 0 and windows of at least a page: {cfg}")
-    return replace(
-        cfg,
-        slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE,
-        window_bytes=cfg.window_bytes - cfg.window_bytes % PAGE,
-    )
+    return replace(cfg, slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE)
 
 
 class _Advice:
@@ -176,7 +143,7 @@ class _Advice:
 class _Slot:
     """One page-locked staging buffer: its address and a uint8 tensor over it."""
 
-    def __init__(self, nbytes: int, pinning: str, huge: bool = False) -> None:
+    def __init__(self, nbytes: int, pinning: str) -> None:
         import torch
 
         self.nbytes, self.pinning, self.mapped = nbytes, pinning, 0
@@ -185,15 +152,11 @@ class _Slot:
             self.addr = self.tensor.data_ptr()
             return
         lib = libc()
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (0 if huge else getattr(mmap, "MAP_POPULATE", 0))
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
         addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
         if addr in (None, MAP_FAILED):
             raise up.UploadError(f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}")
         self.mapped = addr
-        if huge:  # ask for huge pages first, then fault the whole slot in (a refusal leaves small pages)
-            lib.madvise(addr, nbytes, MADV_HUGEPAGE)
-            if lib.madvise(addr, nbytes, MADV_POPULATE_WRITE) != 0:
-                ctypes.memset(addr, 0, nbytes)
         self.registrar = up._Registrar()
         try:
             self.registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
@@ -220,30 +183,24 @@ def upload_mmap(
     import torch
 
     device = arena.device
-    # Work units: disjoint page-aligned windows of the files (one slot's worth without direct threads).
-    windows = up._windows(arena, cfg.window_bytes if cfg.direct else cfg.slot_bytes)
-    bases = {p: files.map(p) for p in sorted({w[0] for w in windows})}  # before any thread starts
-    for path, _, _, copies in windows:
-        for _, foff, _, n in copies:
-            if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
-                raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
-    work = up._queue_of(windows)
-    threads = min(cfg.threads, max(1, len(windows)))
-    direct = min(cfg.direct, max(0, len(windows) - 1))
+    pieces = up._pieces(arena, cfg.slot_bytes)
+    bases = {p: files.map(p) for p in sorted({pc[1] for pc in pieces})}  # before any thread starts
+    for _, path, foff, _, n in pieces:
+        if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
+            raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
+    work = up._queue_of(pieces)
+    threads = min(cfg.threads, max(1, len(pieces)))
     advice = _Advice(cfg.prefault, cfg.drop)
     stop = threading.Event()
     ready: queue.SimpleQueue = queue.SimpleQueue()  # (thread, slot, chunk, offset, length); None: done
     back = [queue.SimpleQueue() for _ in range(threads)]  # (slot, event after its last copy or None)
-    last_copy = [0.0] * (threads + direct)
-    spent = [MmapTimes() for _ in range(threads + direct)]
+    last_copy = [0.0] * threads
+    spent = [MmapTimes() for _ in range(threads)]
     slots: list[list[_Slot]] = [[] for _ in range(threads)]
 
     def copier(i: int) -> None:
         mine, own, stream, t = slots[i], cfg.issuer == "thread", None, spent[i]
         try:
-            if cfg.affinity:
-                cpus = sorted(os.sched_getaffinity(0))
-                os.sched_setaffinity(0, {cpus[i % len(cpus)]})  # pid 0: this thread only (Linux)
             for k in range(cfg.slots_per_thread):
                 back[i].put((k, None))
             torch.cuda.set_device(device)
@@ -251,7 +208,11 @@ def upload_mmap(
                 stream = torch.cuda.Stream(device=device)
                 events = [torch.cuda.Event(blocking=True) for _ in range(cfg.slots_per_thread)]
             with torch.cuda.stream(stream) if own else contextlib.nullcontext():
-                for ci, path, foff, coff, n in _pieces_of(work, stop, cfg.slot_bytes):
+                while not stop.is_set():
+                    try:
+                        ci, path, foff, coff, n = work.get_nowait()
+                    except queue.Empty:
+                        break
                     t0 = time.perf_counter()
                     k, event = back[i].get()
                     if event is not None:
@@ -260,7 +221,7 @@ def upload_mmap(
                     t1 = time.perf_counter()
                     t.wait += t1 - t0
                     if k == len(mine):
-                        mine.append(_Slot(cfg.slot_bytes, cfg.pinning, cfg.huge))
+                        mine.append(_Slot(cfg.slot_bytes, cfg.pinning))
                         t.staging += time.perf_counter() - t1
                         t1 = time.perf_counter()
                     src = bases[path][0] + foff
@@ -319,61 +280,11 @@ def upload_mmap(
         if failure is not None:
             raise failure
 
-    def direct_copier(i: int) -> None:
-        """Page-lock a window of the mapping, copy from it, unlock it once its copies are done."""
-        t, reg, pending = spent[i], up._Registrar(), []  # (event, address, bytes) of windows in flight
-        torch.cuda.set_device(device)
-        stream = torch.cuda.Stream(device=device)
-
-        def unlock(event: Any, addr: int, size: int) -> None:
-            event.synchronize()
-            t0 = time.perf_counter()
-            reg.unregister(addr)
-            advice.after(addr, size)
-            t.pin += time.perf_counter() - t0
-
-        try:
-            with torch.cuda.stream(stream):
-                while not stop.is_set():
-                    try:
-                        path, start, end, copies = work.get_nowait()
-                    except queue.Empty:
-                        break
-                    base, length = bases[path]
-                    # Whole pages: the mapping's last page is valid up to its end, past the end of the file.
-                    addr, size = base + start, min(end, -(-length // PAGE) * PAGE) - start
-                    t0 = time.perf_counter()
-                    reg.register(addr, size)
-                    pending.append((torch.cuda.Event(blocking=True), addr, size))
-                    t1 = time.perf_counter()
-                    t.pin += t1 - t0
-                    for ci, foff, coff, n in copies:
-                        src = torch.frombuffer(up._host_bytes(base + foff, n), dtype=torch.uint8)
-                        arena.chunks[ci][coff : coff + n].copy_(src, non_blocking=True)
-                        t.direct_bytes += n
-                        tick(n)
-                    pending[-1][0].record(stream)
-                    last_copy[i] = t2 = time.perf_counter()
-                    t.issue += t2 - t1
-                    while pending and (len(pending) > 2 or pending[0][0].query()):
-                        unlock(*pending.pop(0))
-        finally:
-            stream.synchronize()
-            for item in pending:
-                unlock(*item)
-
-    issuers = 1 if cfg.issuer == "single" else 0
-
-    def run(i: int) -> None:  # workers: copy threads, then the issuer if any, then direct threads
-        if i < threads:
-            copier(i)
-        elif i < threads + issuers:
-            issuer()
-        else:
-            direct_copier(i - issuers)  # its entry in spent and last_copy follows the copy threads'
+    def run(i: int) -> None:
+        issuer() if i == threads else copier(i)
 
     try:
-        up._run_workers(threads + issuers + direct, run, on_error=stop.set)
+        up._run_workers(threads + (1 if cfg.issuer == "single" else 0), run, on_error=stop.set)
         torch.cuda.synchronize(device)
     finally:
         for mine in slots:
@@ -383,17 +294,6 @@ def upload_mmap(
             up.empty_host_cache(torch)  # the slots go back now, not at exit
     total = MmapTimes(read_done=max(last_copy) or time.perf_counter())
     for t in spent:
-        total.add(t)
+        for k in ("staging", "wait", "copy", "issue"):
+            setattr(total, k, getattr(total, k) + getattr(t, k))
     return total
-
-
-def _pieces_of(work: queue.SimpleQueue, stop: threading.Event, piece_bytes: int):
-    """The copies of the windows taken from `work`, cut into pieces of at most `piece_bytes`."""
-    while not stop.is_set():
-        try:
-            path, _, _, copies = work.get_nowait()
-        except queue.Empty:
-            return
-        for ci, foff, coff, n in copies:
-            for off in range(0, n, piece_bytes):
-                yield ci, path, foff + off, coff + off, min(piece_bytes, n - off)

@@ -234,7 +234,6 @@ def test_tfc_load_cli_bad_options_are_one_line(image, args, says):
         ("mmap", {}),
         ("mmap", {"issuer": "single", "streams": 2, "pinning": "torch", "prefault": "none", "drop": False}),
         ("mmap", {"issuer": "single", "streams": 1, "prefault": "willneed", "slots_per_thread": 1}),
-        ("mmap", {"direct": 2, "window_bytes": 1 << 20, "huge": True, "affinity": True}),
         ("auto", {}),
     ],
 )
