@@ -342,6 +342,7 @@ def main() -> None:
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--no-safetensors", action="store_true")
     ap.add_argument("--host-only", action="store_true", help="only the host copy part (no CUDA needed)")
+    ap.add_argument("--quick", action="store_true", help="warm auto and the mmap default only (a re-check)")
     args = ap.parse_args()
     start = time.perf_counter()
     arena_mod, upload_mod = _import_tfc()
@@ -434,6 +435,10 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         return run
 
     warm("auto", {})
+    if args.quick:
+        warm("mmap", {})
+        res["skipped"].append("sweeps, ring, register, cold and safetensors (--quick)")
+        return
     grid, around = mmap_sweep()
     done = [r for r in (warm("mmap", cfg) for cfg in grid) if r]
     if done:

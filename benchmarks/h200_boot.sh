@@ -3,13 +3,22 @@
 # the kernel benchmark), a 22 GB Flash-geometry image, then the boot benchmark. From the repository root,
 # with .whl carried (blake3 for python 3.12):  bash benchmarks/h200_boot.sh
 # SKIP_TESTS=1 skips the GPU tests; PIPELINE_S=N first runs boot_pipeline_h200.py for N seconds;
-# BOOT_S=N gives boot_h200.py N seconds (0 skips it).
+# BOOT_S=N gives boot_h200.py N seconds (0 skips it); BOOT_ARGS are its options (default --reps 2);
+# KERNELS_S=N first runs the GPU kernel tests and kernels_h200.py $KERNEL_ARGS for at most N seconds.
 source benchmarks/_h200_setup.sh
 TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
 REPO=$PWD
 echo "== gpu tests"
 [ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --ignore="$REPO/tests/test_kernels_gpu.py" \
   "$REPO/tests") 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
+if [ "${KERNELS_S:-0}" -gt 0 ]; then
+  echo "== kernel gpu tests"
+  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$REPO/tests/test_kernels_gpu.py") 2>&1 | tail -8 \
+    | tee "$OUT/kernel_gpu_tests.txt"
+  echo "== kernels"
+  timeout "$KERNELS_S" python3 benchmarks/kernels_h200.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels_log.txt" \
+    | tail -60
+fi
 echo "== image"
 T0=$(date +%s)
 (cd /tmp && eval "$TFC fixture flash-random $WORK/pack --jobs 16" >/dev/null && eval "$TFC prepare $WORK/pack -o $WORK/store" \
@@ -33,7 +42,7 @@ fi
 BOOT_S=${BOOT_S:-160}
 if [ -n "$IMG" ] && [ "$BOOT_S" -gt 0 ]; then
   echo "== boot ($IMG)"
-  timeout $(( BOOT_S + 30 )) python3 benchmarks/boot_h200.py --image "$IMG" --out "$OUT" --reps 2 --budget-s "$BOOT_S" \
+  timeout $(( BOOT_S + 30 )) python3 benchmarks/boot_h200.py --image "$IMG" --out "$OUT" ${BOOT_ARGS:---reps 2} --budget-s "$BOOT_S" \
     2>&1 | tail -40
 fi
 rm -rf "$WORK"

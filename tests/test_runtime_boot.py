@@ -304,6 +304,26 @@ def test_resident_fraction_and_ring_staging_choice(tmp_path):
     assert up.WARM_RING[0] < up.COLD_RING[0]  # small slots from cache, large reads from disk
 
 
+def test_resident_fraction_samples_agree_with_the_full_probe(tmp_path):
+    """A probe of a few evenly spaced pages gives the full probe's fraction (here: half the file evicted)."""
+    import os
+
+    from tfc.runtime import upload as up
+
+    f = tmp_path / "data.bin"
+    f.write_bytes(os.urandom(4 << 20))
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 2 << 20, 2 << 20, os.POSIX_FADV_DONTNEED)  # drop the second half (clean pages)
+    finally:
+        os.close(fd)
+    full = up.resident_fraction([f], samples=1 << 30)
+    if not 0.4 <= full <= 0.6:
+        pytest.skip(f"this file system did not evict the pages (full probe {full})")
+    assert abs(up.resident_fraction([f], samples=64) - full) <= 0.05
+
+
 def test_ring_staging_follows_the_page_cache(tmp_path, monkeypatch):
     import contextlib
     import types
