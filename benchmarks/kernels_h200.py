@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from tfc.kernels import exl3_reference as ref  # noqa: E402
 from tfc.kernels.exl3_decode import exl3_decode  # noqa: E402
-from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_input  # noqa: E402
+from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_input, uses_matrix_units  # noqa: E402
 from tfc.kernels.expert_table import ExpertTable  # noqa: E402
 from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference  # noqa: E402
 
@@ -82,7 +82,10 @@ ONE_ROW = {
     "runs_bk64_t4_w2_o16_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
     "runs_bk32_t2_w2_o8_fused": GemmConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),
 }
-MANY_ROWS = {
+MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
+    "runs_default": GemmConfig(),  # 4 rows: block_k 32, 2 tiles; 16 rows: block_k 16, 1 tile; 2 warps, waves 4
+    "runs_default_o2": GemmConfig(waves=2),  # fewer k-splits: cheaper last-program reduction
+    "runs_bk16_t1_w2_o8": GemmConfig(block_k=16, run_tiles=1, num_warps=2, waves=8),
     "dot_bk32_w8_o2": GemmConfig(use_dot=True, block_k=32, num_warps=8, waves=2),
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
 }
@@ -218,12 +221,12 @@ def bench_gemm(results, copy_bw, quick, save):
                     err = rel_err(out, want)
                     again = exl3_gemm(x, tr, suh, svh, cb, config=cfg)
                     same = bool(torch.equal(again, out))
-                    tol = TOL_ONE_ROW if not (cfg.use_dot or rows > 1) else TOL_DOT
+                    tol = TOL_DOT if uses_matrix_units(cfg, rows, tr.shape[2]) else TOL_ONE_ROW
                     # bf16 output rounding (2^-9) dominates the one-row error; compare in fp32 output too.
                     out32 = exl3_gemm(x, tr, suh, svh, cb, config=cfg, out_dtype=torch.float32)
                     err32 = rel_err(out32, want)
                     t = graph_time([partial(exl3_gemm, x, t_, suh, svh, cb, config=cfg) for t_ in trs])
-                    xr = rotate_input(x, suh, bool(cfg.use_dot or rows > 1))
+                    xr = rotate_input(x, suh, uses_matrix_units(cfg, rows, tr.shape[2]))
                     tk = graph_time(
                         [partial(exl3_gemm, xr, t_, suh, svh, cb, config=cfg, x_rotated=True) for t_ in trs]
                     )

@@ -2,24 +2,26 @@
 
 Exact reformulation of y = x @ W (spec exl3.md §6): the input rotation xh = had128(x * suh) is either a
 separate small launch or recomputed per k-slice inside the main kernel (`fuse_rotation`); the main kernel
-decodes W-hat tiles in registers, accumulates in fp32 (matrix units on fp16 xh for > 1 row, fp32 FMAs for
-one row), splits k over programs and lets the last program of each 128-column block sum the partials in a
-fixed order (deterministic) and apply the output Hadamard and svh.
+decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row of any width and
+for 2-16 rows of integer widths, with the run decode; matrix units on fp16 xh otherwise), splits k over
+programs and lets the last program of each 128-column block sum the partials in a fixed order
+(deterministic) and apply the output Hadamard and svh.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_runs import runs_cols, store_cols
+from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
     fwht128,
     load_states,
+    next_pow2,
     prefetch_rows,
     release_fence,
     rotate_rows,
@@ -79,7 +81,12 @@ def _exl3_gemm_kernel(
     block = ws_ptr + pid_n * SPLIT * (MP * 128)
     kt0 = pid_s * kt_per_split
     m = tl.arange(0, MP)
-    if RUNS:
+    if RUNS and MP > 1:
+        # Several rows, integer width: the one-row run decode, each decoded weight times all MP rows.
+        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+        runs_rows(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, M, block + pid_s * (MP * 128), W, CB,
+                  BK // 16, TPE, MP)  # fmt: skip
+    elif RUNS:
         # One row, integer width: 32-position runs cut from words loaded once (exl3_runs).
         xs = xh_ptr
         if FUSE_ROT:
@@ -135,28 +142,68 @@ def _exl3_gemm_kernel(
     if SPLIT > 1:
         last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
-        y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
-        tl.store(
-            y_ptr + m[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m[:, None] < M
-        )
+        if RUNS and MP > 1:
+            # Row by row (rows < M only): the one-row sum keeps 8 partials in flight and needs no
+            # [MP, 32, 128] product.
+            sv = tl.load(svh_ptr + cols).to(tl.float32)
+            for r in range(M):
+                y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
+                tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
+        else:
+            y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
+            tl.store(
+                y_ptr + m[:, None] * stride_y + cols[None, :],
+                y.to(y_ptr.dtype.element_ty),
+                mask=m[:, None] < M,
+            )
         if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch choices of the fused kernel (None = chosen from the shape)."""
+    """Launch choices of the fused kernel (None = chosen from the shape by `resolved`)."""
 
     split: int | None = None  # programs along k per 128-column block
     block_k: int | None = None  # k rows decoded per loop iteration
-    fuse_rotation: bool | None = None  # had128(x*suh) inside the main kernel (default: on for the run decode)
-    use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs (1 row)
-    runs: bool | None = None  # one row, integer width: 32-position runs from words loaded once (default)
-    run_tiles: int = 4  # run decode: n-tiles each element takes in turn (1, 2 or 4)
+    fuse_rotation: bool | None = None  # had128(x*suh) inside the main kernel (default: on for one-row runs)
+    use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs
+    runs: bool | None = None  # integer width: 32-position runs from words loaded once (default, any rows)
+    run_tiles: int | None = None  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
-    num_warps: int | None = None  # 2 for the run decode, 4 for other one-row paths, 8 on matrix units
+    num_warps: int | None = None  # 2 for the run decode, 4 for the one-row gather, 8 on matrix units
     num_stages: int = 1
-    waves: float | None = None  # programs per multiprocessor the k-split aims for (8 one row, 2 matrix units)
+    waves: float | None = None  # programs per SM the k-split aims for: 8 one row, 4 rows > 1 on runs, 2 dot
+
+    def resolved(self, rows: int, width: int) -> GemmConfig:
+        """This config with the defaults for `rows` input rows and trellis width filled in (split: at launch)."""
+        runs_ok = width % 16 == 0 and self.runs is not False
+        use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not runs_ok
+        runs = not use_dot and runs_ok
+        mp = next_pow2(rows)
+        if not runs:
+            bk, tiles = (32 if use_dot else 16), 4
+        elif mp == 1:
+            bk, tiles = 64, 4
+        elif mp <= 4:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
+            bk, tiles = 32, 2
+        else:
+            bk, tiles = 16, 1
+        return replace(
+            self,
+            use_dot=use_dot,
+            runs=runs,
+            block_k=self.block_k or bk,
+            run_tiles=self.run_tiles or tiles,
+            fuse_rotation=self.fuse_rotation if self.fuse_rotation is not None else runs and mp == 1,
+            num_warps=self.num_warps or (8 if use_dot else 2 if runs else 4),
+            waves=self.waves or (2.0 if use_dot else 8.0 if mp == 1 else 4.0),
+        )
+
+
+def uses_matrix_units(config: GemmConfig, rows: int, width: int) -> bool:
+    """Whether exl3_gemm runs `config` on the matrix units (fp16 rotated input) for these rows and width."""
+    return bool(config.resolved(rows, width).use_dot)
 
 
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
@@ -197,7 +244,7 @@ def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min
 
 
 def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool) -> torch.Tensor:
-    """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the one-row path."""
+    """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode)."""
     m_rows, k = x.shape
     mp = 16 if use_dot else 1
     xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
@@ -224,35 +271,34 @@ def exl3_gemm(
     k, n = 16 * tk, 16 * tn
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
+    m_rows = x.shape[0]
+    cfg = config.resolved(m_rows, width)
+    mp = 16 if cfg.use_dot else next_pow2(m_rows)
+    if mp > 1 and not (cfg.use_dot or cfg.runs):
+        raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
+    fuse = cfg.fuse_rotation and not x_rotated
+    if fuse and cfg.runs and mp > 1:
+        raise ValueError("the run decode fuses the input rotation for one row only")
     if x.stride(1) != 1:
         x = x.contiguous()
-    m_rows = x.shape[0]
-    use_dot = config.use_dot if config.use_dot is not None else m_rows > 1
-    mp = 16 if use_dot else 1
-    if m_rows > mp:
-        raise ValueError(f"{m_rows} rows need the matrix-unit path (use_dot)")
-    runs = not use_dot and width % 16 == 0 and config.runs is not False
-    bk = config.block_k or (64 if runs else 32 if use_dot else 16)
+    bk = cfg.block_k
     blocks = n // 128
-    waves = config.waves or (2.0 if use_dot else 8.0)
-    split = config.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), waves)
+    split = cfg.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), cfg.waves)
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
-    fuse_req = config.fuse_rotation if config.fuse_rotation is not None else runs
-    fuse = fuse_req and not x_rotated
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
-    xh = x if (fuse or x_rotated) else rotate_input(x, suh, use_dot)
-    if runs and fuse:  # each program rotates its own rows into a per-column-block scratch
+    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot)
+    if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     cnt = counters(x.device, blocks) if split > 1 else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
-        W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=use_dot,
-        PF=config.prefetch, RUNS=runs, KDIM=k, TPE=config.run_tiles, num_warps=config.num_warps or (8 if use_dot else 2 if runs else 4), num_stages=config.num_stages,
+        W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
+        PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return y
 
@@ -262,4 +308,12 @@ def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.double() @ w.double()
 
 
-__all__ = ["INTERPRET", "MAX_ROWS", "GemmConfig", "exl3_gemm", "exl3_gemm_reference"]
+__all__ = [
+    "INTERPRET",
+    "MAX_ROWS",
+    "GemmConfig",
+    "exl3_gemm",
+    "exl3_gemm_reference",
+    "rotate_input",
+    "uses_matrix_units",
+]

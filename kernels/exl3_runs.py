@@ -1,4 +1,4 @@
-"""One-row EXL3 decode in 32-position runs: each element cuts 32 states out of K + 1 words it loads once.
+"""EXL3 decode in 32-position runs: each element cuts 32 states out of K + 1 words it loads once.
 
 Stream positions 32c .. 32c + 31 of a tile (MMA lanes 4c .. 4c + 3, spec exl3.md §5) own ring bits
 [32Kc, 32K(c + 1)): for an integer width K these are the K whole words Kc .. Kc + K - 1, and their 16-bit
@@ -6,6 +6,7 @@ windows reach back at most 15 bits into word Kc - 1 (word nw - 1 for c = 0: the 
 element = one (tile, run) loads K + 1 consecutive words and takes every state out of them at word indices
 and shifts known at compile time: no per-weight gathers. The run's 32 positions fall on tile columns c and
 c + 8 and on every tile row, so a block of 8 tiles along n yields 128 columns as two [8, 8] sums.
+Several rows (runs_rows) share the decode: a leading row axis on the sums, each weight times every row.
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ def _state(q: tl.constexpr, K: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7, w8)
 
 @triton.jit
 def _tile_run(ptr, c, xrow, acc_a, acc_b, K: tl.constexpr, NW: tl.constexpr, CB: tl.constexpr):
-    """Add one tile's run c (its 32 positions) into the column-c (acc_a) and column-c+8 (acc_b) sums."""
+    """Add one tile's run c (its 32 positions) into the column-c (acc_a) and column-c+8 (acc_b) sums.
+
+    xrow: the input at the tile's first k row; with a leading row axis (pointers [R, ...], sums
+    [R, ...]) every decoded weight meets all R rows by broadcasting.
+    """
     w0 = _word(ptr, 0, c, K, NW)
     w1 = _word(ptr, 1, c, K, NW)
     w2 = w1
@@ -134,6 +139,30 @@ def _tile_run(ptr, c, xrow, acc_a, acc_b, K: tl.constexpr, NW: tl.constexpr, CB:
 
 
 @triton.jit
+def _run_sums(ptr, c, xrow, zero, tn, kt_count, K: tl.constexpr, NW: tl.constexpr, CB: tl.constexpr,
+              BKT: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
+    """Sums (a, b) of each element's TPE tiles (unused ones stay `zero`) over kt_count k-tiles, BKT at a time."""
+    a0 = zero
+    b0 = zero
+    a1 = zero
+    b1 = zero
+    a2 = zero
+    b2 = zero
+    a3 = zero
+    b3 = zero
+    for _ in range(0, kt_count, BKT):
+        a0, b0 = _tile_run(ptr, c, xrow, a0, b0, K, NW, CB)
+        if TPE >= 2:
+            a1, b1 = _tile_run(ptr + NW, c, xrow, a1, b1, K, NW, CB)
+        if TPE >= 4:
+            a2, b2 = _tile_run(ptr + 2 * NW, c, xrow, a2, b2, K, NW, CB)
+            a3, b3 = _tile_run(ptr + 3 * NW, c, xrow, a3, b3, K, NW, CB)
+        ptr += BKT * tn * NW
+        xrow += BKT * 16
+    return a0, b0, a1, b1, a2, b2, a3, b3
+
+
+@triton.jit
 def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BKT: tl.constexpr,
               TPE: tl.constexpr = 2):  # fmt: skip
     """Sums over kt_count k-tiles of xh[row] * W-hat[row, col] for the 8-tile column block at t_ptr.
@@ -151,23 +180,9 @@ def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BK
     c = tl.arange(0, 8)[None, None, :]
     ptr = t_ptr + (kt * tn + g * TPE).to(tl.int64) * NW
     xrow = xh_ptr + kt * 16
-    a0 = tl.zeros([BKT, G, 8], dtype=tl.float32)
-    b0 = tl.zeros([BKT, G, 8], dtype=tl.float32)
-    a1 = a0
-    b1 = a0
-    a2 = a0
-    b2 = a0
-    a3 = a0
-    b3 = a0
-    for _ in range(0, kt_count, BKT):
-        a0, b0 = _tile_run(ptr, c, xrow, a0, b0, K, NW, CB)
-        if TPE >= 2:
-            a1, b1 = _tile_run(ptr + NW, c, xrow, a1, b1, K, NW, CB)
-        if TPE >= 4:
-            a2, b2 = _tile_run(ptr + 2 * NW, c, xrow, a2, b2, K, NW, CB)
-            a3, b3 = _tile_run(ptr + 3 * NW, c, xrow, a3, b3, K, NW, CB)
-        ptr += BKT * tn * NW
-        xrow += BKT * 16
+    a0, b0, a1, b1, a2, b2, a3, b3 = _run_sums(
+        ptr, c, xrow, tl.zeros([BKT, G, 8], dtype=tl.float32), tn, kt_count, K, NW, CB, BKT, TPE
+    )
     # Element (g, tile j) holds n-tile TPE g + j: interleave the per-j sums back into [8 nt, 8 c].
     a = tl.sum(a0, axis=0)
     b = tl.sum(b0, axis=0)
@@ -184,6 +199,46 @@ def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BK
             tl.join(tl.reshape(b, (G, 2, 8)), tl.reshape(b23, (G, 2, 8))).permute(0, 3, 1, 2), (8, 8)
         )
     return a, b
+
+
+@triton.jit
+def runs_rows(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, CB: tl.constexpr,
+              BKT: tl.constexpr, TPE: tl.constexpr, MP: tl.constexpr):  # fmt: skip
+    """runs_cols for the M <= MP rows of xh_ptr (stride_xh apart), stored as [MP, 128] fp32 rows at dst.
+
+    The row axis leads the sums so that each thread keeps all MP rows of its element: one decode per
+    weight. Rows M .. MP - 1 repeat row M - 1 (no masked loads); their sums are never read.
+    """
+    K: tl.constexpr = W // 16
+    NW: tl.constexpr = W // 2
+    G: tl.constexpr = 8 // TPE
+    kt = tl.arange(0, BKT)[:, None, None]
+    g = tl.arange(0, G)[None, :, None]
+    c = tl.arange(0, 8)[None, None, :]
+    ptr = t_ptr + (kt * tn + g * TPE).to(tl.int64) * NW
+    m = tl.minimum(tl.arange(0, MP), M - 1)[:, None, None, None]
+    xrow = xh_ptr + m * stride_xh + (kt * 16)[None, :, :, :]
+    a0, b0, a1, b1, a2, b2, a3, b3 = _run_sums(
+        ptr, c, xrow, tl.zeros([MP, BKT, G, 8], dtype=tl.float32), tn, kt_count, K, NW, CB, BKT, TPE
+    )
+    _store_rows(dst, a0, b0, 0, TPE)
+    if TPE >= 2:
+        _store_rows(dst, a1, b1, 1, TPE)
+    if TPE >= 4:
+        _store_rows(dst, a2, b2, 2, TPE)
+        _store_rows(dst, a3, b3, 3, TPE)
+
+
+@triton.jit
+def _store_rows(dst, a, b, j: tl.constexpr, TPE: tl.constexpr):
+    """Store tile j of runs_rows' per-element sums (a, b [MP, BKT, G, 8]): n-tile TPE g + j of each row."""
+    MP: tl.constexpr = a.shape[0]
+    G: tl.constexpr = a.shape[2]
+    m = tl.arange(0, MP)[:, None, None]
+    nt = (TPE * tl.arange(0, G) + j)[None, :, None]
+    c = tl.arange(0, 8)[None, None, :]
+    tl.store(dst + m * 128 + 16 * nt + c, tl.sum(a, axis=1))
+    tl.store(dst + m * 128 + 16 * nt + 8 + c, tl.sum(b, axis=1))
 
 
 @triton.jit
@@ -217,4 +272,4 @@ def runs_cols_rt(t_ptr, width, tn, kt_count, xh_ptr, CB: tl.constexpr, BKT: tl.c
     return a, b
 
 
-__all__ = ["RUN_WIDTHS", "runs_cols", "runs_cols_rt", "store_cols"]
+__all__ = ["RUN_WIDTHS", "runs_cols", "runs_cols_rt", "runs_rows", "store_cols"]

@@ -15,22 +15,31 @@ import sys
 import pytest
 
 GEMM_CASES = [
-    # (name, width, codebook, rows, dtype, config kwargs)
-    ("m1_fused", 32, 2, 1, "float16", {"fuse_rotation": True}),
-    ("m1_split", 48, 0, 1, "bfloat16", {"fuse_rotation": False, "split": 4}),
+    # (name, width, codebook, rows, k, dtype, config kwargs); n = 256
+    ("m1_fused", 32, 2, 1, 256, "float16", {"fuse_rotation": True}),
+    ("m1_split", 48, 0, 1, 256, "bfloat16", {"fuse_rotation": False, "split": 4}),
     # One row, integer widths: the 32-position run decode (exl3_runs) with 1, 2 and 4 tiles per element,
     # the input rotation fused or launched apart, every codebook, widths 1, 5, 6 and 8 bits.
-    ("m1_runs_t1_w16", 16, 0, 1, "float16", {"run_tiles": 1, "block_k": 32, "split": 2}),
-    ("m1_runs_t2_w80", 80, 1, 1, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
-    ("m1_runs_t4_w96", 96, 0, 1, "float16", {"run_tiles": 4, "block_k": 128}),
-    ("m1_runs_t4_w128", 128, 2, 1, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
-    ("m1_gather", 32, 2, 1, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
-    ("m1_gather_half_rate", 40, 2, 1, "float16", {"block_k": 32, "split": 2}),
-    ("m4_dot_fused", 24, 2, 4, "float16", {"fuse_rotation": True, "split": 2}),
-    ("m16_dot", 64, 1, 16, "bfloat16", {"fuse_rotation": False, "split": 2}),
+    ("m1_runs_t1_w16", 16, 0, 1, 256, "float16", {"run_tiles": 1, "block_k": 32, "split": 2}),
+    ("m1_runs_t2_w80", 80, 1, 1, 256, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
+    ("m1_runs_t4_w96", 96, 0, 1, 256, "float16", {"run_tiles": 4, "block_k": 128}),
+    ("m1_runs_t4_w128", 128, 2, 1, 256, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
+    ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
+    ("m1_gather_half_rate", 40, 2, 1, 256, "float16", {"block_k": 32, "split": 2}),
+    # 2-16 rows, integer widths: the run decode with a row axis (the default; rows padded to a power of two
+    # repeat the last row), 1, 2 and 4 tiles per element, every codebook, widths 2, 3, 4, 6 and 8 bits;
+    # k = 128 keeps the interpreter time down (two column blocks and the k-split still exercised).
+    ("m2_runs_t1_w32", 32, 0, 2, 128, "float16", {"run_tiles": 1, "block_k": 16, "split": 4}),
+    ("m3_runs_default_w48", 48, 1, 3, 128, "bfloat16", {}),
+    ("m4_runs_default_w64", 64, 2, 4, 128, "float16", {}),
+    ("m5_runs_t4_w128", 128, 2, 5, 128, "float16", {"run_tiles": 4, "block_k": 64, "split": 2}),
+    ("m16_runs_default_w96", 96, 0, 16, 128, "bfloat16", {}),
+    ("m4_dot_fused", 24, 2, 4, 256, "float16", {"fuse_rotation": True, "split": 2}),
+    ("m16_dot", 64, 1, 16, 256, "bfloat16", {"use_dot": True, "fuse_rotation": False, "split": 2}),
 ]
-# Tolerances (relative Frobenius error against float64): one-row path is fp32 throughout; the matrix-unit
-# path rounds the rotated input to fp16 (2^-11), measured ~2e-4.
+# Tolerances (relative Frobenius error against float64): the FMA paths (one row, and the run decode for any
+# rows) are fp32 throughout: fp32 rotated input and fp32 accumulation, so only fp32 rounding remains (measured
+# ~3e-7); the matrix-unit path rounds the rotated input to fp16 (2^-11), measured ~2e-4.
 TOL_FMA, TOL_DOT = 1e-5, 1e-3
 
 
@@ -39,7 +48,7 @@ def _cases() -> dict[str, dict]:
     import torch
     from tfc.kernels import exl3_reference as ref
     from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, counters, exl3_gemm
+    from tfc.kernels.exl3_gemv import GemmConfig, counters, exl3_gemm, rotate_input, uses_matrix_units
     from tfc.kernels.expert_table import ExpertTable
     from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference
 
@@ -64,9 +73,9 @@ def _cases() -> dict[str, dict]:
         err = float((full.double() - dense.double()).abs().max() / dense.abs().max())
         results[f"decode_{width}_{cb}"] = {"exact": exact, "err": err, "finite": bool(full.isfinite().all())}
 
-    for name, width, cb, rows, dtype, cfg in GEMM_CASES:
-        (tr, suh, svh, _), dense = group(256, 256, width, cb)
-        x = torch.randn(rows, 256).to(getattr(torch, dtype))
+    for name, width, cb, rows, k, dtype, cfg in GEMM_CASES:
+        (tr, suh, svh, _), dense = group(k, 256, width, cb)
+        x = torch.randn(rows, k).to(getattr(torch, dtype))
         want = x.double() @ dense.double()
         outs = []
         for _ in range(2):
@@ -76,10 +85,19 @@ def _cases() -> dict[str, dict]:
         err = float((outs[0].double() - want).norm() / want.norm())
         results[f"gemm_{name}"] = {
             "err": err,
-            "tol": TOL_FMA if rows == 1 else TOL_DOT,
+            "tol": TOL_DOT if uses_matrix_units(GemmConfig(**cfg), rows, width) else TOL_FMA,
             "deterministic": bool(torch.equal(outs[0], outs[1])),
             "counters_zero": bool((counters(x.device, 1) == 0).all()),
         }
+        if name == "m3_runs_default_w48":  # the same run with the input rotated beforehand (x_rotated)
+            y = torch.full((rows, 256), float("nan"), dtype=torch.float32)
+            exl3_gemm(rotate_input(x, suh, False), tr, suh, svh, cb, out=y, x_rotated=True)
+            results[f"gemm_{name}"]["rotated_input_same"] = bool(torch.equal(y, outs[0]))
+    results["gemm_defaults"] = {
+        f"{rows}_{width}": GemmConfig().resolved(rows, width).__dict__
+        for rows in (1, 4, 16)
+        for width in (40, 64)
+    }
 
     for layout in ("stack", "ragged", "ragged_int"):
         d, inter, routed, topk, tokens = 128, 256, 4, 2, 2
@@ -143,6 +161,22 @@ def test_gemm_kernel(interp_results, case):
     r = interp_results[f"gemm_{case}"]
     assert r["err"] < r["tol"], r
     assert r["deterministic"] and r["counters_zero"]
+    assert r.get("rotated_input_same", True)
+
+
+def test_gemm_defaults(interp_results):
+    d = interp_results["gemm_defaults"]
+    # Integer widths take the run decode (fp32 FMAs) for 1 to 16 rows, with fewer tiles per element as rows grow.
+    assert [(d[f"{r}_64"]["runs"], d[f"{r}_64"]["use_dot"]) for r in (1, 4, 16)] == [(True, False)] * 3
+    assert [(d[f"{r}_64"]["block_k"], d[f"{r}_64"]["run_tiles"]) for r in (1, 4, 16)] == [
+        (64, 4),
+        (32, 2),
+        (16, 1),
+    ]
+    assert d["1_64"]["fuse_rotation"] and not d["4_64"]["fuse_rotation"]
+    # Half-integer widths: the gather decode for one row, the matrix units for more.
+    assert not d["1_40"]["runs"] and not d["1_40"]["use_dot"]
+    assert not d["4_40"]["runs"] and d["4_40"]["use_dot"] and d["16_40"]["use_dot"]
 
 
 MOE_CASES = ["stack_rotate", "stack_fused", "stack_gather", "stack_runs_t4"]
