@@ -390,6 +390,7 @@ def main():
     ap.add_argument("--dry", action="store_true", help="CPU smoke under TRITON_INTERPRET=1 (tiny shapes)")
     ap.add_argument("--shapes", default="", help="comma list of shape names to keep (default: all)")
     ap.add_argument("--rows", default="", help="comma list of row counts to keep (default: 1,4,16)")
+    ap.add_argument("--variants", default="", help="comma list of variant names to keep (default: all)")
     args = ap.parse_args()
     if args.dry:
         _dry_run()
@@ -417,6 +418,10 @@ def main():
         SHAPES[:] = [s for s in SHAPES if s[0] in args.shapes.split(",")]
     if args.rows:
         ROWS[:] = [int(r) for r in args.rows.split(",")]
+    if args.variants:
+        for table_ in (ONE_ROW, MANY_ROWS, MOE):
+            for name in [n for n in table_ if n not in args.variants.split(",")]:
+                del table_[name]
 
     def save():
         (out / "kernels_h200.json").write_text(json.dumps(results, indent=1))
