@@ -3,7 +3,7 @@
 Exact reformulation of y = x @ W (spec exl3.md §6): the input rotation xh = had128(x * suh) is either a
 separate small launch or recomputed per k-slice inside the main kernel (`fuse_rotation`); the main kernel
 decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row of any width and
-for 2-16 rows of integer widths, with the run decode; matrix units on fp16 xh otherwise), splits k over
+for 2-4 rows of integer widths, with the run decode; matrix units on fp16 xh otherwise), splits k over
 programs and lets the last program of each 128-column block sum the partials in a fixed order
 (deterministic) and apply the output Hadamard and svh.
 """
@@ -32,6 +32,10 @@ from tfc.kernels.exl3_tl import (
 )
 
 MAX_ROWS = 16
+# Up to this many rows the run decode with fp32 FMAs is the default; above it, the matrix units. On the
+# H200 (benchmarks/kernels_h200.md, run 6) 4 rows took 24-31 us on the run decode (block_k 16, one tile,
+# 8 programs/SM) against 30-37 us on the matrix units for a routed matrix, and 16 rows 51-72 us against 30-37.
+RUN_ROWS_MAX = 4
 
 
 @triton.jit
@@ -173,21 +177,22 @@ class GemmConfig:
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
     num_warps: int | None = None  # 2 for the run decode, 4 for the one-row gather, 8 on matrix units
     num_stages: int = 1
-    waves: float | None = None  # programs per SM the k-split aims for: 8 one row, 4 rows > 1 on runs, 2 dot
+    waves: float | None = (
+        None  # programs per SM the k-split aims for: 8 up to RUN_ROWS_MAX rows on runs, else 4; 2 dot
+    )
 
     def resolved(self, rows: int, width: int) -> GemmConfig:
         """This config with the defaults for `rows` input rows and trellis width filled in (split: at launch)."""
         runs_ok = width % 16 == 0 and self.runs is not False
-        use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not runs_ok
+        fma_rows = rows <= RUN_ROWS_MAX and runs_ok
+        use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
         runs = not use_dot and runs_ok
         mp = next_pow2(rows)
         if not runs:
             bk, tiles = (32 if use_dot else 16), 4
         elif mp == 1:
             bk, tiles = 64, 4
-        elif mp <= 4:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
-            bk, tiles = 32, 2
-        else:
+        else:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
             bk, tiles = 16, 1
         return replace(
             self,
@@ -197,7 +202,7 @@ class GemmConfig:
             run_tiles=self.run_tiles or tiles,
             fuse_rotation=self.fuse_rotation if self.fuse_rotation is not None else runs and mp == 1,
             num_warps=self.num_warps or (8 if use_dot else 2 if runs else 4),
-            waves=self.waves or (2.0 if use_dot else 8.0 if mp == 1 else 4.0),
+            waves=self.waves or (2.0 if use_dot else 8.0 if mp <= RUN_ROWS_MAX else 4.0),
         )
 
 
@@ -311,6 +316,7 @@ def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "INTERPRET",
     "MAX_ROWS",
+    "RUN_ROWS_MAX",
     "GemmConfig",
     "exl3_gemm",
     "exl3_gemm_reference",

@@ -68,7 +68,7 @@ def test_gemm_rows_flash(rows, mode):
 
     k, n = 5120, 2304
     tr, suh, svh, cb = _group(k, n, 3, 0, 3)
-    cfg = GemmConfig(use_dot=True) if mode == "dot" else GemmConfig()
+    cfg = GemmConfig(use_dot=mode == "dot")
     assert uses_matrix_units(cfg, rows, tr.shape[2]) == (mode == "dot")
     w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)

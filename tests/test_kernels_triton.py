@@ -26,14 +26,23 @@ GEMM_CASES = [
     ("m1_runs_t4_w128", 128, 2, 1, 256, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
     ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
     ("m1_gather_half_rate", 40, 2, 1, 256, "float16", {"block_k": 32, "split": 2}),
-    # 2-16 rows, integer widths: the run decode with a row axis (the default; rows padded to a power of two
-    # repeat the last row), 1, 2 and 4 tiles per element, every codebook, widths 2, 3, 4, 6 and 8 bits;
-    # k = 128 keeps the interpreter time down (two column blocks and the k-split still exercised).
+    # 2-16 rows, integer widths: the run decode with a row axis (the default up to 4 rows, asked for with
+    # use_dot=False above; rows padded to a power of two repeat the last row), 1, 2 and 4 tiles per element,
+    # every codebook, widths 2, 3, 4, 6 and 8 bits; k = 128 keeps the interpreter time down (two column
+    # blocks and the k-split still exercised).
     ("m2_runs_t1_w32", 32, 0, 2, 128, "float16", {"run_tiles": 1, "block_k": 16, "split": 4}),
     ("m3_runs_default_w48", 48, 1, 3, 128, "bfloat16", {}),
     ("m4_runs_default_w64", 64, 2, 4, 128, "float16", {}),
-    ("m5_runs_t4_w128", 128, 2, 5, 128, "float16", {"run_tiles": 4, "block_k": 64, "split": 2}),
-    ("m16_runs_default_w96", 96, 0, 16, 128, "bfloat16", {}),
+    (
+        "m5_runs_t4_w128",
+        128,
+        2,
+        5,
+        128,
+        "float16",
+        {"use_dot": False, "run_tiles": 4, "block_k": 64, "split": 2},
+    ),
+    ("m16_runs_w96", 96, 0, 16, 128, "bfloat16", {"use_dot": False}),
     ("m4_dot_fused", 24, 2, 4, 256, "float16", {"fuse_rotation": True, "split": 2}),
     ("m16_dot", 64, 1, 16, 256, "bfloat16", {"use_dot": True, "fuse_rotation": False, "split": 2}),
 ]
@@ -166,13 +175,14 @@ def test_gemm_kernel(interp_results, case):
 
 def test_gemm_defaults(interp_results):
     d = interp_results["gemm_defaults"]
-    # Integer widths take the run decode (fp32 FMAs) for 1 to 16 rows, with fewer tiles per element as rows grow.
-    assert [(d[f"{r}_64"]["runs"], d[f"{r}_64"]["use_dot"]) for r in (1, 4, 16)] == [(True, False)] * 3
-    assert [(d[f"{r}_64"]["block_k"], d[f"{r}_64"]["run_tiles"]) for r in (1, 4, 16)] == [
-        (64, 4),
-        (32, 2),
-        (16, 1),
+    # Integer widths take the run decode (fp32 FMAs) for 1 to RUN_ROWS_MAX (4) rows, one tile per element for
+    # several rows; the matrix units above that (measured faster at 16 rows on the H200).
+    assert [(d[f"{r}_64"]["runs"], d[f"{r}_64"]["use_dot"]) for r in (1, 4, 16)] == [
+        (True, False),
+        (True, False),
+        (False, True),
     ]
+    assert [(d[f"{r}_64"]["block_k"], d[f"{r}_64"]["run_tiles"]) for r in (1, 4)] == [(64, 4), (16, 1)]
     assert d["1_64"]["fuse_rotation"] and not d["4_64"]["fuse_rotation"]
     # Half-integer widths: the gather decode for one row, the matrix units for more.
     assert not d["1_40"]["runs"] and not d["1_40"]["use_dot"]
