@@ -83,7 +83,7 @@ ONE_ROW = {
     "runs_bk32_t2_w2_o8_fused": GemmConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),
 }
 MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
-    "default": GemmConfig(),  # <= 4 rows: runs, block_k 16, 1 tile, waves 8; more rows: dot_bk32_w8_o2
+    "default": GemmConfig(),  # <= 4 rows: runs_bk16_t2_w2_o8; more rows: dot_bk32_w4_o4
     "runs_bk16_t1_w2_o8": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=8),
     "runs_bk16_t1_w2_o4": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=4),
     "runs_bk16_t2_w2_o8": GemmConfig(use_dot=False, block_k=16, run_tiles=2, num_warps=2, waves=8),

@@ -33,8 +33,10 @@ from tfc.kernels.exl3_tl import (
 
 MAX_ROWS = 16
 # Up to this many rows the run decode with fp32 FMAs is the default; above it, the matrix units. On the
-# H200 (benchmarks/kernels_h200.md, run 6) 4 rows took 24-31 us on the run decode (block_k 16, one tile,
-# 8 programs/SM) against 30-37 us on the matrix units for a routed matrix, and 16 rows 51-72 us against 30-37.
+# H200 (benchmarks/kernels_h200.md, runs 6-7), with the run decode at block_k 16, two tiles, 8 programs/SM
+# and the matrix units at 4 warps, 4 programs/SM: 4 rows 23-52 us against 26-68 us at the 4-bit Flash
+# shapes; 8 rows a tie or the matrix units ahead (routed 26-29 against 31-38 us); 16 rows the run decode
+# about 2x slower (run 6).
 RUN_ROWS_MAX = 4
 
 
@@ -192,7 +194,9 @@ class GemmConfig:
             bk, tiles = (32 if use_dot else 16), 4
         elif mp == 1:
             bk, tiles = 64, 4
-        else:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
+        elif mp <= RUN_ROWS_MAX:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
+            bk, tiles = 16, 2
+        else:
             bk, tiles = 16, 1
         return replace(
             self,
@@ -201,8 +205,10 @@ class GemmConfig:
             block_k=self.block_k or bk,
             run_tiles=self.run_tiles or tiles,
             fuse_rotation=self.fuse_rotation if self.fuse_rotation is not None else runs and mp == 1,
-            num_warps=self.num_warps or (8 if use_dot else 2 if runs else 4),
-            waves=self.waves or (2.0 if use_dot else 8.0 if mp <= RUN_ROWS_MAX else 4.0),
+            num_warps=self.num_warps
+            or (4 if use_dot and rows > RUN_ROWS_MAX else 8 if use_dot else 2 if runs else 4),
+            waves=self.waves
+            or ((4.0 if rows > RUN_ROWS_MAX else 2.0) if use_dot else 8.0 if mp <= RUN_ROWS_MAX else 4.0),
         )
 
 
