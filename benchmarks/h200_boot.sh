@@ -19,6 +19,8 @@ if [ "${KERNELS_S:-0}" -gt 0 ]; then
   timeout "$KERNELS_S" python3 benchmarks/kernels_h200.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels_log.txt" \
     | tail -60
 fi
+BOOT_S=${BOOT_S:-160}
+[ "$BOOT_S" -gt 0 ] || [ "${PIPELINE_S:-0}" -gt 0 ] || exit 0  # nothing needs the image
 echo "== image"
 T0=$(date +%s)
 (cd /tmp && eval "$TFC fixture flash-random $WORK/pack --jobs 16" >/dev/null && eval "$TFC prepare $WORK/pack -o $WORK/store" \
@@ -39,7 +41,6 @@ if [ -n "$IMG" ] && [ "${PIPELINE_S:-0}" -gt 0 ]; then
       | tee "$OUT/boot_pipeline_nt_log.txt" | tail -12
   fi
 fi
-BOOT_S=${BOOT_S:-160}
 if [ -n "$IMG" ] && [ "$BOOT_S" -gt 0 ]; then
   echo "== boot ($IMG)"
   timeout $(( BOOT_S + 30 )) python3 benchmarks/boot_h200.py --image "$IMG" --out "$OUT" ${BOOT_ARGS:---reps 2} --budget-s "$BOOT_S" \
