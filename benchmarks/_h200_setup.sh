@@ -4,6 +4,6 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/tfcbench}; mkdir -p "$WORK"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-  && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
+  && python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site . \
   && export PYTHONPATH=/tmp/site || { echo "install failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
