@@ -92,9 +92,14 @@ def boot(
         with phases.time("upload", nbytes=total) as ph:
             report = upload(arena, method, threads=threads, progress=tick)
             ph.note = f"{report.method}, {report.threads} threads{', ' + report.config if report.config else ''}; read overlaps upload"
+            if report.steps:  # the mmap path: where its threads spent their time
+                ph.note += "; summed over threads: " + ", ".join(
+                    f"{k} {v:.3f} s" for k, v in report.steps.items() if k != "staging"
+                )
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
         if report.staging_seconds:
             phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")
+
         settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
         check_same_settings(settings)  # a no-op until torch.distributed runs several ranks
         cache = GraphCache(settings)

@@ -195,7 +195,7 @@ def test_tfc_load_cli_prints_phases_and_writes_json(image, tmp_path):
     assert "no forward" in r.stdout or "graphs off" in r.stdout
     data = json.loads(out.read_text())
     assert data["bytes"] > 0 and data["upload"]["bytes"] == data["bytes"] and data["rank"] == 0
-    assert data["method"] == "host" and "upload_config" in data
+    assert data["method"] == "host" and "upload_config" in data and data["upload_steps"] == {}
 
 
 def test_tfc_load_cli_refusal_is_one_line(tmp_path):
@@ -364,3 +364,23 @@ def test_cpu_arena_refuses_a_cuda_upload_method_and_bad_thread_counts(tmp_path):
         with pytest.raises(UploadError, match="at least one thread"):
             upload(arena, threads=0)
         assert upload(arena, "auto").method == "host"
+
+
+def test_boot_notes_the_mmap_steps(image, monkeypatch):
+    """The upload phase says where the mmap path's threads spent their time (summed over threads)."""
+    from tfc.runtime import boot as boot_mod
+    from tfc.runtime.upload import UploadReport
+
+    steps = {"staging": 0.25, "wait": 0.5, "copy": 4.0, "issue": 0.75}
+
+    def fake_upload(arena, method, threads=None, progress=None):
+        return UploadReport("mmap", str(arena.device), arena.nbytes, 1.0, 0.9, 16, "16 threads", 0.25, steps)
+
+    monkeypatch.setattr(boot_mod, "upload", fake_upload)
+    booted = boot_mod.boot(image[0].parent, rank=0, device="cpu")
+    try:
+        phases = booted.phases.to_dict()
+        assert "summed over threads: wait 0.500 s, copy 4.000 s, issue 0.750 s" in phases["upload"]["note"]
+        assert phases["staging"]["ms"] == 250.0
+    finally:
+        booted.image.close()

@@ -80,6 +80,7 @@ def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> No
             "device": str(booted.arena.device),
             "method": booted.upload.method,
             "upload_config": booted.upload.config,
+            "upload_steps": booted.upload.steps,
             "segments": len(m.segments),
             "bytes": booted.arena.nbytes,
             "chunks": len(booted.arena.chunks),
