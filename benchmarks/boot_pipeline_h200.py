@@ -61,29 +61,30 @@ def h2d_loop(torch, stop: threading.Event, out: dict, piece: int = 128 * MIB, to
     del src, dst
 
 
+def beside_h2d(torch, work, settle: float) -> tuple[object, float]:
+    """Run `work()` while the H2D loop runs (started `settle` s before); returns its result and the H2D GB/s."""
+    stop = threading.Event()
+    state: dict = {"ready": threading.Event()}
+    t = threading.Thread(target=h2d_loop, args=(torch, stop, state))
+    t.start()
+    state["ready"].wait()
+    time.sleep(settle)
+    try:
+        result = work()
+    finally:
+        stop.set()
+        t.join()
+    return result, state["gbps"]
+
+
 def contention(torch, files: list[Path], threads: int, piece: int) -> dict:
     """H2D alone, memmove (into `piece`-sized buffers) alone, and both at once."""
     res: dict = {}
-    stop = threading.Event()
-    alone: dict = {"ready": threading.Event()}
-    t = threading.Thread(target=h2d_loop, args=(torch, stop, alone))
-    t.start()
-    alone["ready"].wait()
-    time.sleep(0.6)
-    stop.set()
-    t.join()
-    res["h2d_alone_gbps"] = alone["gbps"]
+    _, res["h2d_alone_gbps"] = beside_h2d(torch, lambda: None, 0.6)
     res["memmove_alone"] = boot_host.mmap_copy(files, threads, piece=piece, drop=True)
-    stop = threading.Event()
-    both: dict = {"ready": threading.Event()}
-    t = threading.Thread(target=h2d_loop, args=(torch, stop, both))
-    t.start()
-    both["ready"].wait()
-    time.sleep(0.05)
-    res["memmove_with_h2d"] = boot_host.mmap_copy(files, threads, piece=piece, drop=True)
-    stop.set()
-    t.join()
-    res["h2d_with_memmove_gbps"] = both["gbps"]
+    res["memmove_with_h2d"], res["h2d_with_memmove_gbps"] = beside_h2d(
+        torch, lambda: boot_host.mmap_copy(files, threads, piece=piece, drop=True), 0.05
+    )
     for k in ("memmove_alone", "memmove_with_h2d"):
         res[k] = {"gbps": res[k]["gbps"], "seconds": res[k]["seconds"], "threads": threads, "piece": piece}
     print(f"contention ({threads} threads): {json.dumps(res)}", file=sys.stderr)
