@@ -26,6 +26,17 @@ from _bench_env import ensure_tfc
 MIB = 1 << 20
 
 
+def _timed_threads(target, args_list: list[tuple]) -> float:
+    """Seconds from starting one thread per argument tuple to the last one finishing."""
+    pool = [threading.Thread(target=target, args=args) for args in args_list]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _mapped(files: list[Path]) -> list[tuple[int, int]]:
     """Fresh read-only shared maps (address, size) of the files: no page table entries yet."""
     from tfc.runtime.pages import libc
@@ -76,19 +87,14 @@ def mmap_copy(files: list[Path], threads: int, piece: int = 8 * MIB, copier: str
             if drop:
                 lib.madvise(src, n, MADV_DONTNEED)
 
-    pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    t0 = time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    seconds = _timed_threads(run, [(i,) for i in range(threads)])
     t1 = time.perf_counter()
     for addr, size in maps:
         lib.munmap(addr, size)
     t2 = time.perf_counter()
     return {"threads": threads, "piece_mib": piece // MIB, "copier": copier, "prefault": prefault,
-            "drop": drop, "bytes": total, "seconds": round(t1 - t0, 4),
-            "gbps": round(total / (t1 - t0) / 1e9, 2), "munmap_s": round(t2 - t1, 4)}  # fmt: skip
+            "drop": drop, "bytes": total, "seconds": round(seconds, 4),
+            "gbps": round(total / seconds / 1e9, 2), "munmap_s": round(t2 - t1, 4)}  # fmt: skip
 
 
 def host_copies(files: list[Path], threads: int, reps: int = 2) -> list[dict]:
@@ -128,13 +134,7 @@ def staging_alloc(torch, slots: int, slot_bytes: int, threads: int) -> list[dict
                 with lock:
                     held.extend(mine)
 
-            pool = [threading.Thread(target=alloc, args=(per,)) for _ in range(n_threads)]
-            t0 = time.perf_counter()
-            for t in pool:
-                t.start()
-            for t in pool:
-                t.join()
-            seconds = time.perf_counter() - t0
+            seconds = _timed_threads(alloc, [(per,)] * n_threads)
             t1 = time.perf_counter()
             for s in held:
                 s.free()

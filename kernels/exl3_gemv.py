@@ -190,14 +190,17 @@ class GemmConfig:
         use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
         runs = not use_dot and runs_ok
         mp = next_pow2(rows)
-        if not runs:
-            bk, tiles = (32 if use_dot else 16), 4
+        # (block_k, tiles per element, warps, programs per SM), as measured on the H200 (kernels_h200.md).
+        if use_dot:  # 8 warps x 2/SM best up to 4 rows (run 1); 4 warps x 4/SM at 8 and 16 rows (runs 7, 9)
+            bk, tiles, warps, waves = (32, 4, 8, 2.0) if rows <= RUN_ROWS_MAX else (32, 4, 4, 4.0)
+        elif not runs:  # one row, half-integer width: the gather decode
+            bk, tiles, warps, waves = 16, 4, 4, 8.0
         elif mp == 1:
-            bk, tiles = 64, 4
+            bk, tiles, warps, waves = 64, 4, 2, 8.0
         elif mp <= RUN_ROWS_MAX:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
-            bk, tiles = 16, 2
-        else:
-            bk, tiles = 16, 1
+            bk, tiles, warps, waves = 16, 2, 2, 8.0
+        else:  # only when asked for (use_dot=False): fewer tiles keep the sums in registers
+            bk, tiles, warps, waves = 16, 1, 2, 4.0
         return replace(
             self,
             use_dot=use_dot,
@@ -205,10 +208,8 @@ class GemmConfig:
             block_k=self.block_k or bk,
             run_tiles=self.run_tiles or tiles,
             fuse_rotation=self.fuse_rotation if self.fuse_rotation is not None else runs and mp == 1,
-            num_warps=self.num_warps
-            or (4 if use_dot and rows > RUN_ROWS_MAX else 8 if use_dot else 2 if runs else 4),
-            waves=self.waves
-            or ((4.0 if rows > RUN_ROWS_MAX else 2.0) if use_dot else 8.0 if mp <= RUN_ROWS_MAX else 4.0),
+            num_warps=self.num_warps or warps,
+            waves=self.waves or waves,
         )
 
 
