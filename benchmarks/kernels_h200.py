@@ -74,13 +74,15 @@ DECODE_CHECKS = [("w1_2b_mul1", 5120, 2304, 2, 2), ("w2_3b_3inst", 2304, 5120, 3
                  ("w1_2.5b_mul1", 5120, 2304, 2.5, 2), ("wkv_6b_mcg", 5120, 512, 6, 1)]  # fmt: skip
 MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, top-k
 # Runs 1-2 (kernels_h200.md) swept the per-element gather decode; run 3 swept the 32-position run decode
-# (exl3_runs) against it. This sweep is around run 3's best, now the default, after the split-k partial
-# sums were made parallel (sum_parts).
+# (exl3_runs) against it; kernels_occupancy_h200.py swept k-splits and tile shapes for occupancy (the
+# one-row and MoE defaults since). Each table keeps the default and the previous default.
 ONE_ROW = {
-    "runs_default": GemmConfig(),  # block_k 64, 4 tiles per element, 2 warps, 8 programs/SM, fused rotation
-    "runs_bk64_t4_w2_o4_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=4),
-    "runs_bk64_t4_w2_o16_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
-    "runs_bk32_t2_w2_o8_fused": GemmConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),
+    "runs_default": GemmConfig(),  # from 4 bits: block_k 32, 4 tiles, 1 warp, 32/SM; rotation apart on the head
+    "runs_bk32_t4_w1_o32_fused": GemmConfig(
+        block_k=32, run_tiles=4, num_warps=1, waves=32, fuse_rotation=True
+    ),
+    # the previous default (runs 4-9), kept for a same-run comparison
+    "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
 }
 MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
     "default": GemmConfig(),  # <= 4 rows: runs_bk16_t2_w2_o8; more rows: dot_bk32_w4_o4
@@ -94,9 +96,8 @@ MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the 
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
 }
 MOE = {
-    "runs_default": MoeConfig(),  # block_k 32, 2 tiles per element, 2 warps, 8 programs/SM
-    "runs_bk64_t4_w2_o8": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
-    "runs_bk32_t2_w2_o4": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=4),
+    "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
+    "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),  # the previous default
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 

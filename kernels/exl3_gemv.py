@@ -38,6 +38,9 @@ MAX_ROWS = 16
 # shapes; 8 rows a tie or the matrix units ahead (routed 26-29 against 31-38 us); 16 rows the run decode
 # about 2x slower (run 6).
 RUN_ROWS_MAX = 4
+# One row fuses the input rotation (each program rotates its own k rows) up to this many output columns; every
+# 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
+FUSE_MAX_COLS = 32768
 
 
 @triton.jit
@@ -172,19 +175,19 @@ class GemmConfig:
 
     split: int | None = None  # programs along k per 128-column block
     block_k: int | None = None  # k rows decoded per loop iteration
-    fuse_rotation: bool | None = None  # had128(x*suh) inside the main kernel (default: on for one-row runs)
+    fuse_rotation: bool | None = None  # had128(x*suh) in the main kernel (one row, n <= FUSE_MAX_COLS)
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs
     runs: bool | None = None  # integer width: 32-position runs from words loaded once (default, any rows)
     run_tiles: int | None = None  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
-    num_warps: int | None = None  # 2 for the run decode, 4 for the one-row gather, 8 on matrix units
+    num_warps: int | None = None  # 1-2 on the run decode, 4 for the gather and matrix units (see resolved)
     num_stages: int = 1
     waves: float | None = (
-        None  # programs per SM the k-split aims for: 8 up to RUN_ROWS_MAX rows on runs, else 4; 2 dot
+        None  # programs per SM the k-split aims for: 32 one row, 8 up to RUN_ROWS_MAX rows, else 4 (2 dot)
     )
 
-    def resolved(self, rows: int, width: int) -> GemmConfig:
-        """This config with the defaults for `rows` input rows and trellis width filled in (split: at launch)."""
+    def resolved(self, rows: int, width: int, cols: int = 0) -> GemmConfig:
+        """This config with the defaults for `rows` input rows, trellis width and n filled in (split: at launch)."""
         runs_ok = width % 16 == 0 and self.runs is not False
         fma_rows = rows <= RUN_ROWS_MAX and runs_ok
         use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
@@ -195,8 +198,8 @@ class GemmConfig:
             bk, tiles, warps, waves = (32, 4, 8, 2.0) if rows <= RUN_ROWS_MAX else (32, 4, 4, 4.0)
         elif not runs:  # one row, half-integer width: the gather decode
             bk, tiles, warps, waves = 16, 4, 4, 8.0
-        elif mp == 1:
-            bk, tiles, warps, waves = 64, 4, 2, 8.0
+        elif mp == 1:  # 4+ bits: one-warp programs, 32/SM (most warps in flight); 2-3 bits as before (run 12)
+            bk, tiles, warps, waves = (32, 4, 1, 32.0) if width >= 64 else (64, 4, 2, 8.0)
         elif mp <= RUN_ROWS_MAX:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
             bk, tiles, warps, waves = 16, 2, 2, 8.0
         else:  # only when asked for (use_dot=False): fewer tiles keep the sums in registers
@@ -207,7 +210,9 @@ class GemmConfig:
             runs=runs,
             block_k=self.block_k or bk,
             run_tiles=self.run_tiles or tiles,
-            fuse_rotation=self.fuse_rotation if self.fuse_rotation is not None else runs and mp == 1,
+            fuse_rotation=self.fuse_rotation
+            if self.fuse_rotation is not None
+            else runs and mp == 1 and cols <= FUSE_MAX_COLS,
             num_warps=self.num_warps or warps,
             waves=self.waves or waves,
         )
@@ -284,7 +289,7 @@ def exl3_gemm(
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
-    cfg = config.resolved(m_rows, width)
+    cfg = config.resolved(m_rows, width, n)
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")

@@ -210,14 +210,14 @@ class MoeConfig:
 
     split_gate_up: int | None = None
     split_down: int | None = None
-    block_k: int | None = None  # k rows per loop iteration: 32 for the run decode, else 16
+    block_k: int | None = None  # k rows per loop iteration: 64 for the run decode, else 16
     fuse_rotation: bool = False
     prefetch: int = 4
     runs: bool | None = None  # 32-position runs (integer widths, one codebook per table; default where so)
-    run_tiles: int = 2  # run decode: n-tiles each element takes in turn (1, 2 or 4)
+    run_tiles: int = 4  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     num_warps: int | None = None  # 2 for the run decode, else 4
     num_stages: int = 1
-    waves: float = 8.0  # programs per multiprocessor the k-splits aim for
+    waves: float | None = None  # programs per SM the k-splits aim for: 16 on the run decode, else 8
 
 
 def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
@@ -257,12 +257,14 @@ def moe_exl3(
     dev = x.device
     runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
     runs2 = _runs_apply(config, w2)
-    bk = config.block_k or (32 if runs13 or runs2 else 16)
+    bk = config.block_k or (64 if runs13 or runs2 else 16)
     warps = config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, config.waves)
-    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, config.waves)
+    # The run decode's defaults (block_k 64, 4 tiles, 16 programs/SM) are kernels_occupancy_h200.md's best.
+    waves = config.waves or (16.0 if runs13 or runs2 else 8.0)
+    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
+    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
     y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
     if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:

@@ -105,8 +105,9 @@ def _cases() -> dict[str, dict]:
     results["gemm_defaults"] = {
         f"{rows}_{width}": GemmConfig().resolved(rows, width).__dict__
         for rows in (1, 4, 16)
-        for width in (40, 64)
+        for width in (32, 40, 64)
     }
+    results["gemm_defaults"]["1_96_head"] = GemmConfig().resolved(1, 96, 129280).__dict__
 
     for layout in ("stack", "ragged", "ragged_int"):
         d, inter, routed, topk, tokens = 128, 256, 4, 2, 2
@@ -182,7 +183,13 @@ def test_gemm_defaults(interp_results):
         (True, False),
         (False, True),
     ]
-    assert [(d[f"{r}_64"]["block_k"], d[f"{r}_64"]["run_tiles"]) for r in (1, 4)] == [(64, 4), (16, 2)]
+    assert [(d[f"{r}_64"]["block_k"], d[f"{r}_64"]["run_tiles"]) for r in (1, 4)] == [(32, 4), (16, 2)]
+    # One row from 4 bits: one-warp programs, 32 per SM (more warps in flight); at 2-3 bits two-warp ones,
+    # 8 per SM (measured faster on the routed shapes; kernels_h200.md run 11).
+    assert (d["1_64"]["num_warps"], d["1_64"]["waves"]) == (1, 32.0)
+    assert (d["1_32"]["block_k"], d["1_32"]["num_warps"], d["1_32"]["waves"]) == (64, 2, 8.0)
+    # The input rotation is fused for one row except on very wide matrices (the head rotates once apart).
+    assert d["1_32"]["fuse_rotation"] and not d["1_96_head"]["fuse_rotation"]
     assert (d["16_64"]["num_warps"], d["16_64"]["waves"]) == (4, 4.0)
     assert d["1_64"]["fuse_rotation"] and not d["4_64"]["fuse_rotation"]
     # Half-integer widths: the gather decode for one row, the matrix units for more.
