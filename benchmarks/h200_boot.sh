@@ -4,7 +4,8 @@
 # with .whl carried (blake3 for python 3.12):  bash benchmarks/h200_boot.sh
 # SKIP_TESTS=1 skips the GPU tests (the kernel ones too); PIPELINE_S=N first runs boot_pipeline_h200.py for N seconds;
 # BOOT_S=N gives boot_h200.py N seconds (0 skips it); BOOT_ARGS are its options (default --reps 2);
-# KERNELS_S=N first runs the GPU kernel tests and kernels_h200.py $KERNEL_ARGS for at most N seconds.
+# KERNELS_S=N first runs the GPU kernel tests and kernels_h200.py $KERNEL_ARGS for at most N seconds;
+# L3_S=N runs boot_l3_h200.py (cache-resident staging) for N seconds before the boot benchmark.
 source benchmarks/_h200_setup.sh
 TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
 REPO=$PWD
@@ -20,7 +21,7 @@ if [ "${KERNELS_S:-0}" -gt 0 ]; then
     | tail -60
 fi
 BOOT_S=${BOOT_S:-160}
-[ "$BOOT_S" -gt 0 ] || [ "${PIPELINE_S:-0}" -gt 0 ] || exit 0  # nothing needs the image
+[ "$BOOT_S" -gt 0 ] || [ "${PIPELINE_S:-0}" -gt 0 ] || [ "${L3_S:-0}" -gt 0 ] || exit 0  # nothing needs the image
 echo "== image"
 T0=$(date +%s)
 (cd /tmp && eval "$TFC fixture flash-random $WORK/pack --jobs 16" >/dev/null && eval "$TFC prepare $WORK/pack -o $WORK/store" \
@@ -40,6 +41,11 @@ if [ -n "$IMG" ] && [ "${PIPELINE_S:-0}" -gt 0 ]; then
       benchmarks/boot_pipeline_h200.py --image "$IMG" --out "$OUT" --budget-s 60 --plan short 2>&1 \
       | tee "$OUT/boot_pipeline_nt_log.txt" | tail -12
   fi
+fi
+if [ -n "$IMG" ] && [ "${L3_S:-0}" -gt 0 ]; then
+  echo "== cache-resident staging ($IMG)"
+  timeout $(( L3_S + 40 )) python3 benchmarks/boot_l3_h200.py --image "$IMG" --out "$OUT" --budget-s "$L3_S" 2>&1 \
+    | tee "$OUT/boot_l3_log.txt" | tail -20
 fi
 if [ -n "$IMG" ] && [ "$BOOT_S" -gt 0 ]; then
   echo "== boot ($IMG)"
