@@ -210,14 +210,14 @@ class MoeConfig:
 
     split_gate_up: int | None = None
     split_down: int | None = None
-    block_k: int | None = None  # k rows per loop iteration: 64 for the run decode, else 16
+    block_k: int | None = None  # k rows per loop iteration: 64 or 32 for the run decode, else 16
     fuse_rotation: bool = False
     prefetch: int = 4
     runs: bool | None = None  # 32-position runs (integer widths, one codebook per table; default where so)
-    run_tiles: int = 4  # run decode: n-tiles each element takes in turn (1, 2 or 4)
+    run_tiles: int | None = None  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     num_warps: int | None = None  # 2 for the run decode, else 4
     num_stages: int = 1
-    waves: float | None = None  # programs per SM the k-splits aim for: 16 on the run decode, else 8
+    waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
 
 
 def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
@@ -257,12 +257,15 @@ def moe_exl3(
     dev = x.device
     runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
     runs2 = _runs_apply(config, w2)
-    bk = config.block_k or (64 if runs13 or runs2 else 16)
+    # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM (kernels_occupancy_h200.md);
+    # mixed widths keep block_k 32, 2 tiles, 8/SM (runs 3-9; the new shape is not yet measured there).
+    uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
+    bk = config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
+    tiles = config.run_tiles or (4 if uniform else 2)
     warps = config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    # The run decode's defaults (block_k 64, 4 tiles, 16 programs/SM) are kernels_occupancy_h200.md's best.
-    waves = config.waves or (16.0 if runs13 or runs2 else 8.0)
+    waves = config.waves or (16.0 if uniform else 8.0)
     split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
     split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
@@ -290,13 +293,13 @@ def moe_exl3(
         w2.suh, act, ws1, cnt1,
         pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=config.run_tiles,
+        BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=config.run_tiles,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages,
     )  # fmt: skip
     return y
