@@ -83,6 +83,9 @@ ONE_ROW = {
     ),
     # the previous default (runs 4-9), kept for a same-run comparison
     "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
+    # weights decoded into mma from registers (exl3_mma), 1 or 2 groups of two n-tiles per warp
+    "mma_g1": GemmConfig(mma=1),
+    "mma_g2": GemmConfig(mma=2),
 }
 MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
     "default": GemmConfig(),  # <= 4 rows: runs_bk16_t2_w2_o8; more rows: dot_bk32_w4_o4
@@ -94,6 +97,9 @@ MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the 
     ),  # run 6's default
     "dot_bk32_w8_o2": GemmConfig(use_dot=True, block_k=32, num_warps=8, waves=2),
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
+    "mma_g1": GemmConfig(mma=1),
+    "mma_g2": GemmConfig(mma=2),
+    "mma_g1_o8": GemmConfig(mma=1, waves=8),
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM

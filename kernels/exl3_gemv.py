@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
 from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
@@ -81,6 +82,11 @@ def _exl3_gemm_kernel(
     RUNS: tl.constexpr = False,
     KDIM=0,
     TPE: tl.constexpr = 2,
+    MMA: tl.constexpr = 0,
+    MMA_SETUP: tl.constexpr = "",
+    MMA_FRAG: tl.constexpr = "",
+    MMA_STEPS: tl.constexpr = (),
+    MMA_STORES: tl.constexpr = (),
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -111,6 +117,11 @@ def _exl3_gemm_kernel(
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
         store_cols(block + pid_s * 128, a, b)
+    elif MMA:
+        # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
+        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+        mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, M, block + pid_s * (MP * 128), W,
+                     MMA, MMA_SETUP, MMA_FRAG, MMA_STEPS, MMA_STORES)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
         off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
@@ -185,9 +196,13 @@ class GemmConfig:
     waves: float | None = (
         None  # programs per SM the k-split aims for: 32 one row, 8 up to RUN_ROWS_MAX rows, else 4 (2 dot)
     )
+    mma: int = 0  # > 0: weights decoded into mma from registers, 2 mma n-tiles per warp (1, 2 or 4)
 
     def resolved(self, rows: int, width: int, cols: int = 0) -> GemmConfig:
         """This config with the defaults for `rows` input rows, trellis width and n filled in (split: at launch)."""
+        if self.mma:  # one k-tile per step, 4 / mma warps, fp16 rotated rows as on use_dot (not measured yet)
+            return replace(self, use_dot=True, runs=False, block_k=16, run_tiles=1, fuse_rotation=False,
+                           num_warps=mma_warps(self.mma), waves=self.waves or 4.0)  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
         fma_rows = rows <= RUN_ROWS_MAX and runs_ok
         use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
@@ -293,6 +308,8 @@ def exl3_gemm(
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
+    if cfg.mma and (width % 16 or INTERPRET):
+        raise ValueError("the mma decode needs an integer width and a GPU (inline PTX)")
     fuse = cfg.fuse_rotation and not x_rotated
     if fuse and cfg.runs and mp > 1:
         raise ValueError("the run decode fuses the input rotation for one row only")
@@ -316,6 +333,7 @@ def exl3_gemm(
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        MMA=cfg.mma, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
     )  # fmt: skip
     return y
 

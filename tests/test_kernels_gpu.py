@@ -84,6 +84,28 @@ def test_gemm_rows_flash(rows, mode):
     assert torch.equal(outs[0], outs[1]), "split-k reduction must be deterministic"
 
 
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize(("bits", "groups"), [(3, 1), (6, 2), (4, 4)])
+def test_gemm_mma_flash(rows, bits, groups):
+    """The weights decoded into mma from registers (GemmConfig.mma): 1-16 rows at the routed shapes."""
+    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
+
+    k, n = (5120, 2304) if bits != 6 else (2304, 5120)
+    tr, suh, svh, cb = _group(k, n, bits, 2 if bits != 4 else 0, bits)
+    w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
+    want = x.double() @ w
+    outs = []
+    for _ in range(2):
+        out = torch.full((rows, n), float("nan"), dtype=torch.float32, device="cuda")
+        exl3_gemm(x, tr, suh, svh, cb, config=GemmConfig(mma=groups), out=out)
+        outs.append(out)
+    err = float((outs[0].double() - want).norm() / want.norm())
+    assert err < 2e-3, err  # fp16 rotated input (2^-11), as on the other matrix-unit path
+    assert torch.equal(outs[0], outs[1]), "split-k reduction must be deterministic"
+
+
 @pytest.mark.parametrize("layout", ["stack", "ragged"])
 def test_moe_matches_reference(layout):
     from tfc.kernels.exl3_decode import exl3_decode

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Static SASS of the fused EXL3 GEMM for sm_90, compiled without a GPU: registers, spills, main-loop cost.
+
+For each configuration it compiles `_exl3_gemm_kernel` for an H100/H200 target with the Triton in use (pass
+`--triton-path` to put another Triton first, e.g. the 3.6 the H200 machine has), disassembles it with the
+cuobjdump Triton ships, finds the backward branch whose loop body holds the codebook's IDP instructions,
+and reports that loop's SASS instructions per decoded weight (one IDP per weight). Runtime is not measured
+here: this is the instruction budget the H200 runs (kernels_h200.md, ncu_h200/).
+    python3 benchmarks/sass_sm90.py --out benchmarks/sass_sm90.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
+    ("runs 1 row (default), 6 bit", 96, 1, "runs", 4, 1),
+    ("runs 1 row (default), 4 bit", 64, 1, "runs", 4, 1),
+    ("mma g1, 6 bit, 16 rows", 96, 16, "mma", 1, 4),
+    ("mma g2, 6 bit, 16 rows", 96, 16, "mma", 2, 2),
+    ("mma g4, 6 bit, 16 rows", 96, 16, "mma", 4, 1),
+    ("mma g1, 4 bit, 1 row", 64, 1, "mma", 1, 4),
+    ("mma g2, 4 bit, 1 row", 64, 1, "mma", 2, 2),
+]
+
+
+def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes:
+    """The cubin of one configuration for sm_90."""
+    import triton
+    from tfc.kernels.exl3_gemv import _exl3_gemm_kernel
+    from tfc.kernels.exl3_mma import mma_asm
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptr16, mp = "*fp16", 16 if kind == "mma" else 1
+    sig = {"x_ptr": ptr16, "xh_ptr": ptr16 if kind == "mma" else "*fp32", "suh_ptr": ptr16, "svh_ptr": ptr16,
+           "t_ptr": "*i32", "y_ptr": ptr16, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+           "stride_x": "i32", "stride_y": "i32", "kt_per_split": "i32", "W": "constexpr", "CB": "constexpr",
+           "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
+           "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
+           "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_STEPS": "constexpr", "MMA_STORES": "constexpr"}  # fmt: skip
+    consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
+              "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
+              "MMA": par if kind == "mma" else 0}  # fmt: skip
+    consts |= mma_asm(width, 2, rows, par) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_STEPS": (),
+                                                                  "MMA_STORES": ()}  # fmt: skip
+    names = list(sig)
+    src = ASTSource(
+        fn=_exl3_gemm_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}
+    )
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+
+
+def loop_stats(sass: str) -> dict:
+    """The IDP-holding loop of a SASS listing: instructions, per weight, and the top opcodes."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.search(r"/\*([0-9a-f]{4,5})\*/\s+(@!?U?P\w+ )?([A-Z0-9_.]+)([^;]*)", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
+    best: dict = {}
+    for addr, op, rest in ins:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr:
+            body = [o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr]
+            idp = sum(o.startswith("IDP") for o in body)
+            if idp and idp > best.get("weights", 0):
+                ops = Counter(o.split(".")[0] for o in body)
+                best = {"instructions": len(body), "weights": idp, "per_weight": round(len(body) / idp, 2),
+                        "top": dict(ops.most_common(10))}  # fmt: skip
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument(
+        "--triton-path", default="", help="a folder holding another Triton, put first on sys.path"
+    )
+    args = ap.parse_args()
+    if args.triton_path:
+        sys.path.insert(0, args.triton_path)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _bench_env
+    import triton
+
+    _bench_env.ensure_tfc()
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    rows = []
+    for name, width, nrows, kind, par, warps in CONFIGS:
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(compile_one(width, nrows, kind, par, warps))
+            f.flush()
+            res = subprocess.run(
+                [str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True
+            ).stdout
+            sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
+        usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", res))
+        row = {"config": name, "registers": int(usage.get("REG", 0)), "stack": int(usage.get("STACK", 0)),
+               **loop_stats(sass)}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    args.out.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90", "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""EXL3 skinny GEMM on the matrix units with the decoded weights fed from registers (1-16 rows, one cost).
+
+A 128-column block is 8 n-tiles; 4 / G warps take 2 G n-tiles each (G groups of two). Every thread runs the
+PTX of exl3_mma_ptx on its own lane (one tensor element per thread), so Triton's register layouts never meet
+the fragments. Rows are the mma's M: 1 to 16 rows cost one decode. Inputs are the fp16 rotated rows
+(rotate_input, as on the other matrix-unit path), sums fp32. The CPU interpreter cannot run inline PTX:
+tests/test_exl3_mma_ptx.py runs the same PTX in a small interpreter instead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from tfc.kernels.exl3_mma_ptx import (
+    SETUP_OUTPUTS,
+    frag_constraints,
+    frag_ptx,
+    setup_ptx,
+    step_constraints,
+    step_ptx,
+    store_constraints,
+    store_ptx,
+)
+
+GROUPS = (1, 2, 4)  # groups of two n-tiles per warp: 4, 2 or 1 warps per 128-column block
+SETUP_CONS = tl.constexpr(",".join(["=r"] * SETUP_OUTPUTS + ["r", "r"]))
+FRAG_CONS = tl.constexpr(frag_constraints())
+STEP_CONS = tl.constexpr(step_constraints())
+STORE_CONS = tl.constexpr(store_constraints())
+
+
+def mma_warps(groups: int) -> int:
+    """Warps per program for `groups` groups of two n-tiles per warp."""
+    if groups not in GROUPS:
+        raise ValueError(f"mma groups {groups} is not one of {GROUPS}")
+    return 4 // groups
+
+
+def mma_asm(width: int, codebook: int, rows: int, groups: int) -> dict:
+    """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp)."""
+    k_bits = width // 16
+    return {
+        "MMA_SETUP": setup_ptx(k_bits, 2 * groups),
+        "MMA_FRAG": frag_ptx(k_bits, rows > 8),
+        "MMA_STEPS": tuple(step_ptx(k_bits, codebook, g) for g in range(groups)),
+        "MMA_STORES": tuple(store_ptx(g) for g in range(groups)),
+    }
+
+
+@triton.jit
+def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, G: tl.constexpr,
+                 SETUP: tl.constexpr, FRAG: tl.constexpr, STEPS: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
+    """[16, 128] fp32 sums at dst of the xh rows (fp16, stride_xh) times kt_count k-tiles of the block at t_ptr."""
+    nw: tl.constexpr = W // 2
+    zi = tl.full([32 * (4 // G)], 0, tl.int32)
+    o0, o1, o2, off, xo0, xo1, pf, so = tl.inline_asm_elementwise(
+        SETUP, SETUP_CONS, [zi + M, zi + stride_xh], dtype=(tl.int32,) * 8, is_pure=True, pack=1
+    )
+    z = tl.zeros([32 * (4 // G)], dtype=tl.float32)
+    accs = ((z,) * 16,) * G
+    tb = t_ptr
+    xb = xh_ptr
+    for _ in range(kt_count):
+        a0, a1, a2, a3, w0, w1, w2 = tl.inline_asm_elementwise(
+            FRAG, FRAG_CONS,
+            [(tb + zi).to(tl.int64, bitcast=True), (xb + zi).to(tl.int64, bitcast=True), o0, o1, o2, off, xo0, xo1, pf],
+            dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
+        )  # fmt: skip
+        new = ()
+        for g in tl.static_range(G):
+            step = tl.inline_asm_elementwise(
+                STEPS[g], STEP_CONS, accs[g] + (a0, a1, a2, a3, w0, w1, w2, off),
+                dtype=(tl.float32,) * 16, is_pure=True, pack=1,
+            )  # fmt: skip
+            new = new + (step,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
+        accs = new
+        tb += tn * nw
+        xb += 16
+    dsti = (dst + zi).to(tl.int64, bitcast=True)
+    for g in tl.static_range(G):
+        tl.inline_asm_elementwise(
+            STORES[g], STORE_CONS, (dsti, so) + accs[g], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
+__all__ = ["GROUPS", "mma_asm", "mma_partials", "mma_warps"]

@@ -1,0 +1,212 @@
+"""PTX for the EXL3 decode fed to the matrix units from registers (mma.sync m16n8k16, fp16 in, fp32 sums).
+
+The tile order of spec exl3.md §5 is the m16n8k16 B-fragment order: lane t's stream positions 8t .. 8t + 7
+are its b0..b3 of the tile's left 8 columns (p = 0..3) and right 8 columns (p = 4..7). So each lane decodes
+its own 8 positions (ring bits [8tK - 16, 8tK + 8K), at most three words) and the warp multiplies without
+any exchange. Four inline-asm pieces, each run by every thread once per element it holds (one):
+  - `setup_ptx`: per-thread byte offsets (the lane's trellis words, its input rows, its output sums);
+  - `frag_ptx`: per k-tile, the lane's A fragments (input rows) and word addresses;
+  - `step_ptx`: two of the warp's n-tiles at that k-tile: loads, decode, 4 mma into the running sums;
+  - `store_ptx`: those sums (rows lane/4 and lane/4 + 8 of 16) into a [16, 128] fp32 partial block.
+The lane's window is first shifted to start at a word boundary (one funnel shift per word), so every state
+is then cut at a shift known here. Integer widths K = 1..8 only. `tests/test_exl3_mma_ptx.py` runs the
+generated text in a small PTX interpreter against the reference decode.
+"""
+
+from __future__ import annotations
+
+from tfc.kernels.exl3_tl import CODEBOOK_BODIES
+
+MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+WORDS = 3  # word-offset outputs of setup_ptx (the most any width loads; unused ones are 0)
+SETUP_OUTPUTS = WORDS + 5
+
+
+def window_words(k_bits: int) -> tuple[int, int]:
+    """(words a lane loads, words of its window once shifted to a word boundary)."""
+    offmax = max((8 * t * k_bits - 16) % 32 for t in range(32))
+    loads = -(-(offmax + 16 + 8 * k_bits) // 32)
+    assert loads <= WORDS, k_bits
+    return loads, -(-(16 + 8 * k_bits) // 32)
+
+
+def setup_ptx(k_bits: int, nt: int) -> str:
+    """Outputs $0.. = word byte offsets (WORDS, unused ones 0), shift, x offsets (rows lane/4, +8), row flags,
+    output offset; inputs: M (rows), x row stride (elements). nt n-tiles per warp; offsets include the
+    warp's first n-tile."""
+    nwd, _ = window_words(k_bits)
+    nw, ring = 8 * k_bits, 256 * k_bits
+    o = [f"${i}" for i in range(WORDS)]
+    off, xo0, xo1, pf, so = (f"${WORDS + i}" for i in range(5))
+    m_rows, sx = f"${WORDS + 5}", f"${WORDS + 6}"
+    lines = [
+        ".reg .b32 lane, tid, nt, b, j0, idx, m0, m1, c, f0, f1, tmp;",
+        ".reg .pred p;",
+        "mov.u32 lane, %laneid;",
+        "mov.u32 tid, %tid.x;",
+        "shr.u32 nt, tid, 5;",
+        f"mul.lo.u32 nt, nt, {nt};",
+        # window start bit B = 8 lane K - 16 (mod R): its word j0 and the offset inside it
+        f"mad.lo.u32 b, lane, {8 * k_bits}, {ring - 16};",
+        f"setp.ge.u32 p, b, {ring};",
+        f"@p sub.u32 b, b, {ring};",
+        "shr.u32 j0, b, 5;",
+        f"and.b32 {off}, b, 31;",
+    ]
+    for i in range(nwd):
+        lines += [
+            f"add.u32 idx, j0, {i};",
+            f"setp.ge.u32 p, idx, {nw};",
+            f"@p sub.u32 idx, idx, {nw};",
+            f"mad.lo.u32 tmp, nt, {nw}, idx;",
+            f"shl.b32 {o[i]}, tmp, 2;",
+        ]
+    lines += [f"mov.u32 {o[i]}, 0;" for i in range(nwd, WORDS)]
+    lines += [
+        "shr.u32 m0, lane, 2;",
+        "and.b32 c, lane, 3;",
+        "shl.b32 c, c, 1;",
+        f"mad.lo.u32 tmp, m0, {sx}, c;",
+        f"shl.b32 {xo0}, tmp, 1;",
+        "add.u32 m1, m0, 8;",
+        f"mad.lo.u32 tmp, m1, {sx}, c;",
+        f"shl.b32 {xo1}, tmp, 1;",
+        f"setp.lt.u32 p, m0, {m_rows};",
+        "selp.u32 f0, 1, 0, p;",
+        f"setp.lt.u32 p, m1, {m_rows};",
+        "selp.u32 f1, 2, 0, p;",
+        f"or.b32 {pf}, f0, f1;",
+        "mad.lo.u32 tmp, m0, 128, c;",
+        "mad.lo.u32 tmp, nt, 16, tmp;",
+        f"shl.b32 {so}, tmp, 2;",
+    ]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def _state(q: int, k_bits: int, dst: str) -> list[str]:
+    """Instructions cutting state q (16 bits ending at bit 16 + (q + 1) K of the shifted window u0, u1, ...)."""
+    last = 16 + (q + 1) * k_bits - 1
+    m, sh = last // 32, 31 - last % 32
+    if sh == 0:
+        return [f"and.b32 {dst}, u{m}, 0xFFFF;"]
+    if sh == 16:
+        return [f"shr.u32 {dst}, u{m}, 16;"]
+    if sh == 8:
+        return [f"prmt.b32 {dst}, u{m}, z, 0x4421;"]
+    if sh < 16:
+        return [f"shr.u32 t, u{m}, {sh};", f"and.b32 {dst}, t, 0xFFFF;"]
+    return [f"shf.r.clamp.b32 t, u{m}, u{m - 1}, {sh};", f"and.b32 {dst}, t, 0xFFFF;"]
+
+
+def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
+    """Codebook cb of states sa, sb into packed fp16 dst, in its own register scope."""
+    return "{\n" + CODEBOOK_BODIES[cb].replace("SA", sa).replace("SB", sb).replace("DST", dst) + "\n}"
+
+
+def frag_ptx(k_bits: int, rows16: bool) -> str:
+    """Per k-tile: outputs $0..$3 = the A fragments (fp16 pairs; rows >= M zero), $4.. = the lane's word
+    addresses (64-bit); inputs: tile address, x address (row 0, this k-tile's first column), setup outputs
+    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero)."""
+    a = [f"${i}" for i in range(4)]
+    wa = [f"${4 + i}" for i in range(WORDS)]
+    base = 4 + WORDS
+    tb, xb = f"${base}", f"${base + 1}"
+    o = [f"${base + 2 + i}" for i in range(WORDS)]
+    xo0, xo1, pf = (f"${base + 3 + WORDS + i}" for i in range(3))
+    nwd, _ = window_words(k_bits)
+    lines = [
+        ".reg .b32 t;",
+        ".reg .b64 xa;",
+        ".reg .pred p;",
+        *[f"mov.b32 {r}, 0;" for r in a],
+        f"and.b32 t, {pf}, 1;",
+        "setp.ne.u32 p, t, 0;",
+        f"mad.wide.u32 xa, {xo0}, 1, {xb};",
+        f"@p ld.global.nc.b32 {a[0]}, [xa];",
+        f"@p ld.global.nc.b32 {a[2]}, [xa+16];",
+    ]
+    if rows16:
+        lines += [
+            f"and.b32 t, {pf}, 2;",
+            "setp.ne.u32 p, t, 0;",
+            f"mad.wide.u32 xa, {xo1}, 1, {xb};",
+            f"@p ld.global.nc.b32 {a[1]}, [xa];",
+            f"@p ld.global.nc.b32 {a[3]}, [xa+16];",
+        ]
+    lines += [f"mad.wide.u32 {wa[i]}, {o[i]}, 1, {tb};" for i in range(nwd)]
+    lines += [f"mov.b64 {wa[i]}, {tb};" for i in range(nwd, WORDS)]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def frag_constraints() -> str:
+    """The constraint string of frag_ptx."""
+    return ",".join(["=r"] * 4 + ["=l"] * WORDS + ["l", "l"] + ["r"] * (WORDS + 4))
+
+
+def step_ptx(k_bits: int, cb: int, group: int) -> str:
+    """n-tiles 2 group and 2 group + 1 of the warp's at one k-tile: outputs $0..$15 = sums [n-tile j][half
+    h][c0..c3]; inputs: the same sums, the A fragments, the word addresses (frag_ptx), the shift."""
+    nwd, nu = window_words(k_bits)
+    nw = 8 * k_bits
+    acc_out = [f"${i}" for i in range(16)]
+    acc_in = [f"${16 + i}" for i in range(16)]
+    a = [f"${32 + i}" for i in range(4)]
+    wa = [f"${36 + i}" for i in range(WORDS)]
+    off = f"${36 + WORDS}"
+    regs = ", ".join([f"w{i}" for i in range(nwd)] + [f"u{i}" for i in range(nu)])
+    lines = [f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t;", "mov.b32 z, 0;"]
+    for j in range(2):
+        tile = 2 * group + j
+        lines += [f"ld.global.nc.b32 w{i}, [{wa[i]}+{4 * nw * tile}];" for i in range(nwd)]
+        # u_i = window bits [32 i, 32 i + 32): (w_i << off) | (w_i+1 >> (32 - off)); bits past the last
+        # loaded word are never used (zero there).
+        lines += [
+            f"shf.l.clamp.b32 u{i}, {f'w{i + 1}' if i + 1 < nwd else 'z'}, w{i}, {off};" for i in range(nu)
+        ]
+        for q in range(8):
+            lines += _state(q, k_bits, f"s{q}")
+        lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
+        for h in range(2):
+            d = acc_out[8 * j + 4 * h : 8 * j + 4 * h + 4]
+            c = acc_in[8 * j + 4 * h : 8 * j + 4 * h + 4]
+            lines.append(
+                f"{MMA} {{{', '.join(d)}}}, {{{', '.join(a)}}}, {{v{2 * h}, v{2 * h + 1}}}, {{{', '.join(c)}}};"
+            )
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def step_constraints() -> str:
+    """The constraint string of step_ptx."""
+    return ",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 4 + ["l"] * WORDS + ["r"])
+
+
+def store_ptx(group: int) -> str:
+    """Write one group's sums: $0 = dummy output; $1 = partial block address, $2 = output offset, $3.. = sums."""
+    lines = [".reg .b64 ad;", "mad.wide.u32 ad, $2, 1, $1;"]
+    for j in range(2):
+        for h in range(2):
+            s = [f"${3 + 8 * j + 4 * h + i}" for i in range(4)]
+            col = 64 * (2 * group + j) + 32 * h
+            lines.append(f"st.global.v2.f32 [ad+{col}], {{{s[0]}, {s[1]}}};")
+            lines.append(f"st.global.v2.f32 [ad+{col + 4096}], {{{s[2]}, {s[3]}}};")
+    lines.append("mov.u32 $0, 0;")
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def store_constraints() -> str:
+    """The constraint string of store_ptx."""
+    return ",".join(["=r", "l", "r"] + ["f"] * 16)
+
+
+__all__ = [
+    "SETUP_OUTPUTS",
+    "WORDS",
+    "frag_constraints",
+    "frag_ptx",
+    "setup_ptx",
+    "step_constraints",
+    "step_ptx",
+    "store_constraints",
+    "store_ptx",
+    "window_words",
+]

@@ -1,0 +1,248 @@
+"""The register-fed mma decode's PTX (kernels/exl3_mma_ptx.py), run by a small PTX interpreter on the CPU.
+
+The interpreter executes the generated text for whole warps in lockstep: every integer, f16x2 and memory
+instruction the generator emits, and mma.sync m16n8k16 as one warp-wide product (fp16 inputs exact, sums in
+float64, rounded to fp32 once per mma). The partial sums it stores must equal xh [M, k] @ W-hat (the
+reference decode, rotated domain) for rows < M and be zero for the padding rows.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+from tfc.kernels import exl3_reference as ref
+from tfc.kernels.exl3_mma_ptx import SETUP_OUTPUTS, WORDS, frag_ptx, setup_ptx, step_ptx, store_ptx
+
+M32 = 0xFFFFFFFF
+
+
+def _parse(text: str) -> list[tuple[str | None, str, list[str]]]:
+    """Instructions of an asm block: (predicate, opcode, operands); declarations and braces dropped."""
+    out = []
+    for raw in text.replace("{\n", "\n").replace("\n}", "\n").split("\n"):
+        line = raw.strip().rstrip(";").strip()
+        if not line or line.startswith(".reg") or line in ("{", "}"):
+            continue
+        pred = None
+        if line.startswith("@"):
+            pred, line = line[1:].split(" ", 1)
+        op, _, rest = line.partition(" ")
+        # operands: split on commas outside brackets/braces
+        ops, depth, cur = [], 0, ""
+        for ch in rest:
+            if ch in "[{":
+                depth += 1
+            if ch in "]}":
+                depth -= 1
+            if ch == "," and depth == 0:
+                ops.append(cur.strip())
+                cur = ""
+            else:
+                cur += ch
+        if cur.strip():
+            ops.append(cur.strip())
+        out.append((pred, op, ops))
+    return out
+
+
+def _h2(u: int) -> np.ndarray:
+    return np.array([u & 0xFFFF, u >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
+
+
+def _pack_h2(v: np.ndarray) -> int:
+    h = v.astype(np.float16).view(np.uint16)
+    return int(h[0]) | (int(h[1]) << 16)
+
+
+def _f32(u: int) -> float:
+    return float(np.array([u], dtype=np.uint32).view(np.float32)[0])
+
+
+def _u32(f: float) -> int:
+    return int(np.array([f], dtype=np.float32).view(np.uint32)[0])
+
+
+class Warp:
+    """32 lanes of registers over one flat little-endian memory (addresses are offsets into `mem`)."""
+
+    def __init__(self, mem: np.ndarray, warp: int) -> None:
+        self.mem, self.warp = mem, warp
+        self.regs = [dict() for _ in range(32)]
+
+    def val(self, lane: int, x: str, args: list) -> int:
+        if x.startswith("$"):
+            return args[lane][int(x[1:])]
+        if x == "%laneid":
+            return lane
+        if x == "%tid.x":
+            return 32 * self.warp + lane
+        if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", x):
+            return int(x, 0) & 0xFFFFFFFFFFFFFFFF
+        return self.regs[lane][x]
+
+    def put(self, lane: int, x: str, v: int, args: list) -> None:
+        if x.startswith("$"):
+            args[lane][int(x[1:])] = v
+        else:
+            self.regs[lane][x] = v
+
+    def load32(self, addr: int) -> int:
+        return int(self.mem[addr : addr + 4].view(np.uint32)[0])
+
+    def run(self, text: str, args: list[dict]) -> None:
+        """Execute `text` on all lanes; args[lane] maps operand numbers to values (outputs written back)."""
+        for pred, op, ops in _parse(text):
+            if op.startswith("mma.sync"):
+                self._mma(ops, args)
+                continue
+            for lane in range(32):
+                if pred is not None and not self.regs[lane][pred]:
+                    continue
+                self._one(lane, op, ops, args)
+
+    def _addr(self, lane: int, expr: str, args: list) -> int:
+        base, _, imm = expr.strip("[]").partition("+")
+        return self.val(lane, base, args) + (int(imm) if imm else 0)
+
+    def _one(self, lane: int, op: str, ops: list[str], args: list) -> None:
+        v = [self.val(lane, x, args) for x in ops[1:]] if not op.startswith(("ld.", "st.")) else None
+        d = ops[0]
+        name = op.split(".")[0]
+        if op.startswith("ld.global"):
+            self.put(lane, d, self.load32(self._addr(lane, ops[1], args)), args)
+        elif op.startswith("st.global.v2.f32"):
+            a = self._addr(lane, ops[0], args)
+            pair = [self.val(lane, x.strip(), args) for x in ops[1].strip("{}").split(",")]
+            self.mem[a : a + 8] = np.array(pair, dtype=np.uint32).view(np.uint8)
+        elif name == "mov":
+            self.put(lane, d, v[0], args)
+        elif name == "shr":
+            self.put(lane, d, (v[0] & M32) >> v[1], args)
+        elif name == "shl":
+            self.put(lane, d, (v[0] << v[1]) & M32, args)
+        elif name == "and":
+            self.put(lane, d, v[0] & v[1], args)
+        elif name == "or":
+            self.put(lane, d, v[0] | v[1], args)
+        elif name == "add" and op == "add.u32":
+            self.put(lane, d, (v[0] + v[1]) & M32, args)
+        elif name == "sub":
+            self.put(lane, d, (v[0] - v[1]) & M32, args)
+        elif op == "mul.lo.u32":
+            self.put(lane, d, (v[0] * v[1]) & M32, args)
+        elif op == "mad.lo.u32":
+            self.put(lane, d, (v[0] * v[1] + v[2]) & M32, args)
+        elif op == "mad.wide.u32":
+            self.put(lane, d, (v[0] * v[1] + v[2]) & 0xFFFFFFFFFFFFFFFF, args)
+        elif name == "setp":
+            cmp = {"ge": v[0] >= v[1], "lt": v[0] < v[1], "ne": v[0] != v[1]}[op.split(".")[1]]
+            self.put(lane, d, cmp, args)
+        elif name == "selp":
+            self.put(lane, d, v[0] if v[2] else v[1], args)
+        elif op == "shf.l.clamp.b32":  # upper 32 bits of ({b, a} << min(c, 32))
+            self.put(lane, d, (((v[1] << 32 | v[0]) << min(v[2], 32)) >> 32) & M32, args)
+        elif op == "shf.r.clamp.b32":  # lower 32 bits of ({b, a} >> min(c, 32))
+            self.put(lane, d, ((v[1] << 32 | v[0]) >> min(v[2], 32)) & M32, args)
+        elif op == "prmt.b32":
+            src = (v[1] << 32 | v[0]).to_bytes(8, "little")
+            out = bytes(src[(v[2] >> (4 * i)) & 7] for i in range(4))
+            self.put(lane, d, int.from_bytes(out, "little"), args)
+        elif op == "dp4a.u32.u32":
+            a, b = v[0].to_bytes(4, "little"), v[1].to_bytes(4, "little")
+            self.put(lane, d, (sum(x * y for x, y in zip(a, b, strict=True)) + v[2]) & M32, args)
+        elif op == "lop3.b32":
+            a, b, c, lut = v
+            r = 0
+            for bit in range(32):
+                idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
+                r |= ((lut >> idx) & 1) << bit
+            self.put(lane, d, r, args)
+        elif op == "fma.rn.f16x2":
+            self.put(lane, d, _pack_h2(_h2(v[0]) * _h2(v[1]) + _h2(v[2])), args)
+        elif op == "add.rn.f16x2":
+            self.put(lane, d, _pack_h2(_h2(v[0]) + _h2(v[1])), args)
+        else:
+            raise NotImplementedError(op)
+
+    def _mma(self, ops: list[str], args: list) -> None:
+        """D = A @ B + C for m16n8k16 (row A fp16, col B fp16, fp32 C/D) from the lanes' fragments."""
+        dst, a, b, c = ([x.strip() for x in o.strip("{}").split(",")] for o in ops)
+        am, bm, cm = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            ar = [_h2(self.val(lane, x, args)) for x in a]
+            for i, (r, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
+                am[r, col : col + 2] = ar[i]
+            br = [_h2(self.val(lane, x, args)) for x in b]
+            bm[2 * t : 2 * t + 2, g] = br[0]
+            bm[2 * t + 8 : 2 * t + 10, g] = br[1]
+            cr = [_f32(self.val(lane, x, args)) for x in c]
+            cm[g, 2 * t : 2 * t + 2] = cr[0:2]
+            cm[g + 8, 2 * t : 2 * t + 2] = cr[2:4]
+        dm = (am @ bm + cm).astype(np.float32)
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            vals = [dm[g, 2 * t], dm[g, 2 * t + 1], dm[g + 8, 2 * t], dm[g + 8, 2 * t + 1]]
+            for x, f in zip(dst, vals, strict=True):
+                self.put(lane, x, _u32(f), args)
+
+
+def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.ndarray:
+    """The [16, 128] partial sums of one 128-column block over all k-tiles, as the GPU kernel computes them
+    (4 // groups warps of 2 groups n-tiles each)."""
+    tk, tn, width = trellis.shape
+    k_bits, nw = width // 16, width // 2
+    m_rows, k = xh.shape
+    words = ref.words32(trellis).astype(np.uint32)  # [tk, tn, nw]
+    tsize, xsize = words.nbytes, xh.nbytes
+    mem = np.zeros(tsize + xsize + 16 * 128 * 4 + 64, dtype=np.uint8)
+    mem[:tsize] = words.reshape(-1).view(np.uint8)
+    xbase, wsbase = tsize, tsize + xsize
+    mem[xbase : xbase + xsize] = xh.astype(np.float16).reshape(-1).view(np.uint8)
+    nso = SETUP_OUTPUTS
+    setup, frag = setup_ptx(k_bits, 2 * groups), frag_ptx(k_bits, m_rows > 8)
+    steps = [step_ptx(k_bits, cb, g) for g in range(groups)]
+    for w in range(4 // groups):
+        warp = Warp(mem, w)
+        sargs = [{nso: m_rows, nso + 1: k} for _ in range(32)]
+        warp.run(setup, sargs)
+        acc = [[[0] * 16 for _ in range(groups)] for _ in range(32)]
+        for kt in range(tk):
+            fargs = [{4 + WORDS: 4 * nw * kt * tn, 5 + WORDS: xbase + 2 * 16 * kt,
+                      **{6 + WORDS + i: sargs[lane][i] for i in range(WORDS + 4)}}
+                     for lane in range(32)]  # fmt: skip
+            warp.run(frag, fargs)
+            for g in range(groups):
+                args = [{**{16 + i: acc[lane][g][i] for i in range(16)}, **{32 + i: fargs[lane][i] for i in range(4)},
+                         **{36 + i: fargs[lane][4 + i] for i in range(WORDS)}, 36 + WORDS: sargs[lane][WORDS]}
+                        for lane in range(32)]  # fmt: skip
+                warp.run(steps[g], args)
+                for lane in range(32):
+                    acc[lane][g] = [args[lane][i] for i in range(16)]
+        for g in range(groups):
+            store_args = [{1: wsbase, 2: sargs[lane][nso - 1], **{3 + i: acc[lane][g][i] for i in range(16)}}
+                          for lane in range(32)]  # fmt: skip
+            warp.run(store_ptx(g), store_args)
+    return mem[wsbase : wsbase + 16 * 128 * 4].view(np.float32).reshape(16, 128)
+
+
+@pytest.mark.parametrize(
+    ("k_bits", "cb", "rows", "groups"),
+    [(2, 2, 1, 1), (3, 2, 5, 2), (4, 0, 16, 1), (5, 1, 9, 4), (6, 2, 3, 2), (7, 2, 1, 1), (8, 1, 16, 2), (1, 0, 2, 4)],
+)  # fmt: skip
+def test_mma_ptx_matches_reference(k_bits, cb, rows, groups):
+    rng = np.random.default_rng(k_bits * 100 + rows)
+    tk = 3
+    trellis = rng.integers(-32768, 32768, size=(tk, 8, 16 * k_bits), dtype=np.int16)
+    xh = rng.standard_normal((rows, 16 * tk)).astype(np.float16)
+    got = run_block(trellis, xh, cb, groups)
+    what = ref.decode_rotated(trellis, cb).astype(np.float64)  # [k, 128] fp16 values
+    want = xh.astype(np.float64) @ what
+    err = np.abs(got[:rows] - want).max() / np.abs(want).max()
+    assert err < 1e-6, err  # fp16 products are exact; fp32 sums rounded once per mma (3 k-tiles)
+    assert not got[rows:].any(), "padding rows must stay zero"
