@@ -86,6 +86,7 @@ ONE_ROW = {
     # weights decoded into mma from registers (exl3_mma), 1 or 2 groups of two n-tiles per warp
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),
+    "mma_g4": GemmConfig(mma=4),
 }
 MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
     "default": GemmConfig(),  # <= 4 rows: runs_bk16_t2_w2_o8; more rows: dot_bk32_w4_o4
@@ -99,7 +100,8 @@ MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the 
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),
-    "mma_g1_o8": GemmConfig(mma=1, waves=8),
+    "mma_g4": GemmConfig(mma=4),
+    "mma_g4_o8": GemmConfig(mma=4, waves=8),
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM

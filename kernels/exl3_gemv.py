@@ -162,9 +162,9 @@ def _exl3_gemm_kernel(
     if SPLIT > 1:
         last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
-        if RUNS and MP > 1:
+        if (RUNS and MP > 1) or MMA:
             # Row by row (rows < M only): the one-row sum keeps 8 partials in flight and needs no
-            # [MP, 32, 128] product.
+            # [MP, 32, 128] product (nor its registers, which would cap the mma loop's occupancy).
             sv = tl.load(svh_ptr + cols).to(tl.float32)
             for r in range(M):
                 y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
@@ -200,9 +200,11 @@ class GemmConfig:
 
     def resolved(self, rows: int, width: int, cols: int = 0) -> GemmConfig:
         """This config with the defaults for `rows` input rows, trellis width and n filled in (split: at launch)."""
-        if self.mma:  # one k-tile per step, 4 / mma warps, fp16 rotated rows as on use_dot (not measured yet)
+        if (
+            self.mma
+        ):  # one k-tile per step, 4 / mma warps (~32 warps per SM), fp16 rotated rows (not measured yet)
             return replace(self, use_dot=True, runs=False, block_k=16, run_tiles=1, fuse_rotation=False,
-                           num_warps=mma_warps(self.mma), waves=self.waves or 4.0)  # fmt: skip
+                           num_warps=mma_warps(self.mma), waves=self.waves or 8.0 * self.mma)  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
         fma_rows = rows <= RUN_ROWS_MAX and runs_ok
         use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows

@@ -246,3 +246,13 @@ def test_mma_ptx_matches_reference(k_bits, cb, rows, groups):
     err = np.abs(got[:rows] - want).max() / np.abs(want).max()
     assert err < 1e-6, err  # fp16 products are exact; fp32 sums rounded once per mma (3 k-tiles)
     assert not got[rows:].any(), "padding rows must stay zero"
+
+
+def test_mma_config_resolves():
+    """GemmConfig(mma=G): the matrix-unit input (fp16 rotated rows), 4 / G warps, ~32 warps per SM."""
+    from tfc.kernels.exl3_gemv import GemmConfig
+
+    cfg = GemmConfig(mma=2).resolved(1, 64)
+    assert (cfg.use_dot, cfg.runs, cfg.fuse_rotation, cfg.num_warps, cfg.waves) == (True, False, False, 2, 16.0)
+    with pytest.raises(ValueError, match="mma groups 3"):
+        GemmConfig(mma=3).resolved(4, 64)
