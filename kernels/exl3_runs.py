@@ -163,6 +163,15 @@ def _run_sums(ptr, c, xrow, zero, tn, kt_count, K: tl.constexpr, NW: tl.constexp
 
 
 @triton.jit
+def _element_runs(t_ptr, tn, NW: tl.constexpr, G: tl.constexpr, BKT: tl.constexpr, TPE: tl.constexpr):
+    """Element (k-tile kt, group g, run c) of a column block: its first tile's word pointer, kt and c."""
+    kt = tl.arange(0, BKT)[:, None, None]
+    g = tl.arange(0, G)[None, :, None]
+    c = tl.arange(0, 8)[None, None, :]
+    return t_ptr + (kt * tn + g * TPE).to(tl.int64) * NW, kt, c
+
+
+@triton.jit
 def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BKT: tl.constexpr,
               TPE: tl.constexpr = 2):  # fmt: skip
     """Sums over kt_count k-tiles of xh[row] * W-hat[row, col] for the 8-tile column block at t_ptr.
@@ -175,10 +184,7 @@ def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BK
     K: tl.constexpr = W // 16
     NW: tl.constexpr = W // 2
     G: tl.constexpr = 8 // TPE
-    kt = tl.arange(0, BKT)[:, None, None]
-    g = tl.arange(0, G)[None, :, None]
-    c = tl.arange(0, 8)[None, None, :]
-    ptr = t_ptr + (kt * tn + g * TPE).to(tl.int64) * NW
+    ptr, kt, c = _element_runs(t_ptr, tn, NW, G, BKT, TPE)
     xrow = xh_ptr + kt * 16
     a0, b0, a1, b1, a2, b2, a3, b3 = _run_sums(
         ptr, c, xrow, tl.zeros([BKT, G, 8], dtype=tl.float32), tn, kt_count, K, NW, CB, BKT, TPE
@@ -212,10 +218,7 @@ def runs_rows(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, C
     K: tl.constexpr = W // 16
     NW: tl.constexpr = W // 2
     G: tl.constexpr = 8 // TPE
-    kt = tl.arange(0, BKT)[:, None, None]
-    g = tl.arange(0, G)[None, :, None]
-    c = tl.arange(0, 8)[None, None, :]
-    ptr = t_ptr + (kt * tn + g * TPE).to(tl.int64) * NW
+    ptr, kt, c = _element_runs(t_ptr, tn, NW, G, BKT, TPE)
     m = tl.minimum(tl.arange(0, MP), M - 1)[:, None, None, None]
     xrow = xh_ptr + m * stride_xh + (kt * 16)[None, :, :, :]
     a0, b0, a1, b1, a2, b2, a3, b3 = _run_sums(
