@@ -6,7 +6,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -
 echo "ncu: $NCU" | tee "$OUT/ncu_env.txt"
 "$NCU" --version | tee -a "$OUT/ncu_env.txt"
 cd benchmarks
-WL=${*:-$(python3 -c 'import kernels_ncu_h200 as k; print(" ".join(k.WORKLOADS))' 2>/dev/null | tail -1)}
+WL=${*:-$(python3 -c 'import kernels_ncu_h200 as k; print(" ".join(k.WORKLOADS))')}
 for w in $WL; do
   echo "== $w"
   export TRITON_CACHE_DIR=/tmp/tc_$w; rm -rf "$TRITON_CACHE_DIR"

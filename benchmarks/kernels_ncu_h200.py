@@ -9,10 +9,7 @@ SASS of each compiled kernel (its own Triton cache per workload).
 
 from __future__ import annotations
 
-import sys
-
-import kernels_h200 as kb  # the benchmark's shim import, shapes and random groups
-import torch
+import argparse
 
 # name: (k, n, bits, rows)
 GEMV = {
@@ -28,6 +25,9 @@ WORKLOADS = [*GEMV, "moe_stack_4b"]
 
 def run(name: str, launches: int = 4) -> None:
     """Launch workload `name` `launches` times (the first compiles)."""
+    import kernels_h200 as kb  # the benchmark's shim import, shapes and random groups
+    import torch
+
     gen = torch.Generator(device=kb.DEV).manual_seed(7)
     if name in GEMV:
         k, n, bits, rows = GEMV[name]
@@ -52,6 +52,6 @@ def run(name: str, launches: int = 4) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in WORKLOADS:
-        sys.exit(f"usage: kernels_ncu_h200.py {{{','.join(WORKLOADS)}}}")
-    run(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("workload", choices=WORKLOADS)
+    run(ap.parse_args().workload)
