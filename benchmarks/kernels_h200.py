@@ -83,25 +83,29 @@ ONE_ROW = {
     ),
     # the previous default (runs 4-9), kept for a same-run comparison
     "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
-    # weights decoded into mma from registers (exl3_mma), 1 or 2 groups of two n-tiles per warp
+    # weights decoded into mma from registers (exl3_mma), 1, 2 or 4 groups of two n-tiles per warp
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),
     "mma_g4": GemmConfig(mma=4),
 }
-MANY_ROWS = {  # 2-16 rows: the run decode with fp32 FMAs (default) against the matrix units
-    "default": GemmConfig(),  # <= 4 rows: runs_bk16_t2_w2_o8; more rows: dot_bk32_w4_o4
+MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
+    "default": GemmConfig(),  # the mma decode: 4 groups on the head, 2 on wq_b / wo_b, 1 on a routed matrix
     "runs_bk16_t1_w2_o8": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=8),
     "runs_bk16_t1_w2_o4": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=4),
+    # <= 4 rows up to run 14
     "runs_bk16_t2_w2_o8": GemmConfig(use_dot=False, block_k=16, run_tiles=2, num_warps=2, waves=8),
     "runs_bk32_t2_w2_o4": GemmConfig(
         use_dot=False, block_k=32, run_tiles=2, num_warps=2, waves=4
     ),  # run 6's default
     "dot_bk32_w8_o2": GemmConfig(use_dot=True, block_k=32, num_warps=8, waves=2),
-    "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),
+    "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),  # > 4 rows up to run 14
+    "dot_bk32_w4_o4_apart": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4, reduce_apart=True),
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),
     "mma_g4": GemmConfig(mma=4),
     "mma_g4_o8": GemmConfig(mma=4, waves=8),
+    "mma_g2_o8": GemmConfig(mma=2, waves=8),
+    "mma_g1_inkernel": GemmConfig(mma=1, reduce_apart=False),  # the partials summed by the last program
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM

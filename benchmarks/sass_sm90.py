@@ -45,12 +45,13 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "stride_x": "i32", "stride_y": "i32", "kt_per_split": "i32", "W": "constexpr", "CB": "constexpr",
            "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
            "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
-           "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_STEPS": "constexpr", "MMA_STORES": "constexpr"}  # fmt: skip
+           "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
+           "MMA_STORES": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
     consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
               "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
-              "MMA": par if kind == "mma" else 0}  # fmt: skip
-    consts |= mma_asm(width, 2, rows, par) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_STEPS": (),
-                                                                  "MMA_STORES": ()}  # fmt: skip
+              "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
+    consts |= mma_asm(width, 2, rows, par) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
+                                                                  "MMA_STEP": "", "MMA_STORES": ()}  # fmt: skip
     names = list(sig)
     src = ASTSource(
         fn=_exl3_gemm_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}

@@ -42,6 +42,10 @@ RUN_ROWS_MAX = 4
 # One row fuses the input rotation (each program rotates its own k rows) up to this many output columns; every
 # 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
 FUSE_MAX_COLS = 32768
+# From 2 rows the mma decode is the default (integer widths); its groups per warp by size, as measured on the
+# H200 (kernels_h200.md, run 15): 4 above FUSE_MAX_COLS columns (the head), 2 from this many weights (wq_b,
+# wo_b), 1 below (a routed expert: fewer, shorter programs).
+MMA_WIDE_WEIGHTS = 16 << 20
 
 
 @triton.jit
@@ -85,8 +89,10 @@ def _exl3_gemm_kernel(
     MMA: tl.constexpr = 0,
     MMA_SETUP: tl.constexpr = "",
     MMA_FRAG: tl.constexpr = "",
-    MMA_STEPS: tl.constexpr = (),
+    MMA_LOADS: tl.constexpr = (),
+    MMA_STEP: tl.constexpr = "",
     MMA_STORES: tl.constexpr = (),
+    REDUCE: tl.constexpr = True,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -121,7 +127,7 @@ def _exl3_gemm_kernel(
         # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, M, block + pid_s * (MP * 128), W,
-                     MMA, MMA_SETUP, MMA_FRAG, MMA_STEPS, MMA_STORES)  # fmt: skip
+                     MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
         off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
@@ -157,12 +163,23 @@ def _exl3_gemm_kernel(
         if not USE_DOT:
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
+    if REDUCE:  # else _reduce_kernel, launched next, sums the partials
+        _reduce_last(
+            cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP, (RUNS and MP > 1) or MMA
+        )
+
+
+@triton.jit
+def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP: tl.constexpr,
+                 BY_ROW: tl.constexpr):  # fmt: skip
+    """The last program of a column block to arrive sums its SPLIT partials, rotates, scales, stores."""
+    m = tl.arange(0, MP)
     release_fence()
-    last = pid_s >= 0
+    last = pid_n >= 0
     if SPLIT > 1:
         last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
-        if (RUNS and MP > 1) or MMA:
+        if BY_ROW:
             # Row by row (rows < M only): the one-row sum keeps 8 partials in flight and needs no
             # [MP, 32, 128] product (nor its registers, which would cap the mma loop's occupancy).
             sv = tl.load(svh_ptr + cols).to(tl.float32)
@@ -178,6 +195,17 @@ def _exl3_gemm_kernel(
             )
         if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@triton.jit
+def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr):
+    """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row)."""
+    pid_n = tl.program_id(0)
+    r = tl.program_id(1)
+    cols = pid_n * 128 + tl.arange(0, 128)
+    src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
+    y = rotate_sum(src, SPLIT, MP * 128, 128, 1) * tl.load(svh_ptr + cols).to(tl.float32)
+    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
 
 
 @dataclass(frozen=True)
@@ -196,15 +224,26 @@ class GemmConfig:
     waves: float | None = (
         None  # programs per SM the k-split aims for: 32 one row, 8 up to RUN_ROWS_MAX rows, else 4 (2 dot)
     )
-    mma: int = 0  # > 0: weights decoded into mma from registers, 2 mma n-tiles per warp (1, 2 or 4)
+    # Weights decoded into mma from registers (exl3_mma), 2 mma n-tiles per warp per group: 1, 2 or 4 groups;
+    # 0 = off; None = the default from 2 rows on integer widths (on a GPU) unless use_dot or runs is set.
+    mma: int | None = None
+    # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
+    # last program of each column block (whose rows then queue behind each other); default: mma, > 1 row.
+    reduce_apart: bool | None = None
 
-    def resolved(self, rows: int, width: int, cols: int = 0) -> GemmConfig:
-        """This config with the defaults for `rows` input rows, trellis width and n filled in (split: at launch)."""
-        if (
-            self.mma
-        ):  # one k-tile per step, 4 / mma warps (~32 warps per SM), fp16 rotated rows (not measured yet)
-            return replace(self, use_dot=True, runs=False, block_k=16, run_tiles=1, fuse_rotation=False,
-                           num_warps=mma_warps(self.mma), waves=self.waves or 8.0 * self.mma)  # fmt: skip
+    def resolved(
+        self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
+    ) -> GemmConfig:
+        """This config with the defaults for `rows` input rows, trellis width, n = cols and k = depth filled in
+        (split: at launch); ptx: inline PTX can run (a GPU, not the interpreter)."""
+        mma = self.mma
+        if mma is None:
+            auto = ptx and rows > 1 and width % 16 == 0 and self.use_dot is None and self.runs is None
+            mma = mma_groups(cols, depth) if auto else 0
+        if mma:  # one k-tile per step, 4 / mma warps, 8 mma programs per SM (kernels_h200.md, run 15)
+            return replace(self, mma=mma, use_dot=True, runs=False, block_k=16, run_tiles=1, fuse_rotation=False,
+                           num_warps=mma_warps(mma), waves=self.waves or 8.0 * mma,
+                           reduce_apart=self.reduce_apart if self.reduce_apart is not None else rows > 1)  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
         fma_rows = rows <= RUN_ROWS_MAX and runs_ok
         use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
@@ -232,7 +271,16 @@ class GemmConfig:
             else runs and mp == 1 and cols <= FUSE_MAX_COLS,
             num_warps=self.num_warps or warps,
             waves=self.waves or waves,
+            mma=0,
+            reduce_apart=bool(self.reduce_apart),
         )
+
+
+def mma_groups(cols: int, depth: int) -> int:
+    """Default mma groups per warp: 4 on the widest matrices, 2 from MMA_WIDE_WEIGHTS weights, else 1."""
+    if cols > FUSE_MAX_COLS:
+        return 4
+    return 2 if cols * depth >= MMA_WIDE_WEIGHTS else 1
 
 
 def uses_matrix_units(config: GemmConfig, rows: int, width: int) -> bool:
@@ -306,7 +354,7 @@ def exl3_gemm(
     if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
-    cfg = config.resolved(m_rows, width, n)
+    cfg = config.resolved(m_rows, width, n, k)
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
@@ -329,14 +377,17 @@ def exl3_gemm(
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
-    cnt = counters(x.device, blocks) if split > 1 else y
+    apart = cfg.reduce_apart
+    cnt = counters(x.device, blocks) if split > 1 and not apart else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        MMA=cfg.mma, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
     )  # fmt: skip
+    if apart:
+        _reduce_kernel[(blocks, m_rows)](ws, svh, y, y.stride(0), split, MP=mp, num_warps=1)
     return y
 
 

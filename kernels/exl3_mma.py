@@ -15,6 +15,8 @@ from tfc.kernels.exl3_mma_ptx import (
     SETUP_OUTPUTS,
     frag_constraints,
     frag_ptx,
+    load_constraints,
+    load_ptx,
     setup_ptx,
     step_constraints,
     step_ptx,
@@ -25,6 +27,7 @@ from tfc.kernels.exl3_mma_ptx import (
 GROUPS = (1, 2, 4)  # groups of two n-tiles per warp: 4, 2 or 1 warps per 128-column block
 SETUP_CONS = tl.constexpr(",".join(["=r"] * SETUP_OUTPUTS + ["r", "r"]))
 FRAG_CONS = tl.constexpr(frag_constraints())
+LOAD_CONS = tl.constexpr(load_constraints())
 STEP_CONS = tl.constexpr(step_constraints())
 STORE_CONS = tl.constexpr(store_constraints())
 
@@ -42,15 +45,41 @@ def mma_asm(width: int, codebook: int, rows: int, groups: int) -> dict:
     return {
         "MMA_SETUP": setup_ptx(k_bits, 2 * groups),
         "MMA_FRAG": frag_ptx(k_bits, rows > 8),
-        "MMA_STEPS": tuple(step_ptx(k_bits, codebook, g) for g in range(groups)),
+        "MMA_LOADS": tuple(load_ptx(k_bits, g) for g in range(groups)),
+        "MMA_STEP": step_ptx(k_bits, codebook),
         "MMA_STORES": tuple(store_ptx(g) for g in range(groups)),
     }
 
 
 @triton.jit
+def mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG: tl.constexpr):
+    """The lane's A fragments and word addresses of the k-tile at tb (input rows at xb)."""
+    return tl.inline_asm_elementwise(
+        FRAG, FRAG_CONS,
+        [(tb + zi).to(tl.int64, bitcast=True), (xb + zi).to(tl.int64, bitcast=True), o0, o1, o2, off, xo0, xo1, pf],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def mma_load(f, G: tl.constexpr, LOADS: tl.constexpr):
+    """Every group's words (six per group) at the word addresses of mma_frag's result f."""
+    words = ()
+    for g in tl.static_range(G):
+        w = tl.inline_asm_elementwise(LOADS[g], LOAD_CONS, [f[4], f[5], f[6]], dtype=(tl.int32,) * 6,
+                                      is_pure=True, pack=1)  # fmt: skip
+        words = words + (w,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
+    return words
+
+
+@triton.jit
 def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, G: tl.constexpr,
-                 SETUP: tl.constexpr, FRAG: tl.constexpr, STEPS: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
-    """[16, 128] fp32 sums at dst of the xh rows (fp16, stride_xh) times kt_count k-tiles of the block at t_ptr."""
+                 SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr, STEP: tl.constexpr,
+                 STORES: tl.constexpr):  # fmt: skip
+    """[16, 128] fp32 sums at dst of the xh rows (fp16, stride_xh) times kt_count k-tiles of the block at t_ptr.
+
+    Software-pipelined: the next k-tile's words and input fragments are loaded before this one is decoded.
+    """
     nw: tl.constexpr = W // 2
     zi = tl.full([32 * (4 // G)], 0, tl.int32)
     o0, o1, o2, off, xo0, xo1, pf, so = tl.inline_asm_elementwise(
@@ -60,22 +89,25 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
     accs = ((z,) * 16,) * G
     tb = t_ptr
     xb = xh_ptr
-    for _ in range(kt_count):
-        a0, a1, a2, a3, w0, w1, w2 = tl.inline_asm_elementwise(
-            FRAG, FRAG_CONS,
-            [(tb + zi).to(tl.int64, bitcast=True), (xb + zi).to(tl.int64, bitcast=True), o0, o1, o2, off, xo0, xo1, pf],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
-        )  # fmt: skip
+    f = mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG)
+    words = mma_load(f, G, LOADS)
+    for it in range(kt_count):
+        # The next k-tile (the last round reloads its own, never past the end of the trellis).
+        more = (it + 1 < kt_count).to(tl.int32)
+        tb += more * (tn * nw)
+        xb += more * 16
+        fn = mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG)
+        words_n = mma_load(fn, G, LOADS)
         new = ()
         for g in tl.static_range(G):
             step = tl.inline_asm_elementwise(
-                STEPS[g], STEP_CONS, accs[g] + (a0, a1, a2, a3, w0, w1, w2, off),
+                STEP, STEP_CONS, accs[g] + (f[0], f[1], f[2], f[3]) + words[g] + (off,),
                 dtype=(tl.float32,) * 16, is_pure=True, pack=1,
             )  # fmt: skip
             new = new + (step,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
         accs = new
-        tb += tn * nw
-        xb += 16
+        f = fn
+        words = words_n
     dsti = (dst + zi).to(tl.int64, bitcast=True)
     for g in tl.static_range(G):
         tl.inline_asm_elementwise(

@@ -3,10 +3,11 @@
 The tile order of spec exl3.md §5 is the m16n8k16 B-fragment order: lane t's stream positions 8t .. 8t + 7
 are its b0..b3 of the tile's left 8 columns (p = 0..3) and right 8 columns (p = 4..7). So each lane decodes
 its own 8 positions (ring bits [8tK - 16, 8tK + 8K), at most three words) and the warp multiplies without
-any exchange. Four inline-asm pieces, each run by every thread once per element it holds (one):
+any exchange. Five inline-asm pieces, each run by every thread once per element it holds (one):
   - `setup_ptx`: per-thread byte offsets (the lane's trellis words, its input rows, its output sums);
   - `frag_ptx`: per k-tile, the lane's A fragments (input rows) and word addresses;
-  - `step_ptx`: two of the warp's n-tiles at that k-tile: loads, decode, 4 mma into the running sums;
+  - `load_ptx`: the lane's words of two of the warp's n-tiles at that k-tile (issued a k-tile ahead);
+  - `step_ptx`: those two n-tiles: decode, 4 mma into the running sums;
   - `store_ptx`: those sums (rows lane/4 and lane/4 + 8 of 16) into a [16, 128] fp32 partial block.
 The lane's window is first shifted to start at a word boundary (one funnel shift per word), so every state
 is then cut at a shift known here. Integer widths K = 1..8 only. `tests/test_exl3_mma_ptx.py` runs the
@@ -143,25 +144,42 @@ def frag_constraints() -> str:
     return ",".join(["=r"] * 4 + ["=l"] * WORDS + ["l", "l"] + ["r"] * (WORDS + 4))
 
 
-def step_ptx(k_bits: int, cb: int, group: int) -> str:
-    """n-tiles 2 group and 2 group + 1 of the warp's at one k-tile: outputs $0..$15 = sums [n-tile j][half
-    h][c0..c3]; inputs: the same sums, the A fragments, the word addresses (frag_ptx), the shift."""
-    nwd, nu = window_words(k_bits)
+def load_ptx(k_bits: int, group: int) -> str:
+    """The lane's words of n-tiles 2 group and 2 group + 1 at one k-tile: outputs $0.. = WORDS words per
+    n-tile (unused ones 0); inputs: the word addresses (frag_ptx). Issued a k-tile ahead of step_ptx."""
+    nwd, _ = window_words(k_bits)
     nw = 8 * k_bits
+    wa = [f"${2 * WORDS + i}" for i in range(WORDS)]
+    lines = []
+    for j in range(2):
+        tile = 2 * group + j
+        lines += [f"ld.global.nc.b32 ${WORDS * j + i}, [{wa[i]}+{4 * nw * tile}];" for i in range(nwd)]
+        lines += [f"mov.b32 ${WORDS * j + i}, 0;" for i in range(nwd, WORDS)]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def load_constraints() -> str:
+    """The constraint string of load_ptx."""
+    return ",".join(["=r"] * (2 * WORDS) + ["l"] * WORDS)
+
+
+def step_ptx(k_bits: int, cb: int) -> str:
+    """Two n-tiles of the warp's at one k-tile: outputs $0..$15 = sums [n-tile j][half h][c0..c3]; inputs:
+    the same sums, the A fragments, the two n-tiles' words (load_ptx), the shift."""
+    nwd, nu = window_words(k_bits)
     acc_out = [f"${i}" for i in range(16)]
     acc_in = [f"${16 + i}" for i in range(16)]
     a = [f"${32 + i}" for i in range(4)]
-    wa = [f"${36 + i}" for i in range(WORDS)]
-    off = f"${36 + WORDS}"
-    regs = ", ".join([f"w{i}" for i in range(nwd)] + [f"u{i}" for i in range(nu)])
+    words = [[f"${36 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
+    off = f"${36 + 2 * WORDS}"
+    regs = ", ".join(f"u{i}" for i in range(nu))
     lines = [f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t;", "mov.b32 z, 0;"]
     for j in range(2):
-        tile = 2 * group + j
-        lines += [f"ld.global.nc.b32 w{i}, [{wa[i]}+{4 * nw * tile}];" for i in range(nwd)]
+        w = words[j]
         # u_i = window bits [32 i, 32 i + 32): (w_i << off) | (w_i+1 >> (32 - off)); bits past the last
         # loaded word are never used (zero there).
         lines += [
-            f"shf.l.clamp.b32 u{i}, {f'w{i + 1}' if i + 1 < nwd else 'z'}, w{i}, {off};" for i in range(nu)
+            f"shf.l.clamp.b32 u{i}, {w[i + 1] if i + 1 < nwd else 'z'}, {w[i]}, {off};" for i in range(nu)
         ]
         for q in range(8):
             lines += _state(q, k_bits, f"s{q}")
@@ -177,7 +195,7 @@ def step_ptx(k_bits: int, cb: int, group: int) -> str:
 
 def step_constraints() -> str:
     """The constraint string of step_ptx."""
-    return ",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 4 + ["l"] * WORDS + ["r"])
+    return ",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 4 + ["r"] * (2 * WORDS) + ["r"])
 
 
 def store_ptx(group: int) -> str:
@@ -203,6 +221,8 @@ __all__ = [
     "WORDS",
     "frag_constraints",
     "frag_ptx",
+    "load_constraints",
+    "load_ptx",
     "setup_ptx",
     "step_constraints",
     "step_ptx",

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("triton")
 
 from tfc.kernels import exl3_reference as ref
-from tfc.kernels.exl3_mma_ptx import SETUP_OUTPUTS, WORDS, frag_ptx, setup_ptx, step_ptx, store_ptx
+from tfc.kernels.exl3_mma_ptx import SETUP_OUTPUTS, WORDS, frag_ptx, load_ptx, setup_ptx, step_ptx, store_ptx
 
 M32 = 0xFFFFFFFF
 
@@ -206,7 +206,7 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.n
     mem[xbase : xbase + xsize] = xh.astype(np.float16).reshape(-1).view(np.uint8)
     nso = SETUP_OUTPUTS
     setup, frag = setup_ptx(k_bits, 2 * groups), frag_ptx(k_bits, m_rows > 8)
-    steps = [step_ptx(k_bits, cb, g) for g in range(groups)]
+    loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb)
     for w in range(4 // groups):
         warp = Warp(mem, w)
         sargs = [{nso: m_rows, nso + 1: k} for _ in range(32)]
@@ -218,10 +218,12 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.n
                      for lane in range(32)]  # fmt: skip
             warp.run(frag, fargs)
             for g in range(groups):
+                largs = [{2 * WORDS + i: fargs[lane][4 + i] for i in range(WORDS)} for lane in range(32)]
+                warp.run(loads[g], largs)
                 args = [{**{16 + i: acc[lane][g][i] for i in range(16)}, **{32 + i: fargs[lane][i] for i in range(4)},
-                         **{36 + i: fargs[lane][4 + i] for i in range(WORDS)}, 36 + WORDS: sargs[lane][WORDS]}
+                         **{36 + i: largs[lane][i] for i in range(2 * WORDS)}, 36 + 2 * WORDS: sargs[lane][WORDS]}
                         for lane in range(32)]  # fmt: skip
-                warp.run(steps[g], args)
+                warp.run(step, args)
                 for lane in range(32):
                     acc[lane][g] = [args[lane][i] for i in range(16)]
         for g in range(groups):
@@ -249,10 +251,34 @@ def test_mma_ptx_matches_reference(k_bits, cb, rows, groups):
 
 
 def test_mma_config_resolves():
-    """GemmConfig(mma=G): the matrix-unit input (fp16 rotated rows), 4 / G warps, ~32 warps per SM."""
+    """GemmConfig(mma=G): the matrix-unit input (fp16 rotated rows), 4 / G warps, 8 G programs per SM."""
     from tfc.kernels.exl3_gemv import GemmConfig
 
     cfg = GemmConfig(mma=2).resolved(1, 64)
-    assert (cfg.use_dot, cfg.runs, cfg.fuse_rotation, cfg.num_warps, cfg.waves) == (True, False, False, 2, 16.0)
+    assert (cfg.use_dot, cfg.runs, cfg.fuse_rotation, cfg.num_warps, cfg.waves) == (
+        True,
+        False,
+        False,
+        2,
+        16.0,
+    )
+    assert not cfg.reduce_apart and GemmConfig(mma=2).resolved(2, 64).reduce_apart
     with pytest.raises(ValueError, match="mma groups 3"):
         GemmConfig(mma=3).resolved(4, 64)
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n", "width", "groups"),
+    [(1, 5120, 2304, 64, 0), (2, 5120, 2304, 64, 1), (16, 2304, 5120, 32, 1), (4, 1280, 32768, 64, 2),
+     (16, 8192, 5120, 64, 2), (4, 5120, 129280, 96, 4), (4, 5120, 2304, 40, 0)],
+)  # fmt: skip
+def test_mma_is_the_gpu_default_from_two_rows(rows, k, n, width, groups):
+    """On a GPU, 2-16 rows of integer width take the mma decode, its groups by matrix size (kernels_h200.md run
+    15); one row keeps the run decode, half-integer widths the matrix-unit gather; the interpreter never."""
+    from tfc.kernels.exl3_gemv import GemmConfig
+
+    cfg = GemmConfig().resolved(rows, width, n, k, ptx=True)
+    assert cfg.mma == groups
+    assert cfg.reduce_apart == bool(groups)
+    assert GemmConfig().resolved(rows, width, n, k, ptx=False).mma == 0
+    assert GemmConfig(use_dot=True).resolved(rows, width, n, k, ptx=True).mma == 0  # asked-for paths stay

@@ -45,6 +45,10 @@ GEMM_CASES = [
     ("m16_runs_w96", 96, 0, 16, 128, "bfloat16", {"use_dot": False}),
     ("m4_dot_fused", 24, 2, 4, 256, "float16", {"fuse_rotation": True, "split": 2}),
     ("m16_dot", 64, 1, 16, 256, "bfloat16", {"use_dot": True, "fuse_rotation": False, "split": 2}),
+    # The k-split partials summed in a second launch, one program per (column block, row) (reduce_apart, the
+    # mma decode's default from 2 rows), after the run decode and after the matrix units.
+    ("m3_runs_apart", 48, 2, 3, 128, "float16", {"split": 4, "reduce_apart": True}),
+    ("m16_dot_apart", 32, 0, 16, 256, "bfloat16", {"use_dot": True, "split": 2, "reduce_apart": True}),
 ]
 # Tolerances (relative Frobenius error against float64): the FMA paths (one row, and the run decode for any
 # rows) are fp32 throughout: fp32 rotated input and fp32 accumulation, so only fp32 rounding remains (measured
