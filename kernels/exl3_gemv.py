@@ -25,7 +25,6 @@ from tfc.kernels.exl3_tl import (
     next_pow2,
     prefetch_rows,
     release_fence,
-    rotate_rows,
     rotate_sum,
     rotated_slice,
     tile_positions,
@@ -49,15 +48,14 @@ MMA_WIDE_WEIGHTS = 16 << 20
 
 
 @triton.jit
-def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, M, K, stride_x, MP: tl.constexpr):
-    """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of every row."""
+def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x):
+    """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies)."""
     blk = tl.program_id(0)
-    m = tl.program_id(1) * MP + tl.arange(0, MP)
+    m = tl.program_id(1)
     cols = blk * 128 + tl.arange(0, 128)
-    x = tl.load(x_ptr + m[:, None] * stride_x + cols[None, :], mask=m[:, None] < M, other=0.0)
-    a = x.to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)[None, :]
-    xh = rotate_rows(a, MP)
-    tl.store(xh_ptr + m[:, None] * K + cols[None, :], xh.to(xh_ptr.dtype.element_ty), mask=m[:, None] < M)
+    a = tl.load(x_ptr + m * stride_x + cols).to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)
+    xh = fwht128(a) * 0.08838834764831845
+    tl.store(xh_ptr + m * K + cols, xh.to(xh_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -328,9 +326,8 @@ def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min
 def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool) -> torch.Tensor:
     """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode)."""
     m_rows, k = x.shape
-    mp = 16 if use_dot else 1
     xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
-    _rotate_kernel[(k // 128, triton.cdiv(m_rows, mp))](x, suh, xh, m_rows, k, x.stride(0), MP=mp)
+    _rotate_kernel[(k // 128, m_rows)](x, suh, xh, k, x.stride(0), num_warps=1)
     return xh
 
 

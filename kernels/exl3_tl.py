@@ -175,19 +175,6 @@ def hadamard_block(R: tl.constexpr, C: tl.constexpr, row0, col0):
 
 
 @triton.jit
-def rotate_rows(a, MP: tl.constexpr):
-    """a [MP, 128] fp32 -> a @ H128 / sqrt(128), in fp32 (tf32x3 matrix units when MP >= 16)."""
-    if MP == 1:
-        return tl.reshape(fwht128(tl.reshape(a, (128,))), (1, 128)) * 0.08838834764831845
-    h = hadamard_block(128, 128, 0, 0)
-    if MP >= 16:
-        out = tl.dot(a, h, input_precision="tf32x3")
-    else:
-        out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
-    return out * 0.08838834764831845
-
-
-@triton.jit
 def _butterfly(v, d: tl.constexpr):
     """One Walsh-Hadamard stage on axis d of a [2] * 7 tensor: (a, b) -> (a + b, a - b)."""
     # Bring axis d last (a literal permutation per axis), split it, join the sum and difference, put it back.
