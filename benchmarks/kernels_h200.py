@@ -83,9 +83,6 @@ ONE_ROW = {
     ),
     # the previous default (runs 4-9), kept for a same-run comparison
     "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
-    # each loop round's words loaded a round ahead, the first before the fused rotation
-    "runs_pipe": GemmConfig(pipeline=True),
-    "runs_pipe_o16": GemmConfig(pipeline=True, waves=16),
     # weights decoded into mma from registers (exl3_mma), 1, 2 or 4 groups of two n-tiles per warp
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),

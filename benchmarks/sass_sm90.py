@@ -23,8 +23,6 @@ from pathlib import Path
 CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("runs 1 row (default), 6 bit", 96, 1, "runs", 4, 1),
     ("runs 1 row (default), 4 bit", 64, 1, "runs", 4, 1),
-    ("runs 1 row pipelined, 6 bit", 96, 1, "runs_pipe", 4, 1),
-    ("runs 1 row pipelined, 4 bit", 64, 1, "runs_pipe", 4, 1),
     ("mma g1, 6 bit, 16 rows", 96, 16, "mma", 1, 4),
     ("mma g2, 6 bit, 16 rows", 96, 16, "mma", 2, 2),
     ("mma g4, 6 bit, 16 rows", 96, 16, "mma", 4, 1),
@@ -41,8 +39,6 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    pipe = kind == "runs_pipe"
-    kind = "runs" if pipe else kind
     ptr16, mp = "*fp16", 16 if kind == "mma" else 1
     sig = {"x_ptr": ptr16, "xh_ptr": ptr16 if kind == "mma" else "*fp32", "suh_ptr": ptr16, "svh_ptr": ptr16,
            "t_ptr": "*i32", "y_ptr": ptr16, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
@@ -50,11 +46,10 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
            "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
-           "MMA_STORES": "constexpr", "REDUCE": "constexpr", "PIPE": "constexpr"}  # fmt: skip
+           "MMA_STORES": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
     consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
               "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
-              "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1),
-              "PIPE": pipe}  # fmt: skip
+              "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
     consts |= mma_asm(width, 2, rows, par) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
                                                                   "MMA_STEP": "", "MMA_STORES": ()}  # fmt: skip
     names = list(sig)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
-from tfc.kernels.exl3_runs import runs_begin, runs_cols, runs_rows, store_cols
+from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
@@ -91,7 +91,6 @@ def _exl3_gemm_kernel(
     MMA_STEP: tl.constexpr = "",
     MMA_STORES: tl.constexpr = (),
     REDUCE: tl.constexpr = True,
-    PIPE: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -108,10 +107,6 @@ def _exl3_gemm_kernel(
                   BK // 16, TPE, MP)  # fmt: skip
     elif RUNS:
         # One row, integer width: 32-position runs cut from words loaded once (exl3_runs).
-        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
-        ws = None
-        if PIPE:  # the first round's words, in flight during the rotation below
-            ws = runs_begin(base, tn, W, BK // 16, TPE)
         xs = xh_ptr
         if FUSE_ROT:
             # This program's rows of had128(x * suh), into its column block's row of the xh scratch.
@@ -123,7 +118,8 @@ def _exl3_gemm_kernel(
                 keep = (i >= r0 - blk) & (i < r0 - blk + BK)
                 tl.store(xs + blk + i, fwht128(a) * 0.08838834764831845, mask=keep)
             tl.debug_barrier()
-        a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE, PIPE, ws)
+        base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
+        a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
         store_cols(block + pid_s * 128, a, b)
     elif MMA:
         # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
@@ -232,8 +228,6 @@ class GemmConfig:
     # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
     # last program of each column block (whose rows then queue behind each other); default: mma, > 1 row.
     reduce_apart: bool | None = None
-    pipeline: bool = False  # one-row run decode: each loop round's words loaded a round ahead (and before
-    # the fused input rotation); the mma decode always loads a k-tile ahead
 
     def resolved(
         self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
@@ -387,7 +381,7 @@ def exl3_gemm(
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        MMA=cfg.mma, REDUCE=not apart, PIPE=cfg.pipeline, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
     )  # fmt: skip
     if apart:
         _reduce_kernel[(blocks, m_rows)](ws, svh, y, y.stride(0), split, MP=mp, num_warps=1)

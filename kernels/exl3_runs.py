@@ -92,8 +92,12 @@ def _state(q: tl.constexpr, K: tl.constexpr, w0, w1, w2, w3, w4, w5, w6, w7, w8)
 
 
 @triton.jit
-def _tile_words(ptr, c, K: tl.constexpr, NW: tl.constexpr):
-    """The K + 1 words of each element's run (w0 .. wK; the unused ones repeat w1)."""
+def _tile_run(ptr, c, xrow, acc_a, acc_b, K: tl.constexpr, NW: tl.constexpr, CB: tl.constexpr):
+    """Add one tile's run c (its 32 positions) into the column-c (acc_a) and column-c+8 (acc_b) sums.
+
+    xrow: the input at the tile's first k row; with a leading row axis (pointers [R, ...], sums
+    [R, ...]) every decoded weight meets all R rows by broadcasting.
+    """
     w0 = _word(ptr, 0, c, K, NW)
     w1 = _word(ptr, 1, c, K, NW)
     w2 = w1
@@ -117,18 +121,6 @@ def _tile_words(ptr, c, K: tl.constexpr, NW: tl.constexpr):
         w7 = _word(ptr, 7, c, K, NW)
     if K >= 8:
         w8 = _word(ptr, 8, c, K, NW)
-    return w0, w1, w2, w3, w4, w5, w6, w7, w8
-
-
-@triton.jit
-def _tile_decode(w, xrow, acc_a, acc_b, K: tl.constexpr, CB: tl.constexpr):
-    """Add one tile's run (its 32 positions, words w from _tile_words) into the column-c (acc_a) and
-    column-c+8 (acc_b) sums.
-
-    xrow: the input at the tile's first k row; with a leading row axis (pointers [R, ...], sums
-    [R, ...]) every decoded weight meets all R rows by broadcasting.
-    """
-    w0, w1, w2, w3, w4, w5, w6, w7, w8 = w
     for q in tl.static_range(0, 32, 2):
         sa = _state(q, K, w0, w1, w2, w3, w4, w5, w6, w7, w8)
         sb = _state(q + 1, K, w0, w1, w2, w3, w4, w5, w6, w7, w8)
@@ -147,27 +139,9 @@ def _tile_decode(w, xrow, acc_a, acc_b, K: tl.constexpr, CB: tl.constexpr):
 
 
 @triton.jit
-def _round_words(ptr, c, K: tl.constexpr, NW: tl.constexpr, TPE: tl.constexpr):
-    """The words of one loop round: each element's TPE tiles (the unused ones repeat tile 0's)."""
-    t0 = _tile_words(ptr, c, K, NW)
-    t1 = t0
-    t2 = t0
-    t3 = t0
-    if TPE >= 2:
-        t1 = _tile_words(ptr + NW, c, K, NW)
-    if TPE >= 4:
-        t2 = _tile_words(ptr + 2 * NW, c, K, NW)
-        t3 = _tile_words(ptr + 3 * NW, c, K, NW)
-    return t0, t1, t2, t3
-
-
-@triton.jit
 def _run_sums(ptr, c, xrow, zero, tn, kt_count, K: tl.constexpr, NW: tl.constexpr, CB: tl.constexpr,
-              BKT: tl.constexpr, TPE: tl.constexpr, PIPE: tl.constexpr = False, ws=None):  # fmt: skip
-    """Sums (a, b) of each element's TPE tiles (unused ones stay `zero`) over kt_count k-tiles, BKT at a time.
-
-    PIPE: each round's words are loaded one round ahead (ws: the first round's, from _round_words, or None).
-    """
+              BKT: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
+    """Sums (a, b) of each element's TPE tiles (unused ones stay `zero`) over kt_count k-tiles, BKT at a time."""
     a0 = zero
     b0 = zero
     a1 = zero
@@ -176,31 +150,15 @@ def _run_sums(ptr, c, xrow, zero, tn, kt_count, K: tl.constexpr, NW: tl.constexp
     b2 = zero
     a3 = zero
     b3 = zero
-    if PIPE:
-        if ws is None:
-            ws = _round_words(ptr, c, K, NW, TPE)
-        for it in range(0, kt_count, BKT):
-            # The next round's words (the last round reloads its own, never past the trellis).
-            ptr += (it + BKT < kt_count).to(tl.int32) * (BKT * tn * NW)
-            nxt = _round_words(ptr, c, K, NW, TPE)
-            a0, b0 = _tile_decode(ws[0], xrow, a0, b0, K, CB)
-            if TPE >= 2:
-                a1, b1 = _tile_decode(ws[1], xrow, a1, b1, K, CB)
-            if TPE >= 4:
-                a2, b2 = _tile_decode(ws[2], xrow, a2, b2, K, CB)
-                a3, b3 = _tile_decode(ws[3], xrow, a3, b3, K, CB)
-            ws = nxt
-            xrow += BKT * 16
-    else:
-        for _ in range(0, kt_count, BKT):  # each tile's words loaded just before its decode
-            a0, b0 = _tile_decode(_tile_words(ptr, c, K, NW), xrow, a0, b0, K, CB)
-            if TPE >= 2:
-                a1, b1 = _tile_decode(_tile_words(ptr + NW, c, K, NW), xrow, a1, b1, K, CB)
-            if TPE >= 4:
-                a2, b2 = _tile_decode(_tile_words(ptr + 2 * NW, c, K, NW), xrow, a2, b2, K, CB)
-                a3, b3 = _tile_decode(_tile_words(ptr + 3 * NW, c, K, NW), xrow, a3, b3, K, CB)
-            ptr += BKT * tn * NW
-            xrow += BKT * 16
+    for _ in range(0, kt_count, BKT):
+        a0, b0 = _tile_run(ptr, c, xrow, a0, b0, K, NW, CB)
+        if TPE >= 2:
+            a1, b1 = _tile_run(ptr + NW, c, xrow, a1, b1, K, NW, CB)
+        if TPE >= 4:
+            a2, b2 = _tile_run(ptr + 2 * NW, c, xrow, a2, b2, K, NW, CB)
+            a3, b3 = _tile_run(ptr + 3 * NW, c, xrow, a3, b3, K, NW, CB)
+        ptr += BKT * tn * NW
+        xrow += BKT * 16
     return a0, b0, a1, b1, a2, b2, a3, b3
 
 
@@ -214,23 +172,14 @@ def _element_runs(t_ptr, tn, NW: tl.constexpr, G: tl.constexpr, BKT: tl.constexp
 
 
 @triton.jit
-def runs_begin(t_ptr, tn, W: tl.constexpr, BKT: tl.constexpr, TPE: tl.constexpr):
-    """The first loop round's words of runs_cols(..., PIPE=True) for the block at t_ptr, issued early (their
-    latency then overlaps whatever the caller does before runs_cols, such as the fused input rotation)."""
-    NW: tl.constexpr = W // 2
-    ptr, _, c = _element_runs(t_ptr, tn, NW, 8 // TPE, BKT, TPE)
-    return _round_words(ptr, c, W // 16, NW, TPE)
-
-
-@triton.jit
 def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BKT: tl.constexpr,
-              TPE: tl.constexpr = 2, PIPE: tl.constexpr = False, ws=None):  # fmt: skip
+              TPE: tl.constexpr = 2):  # fmt: skip
     """Sums over kt_count k-tiles of xh[row] * W-hat[row, col] for the 8-tile column block at t_ptr.
 
     t_ptr: int32 words of the block's first tile (tiles tn apart along k); xh_ptr: fp32 rotated input at
     the first row. Each element takes TPE (1, 2 or 4) tiles along n in turn, so that its 16 input rows
     are loaded once for all of them. Returns (a, b), each [8 nt, 8 c] fp32: a = column 16 nt + c, b =
-    column 16 nt + 8 + c. PIPE: words loaded a loop round ahead (ws: runs_begin's, or None).
+    column 16 nt + 8 + c.
     """
     K: tl.constexpr = W // 16
     NW: tl.constexpr = W // 2
@@ -238,7 +187,7 @@ def runs_cols(t_ptr, tn, kt_count, xh_ptr, W: tl.constexpr, CB: tl.constexpr, BK
     ptr, kt, c = _element_runs(t_ptr, tn, NW, G, BKT, TPE)
     xrow = xh_ptr + kt * 16
     a0, b0, a1, b1, a2, b2, a3, b3 = _run_sums(
-        ptr, c, xrow, tl.zeros([BKT, G, 8], dtype=tl.float32), tn, kt_count, K, NW, CB, BKT, TPE, PIPE, ws
+        ptr, c, xrow, tl.zeros([BKT, G, 8], dtype=tl.float32), tn, kt_count, K, NW, CB, BKT, TPE
     )
     # Element (g, tile j) holds n-tile TPE g + j: interleave the per-j sums back into [8 nt, 8 c].
     a = tl.sum(a0, axis=0)
@@ -326,4 +275,4 @@ def runs_cols_rt(t_ptr, width, tn, kt_count, xh_ptr, CB: tl.constexpr, BKT: tl.c
     return a, b
 
 
-__all__ = ["RUN_WIDTHS", "runs_begin", "runs_cols", "runs_cols_rt", "runs_rows", "store_cols"]
+__all__ = ["RUN_WIDTHS", "runs_cols", "runs_cols_rt", "runs_rows", "store_cols"]

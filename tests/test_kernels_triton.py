@@ -24,9 +24,6 @@ GEMM_CASES = [
     ("m1_runs_t2_w80", 80, 1, 1, 256, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
     ("m1_runs_t4_w96", 96, 0, 1, 256, "float16", {"run_tiles": 4, "block_k": 128}),
     ("m1_runs_t4_w128", 128, 2, 1, 256, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
-    # ... with each round's words loaded a round ahead (pipeline), the first before the fused rotation
-    ("m1_runs_pipe_fused", 32, 2, 1, 256, "float16", {"pipeline": True, "fuse_rotation": True, "split": 2}),
-    ("m1_runs_pipe_t4_w96", 96, 1, 1, 256, "bfloat16", {"pipeline": True, "run_tiles": 4, "block_k": 32}),
     ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
     ("m1_gather_half_rate", 40, 2, 1, 256, "float16", {"block_k": 32, "split": 2}),
     # 2-16 rows, integer widths: the run decode with a row axis (the default up to 4 rows, asked for with
