@@ -2,10 +2,11 @@
 
 Exact reformulation of y = x @ W (spec exl3.md §6): the input rotation xh = had128(x * suh) is either a
 separate small launch or recomputed per k-slice inside the main kernel (`fuse_rotation`); the main kernel
-decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row of any width and
-for 2-4 rows of integer widths, with the run decode; matrix units on fp16 xh otherwise), splits k over
-programs and lets the last program of each 128-column block sum the partials in a fixed order
-(deterministic) and apply the output Hadamard and svh.
+decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row, with the run
+decode; from 2 rows on a GPU the mma decode of exl3_mma, fp16 xh, for integer widths; otherwise the matrix
+units on fp16 xh or, without a GPU, the run decode for 2-4 rows), splits k over programs and sums the
+partials in a fixed order (deterministic): in the last program of each 128-column block to arrive, or in
+a second launch (`reduce_apart`), then applies the output Hadamard and svh.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from tfc.kernels.exl3_tl import (
 )
 
 MAX_ROWS = 16
-# Up to this many rows the run decode with fp32 FMAs is the default; above it, the matrix units. On the
+# Where the mma decode is not taken (the interpreter, use_dot / runs set, half-integer widths): up to this many
+# rows the run decode with fp32 FMAs is the default; above it, the matrix units. On the
 # H200 (benchmarks/kernels_h200.md, runs 6-7), with the run decode at block_k 16, two tiles, 8 programs/SM
 # and the matrix units at 4 warps, 4 programs/SM: 4 rows 23-52 us against 26-68 us at the 4-bit Flash
 # shapes; 8 rows a tie or the matrix units ahead (routed 26-29 against 31-38 us); 16 rows the run decode
@@ -219,9 +221,7 @@ class GemmConfig:
     prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
     num_warps: int | None = None  # 1-2 on the run decode, 4 for the gather and matrix units (see resolved)
     num_stages: int = 1
-    waves: float | None = (
-        None  # programs per SM the k-split aims for: 32 one row, 8 up to RUN_ROWS_MAX rows, else 4 (2 dot)
-    )
+    waves: float | None = None  # programs per SM the k-split aims for: see resolved (8 per mma group)
     # Weights decoded into mma from registers (exl3_mma), 2 mma n-tiles per warp per group: 1, 2 or 4 groups;
     # 0 = off; None = the default from 2 rows on integer widths (on a GPU) unless use_dot or runs is set.
     mma: int | None = None
