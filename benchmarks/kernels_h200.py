@@ -110,6 +110,8 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
     "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),  # the previous default
+    # the single-width tables' shape, asked for on every table (mixed widths default to the line above)
+    "runs_bk64_t4_w2_o16": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
