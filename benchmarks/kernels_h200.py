@@ -87,6 +87,10 @@ ONE_ROW = {
     "mma_g1": GemmConfig(mma=1),
     "mma_g2": GemmConfig(mma=2),
     "mma_g4": GemmConfig(mma=4),
+    # ... with the decoded tile as the mma's A operand (one mma per tile, half the sums; not yet measured)
+    "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
+    "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
+    "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     "default": GemmConfig(),  # the mma decode: 4 groups on the head, 2 on wq_b / wo_b, 1 on a routed matrix
@@ -106,6 +110,9 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     "mma_g4_o8": GemmConfig(mma=4, waves=8),
     "mma_g2_o8": GemmConfig(mma=2, waves=8),
     "mma_g1_inkernel": GemmConfig(mma=1, reduce_apart=False),  # the partials summed by the last program
+    "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
+    "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
+    "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM

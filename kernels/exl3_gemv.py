@@ -92,6 +92,7 @@ def _exl3_gemm_kernel(
     MMA_LOADS: tl.constexpr = (),
     MMA_STEP: tl.constexpr = "",
     MMA_STORES: tl.constexpr = (),
+    MMA_NACC: tl.constexpr = 16,
     REDUCE: tl.constexpr = True,
 ):
     pid_n = tl.program_id(0)
@@ -127,7 +128,7 @@ def _exl3_gemm_kernel(
         # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, M, block + pid_s * (MP * 128), W,
-                     MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES)  # fmt: skip
+                     MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
         off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
@@ -228,6 +229,9 @@ class GemmConfig:
     # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
     # last program of each column block (whose rows then queue behind each other); default: mma, > 1 row.
     reduce_apart: bool | None = None
+    # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
+    # mma per tile and half the sums at <= 8 rows (not measured on a GPU yet)
+    mma_wt: bool = False
 
     def resolved(
         self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
@@ -381,7 +385,7 @@ def exl3_gemm(
         m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt) if cfg.mma else {}),
     )  # fmt: skip
     if apart:
         _reduce_kernel[(blocks, m_rows)](ws, svh, y, y.stride(0), split, MP=mp, num_warps=1)

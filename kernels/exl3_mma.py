@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3_mma_ptx import (
     SETUP_OUTPUTS,
+    accumulators,
     frag_constraints,
     frag_ptx,
     load_constraints,
@@ -28,8 +29,10 @@ GROUPS = (1, 2, 4)  # groups of two n-tiles per warp: 4, 2 or 1 warps per 128-co
 SETUP_CONS = tl.constexpr(",".join(["=r"] * SETUP_OUTPUTS + ["r", "r"]))
 FRAG_CONS = tl.constexpr(frag_constraints())
 LOAD_CONS = tl.constexpr(load_constraints())
-STEP_CONS = tl.constexpr(step_constraints())
-STORE_CONS = tl.constexpr(store_constraints())
+STEP_CONS = tl.constexpr(step_constraints(16))
+STEP_CONS8 = tl.constexpr(step_constraints(8))
+STORE_CONS = tl.constexpr(store_constraints(16))
+STORE_CONS8 = tl.constexpr(store_constraints(8))
 
 
 def mma_warps(groups: int) -> int:
@@ -39,15 +42,17 @@ def mma_warps(groups: int) -> int:
     return 4 // groups
 
 
-def mma_asm(width: int, codebook: int, rows: int, groups: int) -> dict:
-    """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp)."""
-    k_bits = width // 16
+def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False) -> dict:
+    """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp; wt: weights as
+    the mma's A operand, exl3_mma_ptx.step_ptx)."""
+    k_bits, rows16 = width // 16, rows > 8
     return {
-        "MMA_SETUP": setup_ptx(k_bits, 2 * groups),
-        "MMA_FRAG": frag_ptx(k_bits, rows > 8),
+        "MMA_SETUP": setup_ptx(k_bits, 2 * groups, wt),
+        "MMA_FRAG": frag_ptx(k_bits, rows16),
         "MMA_LOADS": tuple(load_ptx(k_bits, g) for g in range(groups)),
-        "MMA_STEP": step_ptx(k_bits, codebook),
-        "MMA_STORES": tuple(store_ptx(g) for g in range(groups)),
+        "MMA_STEP": step_ptx(k_bits, codebook, wt, rows16),
+        "MMA_STORES": tuple(store_ptx(g, wt, rows16) for g in range(groups)),
+        "MMA_NACC": accumulators(wt, rows16),
     }
 
 
@@ -75,7 +80,7 @@ def mma_load(f, G: tl.constexpr, LOADS: tl.constexpr):
 @triton.jit
 def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, G: tl.constexpr,
                  SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr, STEP: tl.constexpr,
-                 STORES: tl.constexpr):  # fmt: skip
+                 STORES: tl.constexpr, NACC: tl.constexpr = 16):  # fmt: skip
     """[16, 128] fp32 sums at dst of the xh rows (fp16, stride_xh) times kt_count k-tiles of the block at t_ptr.
 
     Software-pipelined: the next k-tile's words and input fragments are loaded before this one is decoded.
@@ -86,7 +91,7 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
         SETUP, SETUP_CONS, [zi + M, zi + stride_xh], dtype=(tl.int32,) * 8, is_pure=True, pack=1
     )
     z = tl.zeros([32 * (4 // G)], dtype=tl.float32)
-    accs = ((z,) * 16,) * G
+    accs = ((z,) * NACC,) * G
     tb = t_ptr
     xb = xh_ptr
     f = mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG)
@@ -101,8 +106,8 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
         new = ()
         for g in tl.static_range(G):
             step = tl.inline_asm_elementwise(
-                STEP, STEP_CONS, accs[g] + (f[0], f[1], f[2], f[3]) + words[g] + (off,),
-                dtype=(tl.float32,) * 16, is_pure=True, pack=1,
+                STEP, STEP_CONS8 if NACC == 8 else STEP_CONS, accs[g] + (f[0], f[1], f[2], f[3]) + words[g] + (off,),
+                dtype=(tl.float32,) * NACC, is_pure=True, pack=1,
             )  # fmt: skip
             new = new + (step,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
         accs = new
@@ -111,7 +116,12 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
     dsti = (dst + zi).to(tl.int64, bitcast=True)
     for g in tl.static_range(G):
         tl.inline_asm_elementwise(
-            STORES[g], STORE_CONS, (dsti, so) + accs[g], dtype=tl.int32, is_pure=False, pack=1
+            STORES[g],
+            STORE_CONS8 if NACC == 8 else STORE_CONS,
+            (dsti, so) + accs[g],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
         )
 
 

@@ -31,10 +31,11 @@ def window_words(k_bits: int) -> tuple[int, int]:
     return loads, -(-(16 + 8 * k_bits) // 32)
 
 
-def setup_ptx(k_bits: int, nt: int) -> str:
+def setup_ptx(k_bits: int, nt: int, wt: bool = False) -> str:
     """Outputs $0.. = word byte offsets (WORDS, unused ones 0), shift, x offsets (rows lane/4, +8), row flags,
     output offset; inputs: M (rows), x row stride (elements). nt n-tiles per warp; offsets include the
-    warp's first n-tile."""
+    warp's first n-tile. wt: the sums are weights-as-A (row 2 (lane % 4), column lane / 4), else x-as-A
+    (row lane / 4, column 2 (lane % 4))."""
     nwd, _ = window_words(k_bits)
     nw, ring = 8 * k_bits, 256 * k_bits
     o = [f"${i}" for i in range(WORDS)]
@@ -77,7 +78,7 @@ def setup_ptx(k_bits: int, nt: int) -> str:
         f"setp.lt.u32 p, m1, {m_rows};",
         "selp.u32 f1, 2, 0, p;",
         f"or.b32 {pf}, f0, f1;",
-        "mad.lo.u32 tmp, m0, 128, c;",
+        "mad.lo.u32 tmp, c, 128, m0;" if wt else "mad.lo.u32 tmp, m0, 128, c;",
         "mad.lo.u32 tmp, nt, 16, tmp;",
         f"shl.b32 {so}, tmp, 2;",
     ]
@@ -163,17 +164,26 @@ def load_constraints() -> str:
     return ",".join(["=r"] * (2 * WORDS) + ["l"] * WORDS)
 
 
-def step_ptx(k_bits: int, cb: int) -> str:
-    """Two n-tiles of the warp's at one k-tile: outputs $0..$15 = sums [n-tile j][half h][c0..c3]; inputs:
-    the same sums, the A fragments, the two n-tiles' words (load_ptx), the shift."""
+def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str:
+    """Two n-tiles of the warp's at one k-tile: outputs $0.. = the sums (accumulators(wt, rows16) of them);
+    inputs: the same sums, the A fragments of x (frag_ptx), the two n-tiles' words (load_ptx), the shift.
+
+    x-as-A (wt False): per n-tile two mma, x [16 rows, 16 k] times each 8-column half of the decoded tile;
+    sums [n-tile j][half h][c0..c3]. Weights-as-A (wt True): the decoded tile, transposed, is the A operand
+    (16 columns x 16 k; the lane's B-order registers v0..v3 become A's {v0, v2, v1, v3}) and x rows 0-7 the
+    B operand (the frag_ptx registers a0, a2), rows 8-15 a second mma (a1, a3): one mma per tile and 8 rows,
+    sums [n-tile j][row half r][c0..c3].
+    """
     nwd, nu = window_words(k_bits)
-    acc_out = [f"${i}" for i in range(16)]
-    acc_in = [f"${16 + i}" for i in range(16)]
-    a = [f"${32 + i}" for i in range(4)]
-    words = [[f"${36 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
-    off = f"${36 + 2 * WORDS}"
+    nacc = accumulators(wt, rows16)
+    acc_out = [f"${i}" for i in range(nacc)]
+    acc_in = [f"${nacc + i}" for i in range(nacc)]
+    a = [f"${2 * nacc + i}" for i in range(4)]
+    words = [[f"${2 * nacc + 4 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
+    off = f"${2 * nacc + 4 + 2 * WORDS}"
     regs = ", ".join(f"u{i}" for i in range(nu))
     lines = [f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t;", "mov.b32 z, 0;"]
+    per_tile = nacc // 2
     for j in range(2):
         w = words[j]
         # u_i = window bits [32 i, 32 i + 32): (w_i << off) | (w_i+1 >> (32 - off)); bits past the last
@@ -184,41 +194,58 @@ def step_ptx(k_bits: int, cb: int) -> str:
         for q in range(8):
             lines += _state(q, k_bits, f"s{q}")
         lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
-        for h in range(2):
-            d = acc_out[8 * j + 4 * h : 8 * j + 4 * h + 4]
-            c = acc_in[8 * j + 4 * h : 8 * j + 4 * h + 4]
-            lines.append(
-                f"{MMA} {{{', '.join(d)}}}, {{{', '.join(a)}}}, {{v{2 * h}, v{2 * h + 1}}}, {{{', '.join(c)}}};"
-            )
+        for h in range(per_tile // 4):
+            d = acc_out[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]
+            c = acc_in[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]
+            if wt:  # rows 8 h .. 8 h + 7 as B: (a0, a2) or (a1, a3)
+                ops = f"{{v0, v2, v1, v3}}, {{{a[h]}, {a[h + 2]}}}"
+            else:  # x as A, the tile's half h as B
+                ops = f"{{{', '.join(a)}}}, {{v{2 * h}, v{2 * h + 1}}}"
+            lines.append(f"{MMA} {{{', '.join(d)}}}, {ops}, {{{', '.join(c)}}};")
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def step_constraints() -> str:
-    """The constraint string of step_ptx."""
-    return ",".join(["=f"] * 16 + ["f"] * 16 + ["r"] * 4 + ["r"] * (2 * WORDS) + ["r"])
+def accumulators(wt: bool, rows16: bool) -> int:
+    """fp32 sums a lane holds per group of two n-tiles: 16, or 8 with weights as A and at most 8 rows."""
+    return 16 if not wt or rows16 else 8
 
 
-def store_ptx(group: int) -> str:
-    """Write one group's sums: $0 = dummy output; $1 = partial block address, $2 = output offset, $3.. = sums."""
+def step_constraints(nacc: int = 16) -> str:
+    """The constraint string of step_ptx with nacc sums."""
+    return ",".join(["=f"] * nacc + ["f"] * nacc + ["r"] * 4 + ["r"] * (2 * WORDS) + ["r"])
+
+
+def store_ptx(group: int, wt: bool = False, rows16: bool = True) -> str:
+    """Write one group's sums into the [16, 128] fp32 partial block: $0 = dummy output; $1 = block address,
+    $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout)."""
     lines = [".reg .b64 ad;", "mad.wide.u32 ad, $2, 1, $1;"]
+    nacc = accumulators(wt, rows16)
+    per_tile = nacc // 2
     for j in range(2):
-        for h in range(2):
-            s = [f"${3 + 8 * j + 4 * h + i}" for i in range(4)]
-            col = 64 * (2 * group + j) + 32 * h
-            lines.append(f"st.global.v2.f32 [ad+{col}], {{{s[0]}, {s[1]}}};")
-            lines.append(f"st.global.v2.f32 [ad+{col + 4096}], {{{s[2]}, {s[3]}}};")
+        col = 64 * (2 * group + j)  # the n-tile's first column, in bytes
+        for h in range(per_tile // 4):
+            s = [f"${3 + per_tile * j + 4 * h + i}" for i in range(4)]
+            if wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
+                row = 4096 * h
+                lines += [f"st.global.f32 [ad+{col + row}], {s[0]};", f"st.global.f32 [ad+{col + row + 512}], {s[1]};",
+                          f"st.global.f32 [ad+{col + row + 32}], {s[2]};",
+                          f"st.global.f32 [ad+{col + row + 544}], {s[3]};"]  # fmt: skip
+            else:  # c0, c1: row lane / 4, columns 2 (lane % 4) + 0, 1 of half h; c2, c3: row + 8
+                lines.append(f"st.global.v2.f32 [ad+{col + 32 * h}], {{{s[0]}, {s[1]}}};")
+                lines.append(f"st.global.v2.f32 [ad+{col + 32 * h + 4096}], {{{s[2]}, {s[3]}}};")
     lines.append("mov.u32 $0, 0;")
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def store_constraints() -> str:
-    """The constraint string of store_ptx."""
-    return ",".join(["=r", "l", "r"] + ["f"] * 16)
+def store_constraints(nacc: int = 16) -> str:
+    """The constraint string of store_ptx with nacc sums."""
+    return ",".join(["=r", "l", "r"] + ["f"] * nacc)
 
 
 __all__ = [
     "SETUP_OUTPUTS",
     "WORDS",
+    "accumulators",
     "frag_constraints",
     "frag_ptx",
     "load_constraints",

@@ -16,7 +16,16 @@ import pytest
 pytest.importorskip("triton")
 
 from tfc.kernels import exl3_reference as ref
-from tfc.kernels.exl3_mma_ptx import SETUP_OUTPUTS, WORDS, frag_ptx, load_ptx, setup_ptx, step_ptx, store_ptx
+from tfc.kernels.exl3_mma_ptx import (
+    SETUP_OUTPUTS,
+    WORDS,
+    accumulators,
+    frag_ptx,
+    load_ptx,
+    setup_ptx,
+    step_ptx,
+    store_ptx,
+)
 
 M32 = 0xFFFFFFFF
 
@@ -119,6 +128,9 @@ class Warp:
             a = self._addr(lane, ops[0], args)
             pair = [self.val(lane, x.strip(), args) for x in ops[1].strip("{}").split(",")]
             self.mem[a : a + 8] = np.array(pair, dtype=np.uint32).view(np.uint8)
+        elif op == "st.global.f32":
+            a = self._addr(lane, ops[0], args)
+            self.mem[a : a + 4] = np.array([self.val(lane, ops[1], args)], dtype=np.uint32).view(np.uint8)
         elif name == "mov":
             self.put(lane, d, v[0], args)
         elif name == "shr":
@@ -192,9 +204,9 @@ class Warp:
                 self.put(lane, x, _u32(f), args)
 
 
-def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.ndarray:
+def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: bool = False) -> np.ndarray:
     """The [16, 128] partial sums of one 128-column block over all k-tiles, as the GPU kernel computes them
-    (4 // groups warps of 2 groups n-tiles each)."""
+    (4 // groups warps of 2 groups n-tiles each; wt: weights as the mma's A operand)."""
     tk, tn, width = trellis.shape
     k_bits, nw = width // 16, width // 2
     m_rows, k = xh.shape
@@ -204,14 +216,15 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.n
     mem[:tsize] = words.reshape(-1).view(np.uint8)
     xbase, wsbase = tsize, tsize + xsize
     mem[xbase : xbase + xsize] = xh.astype(np.float16).reshape(-1).view(np.uint8)
-    nso = SETUP_OUTPUTS
-    setup, frag = setup_ptx(k_bits, 2 * groups), frag_ptx(k_bits, m_rows > 8)
-    loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb)
+    nso, rows16 = SETUP_OUTPUTS, m_rows > 8
+    nacc = accumulators(wt, rows16)
+    setup, frag = setup_ptx(k_bits, 2 * groups, wt), frag_ptx(k_bits, rows16)
+    loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb, wt, rows16)
     for w in range(4 // groups):
         warp = Warp(mem, w)
         sargs = [{nso: m_rows, nso + 1: k} for _ in range(32)]
         warp.run(setup, sargs)
-        acc = [[[0] * 16 for _ in range(groups)] for _ in range(32)]
+        acc = [[[0] * nacc for _ in range(groups)] for _ in range(32)]
         for kt in range(tk):
             fargs = [{4 + WORDS: 4 * nw * kt * tn, 5 + WORDS: xbase + 2 * 16 * kt,
                       **{6 + WORDS + i: sargs[lane][i] for i in range(WORDS + 4)}}
@@ -220,34 +233,40 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int) -> np.n
             for g in range(groups):
                 largs = [{2 * WORDS + i: fargs[lane][4 + i] for i in range(WORDS)} for lane in range(32)]
                 warp.run(loads[g], largs)
-                args = [{**{16 + i: acc[lane][g][i] for i in range(16)}, **{32 + i: fargs[lane][i] for i in range(4)},
-                         **{36 + i: largs[lane][i] for i in range(2 * WORDS)}, 36 + 2 * WORDS: sargs[lane][WORDS]}
+                args = [{**{nacc + i: acc[lane][g][i] for i in range(nacc)},
+                         **{2 * nacc + i: fargs[lane][i] for i in range(4)},
+                         **{2 * nacc + 4 + i: largs[lane][i] for i in range(2 * WORDS)},
+                         2 * nacc + 4 + 2 * WORDS: sargs[lane][WORDS]}
                         for lane in range(32)]  # fmt: skip
                 warp.run(step, args)
                 for lane in range(32):
-                    acc[lane][g] = [args[lane][i] for i in range(16)]
+                    acc[lane][g] = [args[lane][i] for i in range(nacc)]
         for g in range(groups):
-            store_args = [{1: wsbase, 2: sargs[lane][nso - 1], **{3 + i: acc[lane][g][i] for i in range(16)}}
+            store_args = [{1: wsbase, 2: sargs[lane][nso - 1], **{3 + i: acc[lane][g][i] for i in range(nacc)}}
                           for lane in range(32)]  # fmt: skip
-            warp.run(store_ptx(g), store_args)
+            warp.run(store_ptx(g, wt, rows16), store_args)
     return mem[wsbase : wsbase + 16 * 128 * 4].view(np.float32).reshape(16, 128)
 
 
-@pytest.mark.parametrize(
-    ("k_bits", "cb", "rows", "groups"),
-    [(2, 2, 1, 1), (3, 2, 5, 2), (4, 0, 16, 1), (5, 1, 9, 4), (6, 2, 3, 2), (7, 2, 1, 1), (8, 1, 16, 2), (1, 0, 2, 4)],
-)  # fmt: skip
-def test_mma_ptx_matches_reference(k_bits, cb, rows, groups):
+MMA_CASES = [(2, 2, 1, 1), (3, 2, 5, 2), (4, 0, 16, 1), (5, 1, 9, 4), (6, 2, 3, 2), (7, 2, 1, 1), (8, 1, 16, 2),
+             (1, 0, 2, 4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("wt", [False, True], ids=["x_as_a", "weights_as_a"])
+@pytest.mark.parametrize(("k_bits", "cb", "rows", "groups"), MMA_CASES)
+def test_mma_ptx_matches_reference(k_bits, cb, rows, groups, wt):
     rng = np.random.default_rng(k_bits * 100 + rows)
     tk = 3
     trellis = rng.integers(-32768, 32768, size=(tk, 8, 16 * k_bits), dtype=np.int16)
     xh = rng.standard_normal((rows, 16 * tk)).astype(np.float16)
-    got = run_block(trellis, xh, cb, groups)
+    got = run_block(trellis, xh, cb, groups, wt)
     what = ref.decode_rotated(trellis, cb).astype(np.float64)  # [k, 128] fp16 values
     want = xh.astype(np.float64) @ what
     err = np.abs(got[:rows] - want).max() / np.abs(want).max()
     assert err < 1e-6, err  # fp16 products are exact; fp32 sums rounded once per mma (3 k-tiles)
-    assert not got[rows:].any(), "padding rows must stay zero"
+    # Rows past the input are zero where the layout writes them (x-as-A: all 16; weights-as-A: its 8 or 16).
+    written = 16 if not wt or rows > 8 else 8
+    assert not got[rows:written].any(), "padding rows must stay zero"
 
 
 def test_mma_config_resolves():

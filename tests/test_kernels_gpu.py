@@ -84,10 +84,12 @@ def test_gemm_rows_flash(rows, mode):
     assert torch.equal(outs[0], outs[1]), "split-k reduction must be deterministic"
 
 
+@pytest.mark.parametrize("wt", [False, True], ids=["x_as_a", "weights_as_a"])
 @pytest.mark.parametrize("rows", [1, 4, 16])
 @pytest.mark.parametrize(("bits", "groups"), [(3, 1), (6, 2), (4, 4)])
-def test_gemm_mma_flash(rows, bits, groups):
-    """The weights decoded into mma from registers (GemmConfig.mma): 1-16 rows at the routed shapes."""
+def test_gemm_mma_flash(rows, bits, groups, wt):
+    """The weights decoded into mma from registers (GemmConfig.mma; mma_wt: as the A operand): 1-16 rows at
+    the routed shapes."""
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
 
@@ -99,7 +101,7 @@ def test_gemm_mma_flash(rows, bits, groups):
     outs = []
     for _ in range(2):
         out = torch.full((rows, n), float("nan"), dtype=torch.float32, device="cuda")
-        exl3_gemm(x, tr, suh, svh, cb, config=GemmConfig(mma=groups), out=out)
+        exl3_gemm(x, tr, suh, svh, cb, config=GemmConfig(mma=groups, mma_wt=wt), out=out)
         outs.append(out)
     err = float((outs[0].double() - want).norm() / want.norm())
     assert err < 2e-3, err  # fp16 rotated input (2^-11), as on the other matrix-unit path
