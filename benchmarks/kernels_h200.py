@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from tfc.kernels import exl3_reference as ref  # noqa: E402
 from tfc.kernels.exl3_decode import exl3_decode  # noqa: E402
-from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_input, uses_matrix_units  # noqa: E402
+from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units  # noqa: E402
 from tfc.kernels.expert_table import ExpertTable  # noqa: E402
 from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference  # noqa: E402
 
@@ -252,7 +252,7 @@ def bench_gemm(results, copy_bw, quick, save):
                     out32 = exl3_gemm(x, tr, suh, svh, cb, config=cfg, out_dtype=torch.float32)
                     err32 = rel_err(out32, want)
                     t = graph_time([partial(exl3_gemm, x, t_, suh, svh, cb, config=cfg) for t_ in trs])
-                    xr = rotate_input(x, suh, uses_matrix_units(cfg, rows, tr.shape[2]))
+                    xr = rotate_for(x, suh, cfg, tr.shape[2])
                     tk = graph_time(
                         [partial(exl3_gemm, xr, t_, suh, svh, cb, config=cfg, x_rotated=True) for t_ in trs]
                     )

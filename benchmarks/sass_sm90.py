@@ -53,12 +53,12 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
            "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
-           "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
+           "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
     consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
               "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
               "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
     consts |= mma_asm(width, 2, rows, par, wt) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
-                                                                      "MMA_STEP": "", "MMA_STORES": (), "MMA_NACC": 16}  # fmt: skip
+                                                                      "MMA_STEP": "", "MMA_STORES": (), "MMA_NACC": 16, "MMA_SPLIT": False}  # fmt: skip
     names = list(sig)
     src = ASTSource(
         fn=_exl3_gemm_kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
+from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps, split_rows
 from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
@@ -50,14 +50,20 @@ MMA_WIDE_WEIGHTS = 16 << 20
 
 
 @triton.jit
-def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x):
-    """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies)."""
+def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False):
+    """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
+    SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest."""
     blk = tl.program_id(0)
     m = tl.program_id(1)
     cols = blk * 128 + tl.arange(0, 128)
     a = tl.load(x_ptr + m * stride_x + cols).to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)
     xh = fwht128(a) * 0.08838834764831845
-    tl.store(xh_ptr + m * K + cols, xh.to(xh_ptr.dtype.element_ty))
+    if SPLIT:
+        hi = xh.to(tl.float16)
+        tl.store(xh_ptr + 2 * m * K + cols, hi)
+        tl.store(xh_ptr + (2 * m + 1) * K + cols, (xh - hi.to(tl.float32)).to(tl.float16))
+    else:
+        tl.store(xh_ptr + m * K + cols, xh.to(xh_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -93,6 +99,7 @@ def _exl3_gemm_kernel(
     MMA_STEP: tl.constexpr = "",
     MMA_STORES: tl.constexpr = (),
     MMA_NACC: tl.constexpr = 16,
+    MMA_SPLIT: tl.constexpr = False,
     REDUCE: tl.constexpr = True,
 ):
     pid_n = tl.program_id(0)
@@ -127,7 +134,10 @@ def _exl3_gemm_kernel(
     elif MMA:
         # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
-        mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, M, block + pid_s * (MP * 128), W,
+        x_rows = M
+        if MMA_SPLIT:  # xh holds each row as an fp16 high / low pair
+            x_rows = 2 * M
+        mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, x_rows, block + pid_s * (MP * 128), W,
                      MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
@@ -286,8 +296,10 @@ def mma_groups(cols: int, depth: int) -> int:
 
 
 def uses_matrix_units(config: GemmConfig, rows: int, width: int) -> bool:
-    """Whether exl3_gemm runs `config` on the matrix units (fp16 rotated input) for these rows and width."""
-    return bool(config.resolved(rows, width).use_dot)
+    """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and width (the matrix
+    units, except the weights-as-A mma decode's high / low input pairs)."""
+    cfg = config.resolved(rows, width)
+    return bool(cfg.use_dot) and not (cfg.mma and split_rows(cfg.mma_wt, rows))
 
 
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
@@ -327,12 +339,21 @@ def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min
     return best
 
 
-def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool) -> torch.Tensor:
-    """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode)."""
+def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool = False) -> torch.Tensor:
+    """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode);
+    split: [M, 2, k] fp16, each row as its high part then the rest (the weights-as-A mma decode, <= 4 rows)."""
     m_rows, k = x.shape
-    xh = torch.empty((m_rows, k), dtype=torch.float16 if use_dot else torch.float32, device=x.device)
-    _rotate_kernel[(k // 128, m_rows)](x, suh, xh, k, x.stride(0), num_warps=1)
+    dtype = torch.float16 if use_dot or split else torch.float32
+    xh = torch.empty((m_rows, 2, k) if split else (m_rows, k), dtype=dtype, device=x.device)
+    _rotate_kernel[(k // 128, m_rows)](x, suh, xh, k, x.stride(0), SPLIT=split, num_warps=1)
     return xh
+
+
+def rotate_for(x: torch.Tensor, suh: torch.Tensor, config: GemmConfig, width: int) -> torch.Tensor:
+    """The rotated input exl3_gemm(..., x_rotated=True) takes for `config` at x's rows and this trellis width."""
+    rows = x.shape[0]
+    cfg = config.resolved(rows, width)
+    return rotate_input(x, suh, bool(cfg.use_dot), bool(cfg.mma) and split_rows(cfg.mma_wt, rows))
 
 
 def exl3_gemm(
@@ -348,14 +369,18 @@ def exl3_gemm(
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
 
-    `x_rotated=True`: x is already rotate_input(x, suh, use_dot) (lets a caller fuse that step elsewhere).
+    `x_rotated=True`: x is already rotate_for(x, suh, config, W) (lets a caller fuse that step elsewhere).
     """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
-    if x.dim() != 2 or x.shape[1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
+    pairs_in = x_rotated and x.dim() == 3 and x.shape[1] == 2  # rotate_for's high / low pairs
+    if x.dim() != 2 + pairs_in or x.shape[-1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
     cfg = config.resolved(m_rows, width, n, k)
+    pairs = bool(cfg.mma) and split_rows(cfg.mma_wt, m_rows)
+    if x_rotated and pairs != pairs_in:
+        raise ValueError("x_rotated: x must be rotate_for(x, suh, config, width) of this config")
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
@@ -364,7 +389,7 @@ def exl3_gemm(
     fuse = cfg.fuse_rotation and not x_rotated
     if fuse and cfg.runs and mp > 1:
         raise ValueError("the run decode fuses the input rotation for one row only")
-    if x.stride(1) != 1:
+    if x.stride(-1) != 1 or (pairs_in and not x.is_contiguous()):
         x = x.contiguous()
     bk = cfg.block_k
     blocks = n // 128
@@ -374,7 +399,7 @@ def exl3_gemm(
     y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
     if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
-    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot)
+    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs)
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
@@ -382,7 +407,7 @@ def exl3_gemm(
     cnt = counters(x.device, blocks) if split > 1 and not apart else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
-        m_rows, n, x.stride(0) if fuse else xh.stride(0), y.stride(0), tk // split,
+        m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt) if cfg.mma else {}),
@@ -404,6 +429,7 @@ __all__ = [
     "GemmConfig",
     "exl3_gemm",
     "exl3_gemm_reference",
+    "rotate_for",
     "rotate_input",
     "uses_matrix_units",
 ]

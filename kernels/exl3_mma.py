@@ -26,6 +26,9 @@ from tfc.kernels.exl3_mma_ptx import (
 )
 
 GROUPS = (1, 2, 4)  # groups of two n-tiles per warp: 4, 2 or 1 warps per 128-column block
+# Weights as A: up to this many input rows go in as fp16 high / low pairs (rows 2 m, 2 m + 1 of the 8 the mma
+# takes), so the products see the fp32 rotated input to ~2^-22 at no extra mma.
+SPLIT_MAX_ROWS = 4
 SETUP_CONS = tl.constexpr(",".join(["=r"] * SETUP_OUTPUTS + ["r", "r"]))
 FRAG_CONS = tl.constexpr(frag_constraints())
 LOAD_CONS = tl.constexpr(load_constraints())
@@ -42,17 +45,24 @@ def mma_warps(groups: int) -> int:
     return 4 // groups
 
 
+def split_rows(wt: bool, rows: int) -> bool:
+    """Whether the weights-as-A decode carries each input row as an fp16 high / low pair (up to 4 rows)."""
+    return wt and rows <= SPLIT_MAX_ROWS
+
+
 def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False) -> dict:
     """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp; wt: weights as
-    the mma's A operand, exl3_mma_ptx.step_ptx)."""
-    k_bits, rows16 = width // 16, rows > 8
+    the mma's A operand, exl3_mma_ptx.step_ptx; up to 4 rows then in high / low pairs)."""
+    split = split_rows(wt, rows)
+    k_bits, rows16 = width // 16, (2 * rows if split else rows) > 8
     return {
-        "MMA_SETUP": setup_ptx(k_bits, 2 * groups, wt),
+        "MMA_SETUP": setup_ptx(k_bits, 2 * groups, wt, split),
         "MMA_FRAG": frag_ptx(k_bits, rows16),
         "MMA_LOADS": tuple(load_ptx(k_bits, g) for g in range(groups)),
         "MMA_STEP": step_ptx(k_bits, codebook, wt, rows16),
-        "MMA_STORES": tuple(store_ptx(g, wt, rows16) for g in range(groups)),
+        "MMA_STORES": tuple(store_ptx(g, wt, rows16, split) for g in range(groups)),
         "MMA_NACC": accumulators(wt, rows16),
+        "MMA_SPLIT": split,
     }
 
 
@@ -125,4 +135,4 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
         )
 
 
-__all__ = ["GROUPS", "mma_asm", "mma_partials", "mma_warps"]
+__all__ = ["GROUPS", "SPLIT_MAX_ROWS", "mma_asm", "mma_partials", "mma_warps", "split_rows"]

@@ -31,11 +31,12 @@ def window_words(k_bits: int) -> tuple[int, int]:
     return loads, -(-(16 + 8 * k_bits) // 32)
 
 
-def setup_ptx(k_bits: int, nt: int, wt: bool = False) -> str:
+def setup_ptx(k_bits: int, nt: int, wt: bool = False, split: bool = False) -> str:
     """Outputs $0.. = word byte offsets (WORDS, unused ones 0), shift, x offsets (rows lane/4, +8), row flags,
-    output offset; inputs: M (rows), x row stride (elements). nt n-tiles per warp; offsets include the
-    warp's first n-tile. wt: the sums are weights-as-A (row 2 (lane % 4), column lane / 4), else x-as-A
-    (row lane / 4, column 2 (lane % 4))."""
+    output offset; inputs: M (x rows), x row stride (elements). nt n-tiles per warp; offsets include the
+    warp's first n-tile. The lane's first output: x-as-A row lane / 4, column 2 (lane % 4); weights-as-A
+    (wt) row 2 (lane % 4), column lane / 4; split (x rows 2 m, 2 m + 1 = the fp16 high and low parts of
+    row m) row lane % 4, column lane / 4."""
     nwd, _ = window_words(k_bits)
     nw, ring = 8 * k_bits, 256 * k_bits
     o = [f"${i}" for i in range(WORDS)]
@@ -78,7 +79,7 @@ def setup_ptx(k_bits: int, nt: int, wt: bool = False) -> str:
         f"setp.lt.u32 p, m1, {m_rows};",
         "selp.u32 f1, 2, 0, p;",
         f"or.b32 {pf}, f0, f1;",
-        "mad.lo.u32 tmp, c, 128, m0;" if wt else "mad.lo.u32 tmp, m0, 128, c;",
+        f"mad.lo.u32 tmp, c, {64 if split else 128}, m0;" if wt else "mad.lo.u32 tmp, m0, 128, c;",
         "mad.lo.u32 tmp, nt, 16, tmp;",
         f"shl.b32 {so}, tmp, 2;",
     ]
@@ -215,17 +216,21 @@ def step_constraints(nacc: int = 16) -> str:
     return ",".join(["=f"] * nacc + ["f"] * nacc + ["r"] * 4 + ["r"] * (2 * WORDS) + ["r"])
 
 
-def store_ptx(group: int, wt: bool = False, rows16: bool = True) -> str:
+def store_ptx(group: int, wt: bool = False, rows16: bool = True, split: bool = False) -> str:
     """Write one group's sums into the [16, 128] fp32 partial block: $0 = dummy output; $1 = block address,
-    $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout)."""
-    lines = [".reg .b64 ad;", "mad.wide.u32 ad, $2, 1, $1;"]
+    $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout). split (weights as A, x
+    rows in fp16 high / low pairs): each row's two sums added, so the block holds the real rows."""
+    lines = [".reg .b64 ad;", ".reg .f32 hl;", "mad.wide.u32 ad, $2, 1, $1;"]
     nacc = accumulators(wt, rows16)
     per_tile = nacc // 2
     for j in range(2):
         col = 64 * (2 * group + j)  # the n-tile's first column, in bytes
         for h in range(per_tile // 4):
             s = [f"${3 + per_tile * j + 4 * h + i}" for i in range(4)]
-            if wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
+            if split:  # c0 + c1: column lane / 4, row lane % 4; c2 + c3: column + 8
+                lines += [f"add.f32 hl, {s[0]}, {s[1]};", f"st.global.f32 [ad+{col}], hl;",
+                          f"add.f32 hl, {s[2]}, {s[3]};", f"st.global.f32 [ad+{col + 32}], hl;"]  # fmt: skip
+            elif wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
                 row = 4096 * h
                 lines += [f"st.global.f32 [ad+{col + row}], {s[0]};", f"st.global.f32 [ad+{col + row + 512}], {s[1]};",
                           f"st.global.f32 [ad+{col + row + 32}], {s[2]};",

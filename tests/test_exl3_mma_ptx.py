@@ -174,6 +174,8 @@ class Warp:
                 idx = ((a >> bit) & 1) << 2 | ((b >> bit) & 1) << 1 | ((c >> bit) & 1)
                 r |= ((lut >> idx) & 1) << bit
             self.put(lane, d, r, args)
+        elif op == "add.f32":
+            self.put(lane, d, _u32(np.float32(_f32(v[0])) + np.float32(_f32(v[1]))), args)
         elif op == "fma.rn.f16x2":
             self.put(lane, d, _pack_h2(_h2(v[0]) * _h2(v[1]) + _h2(v[2])), args)
         elif op == "add.rn.f16x2":
@@ -204,11 +206,17 @@ class Warp:
                 self.put(lane, x, _u32(f), args)
 
 
-def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: bool = False) -> np.ndarray:
+def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: bool = False,
+              split: bool = False) -> np.ndarray:  # fmt: skip
     """The [16, 128] partial sums of one 128-column block over all k-tiles, as the GPU kernel computes them
-    (4 // groups warps of 2 groups n-tiles each; wt: weights as the mma's A operand)."""
+    (4 // groups warps of 2 groups n-tiles each; wt: weights as the mma's A operand; split: xh (fp32) goes
+    in as fp16 high / low row pairs)."""
     tk, tn, width = trellis.shape
     k_bits, nw = width // 16, width // 2
+    if split:
+        hi = xh.astype(np.float16)
+        lo = (xh - hi.astype(np.float32)).astype(np.float16)
+        xh = np.stack([hi, lo], axis=1).reshape(-1, xh.shape[1])  # rows 2 m, 2 m + 1
     m_rows, k = xh.shape
     words = ref.words32(trellis).astype(np.uint32)  # [tk, tn, nw]
     tsize, xsize = words.nbytes, xh.nbytes
@@ -218,7 +226,7 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: boo
     mem[xbase : xbase + xsize] = xh.astype(np.float16).reshape(-1).view(np.uint8)
     nso, rows16 = SETUP_OUTPUTS, m_rows > 8
     nacc = accumulators(wt, rows16)
-    setup, frag = setup_ptx(k_bits, 2 * groups, wt), frag_ptx(k_bits, rows16)
+    setup, frag = setup_ptx(k_bits, 2 * groups, wt, split), frag_ptx(k_bits, rows16)
     loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb, wt, rows16)
     for w in range(4 // groups):
         warp = Warp(mem, w)
@@ -244,7 +252,7 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: boo
         for g in range(groups):
             store_args = [{1: wsbase, 2: sargs[lane][nso - 1], **{3 + i: acc[lane][g][i] for i in range(nacc)}}
                           for lane in range(32)]  # fmt: skip
-            warp.run(store_ptx(g, wt, rows16), store_args)
+            warp.run(store_ptx(g, wt, rows16, split), store_args)
     return mem[wsbase : wsbase + 16 * 128 * 4].view(np.float32).reshape(16, 128)
 
 
@@ -267,6 +275,25 @@ def test_mma_ptx_matches_reference(k_bits, cb, rows, groups, wt):
     # Rows past the input are zero where the layout writes them (x-as-A: all 16; weights-as-A: its 8 or 16).
     written = 16 if not wt or rows > 8 else 8
     assert not got[rows:written].any(), "padding rows must stay zero"
+
+
+@pytest.mark.parametrize(
+    ("k_bits", "cb", "rows", "groups"), [(2, 2, 1, 1), (4, 0, 4, 2), (6, 2, 3, 4), (5, 1, 2, 1)]
+)
+def test_mma_ptx_split_rows_keep_fp32_input(k_bits, cb, rows, groups):
+    """Weights as A, <= 4 rows as fp16 high / low pairs: the sums see the fp32 rotated input (not its fp16)."""
+    rng = np.random.default_rng(k_bits * 10 + rows)
+    tk = 3
+    trellis = rng.integers(-32768, 32768, size=(tk, 8, 16 * k_bits), dtype=np.int16)
+    xh = rng.standard_normal((rows, 16 * tk)).astype(np.float32)
+    got = run_block(trellis, xh, cb, groups, wt=True, split=True)
+    what = ref.decode_rotated(trellis, cb).astype(np.float64)
+    want = xh.astype(np.float64) @ what
+    err = np.abs(got[:rows] - want).max() / np.abs(want).max()
+    assert err < 1e-6, err  # the fp16 input alone would be ~1e-4 off
+    rounded = xh.astype(np.float16).astype(np.float64) @ what
+    assert np.abs(rounded - want).max() / np.abs(want).max() > 1e-5  # so the test can tell the two apart
+    assert not got[rows:4].any(), "padding rows must stay zero"
 
 
 def test_mma_config_resolves():

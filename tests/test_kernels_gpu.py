@@ -91,21 +91,27 @@ def test_gemm_mma_flash(rows, bits, groups, wt):
     """The weights decoded into mma from registers (GemmConfig.mma; mma_wt: as the A operand): 1-16 rows at
     the routed shapes."""
     from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
+    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units
 
     k, n = (5120, 2304) if bits != 6 else (2304, 5120)
     tr, suh, svh, cb = _group(k, n, bits, 2 if bits != 4 else 0, bits)
     w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
     want = x.double() @ w
+    cfg = GemmConfig(mma=groups, mma_wt=wt)
     outs = []
-    for _ in range(2):
+    for rotated in (False, False, True):
         out = torch.full((rows, n), float("nan"), dtype=torch.float32, device="cuda")
-        exl3_gemm(x, tr, suh, svh, cb, config=GemmConfig(mma=groups, mma_wt=wt), out=out)
+        xin = rotate_for(x, suh, cfg, tr.shape[2]) if rotated else x
+        exl3_gemm(xin, tr, suh, svh, cb, config=cfg, out=out, x_rotated=rotated)
         outs.append(out)
     err = float((outs[0].double() - want).norm() / want.norm())
-    assert err < 2e-3, err  # fp16 rotated input (2^-11), as on the other matrix-unit path
+    # fp16 rotated input (2^-11) as on the other matrix-unit path; weights as A from 1 to 4 rows carry it as
+    # fp16 high / low pairs (~2^-22), so the fp32 paths' tolerance holds there.
+    assert err < (2e-3 if uses_matrix_units(cfg, rows, tr.shape[2]) else 1e-5), err
+    assert wt == (not uses_matrix_units(cfg, rows, tr.shape[2])) or rows > 4
     assert torch.equal(outs[0], outs[1]), "split-k reduction must be deterministic"
+    assert torch.equal(outs[0], outs[2]), "the pre-rotated input (rotate_for) must give the same sums"
 
 
 @pytest.mark.parametrize("layout", ["stack", "ragged"])
