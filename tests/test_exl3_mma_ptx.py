@@ -328,3 +328,45 @@ def test_mma_is_the_gpu_default_from_two_rows(rows, k, n, width, groups):
     assert cfg.reduce_apart == bool(groups)
     assert GemmConfig().resolved(rows, width, n, k, ptx=False).mma == 0
     assert GemmConfig(use_dot=True).resolved(rows, width, n, k, ptx=True).mma == 0  # asked-for paths stay
+
+
+class _Launch:
+    """Stands in for a Triton kernel: records each launch's grid, arguments and keywords."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append((grid, args, kw))
+
+
+@pytest.mark.parametrize(("rows", "pairs"), [(1, True), (3, True), (4, True), (6, False), (16, False)])
+def test_weights_as_a_host_side(monkeypatch, rows, pairs):
+    """exl3_gemm's launches for GemmConfig(mma_wt=True), kernels stubbed (no GPU): up to 4 rows the rotation
+    writes fp16 high / low pairs [M, 2, k] and the kernel reads 2 M x rows with 8 sums per group; the row
+    stride is k either way; more than one row sums the partials apart, one program per (block, row)."""
+    import torch
+    from tfc.kernels import exl3_gemv
+
+    stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "_reduce_kernel")}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(exl3_gemv, name, stub)
+    k, n, width = 512, 256, 64
+    trellis = torch.zeros((k // 16, n // 16, width), dtype=torch.int16)
+    suh, svh = torch.ones(k, dtype=torch.float16), torch.ones(n, dtype=torch.float16)
+    x = torch.randn(rows, k, dtype=torch.float16)
+    cfg = exl3_gemv.GemmConfig(mma=2, mma_wt=True)
+    exl3_gemv.exl3_gemm(x, trellis, suh, svh, 2, config=cfg, out=torch.empty(rows, n))
+    ((_, rargs, rkw),) = stubs["_rotate_kernel"].calls
+    assert rkw["SPLIT"] == pairs and rargs[2].shape == ((rows, 2, k) if pairs else (rows, k))
+    assert rargs[2].dtype == torch.float16
+    ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
+    assert kw["MMA"] == 2 and kw["MMA_SPLIT"] == pairs and kw["MMA_NACC"] == (16 if rows > 8 else 8)
+    assert args[8] == rows and args[10] == k  # M (the real rows) and the x row stride
+    assert kw["REDUCE"] == (rows == 1)
+    reduce = stubs["_reduce_kernel"].calls
+    assert [c[0] for c in reduce] == ([] if rows == 1 else [(n // 128, rows)])
+    # A pre-rotated input must be rotate_for's form for this config.
+    with pytest.raises(ValueError, match="rotate_for"):
+        wrong = torch.zeros((rows, k), dtype=torch.float16) if pairs else torch.zeros((rows, 2, k))
+        exl3_gemv.exl3_gemm(wrong, trellis, suh, svh, 2, config=cfg, x_rotated=True)
