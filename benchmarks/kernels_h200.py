@@ -91,6 +91,8 @@ ONE_ROW = {
     "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
     "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
     "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
+    "mma_wt_g1_fused": GemmConfig(mma=1, mma_wt=True, fuse_rotation=True),  # ... rotating its own k rows
+    "mma_wt_g2_fused": GemmConfig(mma=2, mma_wt=True, fuse_rotation=True),
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     "default": GemmConfig(),  # the mma decode: 4 groups on the head, 2 on wq_b / wo_b, 1 on a routed matrix

@@ -30,6 +30,7 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("mma g2, 4 bit, 1 row", 64, 1, "mma", 2, 2),
     ("mma weights-as-A g1, 4 bit, 1 row", 64, 1, "mma_wt", 1, 4),
     ("mma weights-as-A g2, 4 bit, 1 row", 64, 1, "mma_wt", 2, 2),
+    ("mma weights-as-A g2, 4 bit, 1 row, fused rotation", 64, 1, "mma_wt_fused", 2, 2),
     ("mma weights-as-A g4, 6 bit, 1 row", 96, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 6 bit, 8 rows", 96, 8, "mma_wt", 4, 1),
     ("mma weights-as-A g2, 6 bit, 16 rows", 96, 16, "mma_wt", 2, 2),
@@ -44,7 +45,7 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    wt = kind == "mma_wt"
+    wt, fused = kind.startswith("mma_wt"), kind.endswith("_fused")
     kind = "mma" if wt else kind
     ptr16, mp = "*fp16", 16 if kind == "mma" else 1
     sig = {"x_ptr": ptr16, "xh_ptr": ptr16 if kind == "mma" else "*fp32", "suh_ptr": ptr16, "svh_ptr": ptr16,
@@ -54,10 +55,10 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
            "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
-    consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
+    consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs" or fused,
               "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
               "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
-    consts |= mma_asm(width, 2, rows, par, wt) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
+    consts |= mma_asm(width, 2, rows, par, wt, fused) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
                                                                       "MMA_STEP": "", "MMA_STORES": (), "MMA_NACC": 16, "MMA_SPLIT": False}  # fmt: skip
     names = list(sig)
     src = ASTSource(

@@ -137,7 +137,15 @@ def _exl3_gemm_kernel(
         x_rows = M
         if MMA_SPLIT:  # xh holds each row as an fp16 high / low pair
             x_rows = 2 * M
-        mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, x_rows, block + pid_s * (MP * 128), W,
+        xs = xh_ptr
+        sx = stride_x
+        if FUSE_ROT:
+            # One row in high / low pairs: this program's k rows of had128(x * suh) into its column block's
+            # [2, k] fp16 scratch, each 128-block rotated once.
+            xs = xh_ptr + pid_n * (2 * KDIM)
+            sx = KDIM
+            _rotate_pairs(x_ptr, suh_ptr, xs, KDIM, kt0 * 16, (kt0 + kt_per_split) * 16)
+        mma_partials(base, tn, kt_per_split, xs + kt0 * 16, sx, x_rows, block + pid_s * (MP * 128), W,
                      MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
@@ -178,6 +186,20 @@ def _exl3_gemm_kernel(
         _reduce_last(
             cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP, (RUNS and MP > 1) or MMA
         )
+
+
+@triton.jit
+def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
+    """Rows [r_lo, r_hi) of had128(x * suh) (one input row) into xs as fp16 high (row 0) and low (row 1) parts."""
+    i = tl.arange(0, 128)
+    for blk in range((r_lo // 128) * 128, r_hi, 128):
+        v = fwht128(tl.load(x_ptr + blk + i).to(tl.float32) * tl.load(suh_ptr + blk + i).to(tl.float32))
+        v = v * 0.08838834764831845
+        hi = v.to(tl.float16)
+        keep = (blk + i >= r_lo) & (blk + i < r_hi)
+        tl.store(xs + blk + i, hi, mask=keep)
+        tl.store(xs + K + blk + i, (v - hi.to(tl.float32)).to(tl.float16), mask=keep)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -253,7 +275,8 @@ class GemmConfig:
             auto = ptx and rows > 1 and width % 16 == 0 and self.use_dot is None and self.runs is None
             mma = mma_groups(cols, depth) if auto else 0
         if mma:  # one k-tile per step, 4 / mma warps, 8 mma programs per SM (kernels_h200.md, run 15)
-            return replace(self, mma=mma, use_dot=True, runs=False, block_k=16, run_tiles=1, fuse_rotation=False,
+            return replace(self, mma=mma, use_dot=True, runs=False, block_k=16, run_tiles=1,
+                           fuse_rotation=bool(self.fuse_rotation),
                            num_warps=mma_warps(mma), waves=self.waves or 8.0 * mma,
                            reduce_apart=self.reduce_apart if self.reduce_apart is not None else rows > 1)  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
@@ -389,6 +412,8 @@ def exl3_gemm(
     fuse = cfg.fuse_rotation and not x_rotated
     if fuse and cfg.runs and mp > 1:
         raise ValueError("the run decode fuses the input rotation for one row only")
+    if fuse and cfg.mma and not (m_rows == 1 and pairs):
+        raise ValueError("the mma decode fuses the input rotation for one row with mma_wt only")
     if x.stride(-1) != 1 or (pairs_in and not x.is_contiguous()):
         x = x.contiguous()
     bk = cfg.block_k
@@ -402,6 +427,8 @@ def exl3_gemm(
     xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs)
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
+    if cfg.mma and fuse:  # ... as fp16 high / low rows
+        xh = torch.empty((blocks, 2, k), dtype=torch.float16, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     apart = cfg.reduce_apart
     cnt = counters(x.device, blocks) if split > 1 and not apart else y
@@ -410,7 +437,7 @@ def exl3_gemm(
         m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if apart:
         _reduce_kernel[(blocks, m_rows)](ws, svh, y, y.stride(0), split, MP=mp, num_warps=1)

@@ -106,10 +106,11 @@ def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
     return "{\n" + CODEBOOK_BODIES[cb].replace("SA", sa).replace("SB", sb).replace("DST", dst) + "\n}"
 
 
-def frag_ptx(k_bits: int, rows16: bool) -> str:
+def frag_ptx(k_bits: int, rows16: bool, coherent: bool = False) -> str:
     """Per k-tile: outputs $0..$3 = the A fragments (fp16 pairs; rows >= M zero), $4.. = the lane's word
     addresses (64-bit); inputs: tile address, x address (row 0, this k-tile's first column), setup outputs
-    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero)."""
+    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero). coherent:
+    x through plain loads (written by this kernel, the fused rotation), else the read-only path."""
     a = [f"${i}" for i in range(4)]
     wa = [f"${4 + i}" for i in range(WORDS)]
     base = 4 + WORDS
@@ -117,6 +118,7 @@ def frag_ptx(k_bits: int, rows16: bool) -> str:
     o = [f"${base + 2 + i}" for i in range(WORDS)]
     xo0, xo1, pf = (f"${base + 3 + WORDS + i}" for i in range(3))
     nwd, _ = window_words(k_bits)
+    ldx = "ld.global.b32" if coherent else "ld.global.nc.b32"
     lines = [
         ".reg .b32 t;",
         ".reg .b64 xa;",
@@ -125,16 +127,16 @@ def frag_ptx(k_bits: int, rows16: bool) -> str:
         f"and.b32 t, {pf}, 1;",
         "setp.ne.u32 p, t, 0;",
         f"mad.wide.u32 xa, {xo0}, 1, {xb};",
-        f"@p ld.global.nc.b32 {a[0]}, [xa];",
-        f"@p ld.global.nc.b32 {a[2]}, [xa+16];",
+        f"@p {ldx} {a[0]}, [xa];",
+        f"@p {ldx} {a[2]}, [xa+16];",
     ]
     if rows16:
         lines += [
             f"and.b32 t, {pf}, 2;",
             "setp.ne.u32 p, t, 0;",
             f"mad.wide.u32 xa, {xo1}, 1, {xb};",
-            f"@p ld.global.nc.b32 {a[1]}, [xa];",
-            f"@p ld.global.nc.b32 {a[3]}, [xa+16];",
+            f"@p {ldx} {a[1]}, [xa];",
+            f"@p {ldx} {a[3]}, [xa+16];",
         ]
     lines += [f"mad.wide.u32 {wa[i]}, {o[i]}, 1, {tb};" for i in range(nwd)]
     lines += [f"mov.b64 {wa[i]}, {tb};" for i in range(nwd, WORDS)]

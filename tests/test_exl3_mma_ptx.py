@@ -340,6 +340,15 @@ class _Launch:
         return lambda *args, **kw: self.calls.append((grid, args, kw))
 
 
+def test_mma_fused_input_reads_coherently():
+    """With the input rotated by the same kernel (fused), x goes through plain loads, never the read-only
+    path the trellis words keep."""
+    fused, apart = frag_ptx(4, False, coherent=True), frag_ptx(4, False)
+    assert "ld.global.b32" in fused and ".nc" not in fused
+    assert "ld.global.nc.b32" in apart
+    assert "ld.global.nc.b32" in load_ptx(4, 0)
+
+
 @pytest.mark.parametrize(("rows", "pairs"), [(1, True), (3, True), (4, True), (6, False), (16, False)])
 def test_weights_as_a_host_side(monkeypatch, rows, pairs):
     """exl3_gemm's launches for GemmConfig(mma_wt=True), kernels stubbed (no GPU): up to 4 rows the rotation
@@ -370,3 +379,27 @@ def test_weights_as_a_host_side(monkeypatch, rows, pairs):
     with pytest.raises(ValueError, match="rotate_for"):
         wrong = torch.zeros((rows, k), dtype=torch.float16) if pairs else torch.zeros((rows, 2, k))
         exl3_gemv.exl3_gemm(wrong, trellis, suh, svh, 2, config=cfg, x_rotated=True)
+
+
+def test_weights_as_a_fused_host_side(monkeypatch):
+    """GemmConfig(mma_wt=True, fuse_rotation=True) at one row: no rotation launch, a [blocks, 2, k] fp16
+    scratch the kernel rotates into and reads coherently; more rows, or x as A, are refused."""
+    import torch
+    from tfc.kernels import exl3_gemv
+
+    stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "_reduce_kernel")}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(exl3_gemv, name, stub)
+    k, n, width = 512, 256, 64
+    trellis = torch.zeros((k // 16, n // 16, width), dtype=torch.int16)
+    suh, svh = torch.ones(k, dtype=torch.float16), torch.ones(n, dtype=torch.float16)
+    cfg = exl3_gemv.GemmConfig(mma=2, mma_wt=True, fuse_rotation=True)
+    exl3_gemv.exl3_gemm(torch.randn(1, k).half(), trellis, suh, svh, 2, config=cfg, out=torch.empty(1, n))
+    assert not stubs["_rotate_kernel"].calls and not stubs["_reduce_kernel"].calls
+    ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
+    assert kw["FUSE_ROT"] and kw["MMA_SPLIT"] and "ld.global.b32" in kw["MMA_FRAG"]
+    assert args[1].shape == (n // 128, 2, k) and args[1].dtype == torch.float16
+    for bad in (cfg, exl3_gemv.GemmConfig(mma=2, fuse_rotation=True)):
+        rows = 2 if bad is cfg else 1
+        with pytest.raises(ValueError, match="fuses the input rotation"):
+            exl3_gemv.exl3_gemm(torch.randn(rows, k).half(), trellis, suh, svh, 2, config=bad)
