@@ -349,23 +349,33 @@ def test_mma_fused_input_reads_coherently():
     assert "ld.global.nc.b32" in load_ptx(4, 0)
 
 
-@pytest.mark.parametrize(("rows", "pairs"), [(1, True), (3, True), (4, True), (6, False), (16, False)])
-def test_weights_as_a_host_side(monkeypatch, rows, pairs):
-    """exl3_gemm's launches for GemmConfig(mma_wt=True), kernels stubbed (no GPU): up to 4 rows the rotation
-    writes fp16 high / low pairs [M, 2, k] and the kernel reads 2 M x rows with 8 sums per group; the row
-    stride is k either way; more than one row sums the partials apart, one program per (block, row)."""
+@pytest.fixture
+def stubbed(monkeypatch):
+    """exl3_gemv with its kernels stubbed, and a random 512 x 256 4-bit group: (module, stubs, group)."""
     import torch
     from tfc.kernels import exl3_gemv
 
     stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "_reduce_kernel")}
     for name, stub in stubs.items():
         monkeypatch.setattr(exl3_gemv, name, stub)
-    k, n, width = 512, 256, 64
-    trellis = torch.zeros((k // 16, n // 16, width), dtype=torch.int16)
-    suh, svh = torch.ones(k, dtype=torch.float16), torch.ones(n, dtype=torch.float16)
-    x = torch.randn(rows, k, dtype=torch.float16)
-    cfg = exl3_gemv.GemmConfig(mma=2, mma_wt=True)
-    exl3_gemv.exl3_gemm(x, trellis, suh, svh, 2, config=cfg, out=torch.empty(rows, n))
+    k, n = 512, 256
+    gen = torch.Generator().manual_seed(3)
+    trellis = torch.randint(-32768, 32768, (k // 16, n // 16, 64), dtype=torch.int16, generator=gen)
+    suh, svh = torch.randn(k, generator=gen).half(), torch.randn(n, generator=gen).half()
+    return exl3_gemv, stubs, (trellis, suh, svh, 2)
+
+
+@pytest.mark.parametrize(("rows", "pairs"), [(1, True), (3, True), (4, True), (6, False), (16, False)])
+def test_weights_as_a_host_side(stubbed, rows, pairs):
+    """exl3_gemm's launches for GemmConfig(mma_wt=True), kernels stubbed (no GPU): up to 4 rows the rotation
+    writes fp16 high / low pairs [M, 2, k] and the kernel reads 2 M x rows with 8 sums per group; the row
+    stride is k either way; more than one row sums the partials apart, one program per (block, row)."""
+    import torch
+
+    gemv, stubs, group = stubbed
+    k, n = 512, 256
+    cfg = gemv.GemmConfig(mma=2, mma_wt=True)
+    gemv.exl3_gemm(torch.randn(rows, k).half(), *group, config=cfg, out=torch.empty(rows, n))
     ((_, rargs, rkw),) = stubs["_rotate_kernel"].calls
     assert rkw["SPLIT"] == pairs and rargs[2].shape == ((rows, 2, k) if pairs else (rows, k))
     assert rargs[2].dtype == torch.float16
@@ -377,29 +387,23 @@ def test_weights_as_a_host_side(monkeypatch, rows, pairs):
     assert [c[0] for c in reduce] == ([] if rows == 1 else [(n // 128, rows)])
     # A pre-rotated input must be rotate_for's form for this config.
     with pytest.raises(ValueError, match="rotate_for"):
-        wrong = torch.zeros((rows, k), dtype=torch.float16) if pairs else torch.zeros((rows, 2, k))
-        exl3_gemv.exl3_gemm(wrong, trellis, suh, svh, 2, config=cfg, x_rotated=True)
+        wrong = torch.randn(rows, k).half() if pairs else torch.randn(rows, 2, k)
+        gemv.exl3_gemm(wrong, *group, config=cfg, x_rotated=True)
 
 
-def test_weights_as_a_fused_host_side(monkeypatch):
+def test_weights_as_a_fused_host_side(stubbed):
     """GemmConfig(mma_wt=True, fuse_rotation=True) at one row: no rotation launch, a [blocks, 2, k] fp16
     scratch the kernel rotates into and reads coherently; more rows, or x as A, are refused."""
     import torch
-    from tfc.kernels import exl3_gemv
 
-    stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "_reduce_kernel")}
-    for name, stub in stubs.items():
-        monkeypatch.setattr(exl3_gemv, name, stub)
-    k, n, width = 512, 256, 64
-    trellis = torch.zeros((k // 16, n // 16, width), dtype=torch.int16)
-    suh, svh = torch.ones(k, dtype=torch.float16), torch.ones(n, dtype=torch.float16)
-    cfg = exl3_gemv.GemmConfig(mma=2, mma_wt=True, fuse_rotation=True)
-    exl3_gemv.exl3_gemm(torch.randn(1, k).half(), trellis, suh, svh, 2, config=cfg, out=torch.empty(1, n))
+    gemv, stubs, group = stubbed
+    k, n = 512, 256
+    cfg = gemv.GemmConfig(mma=2, mma_wt=True, fuse_rotation=True)
+    gemv.exl3_gemm(torch.randn(1, k).half(), *group, config=cfg, out=torch.empty(1, n))
     assert not stubs["_rotate_kernel"].calls and not stubs["_reduce_kernel"].calls
     ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
     assert kw["FUSE_ROT"] and kw["MMA_SPLIT"] and "ld.global.b32" in kw["MMA_FRAG"]
     assert args[1].shape == (n // 128, 2, k) and args[1].dtype == torch.float16
-    for bad in (cfg, exl3_gemv.GemmConfig(mma=2, fuse_rotation=True)):
-        rows = 2 if bad is cfg else 1
+    for bad, rows in ((cfg, 2), (gemv.GemmConfig(mma=2, fuse_rotation=True), 1)):
         with pytest.raises(ValueError, match="fuses the input rotation"):
-            exl3_gemv.exl3_gemm(torch.randn(rows, k).half(), trellis, suh, svh, 2, config=bad)
+            gemv.exl3_gemm(torch.randn(rows, k).half(), *group, config=bad)
