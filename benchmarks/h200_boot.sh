@@ -4,7 +4,8 @@
 # with .whl carried (blake3 for python 3.12):  bash benchmarks/h200_boot.sh
 # SKIP_TESTS=1 skips the GPU tests (the kernel ones too); PIPELINE_S=N first runs boot_pipeline_h200.py for N seconds;
 # BOOT_S=N gives boot_h200.py N seconds (0 skips it); BOOT_ARGS are its options (default --reps 2);
-# KERNELS_S=N first runs the GPU kernel tests and kernels_h200.py $KERNEL_ARGS for at most N seconds;
+# KERNELS_S=N first runs the GPU kernel tests (only those matching KERNEL_TESTS_K when set, pytest -k) and
+# kernels_h200.py $KERNEL_ARGS for at most N seconds;
 # L3_S=N runs boot_l3_h200.py (cache-resident staging) for N seconds before the boot benchmark.
 source benchmarks/_h200_setup.sh
 TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
@@ -14,8 +15,8 @@ echo "== gpu tests"
   "$REPO/tests") 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
 if [ "${KERNELS_S:-0}" -gt 0 ]; then
   echo "== kernel gpu tests"
-  [ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider "$REPO/tests/test_kernels_gpu.py") 2>&1 | tail -8 \
-    | tee "$OUT/kernel_gpu_tests.txt"
+  [ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider ${KERNEL_TESTS_K:+-k "$KERNEL_TESTS_K"} \
+    "$REPO/tests/test_kernels_gpu.py") 2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.txt"
   echo "== kernels"
   timeout "$KERNELS_S" python3 benchmarks/kernels_h200.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels_log.txt" \
     | tail -60
