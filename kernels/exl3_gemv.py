@@ -50,18 +50,32 @@ MMA_WIDE_WEIGHTS = 16 << 20
 
 
 @triton.jit
+def _rotated128(x_row, suh_ptr, blk):
+    """(x[blk .. blk + 127] * suh[blk ..]) @ H128 / sqrt(128) in fp32, by seven butterflies."""
+    i = blk + tl.arange(0, 128)
+    return (
+        fwht128(tl.load(x_row + i).to(tl.float32) * tl.load(suh_ptr + i).to(tl.float32)) * 0.08838834764831845
+    )
+
+
+@triton.jit
+def _store_pair(dst, K, v, mask):
+    """v as fp16 high part at dst and the fp16 rest at dst + K (a row pair the weights-as-A mma decode reads)."""
+    hi = v.to(tl.float16)
+    tl.store(dst, hi, mask=mask)
+    tl.store(dst + K, (v - hi.to(tl.float32)).to(tl.float16), mask=mask)
+
+
+@triton.jit
 def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False):
     """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
     SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest."""
-    blk = tl.program_id(0)
+    blk = tl.program_id(0) * 128
     m = tl.program_id(1)
-    cols = blk * 128 + tl.arange(0, 128)
-    a = tl.load(x_ptr + m * stride_x + cols).to(tl.float32) * tl.load(suh_ptr + cols).to(tl.float32)
-    xh = fwht128(a) * 0.08838834764831845
+    xh = _rotated128(x_ptr + m * stride_x, suh_ptr, blk)
+    cols = blk + tl.arange(0, 128)
     if SPLIT:
-        hi = xh.to(tl.float16)
-        tl.store(xh_ptr + 2 * m * K + cols, hi)
-        tl.store(xh_ptr + (2 * m + 1) * K + cols, (xh - hi.to(tl.float32)).to(tl.float16))
+        _store_pair(xh_ptr + 2 * m * K + cols, K, xh, cols >= 0)
     else:
         tl.store(xh_ptr + m * K + cols, xh.to(xh_ptr.dtype.element_ty))
 
@@ -124,9 +138,8 @@ def _exl3_gemm_kernel(
             i = tl.arange(0, 128)
             for r0 in range(kt0 * 16, (kt0 + kt_per_split) * 16, BK):
                 blk = (r0 // 128) * 128
-                a = tl.load(x_ptr + blk + i).to(tl.float32) * tl.load(suh_ptr + blk + i).to(tl.float32)
                 keep = (i >= r0 - blk) & (i < r0 - blk + BK)
-                tl.store(xs + blk + i, fwht128(a) * 0.08838834764831845, mask=keep)
+                tl.store(xs + blk + i, _rotated128(x_ptr, suh_ptr, blk), mask=keep)
             tl.debug_barrier()
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
@@ -193,12 +206,7 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
     """Rows [r_lo, r_hi) of had128(x * suh) (one input row) into xs as fp16 high (row 0) and low (row 1) parts."""
     i = tl.arange(0, 128)
     for blk in range((r_lo // 128) * 128, r_hi, 128):
-        v = fwht128(tl.load(x_ptr + blk + i).to(tl.float32) * tl.load(suh_ptr + blk + i).to(tl.float32))
-        v = v * 0.08838834764831845
-        hi = v.to(tl.float16)
-        keep = (blk + i >= r_lo) & (blk + i < r_hi)
-        tl.store(xs + blk + i, hi, mask=keep)
-        tl.store(xs + K + blk + i, (v - hi.to(tl.float32)).to(tl.float16), mask=keep)
+        _store_pair(xs + blk + i, K, _rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
     tl.debug_barrier()
 
 
@@ -318,11 +326,16 @@ def mma_groups(cols: int, depth: int) -> int:
     return 2 if cols * depth >= MMA_WIDE_WEIGHTS else 1
 
 
+def input_pairs(cfg: GemmConfig, rows: int) -> bool:
+    """Whether a resolved config carries the rotated input as fp16 high / low row pairs (mma_wt, <= 4 rows)."""
+    return bool(cfg.mma) and split_rows(cfg.mma_wt, rows)
+
+
 def uses_matrix_units(config: GemmConfig, rows: int, width: int) -> bool:
     """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and width (the matrix
     units, except the weights-as-A mma decode's high / low input pairs)."""
     cfg = config.resolved(rows, width)
-    return bool(cfg.use_dot) and not (cfg.mma and split_rows(cfg.mma_wt, rows))
+    return bool(cfg.use_dot) and not input_pairs(cfg, rows)
 
 
 _COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
@@ -376,7 +389,7 @@ def rotate_for(x: torch.Tensor, suh: torch.Tensor, config: GemmConfig, width: in
     """The rotated input exl3_gemm(..., x_rotated=True) takes for `config` at x's rows and this trellis width."""
     rows = x.shape[0]
     cfg = config.resolved(rows, width)
-    return rotate_input(x, suh, bool(cfg.use_dot), bool(cfg.mma) and split_rows(cfg.mma_wt, rows))
+    return rotate_input(x, suh, bool(cfg.use_dot), input_pairs(cfg, rows))
 
 
 def exl3_gemm(
@@ -401,7 +414,7 @@ def exl3_gemm(
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
     cfg = config.resolved(m_rows, width, n, k)
-    pairs = bool(cfg.mma) and split_rows(cfg.mma_wt, m_rows)
+    pairs = input_pairs(cfg, m_rows)
     if x_rotated and pairs != pairs_in:
         raise ValueError("x_rotated: x must be rotate_for(x, suh, config, width) of this config")
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
