@@ -2,9 +2,10 @@
 
 A 128-column block is 8 n-tiles; 4 / G warps take 2 G n-tiles each (G groups of two). Every thread runs the
 PTX of exl3_mma_ptx on its own lane (one tensor element per thread), so Triton's register layouts never meet
-the fragments. Rows are the mma's M: 1 to 16 rows cost one decode. Inputs are the fp16 rotated rows
-(rotate_input, as on the other matrix-unit path), sums fp32. The CPU interpreter cannot run inline PTX:
-tests/test_exl3_mma_ptx.py runs the same PTX in a small interpreter instead.
+the fragments. Rows are the mma's M (x as A) or, with the decoded tile as A (`wt`), its N: 1 to 16 rows
+cost one decode. Inputs are the fp16 rotated rows (rotate_input, as on the other matrix-unit path; with `wt`
+and up to 4 rows, fp16 high / low pairs of the fp32 ones), sums fp32. The CPU interpreter cannot run inline
+PTX: tests/test_exl3_mma_ptx.py runs the same PTX in a small interpreter instead.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False,
 
 @triton.jit
 def mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG: tl.constexpr):
-    """The lane's A fragments and word addresses of the k-tile at tb (input rows at xb)."""
+    """The lane's input fragments and word addresses of the k-tile at tb (input rows at xb)."""
     return tl.inline_asm_elementwise(
         FRAG, FRAG_CONS,
         [(tb + zi).to(tl.int64, bitcast=True), (xb + zi).to(tl.int64, bitcast=True), o0, o1, o2, off, xo0, xo1, pf],
