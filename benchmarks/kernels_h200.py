@@ -69,7 +69,7 @@ SHAPES = [  # the large matrices first: run 1 ran out of time before the head
     ("routed_w2_4b", 2304, 5120, 4),
     ("routed_w2_5b", 2304, 5120, 5),
 ]
-ROWS = [1, 4, 16]
+ROWS = [1, 4, 8, 16]
 DECODE_CHECKS = [("w1_2b_mul1", 5120, 2304, 2, 2), ("w2_3b_3inst", 2304, 5120, 3, 0),
                  ("w1_2.5b_mul1", 5120, 2304, 2.5, 2), ("wkv_6b_mcg", 5120, 512, 6, 1)]  # fmt: skip
 MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, top-k
@@ -77,25 +77,36 @@ MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, 
 # (exl3_runs) against it; kernels_occupancy_h200.py swept k-splits and tile shapes for occupancy (the
 # one-row and MoE defaults since). Each table keeps the default and the previous default.
 ONE_ROW = {
-    "runs_default": GemmConfig(),  # from 4 bits: block_k 32, 4 tiles, 1 warp, 32/SM; rotation apart on the head
+    # from MMA_WIDE_WEIGHTS weights (wq_b, wo_b, the head) the weights-as-A mma decode, 4 groups; below, the
+    # run decode (runs_default)
+    "default": GemmConfig(),
+    "runs_default": GemmConfig(
+        mma=0
+    ),  # from 4 bits: block_k 32, 4 tiles, 1 warp, 32/SM; rotation apart on the head
     "runs_bk32_t4_w1_o32_fused": GemmConfig(
         block_k=32, run_tiles=4, num_warps=1, waves=32, fuse_rotation=True
     ),
     # the previous default (runs 4-9), kept for a same-run comparison
     "runs_bk64_t4_w2_o8_fused": GemmConfig(block_k=64, run_tiles=4, num_warps=2, waves=8),
-    # weights decoded into mma from registers (exl3_mma), 1, 2 or 4 groups of two n-tiles per warp
-    "mma_g1": GemmConfig(mma=1),
-    "mma_g2": GemmConfig(mma=2),
-    "mma_g4": GemmConfig(mma=4),
-    # ... with the decoded tile as the mma's A operand (one mma per tile, half the sums; not yet measured)
+    # weights decoded into mma from registers (exl3_mma), 1, 2 or 4 groups of two n-tiles per warp, x as A
+    "mma_g1": GemmConfig(mma=1, mma_wt=False),
+    "mma_g2": GemmConfig(mma=2, mma_wt=False),
+    "mma_g4": GemmConfig(mma=4, mma_wt=False),
+    # ... with the decoded tile as the mma's A operand (one mma per tile, half the sums; run 19)
     "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
     "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
     "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
     "mma_wt_g1_fused": GemmConfig(mma=1, mma_wt=True, fuse_rotation=True),  # ... rotating its own k rows
     "mma_wt_g2_fused": GemmConfig(mma=2, mma_wt=True, fuse_rotation=True),
+    # programs per SM the k-split aims for (default 8 per group; 72 registers let 28 one-warp programs in)
+    **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
+    "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
-    "default": GemmConfig(),  # the mma decode: 4 groups on the head, 2 on wq_b / wo_b, 1 on a routed matrix
+    # up to 8 rows the weights as A, 4 groups on wq_b / wo_b / the head, 1 on a routed matrix; above, x as A
+    "default": GemmConfig(),
+    # x as A at every row count: 4 groups on the head, 2 on wq_b / wo_b, 1 on a routed matrix (runs 15-18)
+    "xa_default": GemmConfig(mma_wt=False),
     "runs_bk16_t1_w2_o8": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=8),
     "runs_bk16_t1_w2_o4": GemmConfig(use_dot=False, block_k=16, run_tiles=1, num_warps=2, waves=4),
     # <= 4 rows up to run 14
@@ -106,21 +117,27 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     "dot_bk32_w8_o2": GemmConfig(use_dot=True, block_k=32, num_warps=8, waves=2),
     "dot_bk32_w4_o4": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4),  # > 4 rows up to run 14
     "dot_bk32_w4_o4_apart": GemmConfig(use_dot=True, block_k=32, num_warps=4, waves=4, reduce_apart=True),
-    "mma_g1": GemmConfig(mma=1),
-    "mma_g2": GemmConfig(mma=2),
-    "mma_g4": GemmConfig(mma=4),
-    "mma_g4_o8": GemmConfig(mma=4, waves=8),
-    "mma_g2_o8": GemmConfig(mma=2, waves=8),
-    "mma_g1_inkernel": GemmConfig(mma=1, reduce_apart=False),  # the partials summed by the last program
+    "mma_g1": GemmConfig(mma=1, mma_wt=False),
+    "mma_g2": GemmConfig(mma=2, mma_wt=False),
+    "mma_g4": GemmConfig(mma=4, mma_wt=False),
+    "mma_g4_o8": GemmConfig(mma=4, mma_wt=False, waves=8),
+    "mma_g2_o8": GemmConfig(mma=2, mma_wt=False, waves=8),
+    # the partials summed by the last program
+    "mma_g1_inkernel": GemmConfig(mma=1, mma_wt=False, reduce_apart=False),
     "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
     "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
     "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
+    **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
+    "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
+    **{f"mma_g4_o{w}": GemmConfig(mma=4, mma_wt=False, waves=w) for w in (64, 128)},
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
     "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),  # the previous default
     # the single-width tables' shape, asked for on every table (mixed widths default to the line above)
     "runs_bk64_t4_w2_o16": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
+    # more, shorter k-split programs (more waves, a shorter tail)
+    **{f"runs_o{w}": MoeConfig(waves=w) for w in (32, 64)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
@@ -249,12 +266,12 @@ def bench_gemm(results, copy_bw, quick, save):
                     err = rel_err(out, want)
                     again = exl3_gemm(x, tr, suh, svh, cb, config=cfg)
                     same = bool(torch.equal(again, out))
-                    tol = TOL_DOT if uses_matrix_units(cfg, rows, tr.shape[2]) else TOL_ONE_ROW
+                    tol = TOL_DOT if uses_matrix_units(cfg, rows, tr.shape) else TOL_ONE_ROW
                     # bf16 output rounding (2^-9) dominates the one-row error; compare in fp32 output too.
                     out32 = exl3_gemm(x, tr, suh, svh, cb, config=cfg, out_dtype=torch.float32)
                     err32 = rel_err(out32, want)
                     t = graph_time([partial(exl3_gemm, x, t_, suh, svh, cb, config=cfg) for t_ in trs])
-                    xr = rotate_for(x, suh, cfg, tr.shape[2])
+                    xr = rotate_for(x, suh, cfg, tr.shape)
                     tk = graph_time(
                         [partial(exl3_gemm, xr, t_, suh, svh, cb, config=cfg, x_rotated=True) for t_ in trs]
                     )

@@ -43,10 +43,15 @@ RUN_ROWS_MAX = 4
 # One row fuses the input rotation (each program rotates its own k rows) up to this many output columns; every
 # 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
 FUSE_MAX_COLS = 32768
-# From 2 rows the mma decode is the default (integer widths); its groups per warp by size, as measured on the
-# H200 (kernels_h200.md, run 15): 4 above FUSE_MAX_COLS columns (the head), 2 from this many weights (wq_b,
-# wo_b), 1 below (a routed expert: fewer, shorter programs).
+# On a GPU the mma decode is the default for integer widths from 2 rows, and at one row from this many weights
+# (wq_b, wo_b, the head; a routed expert keeps the one-row run decode). Up to WT_MAX_ROWS rows it takes the
+# decoded tile as the mma's A operand (mma_wt), 4 groups per warp from this many weights, else 1; above, x as
+# A with 4 groups above FUSE_MAX_COLS columns, 2 from this many weights, else 1 (kernels_h200.md, runs 15, 19).
 MMA_WIDE_WEIGHTS = 16 << 20
+WT_MAX_ROWS = 8
+# ... and on the head, with the weights as A, a k-split into this many programs per SM: ~4 waves of the 28
+# resident one-warp programs instead of 1.1, so the last wave's tail is short (run 20: 1 row 214 -> 193 us).
+WT_WIDE_WAVES = 128.0
 
 
 @triton.jit
@@ -264,14 +269,14 @@ class GemmConfig:
     num_stages: int = 1
     waves: float | None = None  # programs per SM the k-split aims for: see resolved (8 per mma group)
     # Weights decoded into mma from registers (exl3_mma), 2 mma n-tiles per warp per group: 1, 2 or 4 groups;
-    # 0 = off; None = the default from 2 rows on integer widths (on a GPU) unless use_dot or runs is set.
+    # 0 = off; None = the default on integer widths (on a GPU; see MMA_WIDE_WEIGHTS) unless use_dot or runs is set.
     mma: int | None = None
     # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
     # last program of each column block (whose rows then queue behind each other); default: mma, > 1 row.
     reduce_apart: bool | None = None
     # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
-    # mma per tile and half the sums at <= 8 rows (not measured on a GPU yet)
-    mma_wt: bool = False
+    # mma per tile and half the sums at <= 8 rows; None = up to WT_MAX_ROWS rows
+    mma_wt: bool | None = None
 
     def resolved(
         self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
@@ -279,13 +284,15 @@ class GemmConfig:
         """This config with the defaults for `rows` input rows, trellis width, n = cols and k = depth filled in
         (split: at launch); ptx: inline PTX can run (a GPU, not the interpreter)."""
         mma = self.mma
+        wt = self.mma_wt if self.mma_wt is not None else rows <= WT_MAX_ROWS
         if mma is None:
-            auto = ptx and rows > 1 and width % 16 == 0 and self.use_dot is None and self.runs is None
-            mma = mma_groups(cols, depth) if auto else 0
+            auto = ptx and width % 16 == 0 and self.use_dot is None and self.runs is None
+            auto = auto and (rows > 1 or cols * depth >= MMA_WIDE_WEIGHTS)
+            mma = mma_groups(cols, depth, wt) if auto else 0
         if mma:  # one k-tile per step, 4 / mma warps, 8 mma programs per SM (kernels_h200.md, run 15)
-            return replace(self, mma=mma, use_dot=True, runs=False, block_k=16, run_tiles=1,
+            return replace(self, mma=mma, mma_wt=wt, use_dot=True, runs=False, block_k=16, run_tiles=1,
                            fuse_rotation=bool(self.fuse_rotation),
-                           num_warps=mma_warps(mma), waves=self.waves or 8.0 * mma,
+                           num_warps=mma_warps(mma), waves=self.waves or mma_waves(mma, wt, cols),
                            reduce_apart=self.reduce_apart if self.reduce_apart is not None else rows > 1)  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
         fma_rows = rows <= RUN_ROWS_MAX and runs_ok
@@ -315,15 +322,26 @@ class GemmConfig:
             num_warps=self.num_warps or warps,
             waves=self.waves or waves,
             mma=0,
+            mma_wt=False,
             reduce_apart=bool(self.reduce_apart),
         )
 
 
-def mma_groups(cols: int, depth: int) -> int:
-    """Default mma groups per warp: 4 on the widest matrices, 2 from MMA_WIDE_WEIGHTS weights, else 1."""
+def mma_waves(groups: int, wt: bool, cols: int) -> float:
+    """Programs per SM the mma decode's k-split aims for: 8 per group, or WT_WIDE_WAVES with the weights as A
+    above FUSE_MAX_COLS columns (the head: 1010 column blocks of one-warp programs, 28 of which fit an SM)."""
+    return WT_WIDE_WAVES if wt and cols > FUSE_MAX_COLS else 8.0 * groups
+
+
+def mma_groups(cols: int, depth: int, wt: bool = False) -> int:
+    """Default mma groups per warp: from MMA_WIDE_WEIGHTS weights 4 with weights as A, else 4 on the widest
+    matrices and 2 below; 1 on smaller matrices."""
+    wide = cols * depth >= MMA_WIDE_WEIGHTS
+    if wt:
+        return 4 if wide else 1
     if cols > FUSE_MAX_COLS:
         return 4
-    return 2 if cols * depth >= MMA_WIDE_WEIGHTS else 1
+    return 2 if wide else 1
 
 
 def input_pairs(cfg: GemmConfig, rows: int) -> bool:
@@ -331,10 +349,16 @@ def input_pairs(cfg: GemmConfig, rows: int) -> bool:
     return bool(cfg.mma) and split_rows(cfg.mma_wt, rows)
 
 
-def uses_matrix_units(config: GemmConfig, rows: int, width: int) -> bool:
-    """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and width (the matrix
-    units, except the weights-as-A mma decode's high / low input pairs)."""
-    cfg = config.resolved(rows, width)
+def resolved_for(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> GemmConfig:
+    """config resolved for `rows` input rows times a trellis of this shape (tk, tn, W)."""
+    tk, tn, width = trellis_shape
+    return config.resolved(rows, width, 16 * tn, 16 * tk)
+
+
+def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
+    """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and this trellis shape
+    (the matrix units, except the weights-as-A mma decode's high / low input pairs)."""
+    cfg = resolved_for(config, rows, trellis_shape)
     return bool(cfg.use_dot) and not input_pairs(cfg, rows)
 
 
@@ -385,10 +409,12 @@ def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool 
     return xh
 
 
-def rotate_for(x: torch.Tensor, suh: torch.Tensor, config: GemmConfig, width: int) -> torch.Tensor:
-    """The rotated input exl3_gemm(..., x_rotated=True) takes for `config` at x's rows and this trellis width."""
+def rotate_for(
+    x: torch.Tensor, suh: torch.Tensor, config: GemmConfig, trellis_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The rotated input exl3_gemm(..., x_rotated=True) takes for `config` at x's rows and this trellis shape."""
     rows = x.shape[0]
-    cfg = config.resolved(rows, width)
+    cfg = resolved_for(config, rows, trellis_shape)
     return rotate_input(x, suh, bool(cfg.use_dot), input_pairs(cfg, rows))
 
 
@@ -405,7 +431,8 @@ def exl3_gemm(
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
 
-    `x_rotated=True`: x is already rotate_for(x, suh, config, W) (lets a caller fuse that step elsewhere).
+    `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
+    elsewhere).
     """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
@@ -413,10 +440,10 @@ def exl3_gemm(
     if x.dim() != 2 + pairs_in or x.shape[-1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
-    cfg = config.resolved(m_rows, width, n, k)
+    cfg = resolved_for(config, m_rows, trellis.shape)
     pairs = input_pairs(cfg, m_rows)
     if x_rotated and pairs != pairs_in:
-        raise ValueError("x_rotated: x must be rotate_for(x, suh, config, width) of this config")
+        raise ValueError("x_rotated: x must be rotate_for(x, suh, config, trellis.shape) of this config")
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
@@ -469,6 +496,7 @@ __all__ = [
     "GemmConfig",
     "exl3_gemm",
     "exl3_gemm_reference",
+    "resolved_for",
     "rotate_for",
     "rotate_input",
     "uses_matrix_units",

@@ -309,25 +309,34 @@ def test_mma_config_resolves():
         16.0,
     )
     assert not cfg.reduce_apart and GemmConfig(mma=2).resolved(2, 64).reduce_apart
+    assert cfg.mma_wt and not GemmConfig(mma=2).resolved(9, 64).mma_wt  # weights as A up to 8 rows
     with pytest.raises(ValueError, match="mma groups 3"):
         GemmConfig(mma=3).resolved(4, 64)
 
 
 @pytest.mark.parametrize(
-    ("rows", "k", "n", "width", "groups"),
-    [(1, 5120, 2304, 64, 0), (2, 5120, 2304, 64, 1), (16, 2304, 5120, 32, 1), (4, 1280, 32768, 64, 2),
-     (16, 8192, 5120, 64, 2), (4, 5120, 129280, 96, 4), (4, 5120, 2304, 40, 0)],
+    ("rows", "k", "n", "width", "groups", "wt"),
+    [(1, 5120, 2304, 64, 0, False), (1, 1280, 32768, 64, 4, True), (1, 5120, 129280, 96, 4, True),
+     (2, 5120, 2304, 64, 1, True), (8, 8192, 5120, 64, 4, True), (4, 1280, 32768, 64, 4, True),
+     (4, 5120, 129280, 96, 4, True), (16, 2304, 5120, 32, 1, False), (16, 8192, 5120, 64, 2, False),
+     (16, 5120, 129280, 96, 4, False), (4, 5120, 2304, 40, 0, False)],
 )  # fmt: skip
-def test_mma_is_the_gpu_default_from_two_rows(rows, k, n, width, groups):
-    """On a GPU, 2-16 rows of integer width take the mma decode, its groups by matrix size (kernels_h200.md run
-    15); one row keeps the run decode, half-integer widths the matrix-unit gather; the interpreter never."""
+def test_mma_gpu_defaults(rows, k, n, width, groups, wt):
+    """On a GPU, integer widths take the mma decode from 2 rows and at one row from MMA_WIDE_WEIGHTS weights
+    (a routed expert keeps the run decode); up to 8 rows with the weights as A, 4 groups from MMA_WIDE_WEIGHTS
+    (kernels_h200.md runs 15, 19); half-integer widths keep the matrix-unit gather; the interpreter never."""
     from tfc.kernels.exl3_gemv import GemmConfig
 
     cfg = GemmConfig().resolved(rows, width, n, k, ptx=True)
-    assert cfg.mma == groups
-    assert cfg.reduce_apart == bool(groups)
+    assert (cfg.mma, cfg.mma_wt) == (groups, wt)
+    assert cfg.reduce_apart == (groups > 0 and rows > 1)
+    if (
+        groups
+    ):  # programs per SM: 8 per group; with the weights as A on the head, 128 (kernels_h200.md run 20)
+        assert cfg.waves == (128.0 if wt and n > 32768 else 8.0 * groups)
     assert GemmConfig().resolved(rows, width, n, k, ptx=False).mma == 0
     assert GemmConfig(use_dot=True).resolved(rows, width, n, k, ptx=True).mma == 0  # asked-for paths stay
+    assert GemmConfig(mma_wt=False).resolved(rows, width, n, k, ptx=True).mma_wt is False
 
 
 class _Launch:
@@ -404,6 +413,6 @@ def test_weights_as_a_fused_host_side(stubbed):
     ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
     assert kw["FUSE_ROT"] and kw["MMA_SPLIT"] and "ld.global.b32" in kw["MMA_FRAG"]
     assert args[1].shape == (n // 128, 2, k) and args[1].dtype == torch.float16
-    for bad, rows in ((cfg, 2), (gemv.GemmConfig(mma=2, fuse_rotation=True), 1)):
+    for bad, rows in ((cfg, 2), (gemv.GemmConfig(mma=2, mma_wt=False, fuse_rotation=True), 1)):
         with pytest.raises(ValueError, match="fuses the input rotation"):
             gemv.exl3_gemm(torch.randn(rows, k).half(), *group, config=bad)

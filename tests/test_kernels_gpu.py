@@ -39,7 +39,7 @@ def test_decode_matches_reference(k, n, bits, codebook):
     assert np.abs(full.cpu().numpy() - dense).max() <= 1e-5 * np.abs(dense).max()
 
 
-@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("rows", [1, 4, 8, 16])
 @pytest.mark.parametrize(
     ("k", "n", "bits"), [(5120, 2304, 2), (2304, 5120, 3), (8192, 5120, 4), (1280, 32768, 4)]
 )
@@ -54,7 +54,7 @@ def test_gemm_matches_reference(rows, k, n, bits):
     out = torch.full((rows, n), float("nan"), dtype=torch.float32, device="cuda")
     exl3_gemm(x, tr, suh, svh, cb, out=out)
     err = float((out.double() - want).norm() / want.norm())
-    assert err < (2e-3 if uses_matrix_units(GemmConfig(), rows, tr.shape[2]) else 1e-5)
+    assert err < (2e-3 if uses_matrix_units(GemmConfig(), rows, tr.shape) else 1e-5)
     again = exl3_gemm(x, tr, suh, svh, cb, out_dtype=torch.float32)
     assert torch.equal(again, out), "split-k reduction must be deterministic"
 
@@ -69,7 +69,7 @@ def test_gemm_rows_flash(rows, mode):
     k, n = 5120, 2304
     tr, suh, svh, cb = _group(k, n, 3, 0, 3)
     cfg = GemmConfig(use_dot=mode == "dot")
-    assert uses_matrix_units(cfg, rows, tr.shape[2]) == (mode == "dot")
+    assert uses_matrix_units(cfg, rows, tr.shape) == (mode == "dot")
     w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
     want = x.double() @ w
@@ -102,14 +102,14 @@ def test_gemm_mma_flash(rows, bits, groups, wt):
     outs = []
     for rotated in (False, False, True):
         out = torch.full((rows, n), float("nan"), dtype=torch.float32, device="cuda")
-        xin = rotate_for(x, suh, cfg, tr.shape[2]) if rotated else x
+        xin = rotate_for(x, suh, cfg, tr.shape) if rotated else x
         exl3_gemm(xin, tr, suh, svh, cb, config=cfg, out=out, x_rotated=rotated)
         outs.append(out)
     err = float((outs[0].double() - want).norm() / want.norm())
     # fp16 rotated input (2^-11) as on the other matrix-unit path; weights as A from 1 to 4 rows carry it as
     # fp16 high / low pairs (~2^-22), so the fp32 paths' tolerance holds there.
-    assert err < (2e-3 if uses_matrix_units(cfg, rows, tr.shape[2]) else 1e-5), err
-    assert wt == (not uses_matrix_units(cfg, rows, tr.shape[2])) or rows > 4
+    assert err < (2e-3 if uses_matrix_units(cfg, rows, tr.shape) else 1e-5), err
+    assert wt == (not uses_matrix_units(cfg, rows, tr.shape)) or rows > 4
     assert torch.equal(outs[0], outs[1]), "split-k reduction must be deterministic"
     assert torch.equal(outs[0], outs[2]), "the pre-rotated input (rotate_for) must give the same sums"
 

@@ -98,7 +98,7 @@ def _cases() -> dict[str, dict]:
         err = float((outs[0].double() - want).norm() / want.norm())
         results[f"gemm_{name}"] = {
             "err": err,
-            "tol": TOL_DOT if uses_matrix_units(GemmConfig(**cfg), rows, width) else TOL_FMA,
+            "tol": TOL_DOT if uses_matrix_units(GemmConfig(**cfg), rows, tr.shape) else TOL_FMA,
             "deterministic": bool(torch.equal(outs[0], outs[1])),
             "counters_zero": bool((counters(x.device, 1) == 0).all()),
         }
