@@ -130,7 +130,7 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
         tl.inline_asm_elementwise(
             STORES[g],
             STORE_CONS8 if NACC == 8 else STORE_CONS,
-            (dsti, so) + accs[g],
+            (dsti, so) + accs[g] + (zi + M,),
             dtype=tl.int32,
             is_pure=False,
             pack=1,

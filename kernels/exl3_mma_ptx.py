@@ -220,33 +220,46 @@ def step_constraints(nacc: int = 16) -> str:
 
 def store_ptx(group: int, wt: bool = False, rows16: bool = True, split: bool = False) -> str:
     """Write one group's sums into the [16, 128] fp32 partial block: $0 = dummy output; $1 = block address,
-    $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout). split (weights as A, x
-    rows in fp16 high / low pairs): each row's two sums added, so the block holds the real rows."""
-    lines = [".reg .b64 ad;", ".reg .f32 hl;", "mad.wide.u32 ad, $2, 1, $1;"]
+    $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout), then the mma's x rows
+    (setup_ptx's M): rows past them are not written (nothing reads them; at one row that is 3 / 4 of the
+    partial-sum traffic). split (weights as A, x rows in fp16 high / low pairs): each row's two sums added,
+    so the block holds the real rows."""
     nacc = accumulators(wt, rows16)
     per_tile = nacc // 2
+    m_rows = f"${3 + nacc}"
+    lines = [".reg .b64 ad;", ".reg .f32 hl;", ".reg .b32 lane, r0, r1;", ".reg .pred p0, p1, p2, p3;",
+             "mad.wide.u32 ad, $2, 1, $1;", "mov.u32 lane, %laneid;"]  # fmt: skip
+    if wt:  # the lane's first row: 2 (lane % 4); split: the pair lane % 4, whose high row is 2 (lane % 4)
+        lines += ["and.b32 r0, lane, 3;", "shl.b32 r0, r0, 1;"]
+        offsets = [0] if split else [8 * h + i for h in range(per_tile // 4) for i in range(2)]
+    else:  # x as A: rows lane / 4 and lane / 4 + 8
+        lines += ["shr.u32 r0, lane, 2;"]
+        offsets = [0, 8]
+    for i, d in enumerate(offsets):  # p_i: row r0 + offsets[i] is a real row
+        lines += [f"add.u32 r1, r0, {d};", f"setp.lt.u32 p{i}, r1, {m_rows};"]
     for j in range(2):
         col = 64 * (2 * group + j)  # the n-tile's first column, in bytes
         for h in range(per_tile // 4):
             s = [f"${3 + per_tile * j + 4 * h + i}" for i in range(4)]
             if split:  # c0 + c1: column lane / 4, row lane % 4; c2 + c3: column + 8
-                lines += [f"add.f32 hl, {s[0]}, {s[1]};", f"st.global.f32 [ad+{col}], hl;",
-                          f"add.f32 hl, {s[2]}, {s[3]};", f"st.global.f32 [ad+{col + 32}], hl;"]  # fmt: skip
+                lines += [f"add.f32 hl, {s[0]}, {s[1]};", f"@p0 st.global.f32 [ad+{col}], hl;",
+                          f"add.f32 hl, {s[2]}, {s[3]};", f"@p0 st.global.f32 [ad+{col + 32}], hl;"]  # fmt: skip
             elif wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
-                row = 4096 * h
-                lines += [f"st.global.f32 [ad+{col + row}], {s[0]};", f"st.global.f32 [ad+{col + row + 512}], {s[1]};",
-                          f"st.global.f32 [ad+{col + row + 32}], {s[2]};",
-                          f"st.global.f32 [ad+{col + row + 544}], {s[3]};"]  # fmt: skip
+                row, pa, pb = 4096 * h, f"p{2 * h}", f"p{2 * h + 1}"
+                lines += [f"@{pa} st.global.f32 [ad+{col + row}], {s[0]};",
+                          f"@{pb} st.global.f32 [ad+{col + row + 512}], {s[1]};",
+                          f"@{pa} st.global.f32 [ad+{col + row + 32}], {s[2]};",
+                          f"@{pb} st.global.f32 [ad+{col + row + 544}], {s[3]};"]  # fmt: skip
             else:  # c0, c1: row lane / 4, columns 2 (lane % 4) + 0, 1 of half h; c2, c3: row + 8
-                lines.append(f"st.global.v2.f32 [ad+{col + 32 * h}], {{{s[0]}, {s[1]}}};")
-                lines.append(f"st.global.v2.f32 [ad+{col + 32 * h + 4096}], {{{s[2]}, {s[3]}}};")
+                lines.append(f"@p0 st.global.v2.f32 [ad+{col + 32 * h}], {{{s[0]}, {s[1]}}};")
+                lines.append(f"@p1 st.global.v2.f32 [ad+{col + 32 * h + 4096}], {{{s[2]}, {s[3]}}};")
     lines.append("mov.u32 $0, 0;")
     return "{\n" + "\n".join(lines) + "\n}"
 
 
 def store_constraints(nacc: int = 16) -> str:
     """The constraint string of store_ptx with nacc sums."""
-    return ",".join(["=r", "l", "r"] + ["f"] * nacc)
+    return ",".join(["=r", "l", "r"] + ["f"] * nacc + ["r"])
 
 
 __all__ = [
