@@ -244,13 +244,14 @@ def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT
 
 
 @triton.jit
-def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr):
-    """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row)."""
+def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FLIGHT: tl.constexpr = 8):
+    """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row),
+    FLIGHT partials loaded at a time."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     cols = pid_n * 128 + tl.arange(0, 128)
     src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
-    y = rotate_sum(src, SPLIT, MP * 128, 128, 1) * tl.load(svh_ptr + cols).to(tl.float32)
+    y = rotate_sum(src, SPLIT, MP * 128, 128, 1, FLIGHT) * tl.load(svh_ptr + cols).to(tl.float32)
     tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
 
 
@@ -274,6 +275,8 @@ class GemmConfig:
     # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
     # last program of each column block (whose rows then queue behind each other); default: mma, > 1 row.
     reduce_apart: bool | None = None
+    # partials the second launch loads at a time (its warps: this / 8); its registers cost the decode nothing
+    reduce_flight: int = 8
     # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
     # mma per tile and half the sums at <= 8 rows; None = up to WT_MAX_ROWS rows
     mma_wt: bool | None = None
@@ -480,7 +483,10 @@ def exl3_gemm(
         MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if apart:
-        _reduce_kernel[(blocks, m_rows)](ws, svh, y, y.stride(0), split, MP=mp, num_warps=1)
+        flight = cfg.reduce_flight
+        _reduce_kernel[(blocks, m_rows)](
+            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=flight, num_warps=max(1, flight // 8)
+        )
     return y
 
 

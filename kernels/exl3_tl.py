@@ -212,27 +212,29 @@ def fwht128(x):
 
 
 @triton.jit
-def sum_parts(src, nsum, part_stride):
-    """Sum of nsum fp32 [128] vectors part_stride apart, 8 loads in flight at a time, in a fixed order."""
+def sum_parts(src, nsum, part_stride, FLIGHT: tl.constexpr = 8):
+    """Sum of nsum fp32 [128] vectors part_stride apart, FLIGHT loads in flight at a time, in a fixed order
+    (8 inside a decode kernel: more would raise its registers; a launch of its own can afford more)."""
     c = tl.arange(0, 128)[None, :]
     tot = tl.zeros([128], dtype=tl.float32)
-    for s0 in range(0, nsum, 8):
-        s = s0 + tl.arange(0, 8)[:, None]
+    for s0 in range(0, nsum, FLIGHT):
+        s = s0 + tl.arange(0, FLIGHT)[:, None]
         parts = tl.load(src + s * part_stride + c, mask=s < nsum, other=0.0, cache_modifier=".cg")
         tot += tl.sum(parts, axis=0)
     return tot
 
 
 @triton.jit
-def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr):
+def rotate_sum(src, nsum, part_stride, row_stride, MP: tl.constexpr, FLIGHT: tl.constexpr = 8):
     """(sum over s < nsum of the [MP, 128] fp32 block at src + s * part_stride) @ H128 / sqrt(128).
 
     Reads the block from memory 32 columns at a time so that only a 32x128 slice of H128 is ever live
-    (a whole H128 in registers would cap occupancy of the kernel's main loop).
+    (a whole H128 in registers would cap occupancy of the kernel's main loop). One row: FLIGHT parts loaded
+    at a time (sum_parts).
     """
     if MP == 1:
         # One row: sum the parts, then butterflies (few registers; the product form needs ~100).
-        return tl.reshape(fwht128(sum_parts(src, nsum, part_stride)), (1, 128)) * 0.08838834764831845
+        return tl.reshape(fwht128(sum_parts(src, nsum, part_stride, FLIGHT)), (1, 128)) * 0.08838834764831845
     m = tl.arange(0, MP)
     out = tl.zeros([MP, 128], dtype=tl.float32)
     for q in tl.static_range(4):

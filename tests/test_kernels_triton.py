@@ -49,6 +49,9 @@ GEMM_CASES = [
     # mma decode's default from 2 rows), after the run decode and after the matrix units.
     ("m3_runs_apart", 48, 2, 3, 128, "float16", {"split": 4, "reduce_apart": True}),
     ("m16_dot_apart", 32, 0, 16, 256, "bfloat16", {"use_dot": True, "split": 2, "reduce_apart": True}),
+    # ... loading reduce_flight partials at a time: more than the split (masked), and fewer (several rounds)
+    ("m1_runs_apart_f32", 64, 2, 1, 256, "float16", {"split": 8, "reduce_apart": True, "reduce_flight": 32}),
+    ("m2_runs_apart_f2", 64, 0, 2, 256, "float16", {"split": 8, "reduce_apart": True, "reduce_flight": 2}),
 ]
 # Tolerances (relative Frobenius error against float64): the FMA paths (one row, and the run decode for any
 # rows) are fp32 throughout: fp32 rotated input and fp32 accumulation, so only fp32 rounding remains (measured
