@@ -101,6 +101,15 @@ ONE_ROW = {
     # programs per SM the k-split aims for (default 8 per group; 72 registers let 28 one-warp programs in)
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
+    # the k-split partials summed by a second launch, 8 or 32 loaded at a time, and more programs per SM
+    "runs_apart": GemmConfig(mma=0, reduce_apart=True),
+    "runs_apart32": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32),
+    "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32, waves=64),
+    "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32),
+    **{
+        f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32, waves=w)
+        for w in (64, 128)
+    },
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     # up to 8 rows the weights as A, 4 groups on wq_b / wo_b / the head, 1 on a routed matrix; above, x as A
@@ -130,6 +139,8 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
     **{f"mma_g4_o{w}": GemmConfig(mma=4, mma_wt=False, waves=w) for w in (64, 128)},
+    # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp)
+    "apart32": GemmConfig(reduce_flight=32),
 }
 MOE = {
     "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
