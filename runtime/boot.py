@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tfc.runtime import staging_pool
 from tfc.runtime.arena import CHUNK_BYTES, DeviceArena, plan_arena
 from tfc.runtime.graph_cache import GraphCache, GraphSettings, check_same_settings
 from tfc.runtime.image_open import OpenedImage, open_image, verify_digests
@@ -64,7 +65,44 @@ def boot(
     chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> Booted:
-    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload."""
+    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
+
+    Where the upload may take the mmap path on a GPU, its staging is faulted in on a thread meanwhile
+    (runtime/staging_pool.py; TFC_PREFAULT=0 turns that off)."""
+    prefaulted = _prefault_staging(device, method, threads)
+    try:
+        return _boot(path, rank, device, method, verify, graphs, threads, chunk_bytes, progress)
+    finally:
+        if prefaulted:
+            staging_pool.release()
+
+
+def _prefault_staging(device: str | None, method: str | None, threads: int | None) -> bool:
+    """Start faulting in the mmap path's staging ring if this boot may use it; whether it started."""
+    if not staging_pool.wanted(device, method):
+        return False
+    from tfc.runtime.upload_mmap import staging_for
+
+    try:
+        cfg = staging_for(threads)
+    except TfcError:  # bad options: the upload refuses them itself
+        return False
+    staging_pool.prefault(cfg.slot_bytes, cfg.threads * cfg.slots_per_thread)
+    return True
+
+
+def _boot(
+    path: str | Path,
+    rank: int | None,
+    device: str | None,
+    method: str | None,
+    verify: str | None,
+    graphs: bool | None,
+    threads: int | None,
+    chunk_bytes: int,
+    progress: Callable[[int, int], None] | None,
+) -> Booted:
+    """boot() itself, without the staging prefault."""
     phases = Phases()
     with phases.time("init", note="torch import, device") as ph:
         dev = pick_device(device)

@@ -9,7 +9,8 @@ down), then has the asynchronous host-to-device copy issued: by itself on its ow
 issuer thread over a few streams. Host copies and PCIe transfers of different slots run at once.
 
 Slots are allocated when first used (so the first copies start before the whole ring exists):
-anonymous memory page-locked with cudaHostRegister (`register`), or torch's pinned allocator (`torch`).
+anonymous memory page-locked with cudaHostRegister (`register`; taken from the slots the boot faulted in
+ahead, runtime/staging_pool.py, when there are any), or torch's pinned allocator (`torch`).
 The upload reports, summed over the threads, the seconds spent staging, waiting for a slot, copying
 and issuing. Variants measured slower on the H200 host and removed (benchmarks/boot_pipeline_h200.md):
 huge-page slots, threads bound to CPUs, threads that page-lock the mapping and copy from it directly.
@@ -28,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tfc.runtime import staging_pool
 from tfc.runtime import upload as up
-from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, MAP_FAILED, libc
+from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, libc
 
 PREFAULTS = ("none", "populate", "willneed")
 ISSUERS = ("thread", "single")
@@ -151,17 +153,15 @@ class _Slot:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.addr = self.tensor.data_ptr()
             return
-        lib = libc()
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-        addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
-        if addr in (None, MAP_FAILED):
+        addr = staging_pool.take(nbytes) or staging_pool.map_populated(nbytes)  # faulted in ahead, or now
+        if addr is None:
             raise up.UploadError(f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}")
         self.mapped = addr
         self.registrar = up._Registrar()
         try:
             self.registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
         except BaseException:
-            lib.munmap(addr, nbytes)
+            libc().munmap(addr, nbytes)
             self.mapped = 0
             raise
         self.addr = addr
