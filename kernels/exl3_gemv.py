@@ -28,6 +28,7 @@ from tfc.kernels.exl3_tl import (
     release_fence,
     rotate_sum,
     rotated_slice,
+    store_pair,
     tile_positions,
     window_offsets,
 )
@@ -64,14 +65,6 @@ def _rotated128(x_row, suh_ptr, blk):
 
 
 @triton.jit
-def _store_pair(dst, K, v, mask):
-    """v as fp16 high part at dst and the fp16 rest at dst + K (a row pair the weights-as-A mma decode reads)."""
-    hi = v.to(tl.float16)
-    tl.store(dst, hi, mask=mask)
-    tl.store(dst + K, (v - hi.to(tl.float32)).to(tl.float16), mask=mask)
-
-
-@triton.jit
 def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False):
     """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
     SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest."""
@@ -80,7 +73,7 @@ def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = Fa
     xh = _rotated128(x_ptr + m * stride_x, suh_ptr, blk)
     cols = blk + tl.arange(0, 128)
     if SPLIT:
-        _store_pair(xh_ptr + 2 * m * K + cols, K, xh, cols >= 0)
+        store_pair(xh_ptr + 2 * m * K + cols, K, xh, cols >= 0)
     else:
         tl.store(xh_ptr + m * K + cols, xh.to(xh_ptr.dtype.element_ty))
 
@@ -211,7 +204,7 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
     """Rows [r_lo, r_hi) of had128(x * suh) (one input row) into xs as fp16 high (row 0) and low (row 1) parts."""
     i = tl.arange(0, 128)
     for blk in range((r_lo // 128) * 128, r_hi, 128):
-        _store_pair(xs + blk + i, K, _rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
+        store_pair(xs + blk + i, K, _rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
     tl.debug_barrier()
 
 

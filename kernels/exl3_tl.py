@@ -212,6 +212,14 @@ def fwht128(x):
 
 
 @triton.jit
+def store_pair(dst, K, v, mask):
+    """v as fp16 high part at dst and the fp16 rest at dst + K (a row pair the weights-as-A mma decode reads)."""
+    hi = v.to(tl.float16)
+    tl.store(dst, hi, mask=mask)
+    tl.store(dst + K, (v - hi.to(tl.float32)).to(tl.float16), mask=mask)
+
+
+@triton.jit
 def sum_parts(src, nsum, part_stride, FLIGHT: tl.constexpr = 8):
     """Sum of nsum fp32 [128] vectors part_stride apart, FLIGHT loads in flight at a time, in a fixed order
     (8 inside a decode kernel: more would raise its registers; a launch of its own can afford more)."""

@@ -5,7 +5,9 @@ weight 1) the pair computes act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weig
 multiplies the activation before the down projection, as the reference does) and y[t] += act W2.
 Launches: an optional input rotation (all pairs, both w1 and w3), one fused gate+up launch whose epilogue
 applies SwiGLU and the down projection's input rotation, and one down launch whose last program per
-(token, 128 columns) sums the pairs in a fixed order. No Python loop over experts.
+(token, 128 columns) sums the pairs in a fixed order. No Python loop over experts. The decode is the
+32-position run decode (exl3_runs), the per-element gather, or (MoeConfig.mma, opt-in, one width per table)
+the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_gemv import counters, num_sms, pick_split
+from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
 from tfc.kernels.exl3_runs import runs_cols, runs_cols_rt, store_cols
 from tfc.kernels.exl3_tl import (
+    INTERPRET,
     cb_decode,
     cb_decode_rt,
     load_states,
@@ -25,6 +29,7 @@ from tfc.kernels.exl3_tl import (
     release_fence,
     rotate_sum,
     rotated_slice,
+    store_pair,
     sum_parts,
     tile_positions,
     window_offsets,
@@ -99,8 +104,10 @@ def _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
 
 
 @triton.jit
-def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk, n_routed):
-    """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1)."""
+def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk, n_routed,
+                       PAIRS: tl.constexpr = False):  # fmt: skip
+    """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1); PAIRS: as the
+    fp16 high / low row pair xh[proj, p, 0 | 1, blk] the mma decode reads."""
     blk = tl.program_id(0)
     p = tl.program_id(1)
     proj = tl.program_id(2)
@@ -115,12 +122,18 @@ def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D,
     tl.store(ws_ptr + row + tl.arange(0, 128), a)
     tl.debug_barrier()
     xh = rotate_sum(ws_ptr + row, 1, 0, 0, 1)
-    tl.store(xh_ptr + row + tl.arange(0, 128)[None, :], xh)
+    if PAIRS:
+        i = tl.arange(0, 128)
+        store_pair(xh_ptr + 2 * (proj * P + p) * D + blk * 128 + i, D, tl.reshape(xh, (128,)), i >= 0)
+    else:
+        tl.store(xh_ptr + row + tl.arange(0, 128)[None, :], xh)
 
 
 @triton.jit
-def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr):
-    """Sum the split partials, SwiGLU one 128-column block, then rotate it for the down projection."""
+def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
+                      PAIRS: tl.constexpr = False):  # fmt: skip
+    """Sum the split partials, SwiGLU one 128-column block, then rotate it for the down projection (PAIRS: into
+    act[p, 0 | 1] as the fp16 high / low pair the mma decode reads, else fp32 act[p])."""
     cols = pid_c * 128 + tl.arange(0, 128)
     g = rotate_sum(slot_ws, nsum, 256, 0, 1) * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
     u = rotate_sum(slot_ws + 128, nsum, 256, 0, 1) * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
@@ -131,7 +144,11 @@ def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_p
     scratch = slot_ws + nsum * 256
     tl.store(scratch + tl.arange(0, 128)[None, :], a2)
     tl.debug_barrier()
-    tl.store(act_ptr + p * NI + cols[None, :], rotate_sum(scratch, 1, 0, 0, 1))
+    rotated = rotate_sum(scratch, 1, 0, 0, 1)
+    if PAIRS:
+        store_pair(act_ptr + 2 * p * NI + cols, NI, tl.reshape(rotated, (128,)), cols >= 0)
+    else:
+        tl.store(act_ptr + p * NI + cols[None, :], rotated)
 
 
 @triton.jit
@@ -143,7 +160,11 @@ def _moe_gate_up_kernel(
     P, D, NI, stride_x, topk, n_routed, kt_per, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
-    TPE: tl.constexpr,
+    TPE: tl.constexpr, MMA: tl.constexpr = 0,
+    MMA_SETUP1: tl.constexpr = "", MMA_FRAG1: tl.constexpr = "", MMA_LOADS1: tl.constexpr = (),
+    MMA_STEP1: tl.constexpr = "", MMA_STORES1: tl.constexpr = (),
+    MMA_SETUP3: tl.constexpr = "", MMA_FRAG3: tl.constexpr = "", MMA_LOADS3: tl.constexpr = (),
+    MMA_STEP3: tl.constexpr = "", MMA_STORES3: tl.constexpr = (),
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     p = tl.program_id(1)
@@ -151,25 +172,37 @@ def _moe_gate_up_kernel(
     t, e, w = _pair(ids_ptr, wts_ptr, p, topk, n_routed)
     kt0 = pid_s * kt_per
     tn = NI // 16
-    if FUSE:
-        x1 = x_ptr + t * stride_x
-        x3 = x1
-    else:
-        x1 = xh_ptr + p * D
-        x3 = xh_ptr + (P + p) * D
     # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
     slot = (p * (NI // 128) + pid_c).to(tl.int64)
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
-    _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
-                 slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, RUNS, TPE)  # fmt: skip
-    _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
-                 slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, RUNS, TPE)  # fmt: skip
+    if MMA:
+        # The weights-as-A mma decode (exl3_mma), one row as its fp16 high / low pair xh[proj, p, 0 | 1].
+        base1 = t1_ptr + tl.load(off1_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * (W1 // 2)
+        base3 = t3_ptr + tl.load(off3_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * (W3 // 2)
+        x1 = xh_ptr + 2 * p * D + kt0 * 16
+        x3 = xh_ptr + 2 * (P + p) * D + kt0 * 16
+        mma_partials(base1, tn, kt_per, x1, D, 2, slot_ws + pid_s * 256, W1, MMA, MMA_SETUP1, MMA_FRAG1,
+                     MMA_LOADS1, MMA_STEP1, MMA_STORES1, 8)  # fmt: skip
+        mma_partials(base3, tn, kt_per, x3, D, 2, slot_ws + pid_s * 256 + 128, W3, MMA, MMA_SETUP3, MMA_FRAG3,
+                     MMA_LOADS3, MMA_STEP3, MMA_STORES3, 8)  # fmt: skip
+    else:
+        if FUSE:
+            x1 = x_ptr + t * stride_x
+            x3 = x1
+        else:
+            x1 = xh_ptr + p * D
+            x3 = xh_ptr + (P + p) * D
+        _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
+                     slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, RUNS, TPE)  # fmt: skip
+        _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
+                     slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, RUNS, TPE)  # fmt: skip
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
         last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
-        _gate_up_epilogue(slot_ws, SPLIT, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr)
+        _gate_up_epilogue(slot_ws, SPLIT, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
+                          MMA > 0)  # fmt: skip
         if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + slot, 0)
 
@@ -179,7 +212,9 @@ def _moe_down_kernel(
     ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
     D, NI, stride_y, topk, n_routed, kt_per,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr,
+    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0,
+    MMA_SETUP2: tl.constexpr = "", MMA_FRAG2: tl.constexpr = "", MMA_LOADS2: tl.constexpr = (),
+    MMA_STEP2: tl.constexpr = "", MMA_STORES2: tl.constexpr = (),
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -192,8 +227,13 @@ def _moe_down_kernel(
     cols = pid_c * 128 + c
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
-    _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
-                 act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE)  # fmt: skip
+    if MMA:  # the activation as its fp16 high / low pair act[p, 0 | 1] (the gate/up epilogue wrote it so)
+        base2 = t2_ptr + tl.load(off2_ptr + e) // 4 + (kt0 * (D // 16) + pid_c * 8).to(tl.int64) * (W2 // 2)
+        mma_partials(base2, D // 16, kt_per, act_ptr + 2 * p * NI + kt0 * 16, NI, 2, mine, W2, MMA, MMA_SETUP2,
+                     MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2, 8)  # fmt: skip
+    else:
+        _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
+                     act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE)  # fmt: skip
     tl.debug_barrier()
     y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     tl.store(mine + 128 + c, y)
@@ -218,6 +258,16 @@ class MoeConfig:
     num_warps: int | None = None  # 2 for the run decode, else 4
     num_stages: int = 1
     waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
+    # the weights-as-A mma decode of exl3_mma, this many groups of two n-tiles per warp (1, 2 or 4; 0 = off):
+    # one width and codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair (not yet
+    # run on a GPU)
+    mma: int = 0
+
+
+def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
+    """The mma decode's PTX constexprs for one projection's table (one row as a high / low pair)."""
+    asm = mma_asm(table.width, table.codebook, 1, groups, wt=True)
+    return {f"{k}{suffix}": asm[k] for k in ("MMA_SETUP", "MMA_FRAG", "MMA_LOADS", "MMA_STEP", "MMA_STORES")}
 
 
 def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
@@ -260,29 +310,35 @@ def moe_exl3(
     # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM (kernels_occupancy_h200.md);
     # mixed widths keep block_k 32, 2 tiles, 8/SM (runs 3-9; the new shape is not yet measured there).
     uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
-    bk = config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
+    mma = config.mma
+    if mma and (INTERPRET or not uniform):
+        raise ValueError("the MoE mma decode needs one integer width and one codebook per table, and a GPU")
+    bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
     tiles = config.run_tiles or (4 if uniform else 2)
-    warps = config.num_warps or (2 if runs13 or runs2 else 4)
+    warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    waves = config.waves or (16.0 if uniform else 8.0)
+    waves = config.waves or (8.0 * mma if mma else 16.0 if uniform else 8.0)
     split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
     split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
     y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
     if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:
         raise ValueError(f"out {tuple(y.shape)} must be [{tokens}, {d}] with unit column stride")
-    act = torch.empty((pairs, inter), dtype=torch.float32, device=dev)
+    # the activation rotated for the down projection: fp32, or the mma decode's fp16 high / low pairs
+    act = torch.empty((pairs, 2, inter) if mma else (pairs, inter), dtype=torch.float16 if mma else torch.float32,
+                      device=dev)  # fmt: skip
     ns = (topk + 1) * split2
     ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
     ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
     fuse = config.fuse_rotation and not runs13
     xh = x
     if not fuse:
-        xh = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
+        shape = (2, pairs, 2, d) if mma else (2, pairs, d)
+        xh = torch.empty(shape, dtype=torch.float16 if mma else torch.float32, device=dev)
         scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
         _moe_rotate_kernel[(d // 128, pairs, 2)](
-            x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed
+            x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma)
         )  # fmt: skip
     cnt = counters(dev, pairs * c1 + tokens * c2)
     cnt1, cnt2 = cnt, cnt[pairs * c1 :]
@@ -295,12 +351,13 @@ def moe_exl3(
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages,
+        MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
-        num_warps=warps, num_stages=config.num_stages,
+        num_warps=warps, num_stages=config.num_stages, MMA=mma, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 

@@ -416,3 +416,46 @@ def test_weights_as_a_fused_host_side(stubbed):
     for bad, rows in ((cfg, 2), (gemv.GemmConfig(mma=2, mma_wt=False, fuse_rotation=True), 1)):
         with pytest.raises(ValueError, match="fuses the input rotation"):
             gemv.exl3_gemm(torch.randn(rows, k).half(), *group, config=bad)
+
+
+def test_moe_mma_host_side(monkeypatch):
+    """moe_exl3 with MoeConfig(mma=G), kernels stubbed (no GPU): the rotation writes each pair's rows as fp16
+    high / low pairs [2, P, 2, D], the activation for the down projection is [P, 2, I] fp16, both launches get
+    the weights-as-A PTX of their tables (8 sums, one k-tile per step, 4 / G warps); tables with several widths
+    and unknown group counts are refused."""
+    import torch
+    from tfc.kernels import moe_exl3 as moe
+    from tfc.kernels.expert_table import ExpertTable
+
+    stubs = {name: _Launch() for name in ("_moe_rotate_kernel", "_moe_gate_up_kernel", "_moe_down_kernel")}
+    for name, stub in stubs.items():
+        monkeypatch.setattr(moe, name, stub)
+    gen = torch.Generator().manual_seed(5)
+    d, inter, routed, topk, tokens = 256, 256, 3, 2, 2
+
+    def table(k, n, widths):
+        return ExpertTable.build(
+            [(torch.randint(-32768, 32768, (k // 16, n // 16, w), dtype=torch.int16, generator=gen),
+              torch.randn(k, generator=gen).half(), torch.randn(n, generator=gen).half(), 2) for w in widths]
+        )  # fmt: skip
+
+    w1, w3, w2 = (table(k, n, [64] * (routed + 1)) for k, n in ((d, inter), (d, inter), (inter, d)))
+    x = torch.randn(tokens, d).half()
+    ids, wts = torch.tensor([[0, 2], [1, 0]]), torch.rand(tokens, topk)
+    moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=2))
+    pairs = tokens * (topk + 1)
+    ((_, rargs, rkw),) = stubs["_moe_rotate_kernel"].calls
+    assert rkw["PAIRS"] and rargs[4].shape == (2, pairs, 2, d) and rargs[4].dtype == torch.float16
+    ((grid1, gargs, gkw),) = stubs["_moe_gate_up_kernel"].calls
+    ((_, dargs, dkw),) = stubs["_moe_down_kernel"].calls
+    act = gargs[17]
+    assert act.shape == (pairs, 2, inter) and act.dtype == torch.float16 and dargs[1] is act
+    assert gkw["MMA"] == dkw["MMA"] == 2 and gkw["num_warps"] == dkw["num_warps"] == 2 and gkw["BK"] == 16
+    for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
+        assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"] and len(kw[f"MMA_STORES{suffix}"]) == 2
+    assert grid1[2] * gargs[26] == d // 16  # the k-split times k-tiles per program covers k
+    ragged = table(d, inter, [64, 48, 64, 64])
+    with pytest.raises(ValueError, match="one integer width"):
+        moe.moe_exl3(x, ids, wts, ragged, w3, w2, config=moe.MoeConfig(mma=2))
+    with pytest.raises(ValueError, match="mma groups 3"):
+        moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=3))

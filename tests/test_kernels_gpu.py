@@ -137,11 +137,15 @@ def test_gemm_mma_wt_fused_one_row(bits, groups):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("layout", ["stack", "ragged"])
-def test_moe_matches_reference(layout):
+@pytest.mark.parametrize(
+    ("layout", "mma"), [("stack", 0), ("ragged", 0), ("stack", 1), ("stack", 2), ("stack", 4)]
+)
+def test_moe_matches_reference(layout, mma):
+    """The MoE over a Flash layer's tables; mma: the weights-as-A mma decode (MoeConfig.mma), each pair's row
+    as an fp16 high / low pair, so the fp32 paths' tolerance holds."""
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.expert_table import ExpertTable
-    from tfc.kernels.moe_exl3 import moe_exl3, moe_reference
+    from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference
 
     d, inter, routed, topk, tokens = 5120, 2304, 12, 6, 3
     rng = np.random.default_rng(7)
@@ -159,6 +163,10 @@ def test_moe_matches_reference(layout):
     ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
     wts = torch.rand(tokens, topk, device="cuda") + 0.05
     want = moe_reference(x, ids, wts, *dense, swiglu_limit=10.0)
-    out = torch.full((tokens, d), float("nan"), dtype=torch.float32, device="cuda")
-    moe_exl3(x, ids, wts, *tables, swiglu_limit=10.0, out=out)
-    assert float((out.double() - want).norm() / want.norm()) < 1e-4
+    outs = []
+    for _ in range(2):
+        out = torch.full((tokens, d), float("nan"), dtype=torch.float32, device="cuda")
+        moe_exl3(x, ids, wts, *tables, swiglu_limit=10.0, config=MoeConfig(mma=mma), out=out)
+        outs.append(out)
+    assert float((outs[0].double() - want).norm() / want.norm()) < 1e-4
+    assert torch.equal(outs[0], outs[1]), "the split-k and pair sums must be deterministic"

@@ -66,7 +66,7 @@ def _cases() -> dict[str, dict]:
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_gemv import GemmConfig, counters, exl3_gemm, rotate_input, uses_matrix_units
     from tfc.kernels.expert_table import ExpertTable
-    from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference
+    from tfc.kernels.moe_exl3 import MoeConfig, _moe_rotate_kernel, moe_exl3, moe_reference
 
     rng = np.random.default_rng(1234)
     results: dict[str, dict] = {}
@@ -138,6 +138,22 @@ def _cases() -> dict[str, dict]:
         limit = 0.3
         want = moe_reference(x, ids, wts, *dense, swiglu_limit=limit)
         unclamped = moe_reference(x, ids, wts, *dense, swiglu_limit=0.0)
+        if layout == "stack":  # the rotation's fp16 high / low pairs (MoeConfig.mma) against its fp32 output
+            pairs, outs = tokens * (topk + 1), {}
+            for split in (False, True):
+                xh = torch.full((2, pairs, 2, d) if split else (2, pairs, d), float("nan"),
+                                dtype=torch.float16 if split else torch.float32)  # fmt: skip
+                _moe_rotate_kernel[(d // 128, pairs, 2)](
+                    x, ids, tables[0].suh, tables[1].suh, xh, torch.empty(2, pairs, d), pairs, d, x.stride(0),
+                    topk, routed, PAIRS=split,
+                )  # fmt: skip
+                outs[split] = xh
+            hi, lo, f32 = outs[True][:, :, 0], outs[True][:, :, 1], outs[False]
+            err = ((hi.double() + lo.double()) - f32.double()).abs().max() / f32.abs().max()
+            results["moe_rotate_pairs"] = {
+                "high_is_fp16": bool(torch.equal(hi, f32.half())),
+                "err": float(err),
+            }
         modes = (("rotate", {}), ("fused", {"fuse_rotation": True}))
         if layout == "stack":
             modes += (("gather", {"runs": False}), ("runs_t4", {"run_tiles": 4, "block_k": 128}))
@@ -202,6 +218,13 @@ def test_gemm_defaults(interp_results):
     # Half-integer widths: the gather decode for one row, the matrix units for more.
     assert not d["1_40"]["runs"] and not d["1_40"]["use_dot"]
     assert not d["4_40"]["runs"] and d["4_40"]["use_dot"] and d["16_40"]["use_dot"]
+
+
+def test_moe_rotation_pairs(interp_results):
+    """The MoE input rotation as fp16 high / low pairs (the mma decode's input): the high part is the fp16
+    rounding of the fp32 rotation and the pair sums back to it within ~2^-22."""
+    r = interp_results["moe_rotate_pairs"]
+    assert r["high_is_fp16"] and r["err"] < 1e-6, r
 
 
 MOE_CASES = ["stack_rotate", "stack_fused", "stack_gather", "stack_runs_t4"]
