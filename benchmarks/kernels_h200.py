@@ -149,6 +149,8 @@ MOE = {
     "runs_bk64_t4_w2_o16": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
     # more, shorter k-split programs (more waves, a shorter tail)
     **{f"runs_o{w}": MoeConfig(waves=w) for w in (32, 64)},
+    # the weights-as-A mma decode, 1, 2 or 4 groups (one width per table: refused on the ragged layout)
+    **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
