@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Static SASS of the fused EXL3 GEMM for sm_90, compiled without a GPU: registers, spills, main-loop cost.
+"""Static SASS of the fused EXL3 GEMM and MoE for sm_90, compiled without a GPU: registers, main-loop cost.
 
-For each configuration it compiles `_exl3_gemm_kernel` for an H100/H200 target with the Triton in use (pass
+For each configuration it compiles `_exl3_gemm_kernel` (or a MoE launch) for an H100/H200 target with the Triton in use (pass
 `--triton-path` to put another Triton first, e.g. the 3.6 the H200 machine has), disassembles it with the
 cuobjdump Triton ships, finds the backward branch whose loop body holds the codebook's IDP instructions,
 and reports that loop's SASS instructions per decoded weight (one IDP per weight). Runtime is not measured
@@ -34,7 +34,62 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("mma weights-as-A g4, 6 bit, 1 row", 96, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 6 bit, 8 rows", 96, 8, "mma_wt", 4, 1),
     ("mma weights-as-A g2, 6 bit, 16 rows", 96, 16, "mma_wt", 2, 2),
+    # The MoE's launches, one token, 4-bit single-width tables: the run decode (MoeConfig default) and the
+    # weights-as-A mma decode (MoeConfig(mma=G)); the loop found is the first projection's (w1 / w2).
+    ("MoE gate/up, run decode (default), 4 bit", 64, 1, "moe_gate_up", 0, 2),
+    ("MoE down, run decode (default), 4 bit", 64, 1, "moe_down", 0, 2),
+    *[
+        (f"MoE {p}, mma g{g}, 4 bit", 64, 1, f"moe_{p.replace('/', '_')}", g, 4 // g)
+        for p in ("gate/up", "down")
+        for g in (1, 2, 4)
+    ],
 ]
+_MOE_SIGS = {  # argument types of the two MoE kernels (constexprs added by compile_moe)
+    "gate_up": {"x_ptr": "*fp16", "ids_ptr": "*i64", "wts_ptr": "*fp32", "xh_ptr": "*fp16", "t1_ptr": "*i32",
+                "off1_ptr": "*i64", "wid1_ptr": "*i32", "cb1_ptr": "*i32", "suh1_ptr": "*fp16", "svh1_ptr": "*fp16",
+                "t3_ptr": "*i32", "off3_ptr": "*i64", "wid3_ptr": "*i32", "cb3_ptr": "*i32", "suh3_ptr": "*fp16",
+                "svh3_ptr": "*fp16", "suh2_ptr": "*fp16", "act_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+                "P": "i32", "D": "i32", "NI": "i32", "stride_x": "i32", "topk": "i32", "n_routed": "i32",
+                "kt_per": "i32", "limit": "fp32"},
+    "down": {"ids_ptr": "*i64", "act_ptr": "*fp16", "t2_ptr": "*i32", "off2_ptr": "*i64", "wid2_ptr": "*i32",
+             "cb2_ptr": "*i32", "svh2_ptr": "*fp16", "y_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+             "D": "i32", "NI": "i32", "stride_y": "i32", "topk": "i32", "n_routed": "i32", "kt_per": "i32",
+             "KS": "i32", "NS": "i32"},
+}  # fmt: skip
+
+
+def compile_moe(kernel: str, width: int, groups: int, warps: int) -> bytes:
+    """The cubin of one MoE launch for sm_90: the run decode (groups 0) or the mma decode with `groups`."""
+    import triton
+    from tfc.kernels import moe_exl3 as moe
+    from tfc.kernels.exl3_mma import mma_asm
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    projs = ("1", "3") if kernel == "gate_up" else ("2",)
+    fp32_act = {"act_ptr": "*fp32"} if not groups else {}
+    sig = {
+        **_MOE_SIGS[kernel],
+        **fp32_act,
+        **({"xh_ptr": "*fp32"} if not groups and kernel == "gate_up" else {}),
+    }
+    consts = {"BK": 16 if groups else 64, "PF": 4, "TPE": 4, "MMA": groups}
+    consts |= {"FUSE": False, "RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
+    for p in projs:
+        consts |= {f"W{p}": width, f"CB{p}": 2}
+        if groups:
+            asm = mma_asm(width, 2, 1, groups, wt=True)
+            consts |= {
+                f"{k}{p}": asm[k] for k in ("MMA_SETUP", "MMA_FRAG", "MMA_LOADS", "MMA_STEP", "MMA_STORES")
+            }
+    if kernel == "gate_up":
+        sig["SPLIT"] = "i32"
+    sig |= {k: "constexpr" for k in consts}
+    fn = moe._moe_gate_up_kernel if kernel == "gate_up" else moe._moe_down_kernel
+    names = list(fn.arg_names)
+    src = ASTSource(fn=fn, signature={k: sig[k] for k in names if k in sig},
+                    constexprs={(names.index(k),): v for k, v in consts.items()})  # fmt: skip
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
 
 
 def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes:
@@ -105,7 +160,10 @@ def main() -> None:
     rows = []
     for name, width, nrows, kind, par, warps in CONFIGS:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compile_one(width, nrows, kind, par, warps))
+            if kind.startswith("moe_"):
+                f.write(compile_moe(kind.removeprefix("moe_"), width, par, warps))
+            else:
+                f.write(compile_one(width, nrows, kind, par, warps))
             f.flush()
             res = subprocess.run(
                 [str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True
