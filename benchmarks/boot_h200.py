@@ -10,7 +10,8 @@ Measured in the same run: the floors (image bytes / pinned H2D bandwidth warm; i
 parallel-pread disk bandwidth cold), the host side of the warm path (memcpy out of a fresh mmap with
 16 threads, pinned staging allocation: benchmarks/boot_host.py), warm boots (`auto`, a sweep of the
 `mmap` path, the best known `ring` and `register` configurations), cold boots (page cache dropped:
-`auto`, `register`) and `safetensors.torch.load_file(..., device="cuda")` of an equivalent
+`auto`, `register`), whole `tfc load --json` processes warm with and without the staging prefault
+(`TFC_PREFAULT`), and `safetensors.torch.load_file(..., device="cuda")` of an equivalent
 safetensors file, warm. A boot is timed from reading the segment list to `torch.cuda.synchronize()`
 after the upload: arena plan, device allocation, the upload (page-cache probe, staging allocation,
 copies, unmapping, freeing the staging); each boot starts with torch's pinned cache emptied, as a
@@ -30,6 +31,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -435,6 +437,8 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         return run
 
     warm("auto", {})
+    if fits(2 * reps * (res["floor_warm_s"] * 2.5 + 4.0), "whole tfc load processes", reserve):
+        res["load_process"] = load_process(args.image, reps)
     if args.quick:
         warm("mmap", {})
         res["skipped"].append("sweeps, ring, register, cold and safetensors (--quick)")
@@ -492,6 +496,35 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
                     st_path.unlink(missing_ok=True)
         except ImportError:
             res["safetensors"] = {"skipped": "safetensors is not installed"}
+
+
+def load_process(image: Path, reps: int, timeout: float = 120.0) -> dict:
+    """Whole `tfc load IMAGE --json` processes, warm, with the staging prefault (TFC_PREFAULT=1) and without:
+    per setting the median process wall time and the median of each phase (ms), and every run."""
+    out: dict = {}
+    for prefault in ("1", "0"):
+        runs = []
+        for _ in range(reps):
+            env = {**os.environ, "TFC_PREFAULT": prefault}
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--json"], env=env,
+                                  capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+            wall = time.perf_counter() - t0
+            if proc.returncode:
+                runs.append({"error": proc.stderr.strip()[-300:]})
+                continue
+            doc = json.loads(proc.stdout.strip().splitlines()[-1])
+            phases = {k: v["ms"] for k, v in doc.items() if isinstance(v, dict) and "ms" in v}
+            runs.append(
+                {"process_s": round(wall, 3), "phases_ms": phases, "upload_steps": doc.get("upload_steps")}
+            )
+        ok = [r for r in runs if "error" not in r]
+        med = {"process_s": statistics.median(r["process_s"] for r in ok)} if ok else {}
+        for name in ok[0]["phases_ms"] if ok else ():
+            med[name] = statistics.median(r["phases_ms"].get(name, 0.0) for r in ok)
+        out[f"prefault_{prefault}"] = {"median": med, "runs": runs}
+        print(f"tfc load, TFC_PREFAULT={prefault}: {med}", file=sys.stderr)
+    return out
 
 
 def _cfg(r: dict) -> str:
@@ -562,6 +595,15 @@ def report(res: dict, out: Path) -> None:
                "| pinning | threads | seconds | ms/GiB | free s |", "|---|---|---|---|---|"]  # fmt: skip
         md += [f"| {r['pinning']} | {r['threads']} | {r['seconds']} | {r['ms_per_gib']} | {r['free_s']} |"
                for r in res["staging_alloc"]]  # fmt: skip
+    if res.get("load_process"):
+        md += ["", "Whole `tfc load IMAGE --json` processes, warm (medians; ms per phase, process seconds; the "
+               "upload phase includes staging, which the prefault moves into the init phase's torch import):", "",
+               "| TFC_PREFAULT | process s | init ms | open ms | alloc ms | upload ms | staging ms (summed) |",
+               "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for key, v in res["load_process"].items():
+            m = v["median"]
+            md.append(f"| {key[-1]} | {m.get('process_s')} | {m.get('init')} | {m.get('open')} | {m.get('alloc')} | "
+                      f"{m.get('upload')} | {m.get('staging')} |")  # fmt: skip
     md += ["", "Every run (JSON): boot_h200.json"]
     (out / "boot_h200.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (out / "boot_h200.md").write_text("\n".join(md) + "\n")
