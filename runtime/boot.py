@@ -134,6 +134,9 @@ def _boot(
                 ph.note += "; summed over threads: " + ", ".join(
                     f"{k} {v:.3f} s" for k, v in report.steps.items() if k != "staging"
                 )
+            prefaulted = staging_pool.note()
+            if prefaulted:
+                ph.note += "; " + prefaulted
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
         if report.staging_seconds:
             phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")

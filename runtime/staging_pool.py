@@ -31,6 +31,7 @@ class StagingPool:
     def __init__(self, slot_bytes: int, count: int) -> None:
         self.slot_bytes, self.count = slot_bytes, count
         self._free: list[int] = []
+        self._made = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._fill, name="tfc-staging-prefault", daemon=True)
         self._thread.start()
@@ -42,6 +43,7 @@ class StagingPool:
                 return
             with self._lock:
                 self._free.append(addr)
+                self._made += 1
 
     def take(self, nbytes: int) -> int | None:
         """A faulted-in slot of exactly nbytes (waiting for the thread to finish), or None: map one yourself."""
@@ -50,6 +52,12 @@ class StagingPool:
         self._thread.join()
         with self._lock:
             return self._free.pop() if self._free else None
+
+    def taken(self) -> int:
+        """Slots handed out so far (after the thread has finished)."""
+        self._thread.join()
+        with self._lock:
+            return self._made - len(self._free)
 
     def release(self) -> int:
         """Unmap the slots no one took; returns how many."""
@@ -81,6 +89,13 @@ def take(nbytes: int) -> int | None:
     return pool.take(nbytes) if pool else None
 
 
+def note() -> str:
+    """What the process's pool did, for the upload phase's note ("" without a pool)."""
+    with _POOL_LOCK:
+        pool = _POOL[0] if _POOL else None
+    return f"staging prefaulted: {pool.taken()} of {pool.count} slots taken" if pool else ""
+
+
 def release() -> int:
     """End the process's pool: unmap the slots no upload took; returns how many (0 without a pool)."""
     with _POOL_LOCK:
@@ -98,4 +113,4 @@ def wanted(device: str | None, method: str | None) -> bool:
     return device.startswith("cuda")
 
 
-__all__ = ["StagingPool", "map_populated", "prefault", "release", "take", "wanted"]
+__all__ = ["StagingPool", "map_populated", "note", "prefault", "release", "take", "wanted"]

@@ -51,7 +51,9 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda):
     assert not fake_cuda.live  # every slot was unregistered (and unmapped by its _Slot)
     made = len(fake_cuda.seen)  # slots the threads made (faked events free a slot at once: 1+ per thread)
     assert cfg.threads <= made <= cfg.threads * cfg.slots_per_thread
+    assert sp.note() == f"staging prefaulted: {made} of {pooled} slots taken"
     assert sp.release() == pooled - made  # every slot came from the pool; the rest are unmapped here
+    assert sp.note() == ""
 
 
 @pytest.mark.parametrize(
