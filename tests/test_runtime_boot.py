@@ -385,3 +385,19 @@ def test_boot_notes_the_mmap_steps(image, monkeypatch):
         assert phases["staging"]["ms"] == 250.0
     finally:
         booted.image.close()
+
+
+def test_boot_prefaults_staging_and_says_so(image, monkeypatch):
+    """Where the mmap path may run, boot faults the staging in first, notes how much the upload took, and
+    releases the rest afterwards."""
+    from tfc.runtime import boot as boot_mod
+    from tfc.runtime import staging_pool
+
+    monkeypatch.setattr(staging_pool, "wanted", lambda device, method: True)
+    booted = boot_mod.boot(image[0].parent, rank=0, device="cpu", threads=2)
+    try:
+        note = booted.phases.to_dict()["upload"]["note"]
+        assert "staging prefaulted: 0 of 4 slots taken" in note  # the CPU's host copies stage nothing
+        assert staging_pool.note() == "" and staging_pool.release() == 0  # released by boot
+    finally:
+        booted.image.close()
