@@ -87,8 +87,7 @@ def _prefault_staging(device: str | None, method: str | None, threads: int | Non
         cfg = staging_for(threads)
     except TfcError:  # bad options: the upload refuses them itself
         return False
-    staging_pool.prefault(cfg.slot_bytes, cfg.threads * cfg.slots_per_thread)
-    return True
+    return staging_pool.prefault(cfg.slot_bytes, cfg.threads * cfg.slots_per_thread) is not None
 
 
 def _boot(

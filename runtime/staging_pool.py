@@ -73,11 +73,12 @@ _POOL: list[StagingPool] = []  # the process's pool while a boot runs (at most o
 _POOL_LOCK = threading.Lock()
 
 
-def prefault(slot_bytes: int, count: int) -> StagingPool:
-    """Start faulting in `count` slots of `slot_bytes` for the next upload (one pool per process)."""
+def prefault(slot_bytes: int, count: int) -> StagingPool | None:
+    """Start faulting in `count` slots of `slot_bytes` for the next upload; None when the process already has
+    a pool (another boot's: one per process, so that boot releases it, and this one maps its own slots)."""
     with _POOL_LOCK:
         if _POOL:
-            raise RuntimeError("a staging pool is already being filled")
+            return None
         _POOL.append(StagingPool(slot_bytes, count))
         return _POOL[0]
 

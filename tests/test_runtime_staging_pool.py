@@ -22,8 +22,7 @@ def _no_pool_left():
 
 def test_pool_hands_out_its_slots_once_then_releases_the_rest():
     pool = sp.prefault(3 * PAGE, 4)
-    with pytest.raises(RuntimeError, match="already"):
-        sp.prefault(PAGE, 1)  # one pool per process
+    assert sp.prefault(PAGE, 1) is None  # one pool per process: a second boot maps its own slots
     assert sp.take(2 * PAGE) is None  # another size: the caller maps its own
     got = [sp.take(3 * PAGE), sp.take(3 * PAGE)]
     assert all(a and a % PAGE == 0 for a in got) and len(set(got)) == 2
