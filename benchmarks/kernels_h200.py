@@ -73,6 +73,7 @@ ROWS = [1, 4, 8, 16]
 DECODE_CHECKS = [("w1_2b_mul1", 5120, 2304, 2, 2), ("w2_3b_3inst", 2304, 5120, 3, 0),
                  ("w1_2.5b_mul1", 5120, 2304, 2.5, 2), ("wkv_6b_mcg", 5120, 512, 6, 1)]  # fmt: skip
 MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, top-k
+MOE_LAYOUTS: list[str] = []  # --moe-layouts: the MoE layouts to time (default: all)
 # Runs 1-2 (kernels_h200.md) swept the per-element gather decode; run 3 swept the 32-position run decode
 # (exl3_runs) against it; kernels_occupancy_h200.py swept k-splits and tile shapes for occupancy (the
 # one-row and MoE defaults since). Each table keeps the default and the previous default.
@@ -348,6 +349,8 @@ def bench_moe(results, copy_bw):
         },
     }
     for lname, widths in layouts.items():
+        if MOE_LAYOUTS and lname not in MOE_LAYOUTS:
+            continue
         groups = {}
         tables = {}
         for p, dims in (("w1", (d, inter)), ("w3", (d, inter)), ("w2", (inter, d))):
@@ -447,6 +450,9 @@ def main():
     ap.add_argument("--only", default="", help="comma list of sections: decode,gemm,moe")
     ap.add_argument("--dry", action="store_true", help="CPU smoke under TRITON_INTERPRET=1 (tiny shapes)")
     ap.add_argument("--shapes", default="", help="comma list of shape names to keep (default: all)")
+    ap.add_argument(
+        "--moe-layouts", default="", help="comma list of MoE layouts to keep: stack_4b,ragged_q28"
+    )
     ap.add_argument("--rows", default="", help="comma list of row counts to keep (default: 1,4,16)")
     ap.add_argument("--variants", default="", help="comma list of variant names to keep (default: all)")
     args = ap.parse_args()
@@ -474,6 +480,8 @@ def main():
     only = set(filter(None, args.only.split(","))) or {"decode", "gemm", "moe"}
     if args.shapes:
         SHAPES[:] = [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    if args.moe_layouts:
+        MOE_LAYOUTS[:] = args.moe_layouts.split(",")
     if args.rows:
         ROWS[:] = [int(r) for r in args.rows.split(",")]
     if args.variants:
