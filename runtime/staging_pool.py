@@ -83,17 +83,21 @@ def prefault(slot_bytes: int, count: int) -> StagingPool | None:
         return _POOL[0]
 
 
+def _current() -> StagingPool | None:
+    """The process's pool, if a boot has one."""
+    with _POOL_LOCK:
+        return _POOL[0] if _POOL else None
+
+
 def take(nbytes: int) -> int | None:
     """A prefaulted slot of nbytes from the process's pool, or None (no pool, another size, none left)."""
-    with _POOL_LOCK:
-        pool = _POOL[0] if _POOL else None
+    pool = _current()
     return pool.take(nbytes) if pool else None
 
 
 def note() -> str:
     """What the process's pool did, for the upload phase's note ("" without a pool)."""
-    with _POOL_LOCK:
-        pool = _POOL[0] if _POOL else None
+    pool = _current()
     return f"staging prefaulted: {pool.taken()} of {pool.count} slots taken" if pool else ""
 
 
