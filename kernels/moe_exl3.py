@@ -51,6 +51,12 @@ def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
 
 
 @triton.jit
+def _entry_base(words_ptr, off_ptr, e, kt0, tn, pid_c, nw):
+    """Entry e's first int32 word of k-tile row kt0, column block pid_c (tn tiles per row, nw words a tile)."""
+    return words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
+
+
+@triton.jit
 def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
                  FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
                  RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
@@ -60,7 +66,7 @@ def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn,
     else:
         width = tl.load(wid_ptr + e)
     nw = width // 2
-    base = words_ptr + tl.load(off_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * nw
+    base = _entry_base(words_ptr, off_ptr, e, kt0, tn, pid_c, nw)
     if RUNS:
         # Integer widths, one codebook: 32-position runs cut from words loaded once (exl3_runs).
         if W > 0:
@@ -177,8 +183,8 @@ def _moe_gate_up_kernel(
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
     if MMA:
         # The weights-as-A mma decode (exl3_mma), one row as its fp16 high / low pair xh[proj, p, 0 | 1].
-        base1 = t1_ptr + tl.load(off1_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * (W1 // 2)
-        base3 = t3_ptr + tl.load(off3_ptr + e) // 4 + (kt0 * tn + pid_c * 8).to(tl.int64) * (W3 // 2)
+        base1 = _entry_base(t1_ptr, off1_ptr, e, kt0, tn, pid_c, W1 // 2)
+        base3 = _entry_base(t3_ptr, off3_ptr, e, kt0, tn, pid_c, W3 // 2)
         x1 = xh_ptr + 2 * p * D + kt0 * 16
         x3 = xh_ptr + 2 * (P + p) * D + kt0 * 16
         mma_partials(base1, tn, kt_per, x1, D, 2, slot_ws + pid_s * 256, W1, MMA, MMA_SETUP1, MMA_FRAG1,
@@ -228,7 +234,7 @@ def _moe_down_kernel(
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
     if MMA:  # the activation as its fp16 high / low pair act[p, 0 | 1] (the gate/up epilogue wrote it so)
-        base2 = t2_ptr + tl.load(off2_ptr + e) // 4 + (kt0 * (D // 16) + pid_c * 8).to(tl.int64) * (W2 // 2)
+        base2 = _entry_base(t2_ptr, off2_ptr, e, kt0, D // 16, pid_c, W2 // 2)
         mma_partials(base2, D // 16, kt_per, act_ptr + 2 * p * NI + kt0 * 16, NI, 2, mine, W2, MMA, MMA_SETUP2,
                      MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2, 8)  # fmt: skip
     else:
