@@ -33,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -507,8 +508,10 @@ def load_process(image: Path, reps: int, timeout: float = 120.0) -> dict:
         for _ in range(reps):
             env = {**os.environ, "TFC_PREFAULT": prefault}
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--json"], env=env,
-                                  capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+            # from a neutral folder: in the repository root `-m tfc` would find the source tree, not the install
+            proc = subprocess.run([sys.executable, "-m", "tfc", "load", str(image.resolve()), "--json"], env=env,
+                                  capture_output=True, text=True, timeout=timeout, check=False,
+                                  cwd=tempfile.gettempdir())  # fmt: skip
             wall = time.perf_counter() - t0
             if proc.returncode:
                 runs.append({"error": proc.stderr.strip()[-300:]})

@@ -103,7 +103,8 @@ ONE_ROW = {
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
     # the k-split partials summed by a second launch, 8 or 32 loaded at a time, and more programs per SM
-    "runs_apart": GemmConfig(mma=0, reduce_apart=True),
+    "runs_apart": GemmConfig(mma=0, reduce_apart=True),  # the run decode's default from run 25
+    "runs_inkernel": GemmConfig(mma=0, reduce_apart=False),  # ... up to run 25: the last program sums
     "runs_apart32": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32),
     "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32, waves=64),
     "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32),
@@ -144,7 +145,8 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     "apart32": GemmConfig(reduce_flight=32),
 }
 MOE = {
-    "runs_default": MoeConfig(),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
+    "default": MoeConfig(),  # one width per table: the mma decode, 4 groups; mixed widths: runs_default
+    "runs_default": MoeConfig(mma=0),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
     "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),  # the previous default
     # the single-width tables' shape, asked for on every table (mixed widths default to the line above)
     "runs_bk64_t4_w2_o16": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
@@ -152,6 +154,9 @@ MOE = {
     **{f"runs_o{w}": MoeConfig(waves=w) for w in (32, 64)},
     # the weights-as-A mma decode, 1, 2 or 4 groups (one width per table: refused on the ragged layout)
     **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
+    # programs per SM the mma decode's k-splits aim for (default 8 per group)
+    **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (16, 64, 128)},
+    **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (32, 64)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 

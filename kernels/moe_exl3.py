@@ -6,8 +6,8 @@ multiplies the activation before the down projection, as the reference does) and
 Launches: an optional input rotation (all pairs, both w1 and w3), one fused gate+up launch whose epilogue
 applies SwiGLU and the down projection's input rotation, and one down launch whose last program per
 (token, 128 columns) sums the pairs in a fixed order. No Python loop over experts. The decode is the
-32-position run decode (exl3_runs), the per-element gather, or (MoeConfig.mma, opt-in, one width per table)
-the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair.
+32-position run decode (exl3_runs), the per-element gather, or (MoeConfig.mma, the GPU default on tables of
+one width) the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair.
 """
 
 from __future__ import annotations
@@ -265,9 +265,14 @@ class MoeConfig:
     num_stages: int = 1
     waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
     # the weights-as-A mma decode of exl3_mma, this many groups of two n-tiles per warp (1, 2 or 4; 0 = off):
-    # one width and codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair (not yet
-    # run on a GPU)
-    mma: int = 0
+    # one width and codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair; None =
+    # MOE_MMA_GROUPS where it applies, else the run decode
+    mma: int | None = None
+
+
+# The MoE's default mma groups on one-width tables: 4 groups 95.8 us, 2 groups 97.4, 1 group 113.0, the run
+# decode 101.8 on a Flash layer's 4-bit stack (kernels_h200.md, run 24)
+MOE_MMA_GROUPS = 4
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
@@ -316,7 +321,7 @@ def moe_exl3(
     # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM (kernels_occupancy_h200.md);
     # mixed widths keep block_k 32, 2 tiles, 8/SM (runs 3-9; the new shape is not yet measured there).
     uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
-    mma = config.mma
+    mma = config.mma if config.mma is not None else (0 if INTERPRET or not uniform else MOE_MMA_GROUPS)
     if mma and (INTERPRET or not uniform):
         raise ValueError("the MoE mma decode needs one integer width and one codebook per table, and a GPU")
     bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)

@@ -329,7 +329,8 @@ def test_mma_gpu_defaults(rows, k, n, width, groups, wt):
 
     cfg = GemmConfig().resolved(rows, width, n, k, ptx=True)
     assert (cfg.mma, cfg.mma_wt) == (groups, wt)
-    assert cfg.reduce_apart == (groups > 0 and rows > 1)
+    # the partials summed apart: the mma decode from 2 rows, the run decode at one row (kernels_h200.md run 25)
+    assert cfg.reduce_apart == (rows > 1 if groups else rows == 1 and width % 16 == 0)
     if (
         groups
     ):  # programs per SM: 8 per group; with the weights as A on the head, 128 (kernels_h200.md run 20)
@@ -454,7 +455,14 @@ def test_moe_mma_host_side(monkeypatch):
     for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"] and len(kw[f"MMA_STORES{suffix}"]) == 2
     assert grid1[2] * gargs[26] == d // 16  # the k-split times k-tiles per program covers k
+    # the default: MOE_MMA_GROUPS on one-width tables, the run decode on mixed widths
+    moe.moe_exl3(x, ids, wts, w1, w3, w2)
+    assert (
+        stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == stubs["_moe_down_kernel"].calls[-1][2]["MMA"] == 4
+    )
     ragged = table(d, inter, [64, 48, 64, 64])
+    moe.moe_exl3(x, ids, wts, ragged, w3, w2)
+    assert stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == 0
     with pytest.raises(ValueError, match="one integer width"):
         moe.moe_exl3(x, ids, wts, ragged, w3, w2, config=moe.MoeConfig(mma=2))
     with pytest.raises(ValueError, match="mma groups 3"):
