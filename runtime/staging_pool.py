@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 from tfc.runtime.pages import MAP_FAILED, libc
 
@@ -26,47 +27,54 @@ def map_populated(nbytes: int) -> int | None:
 
 
 class StagingPool:
-    """`count` slots of `slot_bytes`, mapped and faulted in by a daemon thread started at construction."""
+    """`count` slots of `slot_bytes` in one region, mapped and faulted in by a daemon thread started at
+    construction, and page-locked in one call by the first taker (one registration instead of one per slot)."""
 
     def __init__(self, slot_bytes: int, count: int) -> None:
         self.slot_bytes, self.count = slot_bytes, count
-        self._free: list[int] = []
-        self._made = 0
+        self._base: int | None = None
+        self._given = 0
+        self._unlock: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._fill, name="tfc-staging-prefault", daemon=True)
         self._thread.start()
 
     def _fill(self) -> None:
-        for _ in range(self.count):
-            addr = map_populated(self.slot_bytes)
-            if addr is None:  # out of memory: the upload maps the rest itself (and reports it)
-                return
-            with self._lock:
-                self._free.append(addr)
-                self._made += 1
+        self._base = map_populated(self.slot_bytes * self.count)  # None (out of memory): slots map their own
 
-    def take(self, nbytes: int) -> int | None:
-        """A faulted-in slot of exactly nbytes (waiting for the thread to finish), or None: map one yourself."""
+    def take(self, nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> int | None:
+        """A faulted-in, page-locked slot of exactly nbytes (waiting for the thread to finish), or None: map one
+        yourself. The first take page-locks the whole region with `lock_pages(addr, nbytes)` (returning its
+        unlock); the pool owns the slots and frees them at `release`."""
         if nbytes != self.slot_bytes:
             return None
         self._thread.join()
         with self._lock:
-            return self._free.pop() if self._free else None
+            if self._base is None or self._given == self.count:
+                return None
+            if self._unlock is None:
+                self._unlock = lock_pages(self._base, self.slot_bytes * self.count)
+            self._given += 1
+            return self._base + (self._given - 1) * self.slot_bytes
 
     def taken(self) -> int:
         """Slots handed out so far (after the thread has finished)."""
         self._thread.join()
         with self._lock:
-            return self._made - len(self._free)
+            return self._given
 
     def release(self) -> int:
-        """Unmap the slots no one took; returns how many."""
+        """Unlock and unmap the region (every copy from its slots must have completed); returns how many slots
+        no one took."""
         self._thread.join()
         with self._lock:
-            left, self._free = self._free, []
-        for addr in left:
-            libc().munmap(addr, self.slot_bytes)
-        return len(left)
+            base, unlock, self._base, self._unlock = self._base, self._unlock, None, None
+        if base is None:
+            return 0
+        if unlock is not None:
+            unlock()
+        libc().munmap(base, self.slot_bytes * self.count)
+        return self.count - self._given
 
 
 _POOL: list[StagingPool] = []  # the process's pool while a boot runs (at most one)
@@ -89,10 +97,11 @@ def _current() -> StagingPool | None:
         return _POOL[0] if _POOL else None
 
 
-def take(nbytes: int) -> int | None:
-    """A prefaulted slot of nbytes from the process's pool, or None (no pool, another size, none left)."""
+def take(nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> int | None:
+    """A prefaulted, page-locked slot of nbytes from the process's pool (which frees it at `release`), or None
+    (no pool, another size, none left)."""
     pool = _current()
-    return pool.take(nbytes) if pool else None
+    return pool.take(nbytes, lock_pages) if pool else None
 
 
 def note() -> str:
@@ -102,7 +111,7 @@ def note() -> str:
 
 
 def release() -> int:
-    """End the process's pool: unmap the slots no upload took; returns how many (0 without a pool)."""
+    """End the process's pool: unlock and unmap it; returns how many slots no upload took (0 without a pool)."""
     with _POOL_LOCK:
         pool = _POOL.pop() if _POOL else None
     return pool.release() if pool else 0

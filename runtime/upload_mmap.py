@@ -142,36 +142,48 @@ class _Advice:
             self.lib.madvise(lo, hi - lo, MADV_DONTNEED)
 
 
+def _lock_staging(addr: int, nbytes: int) -> Callable[[], None]:
+    """Page-lock [addr, addr + nbytes) for DMA (cudaHostRegister, portable); returns its unlock."""
+    registrar = up._Registrar()
+    registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
+    return lambda: registrar.unregister(addr)
+
+
 class _Slot:
     """One page-locked staging buffer: its address and a uint8 tensor over it."""
 
     def __init__(self, nbytes: int, pinning: str) -> None:
         import torch
 
-        self.nbytes, self.pinning, self.mapped = nbytes, pinning, 0
+        self.nbytes, self.pinning, self.mapped, self.unlock = nbytes, pinning, 0, None
         if pinning == "torch":
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.addr = self.tensor.data_ptr()
             return
-        addr = staging_pool.take(nbytes) or staging_pool.map_populated(nbytes)  # faulted in ahead, or now
+        addr = staging_pool.take(nbytes, _lock_staging)  # faulted in and locked ahead: the pool frees it
         if addr is None:
-            raise up.UploadError(f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}")
-        self.mapped = addr
-        self.registrar = up._Registrar()
-        try:
-            self.registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
-        except BaseException:
-            libc().munmap(addr, nbytes)
-            self.mapped = 0
-            raise
+            addr = staging_pool.map_populated(nbytes)
+            if addr is None:
+                raise up.UploadError(
+                    f"cannot map {nbytes} bytes of staging: {os.strerror(ctypes.get_errno())}"
+                )
+            self.mapped = addr
+            try:
+                self.unlock = _lock_staging(addr, nbytes)
+            except BaseException:
+                libc().munmap(addr, nbytes)
+                self.mapped = 0
+                raise
         self.addr = addr
         self.tensor = torch.frombuffer(up._host_bytes(addr, nbytes), dtype=torch.uint8)
 
     def free(self) -> None:
-        """Give the memory back (after every copy from it has completed)."""
+        """Give the memory back (after every copy from it has completed; a pool's slot goes back with the pool)."""
         self.tensor = None
+        if self.unlock is not None:
+            self.unlock()
+            self.unlock = None
         if self.mapped:
-            self.registrar.unregister(self.mapped)
             libc().munmap(self.mapped, self.nbytes)
             self.mapped = 0
 

@@ -20,20 +20,37 @@ def _no_pool_left():
     sp.release()
 
 
-def test_pool_hands_out_its_slots_once_then_releases_the_rest():
+def test_pool_hands_out_its_slots_once_locked_in_one_call_then_releases_them():
+    locks, unlocks = [], []
+
+    def lock_pages(addr, nbytes):
+        locks.append((addr, nbytes))
+        return lambda: unlocks.append(addr)
+
     pool = sp.prefault(3 * PAGE, 4)
     assert sp.prefault(PAGE, 1) is None  # one pool per process: a second boot maps its own slots
-    assert sp.take(2 * PAGE) is None  # another size: the caller maps its own
-    got = [sp.take(3 * PAGE), sp.take(3 * PAGE)]
-    assert all(a and a % PAGE == 0 for a in got) and len(set(got)) == 2
+    assert sp.take(2 * PAGE, lock_pages) is None and not locks  # another size: the caller maps its own
+    got = [sp.take(3 * PAGE, lock_pages), sp.take(3 * PAGE, lock_pages)]
+    assert all(a and a % PAGE == 0 for a in got) and got[1] - got[0] == 3 * PAGE
+    assert locks == [(got[0], 4 * 3 * PAGE)]  # the whole region, once, by the first taker
     for a in got:  # private, writable, zero-filled memory
         assert ctypes.string_at(a, 3 * PAGE) == bytes(3 * PAGE)
         ctypes.memset(a, 0xAB, 3 * PAGE)
         assert ctypes.string_at(a + 3 * PAGE - 1, 1) == b"\xab"
-        sp.libc().munmap(a, 3 * PAGE)  # a taker owns what it took
-    assert sp.release() == 2  # the two no one took
-    assert sp.take(3 * PAGE) is None and sp.release() == 0
-    assert pool.take(3 * PAGE) is None
+    assert sp.note() == "staging prefaulted: 2 of 4 slots taken"
+    assert sp.release() == 2 and unlocks == [got[0]]  # the two no one took; the region unlocked once
+    assert sp.take(3 * PAGE, lock_pages) is None and sp.release() == 0
+    assert pool.take(3 * PAGE, lock_pages) is None and pool.release() == 0
+
+
+def test_a_failed_lock_hands_out_nothing_and_leaks_nothing():
+    def refuse(addr, nbytes):
+        raise TfcError("cudaHostRegister failed")
+
+    sp.prefault(PAGE, 2)
+    with pytest.raises(TfcError):
+        sp.take(PAGE, refuse)
+    assert sp.note() == "staging prefaulted: 0 of 2 slots taken" and sp.release() == 2
 
 
 def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda):
@@ -47,11 +64,12 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda):
     _run(arena, cfg)
     for name, blob in data.items():
         assert arena.raw(name).numpy().tobytes() == blob, name
-    assert not fake_cuda.live  # every slot was unregistered (and unmapped by its _Slot)
-    made = len(fake_cuda.seen)  # slots the threads made (faked events free a slot at once: 1+ per thread)
+    assert fake_cuda.seen == [(pooled * cfg.slot_bytes, um.up.REGISTER_PORTABLE)]  # one lock for every slot
+    made = sp._current().taken()  # slots the threads made (faked events free a slot at once: 1+ per thread)
     assert cfg.threads <= made <= cfg.threads * cfg.slots_per_thread
     assert sp.note() == f"staging prefaulted: {made} of {pooled} slots taken"
-    assert sp.release() == pooled - made  # every slot came from the pool; the rest are unmapped here
+    assert len(fake_cuda.live) == 1  # the pool's region stays locked until the boot releases it
+    assert sp.release() == pooled - made and not fake_cuda.live
     assert sp.note() == ""
 
 
