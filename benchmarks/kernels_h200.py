@@ -105,6 +105,8 @@ ONE_ROW = {
     # the k-split partials summed by a second launch, 8 or 32 loaded at a time, and more programs per SM
     "runs_apart": GemmConfig(mma=0, reduce_apart=True),  # the run decode's default from run 25
     "runs_inkernel": GemmConfig(mma=0, reduce_apart=False),  # ... up to run 25: the last program sums
+    # programs per SM the run decode's k-split aims for, partials summed apart (default 32 from 4 bits, else 8)
+    **{f"runs_o{w}": GemmConfig(mma=0, waves=w) for w in (4, 8, 16, 64)},
     "runs_apart32": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32),
     "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32, waves=64),
     "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32),

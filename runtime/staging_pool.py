@@ -9,6 +9,7 @@ before (registering is the cheap step); `release` unmaps whatever no slot took.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
@@ -36,11 +37,27 @@ class StagingPool:
         self._given = 0
         self._unlock: Callable[[], None] | None = None
         self._lock = threading.Lock()
+        self._locker: threading.Thread | None = None
         self._thread = threading.Thread(target=self._fill, name="tfc-staging-prefault", daemon=True)
         self._thread.start()
 
     def _fill(self) -> None:
         self._base = map_populated(self.slot_bytes * self.count)  # None (out of memory): slots map their own
+
+    def lock_ahead(self, lock_pages: Callable[[int, int], Callable[[], None]]) -> None:
+        """Page-lock the region on a thread now (after the fill), while the boot opens the image and allocates the
+        arena, so the first take finds it locked; if that fails, the first take locks it and reports why."""
+
+        def run() -> None:
+            self._thread.join()
+            with self._lock:
+                if self._base is not None and self._unlock is None:
+                    with contextlib.suppress(Exception):
+                        self._unlock = lock_pages(self._base, self.slot_bytes * self.count)
+
+        if self._locker is None:
+            self._locker = threading.Thread(target=run, name="tfc-staging-lock", daemon=True)
+            self._locker.start()
 
     def take(self, nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> int | None:
         """A faulted-in, page-locked slot of exactly nbytes (waiting for the thread to finish), or None: map one
@@ -67,6 +84,8 @@ class StagingPool:
         """Unlock and unmap the region (every copy from its slots must have completed); returns how many slots
         no one took."""
         self._thread.join()
+        if self._locker is not None:
+            self._locker.join()
         with self._lock:
             base, unlock, self._base, self._unlock = self._base, self._unlock, None, None
         if base is None:
@@ -104,6 +123,13 @@ def take(nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> i
     return pool.take(nbytes, lock_pages) if pool else None
 
 
+def lock_ahead(lock_pages: Callable[[int, int], Callable[[], None]]) -> None:
+    """Page-lock the process's pool on a thread now (no-op without a pool): see StagingPool.lock_ahead."""
+    pool = _current()
+    if pool:
+        pool.lock_ahead(lock_pages)
+
+
 def note() -> str:
     """What the process's pool did, for the upload phase's note ("" without a pool)."""
     pool = _current()
@@ -127,4 +153,4 @@ def wanted(device: str | None, method: str | None) -> bool:
     return device.startswith("cuda")
 
 
-__all__ = ["StagingPool", "map_populated", "note", "prefault", "release", "take", "wanted"]
+__all__ = ["StagingPool", "lock_ahead", "map_populated", "note", "prefault", "release", "take", "wanted"]
