@@ -149,11 +149,13 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
 MOE = {
     "default": MoeConfig(),  # one width per table: the mma decode, 4 groups; mixed widths: runs_default
     "runs_default": MoeConfig(mma=0),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
-    "runs_bk32_t2_w2_o8": MoeConfig(block_k=32, run_tiles=2, num_warps=2, waves=8),  # the previous default
+    "runs_bk32_t2_w2_o8": MoeConfig(
+        mma=0, block_k=32, run_tiles=2, num_warps=2, waves=8
+    ),  # the previous default
     # the single-width tables' shape, asked for on every table (mixed widths default to the line above)
-    "runs_bk64_t4_w2_o16": MoeConfig(block_k=64, run_tiles=4, num_warps=2, waves=16),
+    "runs_bk64_t4_w2_o16": MoeConfig(mma=0, block_k=64, run_tiles=4, num_warps=2, waves=16),
     # more, shorter k-split programs (more waves, a shorter tail)
-    **{f"runs_o{w}": MoeConfig(waves=w) for w in (32, 64)},
+    **{f"runs_o{w}": MoeConfig(mma=0, waves=w) for w in (32, 64)},
     # the weights-as-A mma decode, 1, 2 or 4 groups (one width per table: refused on the ragged layout)
     **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
     # programs per SM the mma decode's k-splits aim for (default 8 per group)
