@@ -159,7 +159,9 @@ MOE = {
     # the weights-as-A mma decode, 1, 2 or 4 groups (one width per table: refused on the ragged layout)
     **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
     # programs per SM the mma decode's k-splits aim for (default 8 per group)
-    **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (16, 64, 128)},
+    **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 32, 56, 64, 128)},
+    # the k-splits up to run 27 (divisors of the k-tiles at 32 programs per SM: gate/up 1.09 waves)
+    "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (32, 64)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)

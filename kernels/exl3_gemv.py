@@ -396,6 +396,11 @@ def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min
     return best
 
 
+def even_split(kt: int, blocks: int, sms: int, waves: float) -> int:
+    """k-split (any count up to kt k-tiles, shared out as evenly as they go) giving <= waves * sms programs."""
+    return max(1, min(kt, int(waves * sms) // blocks))
+
+
 def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool = False) -> torch.Tensor:
     """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode);
     split: [M, 2, k] fp16, each row as its high part then the rest (the weights-as-A mma decode, <= 4 rows)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_gemv import counters, num_sms, pick_split
+from tfc.kernels.exl3_gemv import counters, even_split, num_sms, pick_split
 from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
 from tfc.kernels.exl3_runs import runs_cols, runs_cols_rt, store_cols
 from tfc.kernels.exl3_tl import (
@@ -48,6 +48,13 @@ def _pair(ids_ptr, wts_ptr, p, topk, n_routed):
     e = tl.where(shared, n_routed, tl.minimum(tl.maximum(e, 0), n_routed - 1))
     w = tl.where(shared, 1.0, tl.load(wts_ptr + q).to(tl.float32))
     return t, e, w
+
+
+@triton.jit
+def _k_range(q, KT, SPLIT):
+    """First k-tile and k-tile count of k-split q of SPLIT over KT k-tiles (counts differ by at most one)."""
+    kt0 = q * KT // SPLIT
+    return kt0, (q + 1) * KT // SPLIT - kt0
 
 
 @triton.jit
@@ -163,7 +170,7 @@ def _moe_gate_up_kernel(
     t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, suh1_ptr, svh1_ptr,
     t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, suh3_ptr, svh3_ptr,
     suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
-    P, D, NI, stride_x, topk, n_routed, kt_per, limit,
+    P, D, NI, stride_x, topk, n_routed, KT, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
     TPE: tl.constexpr, MMA: tl.constexpr = 0,
@@ -176,7 +183,7 @@ def _moe_gate_up_kernel(
     p = tl.program_id(1)
     pid_s = tl.program_id(2)
     t, e, w = _pair(ids_ptr, wts_ptr, p, topk, n_routed)
-    kt0 = pid_s * kt_per
+    kt0, kt_per = _k_range(pid_s, KT, SPLIT)
     tn = NI // 16
     # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
     slot = (p * (NI // 128) + pid_c).to(tl.int64)
@@ -216,7 +223,7 @@ def _moe_gate_up_kernel(
 @triton.jit
 def _moe_down_kernel(
     ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
-    D, NI, stride_y, topk, n_routed, kt_per,
+    D, NI, stride_y, topk, n_routed, KT,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
     PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0,
     MMA_SETUP2: tl.constexpr = "", MMA_FRAG2: tl.constexpr = "", MMA_LOADS2: tl.constexpr = (),
@@ -227,7 +234,7 @@ def _moe_down_kernel(
     s = tl.program_id(2)
     p = t * (topk + 1) + s // KS
     _, e, _ = _pair(ids_ptr, ids_ptr, p, topk, n_routed)
-    kt0 = (s % KS) * kt_per
+    kt0, kt_per = _k_range(s % KS, KT, KS)
     # Workspace per (token, column block): NS x [raw partial 128 | rotated and scaled partial 128].
     c = tl.arange(0, 128)
     cols = pid_c * 128 + c
@@ -273,6 +280,9 @@ class MoeConfig:
 # The MoE's default mma groups on one-width tables: 4 groups 95.8 us, 2 groups 97.4, 1 group 113.0, the run
 # decode 101.8 on a Flash layer's 4-bit stack (kernels_h200.md, run 24)
 MOE_MMA_GROUPS = 4
+# Programs per SM the mma decode's k-splits aim for: at 4 groups a program is one warp of 72 registers and 28 fit
+# an SM, so one full wave; at 32 (8 per group) the gate/up launch was 1.09 waves (Nsight, kernels_h200.md run 27)
+MOE_MMA_WAVES = 28.0
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
@@ -329,9 +339,13 @@ def moe_exl3(
     warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    waves = config.waves or (8.0 * mma if mma else 16.0 if uniform else 8.0)
-    split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
-    split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
+    waves = config.waves or (MOE_MMA_WAVES if mma else 16.0 if uniform else 8.0)
+    if mma:  # one k-tile per step: any split, the k-tiles shared out as evenly as they go
+        split1 = config.split_gate_up or even_split(d // 16, c1 * pairs, sms, waves)
+        split2 = config.split_down or even_split(inter // 16, c2 * pairs, sms, waves)
+    else:  # the run decode's steps take BK // 16 k-tiles: a split dividing the steps
+        split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
+        split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
     y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
     if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:
@@ -358,7 +372,7 @@ def moe_exl3(
         w1.words, w1.offsets, w1.widths, w1.codebooks, w1.suh, w1.svh,
         w3.words, w3.offsets, w3.widths, w3.codebooks, w3.suh, w3.svh,
         w2.suh, act, ws1, cnt1,
-        pairs, d, inter, x.stride(0), topk, n_routed, (d // 16) // split1, limit,
+        pairs, d, inter, x.stride(0), topk, n_routed, d // 16, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages,
@@ -366,7 +380,7 @@ def moe_exl3(
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
-        d, inter, y.stride(0), topk, n_routed, (inter // 16) // split2,
+        d, inter, y.stride(0), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages, MMA=mma, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip

@@ -454,7 +454,8 @@ def test_moe_mma_host_side(monkeypatch):
     assert gkw["MMA"] == dkw["MMA"] == 2 and gkw["num_warps"] == dkw["num_warps"] == 2 and gkw["BK"] == 16
     for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"] and len(kw[f"MMA_STORES{suffix}"]) == 2
-    assert grid1[2] * gargs[26] == d // 16  # the k-split times k-tiles per program covers k
+    assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
+                                                             moe.MOE_MMA_WAVES)  # fmt: skip
     # the default: MOE_MMA_GROUPS on one-width tables, the run decode on mixed widths
     moe.moe_exl3(x, ids, wts, w1, w3, w2)
     assert (

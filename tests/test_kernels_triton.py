@@ -157,6 +157,9 @@ def _cases() -> dict[str, dict]:
         modes = (("rotate", {}), ("fused", {"fuse_rotation": True}))
         if layout == "stack":
             modes += (("gather", {"runs": False}), ("runs_t4", {"run_tiles": 4, "block_k": 128}))
+            # k-splits that do not divide the k-tiles (8 / 3, 16 / 5): the counts differ by one, as the mma
+            # decode's even_split gives them on the GPU
+            modes += (("gather_uneven", {"runs": False, "block_k": 16, "split_gate_up": 3, "split_down": 5}),)
         elif layout == "ragged_int":
             modes = (("runs", {}),)
         for mode, cfg in modes:
@@ -227,7 +230,7 @@ def test_moe_rotation_pairs(interp_results):
     assert r["high_is_fp16"] and r["err"] < 1e-6, r
 
 
-MOE_CASES = ["stack_rotate", "stack_fused", "stack_gather", "stack_runs_t4"]
+MOE_CASES = ["stack_rotate", "stack_fused", "stack_gather", "stack_gather_uneven", "stack_runs_t4"]
 MOE_CASES += ["ragged_rotate", "ragged_fused", "ragged_int_runs"]
 
 
