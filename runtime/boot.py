@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from tfc.runtime.graph_cache import GraphCache, GraphSettings, check_same_settin
 from tfc.runtime.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.phases import Phases
 from tfc.runtime.upload import UploadReport, upload
-from tfc.runtime.upload_mmap import lock_staging
 
 from tfc.errors import TfcError
 
@@ -108,10 +106,6 @@ def _boot(
     with phases.time("init", note="torch import, device") as ph:
         dev = pick_device(device)
         ph.note = f"torch import, device {dev}"
-    if str(dev).startswith(
-        "cuda"
-    ):  # the prefaulted staging page-locks while the image opens and the arena fills
-        staging_pool.lock_ahead(partial(lock_staging, device=dev))
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
     try:

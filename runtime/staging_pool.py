@@ -3,13 +3,15 @@
 Fresh anonymous memory faults in at about 2.5 GB/s on the H200 host (benchmarks/boot_pipeline_h200.md), so
 the mmap path's 256 MiB ring costs ~0.1 s when its slots are made on first use, inside the upload. With the
 ring made before the upload, the warm boot measured 0.61 s instead of 0.74 s (its "pool" rows). `prefault`
-maps and populates the slots on a daemon thread; the upload's slots `take` them and page-lock them as
-before (registering is the cheap step); `release` unmaps whatever no slot took.
+maps and populates the ring as one region on a daemon thread; the upload's first slot page-locks the whole
+region in one cudaHostRegister (instead of one per slot), every slot `take`s its piece, and `release` unlocks
+and unmaps the region after the boot. In fresh `tfc load` processes the upload took 663 ms with the pool and
+779 ms without (boot_h200.md, run 6); locking the region on a thread before the upload measured no better
+(run 7) and was not kept.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import threading
@@ -37,27 +39,11 @@ class StagingPool:
         self._given = 0
         self._unlock: Callable[[], None] | None = None
         self._lock = threading.Lock()
-        self._locker: threading.Thread | None = None
         self._thread = threading.Thread(target=self._fill, name="tfc-staging-prefault", daemon=True)
         self._thread.start()
 
     def _fill(self) -> None:
         self._base = map_populated(self.slot_bytes * self.count)  # None (out of memory): slots map their own
-
-    def lock_ahead(self, lock_pages: Callable[[int, int], Callable[[], None]]) -> None:
-        """Page-lock the region on a thread now (after the fill), while the boot opens the image and allocates the
-        arena, so the first take finds it locked; if that fails, the first take locks it and reports why."""
-
-        def run() -> None:
-            self._thread.join()
-            with self._lock:
-                if self._base is not None and self._unlock is None:
-                    with contextlib.suppress(Exception):
-                        self._unlock = lock_pages(self._base, self.slot_bytes * self.count)
-
-        if self._locker is None:
-            self._locker = threading.Thread(target=run, name="tfc-staging-lock", daemon=True)
-            self._locker.start()
 
     def take(self, nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> int | None:
         """A faulted-in, page-locked slot of exactly nbytes (waiting for the thread to finish), or None: map one
@@ -84,8 +70,6 @@ class StagingPool:
         """Unlock and unmap the region (every copy from its slots must have completed); returns how many slots
         no one took."""
         self._thread.join()
-        if self._locker is not None:
-            self._locker.join()
         with self._lock:
             base, unlock, self._base, self._unlock = self._base, self._unlock, None, None
         if base is None:
@@ -123,13 +107,6 @@ def take(nbytes: int, lock_pages: Callable[[int, int], Callable[[], None]]) -> i
     return pool.take(nbytes, lock_pages) if pool else None
 
 
-def lock_ahead(lock_pages: Callable[[int, int], Callable[[], None]]) -> None:
-    """Page-lock the process's pool on a thread now (no-op without a pool): see StagingPool.lock_ahead."""
-    pool = _current()
-    if pool:
-        pool.lock_ahead(lock_pages)
-
-
 def note() -> str:
     """What the process's pool did, for the upload phase's note ("" without a pool)."""
     pool = _current()
@@ -153,4 +130,4 @@ def wanted(device: str | None, method: str | None) -> bool:
     return device.startswith("cuda")
 
 
-__all__ = ["StagingPool", "lock_ahead", "map_populated", "note", "prefault", "release", "take", "wanted"]
+__all__ = ["StagingPool", "map_populated", "note", "prefault", "release", "take", "wanted"]

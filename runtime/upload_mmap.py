@@ -142,13 +142,8 @@ class _Advice:
             self.lib.madvise(lo, hi - lo, MADV_DONTNEED)
 
 
-def lock_staging(addr: int, nbytes: int, device: Any = None) -> Callable[[], None]:
-    """Page-lock [addr, addr + nbytes) for DMA (cudaHostRegister, portable), from a thread whose CUDA device is
-    set first when given (a new thread's is device 0); returns its unlock."""
-    if device is not None:
-        import torch
-
-        torch.cuda.set_device(device)
+def _lock_staging(addr: int, nbytes: int) -> Callable[[], None]:
+    """Page-lock [addr, addr + nbytes) for DMA (cudaHostRegister, portable); returns its unlock."""
     registrar = up._Registrar()
     registrar.register(addr, nbytes, up.REGISTER_PORTABLE)
     return lambda: registrar.unregister(addr)
@@ -165,7 +160,7 @@ class _Slot:
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.addr = self.tensor.data_ptr()
             return
-        addr = staging_pool.take(nbytes, lock_staging)  # faulted in and locked ahead: the pool frees it
+        addr = staging_pool.take(nbytes, _lock_staging)  # faulted in and locked ahead: the pool frees it
         if addr is None:
             addr = staging_pool.map_populated(nbytes)
             if addr is None:
@@ -174,7 +169,7 @@ class _Slot:
                 )
             self.mapped = addr
             try:
-                self.unlock = lock_staging(addr, nbytes)
+                self.unlock = _lock_staging(addr, nbytes)
             except BaseException:
                 libc().munmap(addr, nbytes)
                 self.mapped = 0

@@ -43,40 +43,6 @@ def test_pool_hands_out_its_slots_once_locked_in_one_call_then_releases_them():
     assert pool.take(3 * PAGE, lock_pages) is None and pool.release() == 0
 
 
-def test_lock_ahead_locks_the_region_on_its_own_thread_once():
-    """The boot page-locks the pool while the image opens: the takes then find it locked (one lock, on the
-    lock-ahead thread); a pool no one took from is unlocked and unmapped at release."""
-    import threading
-
-    locks, unlocks = [], []
-
-    def lock_pages(addr, nbytes):
-        locks.append((threading.current_thread().name, nbytes))
-        return lambda: unlocks.append(addr)
-
-    sp.prefault(2 * PAGE, 3)
-    sp.lock_ahead(lock_pages)
-    sp.lock_ahead(lock_pages)  # a second call starts nothing
-    assert sp.take(2 * PAGE, lock_pages) and sp.take(2 * PAGE, lock_pages)
-    assert locks == [("tfc-staging-lock", 6 * PAGE)]
-    assert sp.release() == 1 and len(unlocks) == 1
-    sp.prefault(PAGE, 2)
-    sp.lock_ahead(lock_pages)
-    assert sp.release() == 2 and len(locks) == len(unlocks) == 2
-    sp.lock_ahead(lock_pages)  # no pool: nothing to lock
-
-
-def test_a_failed_lock_ahead_is_reported_by_the_first_take():
-    def refuse(addr, nbytes):
-        raise TfcError("cudaHostRegister failed")
-
-    sp.prefault(PAGE, 2)
-    sp.lock_ahead(refuse)
-    with pytest.raises(TfcError, match="cudaHostRegister"):
-        sp.take(PAGE, refuse)
-    assert sp.release() == 2
-
-
 def test_a_failed_lock_hands_out_nothing_and_leaks_nothing():
     def refuse(addr, nbytes):
         raise TfcError("cudaHostRegister failed")
