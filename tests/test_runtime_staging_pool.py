@@ -65,8 +65,9 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda):
     for name, blob in data.items():
         assert arena.raw(name).numpy().tobytes() == blob, name
     assert fake_cuda.seen == [(pooled * cfg.slot_bytes, um.up.REGISTER_PORTABLE)]  # one lock for every slot
-    made = sp._current().taken()  # slots the threads made (faked events free a slot at once: 1+ per thread)
-    assert cfg.threads <= made <= cfg.threads * cfg.slots_per_thread
+    # slots the threads made (faked events free a slot at once; a thread that finds the queue empty makes none)
+    made = sp._current().taken()
+    assert 1 <= made <= cfg.threads * cfg.slots_per_thread
     assert sp.note() == f"staging prefaulted: {made} of {pooled} slots taken"
     assert len(fake_cuda.live) == 1  # the pool's region stays locked until the boot releases it
     assert sp.release() == pooled - made and not fake_cuda.live
