@@ -162,6 +162,8 @@ MOE = {
     **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 32, 56, 64, 128)},
     # the k-splits up to run 27 (divisors of the k-tiles at 32 programs per SM: gate/up 1.09 waves)
     "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
+    # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)
+    **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (32, 64)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)

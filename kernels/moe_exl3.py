@@ -144,12 +144,18 @@ def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D,
 
 @triton.jit
 def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
-                      PAIRS: tl.constexpr = False):  # fmt: skip
-    """Sum the split partials, SwiGLU one 128-column block, then rotate it for the down projection (PAIRS: into
+                      PAIRS: tl.constexpr = False, FLIGHT: tl.constexpr = 8):  # fmt: skip
+    """Sum the split partials (FLIGHT loaded at a time), SwiGLU one 128-column block, then rotate it for the down projection (PAIRS: into
     act[p, 0 | 1] as the fp16 high / low pair the mma decode reads, else fp32 act[p])."""
     cols = pid_c * 128 + tl.arange(0, 128)
-    g = rotate_sum(slot_ws, nsum, 256, 0, 1) * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
-    u = rotate_sum(slot_ws + 128, nsum, 256, 0, 1) * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
+    g = (
+        rotate_sum(slot_ws, nsum, 256, 0, 1, FLIGHT)
+        * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
+    )
+    u = (
+        rotate_sum(slot_ws + 128, nsum, 256, 0, 1, FLIGHT)
+        * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
+    )
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     act = g * tl.sigmoid(g) * u * w
@@ -173,7 +179,7 @@ def _moe_gate_up_kernel(
     P, D, NI, stride_x, topk, n_routed, KT, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
-    TPE: tl.constexpr, MMA: tl.constexpr = 0,
+    TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
     MMA_SETUP1: tl.constexpr = "", MMA_FRAG1: tl.constexpr = "", MMA_LOADS1: tl.constexpr = (),
     MMA_STEP1: tl.constexpr = "", MMA_STORES1: tl.constexpr = (),
     MMA_SETUP3: tl.constexpr = "", MMA_FRAG3: tl.constexpr = "", MMA_LOADS3: tl.constexpr = (),
@@ -215,7 +221,7 @@ def _moe_gate_up_kernel(
         last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
     if last:
         _gate_up_epilogue(slot_ws, SPLIT, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
-                          MMA > 0)  # fmt: skip
+                          MMA > 0, FLIGHT)  # fmt: skip
         if SPLIT > 1:
             tl.atomic_xchg(cnt_ptr + slot, 0)
 
@@ -225,7 +231,7 @@ def _moe_down_kernel(
     ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
     D, NI, stride_y, topk, n_routed, KT,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0,
+    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
     MMA_SETUP2: tl.constexpr = "", MMA_FRAG2: tl.constexpr = "", MMA_LOADS2: tl.constexpr = (),
     MMA_STEP2: tl.constexpr = "", MMA_STORES2: tl.constexpr = (),
 ):  # fmt: skip
@@ -252,7 +258,7 @@ def _moe_down_kernel(
     tl.store(mine + 128 + c, y)
     release_fence()
     if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
-        tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256)
+        tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256, FLIGHT)
         tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + slot, 0)
 
@@ -275,6 +281,9 @@ class MoeConfig:
     # one width and codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair; None =
     # MOE_MMA_GROUPS where it applies, else the run decode
     mma: int | None = None
+    # partials the last program of a column block loads at a time when it sums the k-splits (gate/up) and the
+    # pairs' splits (down); more in flight, more registers in the whole kernel
+    reduce_flight: int = 8
 
 
 # The MoE's default mma groups on one-width tables: 4 groups 95.8 us, 2 groups 97.4, 1 group 113.0, the run
@@ -376,14 +385,15 @@ def moe_exl3(
         pairs, d, inter, x.stride(0), topk, n_routed, d // 16, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=tiles,
-        num_warps=warps, num_stages=config.num_stages,
+        num_warps=warps, num_stages=config.num_stages, FLIGHT=config.reduce_flight,
         MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
-        num_warps=warps, num_stages=config.num_stages, MMA=mma, **(_mma_kw(w2, mma, "2") if mma else {}),
+        num_warps=warps, num_stages=config.num_stages, MMA=mma, FLIGHT=config.reduce_flight,
+        **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 

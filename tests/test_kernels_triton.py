@@ -159,7 +159,8 @@ def _cases() -> dict[str, dict]:
             modes += (("gather", {"runs": False}), ("runs_t4", {"run_tiles": 4, "block_k": 128}))
             # k-splits that do not divide the k-tiles (8 / 3, 16 / 5): the counts differ by one, as the mma
             # decode's even_split gives them on the GPU
-            modes += (("gather_uneven", {"runs": False, "block_k": 16, "split_gate_up": 3, "split_down": 5}),)
+            modes += (("gather_uneven", {"runs": False, "block_k": 16, "split_gate_up": 3, "split_down": 5,
+                                         "reduce_flight": 2}),)  # fmt: skip
         elif layout == "ragged_int":
             modes = (("runs", {}),)
         for mode, cfg in modes:
