@@ -50,10 +50,10 @@ _MOE_SIGS = {  # argument types of the two MoE kernels (constexprs added by comp
                 "t3_ptr": "*i32", "off3_ptr": "*i64", "wid3_ptr": "*i32", "cb3_ptr": "*i32", "suh3_ptr": "*fp16",
                 "svh3_ptr": "*fp16", "suh2_ptr": "*fp16", "act_ptr": "*fp16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
                 "P": "i32", "D": "i32", "NI": "i32", "stride_x": "i32", "topk": "i32", "n_routed": "i32",
-                "kt_per": "i32", "limit": "fp32"},
+                "KT": "i32", "limit": "fp32"},
     "down": {"ids_ptr": "*i64", "act_ptr": "*fp16", "t2_ptr": "*i32", "off2_ptr": "*i64", "wid2_ptr": "*i32",
              "cb2_ptr": "*i32", "svh2_ptr": "*fp16", "y_ptr": "*fp32", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
-             "D": "i32", "NI": "i32", "stride_y": "i32", "topk": "i32", "n_routed": "i32", "kt_per": "i32",
+             "D": "i32", "NI": "i32", "stride_y": "i32", "topk": "i32", "n_routed": "i32", "KT": "i32",
              "KS": "i32", "NS": "i32"},
 }  # fmt: skip
 
@@ -73,7 +73,7 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int) -> bytes:
         **fp32_act,
         **({"xh_ptr": "*fp32"} if not groups and kernel == "gate_up" else {}),
     }
-    consts = {"BK": 16 if groups else 64, "PF": 4, "TPE": 4, "MMA": groups}
+    consts = {"BK": 16 if groups else 64, "PF": 4, "TPE": 4, "MMA": groups, "FLIGHT": 8}
     consts |= {"FUSE": False, "RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
     for p in projs:
         consts |= {f"W{p}": width, f"CB{p}": 2}
