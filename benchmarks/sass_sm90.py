@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("runs 1 row (default), 6 bit", 96, 1, "runs", 4, 1),
@@ -58,11 +59,11 @@ _MOE_SIGS = {  # argument types of the two MoE kernels (constexprs added by comp
 }  # fmt: skip
 
 
-def compile_moe(kernel: str, width: int, groups: int, warps: int) -> bytes:
-    """The cubin of one MoE launch for sm_90: the run decode (groups 0) or the mma decode with `groups`."""
+def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[int, ...] = ()) -> bytes:
+    """The cubin of one MoE launch for sm_90: the run decode (groups 0) or the mma decode with `groups`, on a
+    table of one width or (`widths`) of several."""
     import triton
     from tfc.kernels import moe_exl3 as moe
-    from tfc.kernels.exl3_mma import mma_asm
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -75,13 +76,11 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int) -> bytes:
     }
     consts = {"BK": 16 if groups else 64, "PF": 4, "TPE": 4, "MMA": groups, "FLIGHT": 8}
     consts |= {"FUSE": False, "RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
+    widths = widths or (width,)
     for p in projs:
-        consts |= {f"W{p}": width, f"CB{p}": 2}
-        if groups:
-            asm = mma_asm(width, 2, 1, groups, wt=True)
-            consts |= {
-                f"{k}{p}": asm[k] for k in ("MMA_SETUP", "MMA_FRAG", "MMA_LOADS", "MMA_STEP", "MMA_STORES")
-            }
+        consts |= {f"W{p}": width if len(widths) == 1 else 0, f"CB{p}": 2}
+        if groups:  # the launch's own constexprs for a table of these widths (codebook 2)
+            consts |= moe._mma_kw(SimpleNamespace(width_set=widths, codebook=2), groups, p)
     if kernel == "gate_up":
         sig["SPLIT"] = "i32"
     sig |= {k: "constexpr" for k in consts}

@@ -79,11 +79,12 @@ def mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG: tl.constexpr):
 
 
 @triton.jit
-def mma_load(f, G: tl.constexpr, LOADS: tl.constexpr):
-    """Every group's words (six per group) at the word addresses of mma_frag's result f."""
+def mma_load(f, G: tl.constexpr, LOADS: tl.constexpr, SEL: tl.constexpr = 0):
+    """Every group's words (six per group) at the word addresses of mma_frag's result f (the loads' PTX:
+    LOADS[SEL * G + g])."""
     words = ()
     for g in tl.static_range(G):
-        w = tl.inline_asm_elementwise(LOADS[g], LOAD_CONS, [f[4], f[5], f[6]], dtype=(tl.int32,) * 6,
+        w = tl.inline_asm_elementwise(LOADS[SEL * G + g], LOAD_CONS, [f[4], f[5], f[6]], dtype=(tl.int32,) * 6,
                                       is_pure=True, pack=1)  # fmt: skip
         words = words + (w,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
     return words
@@ -92,8 +93,11 @@ def mma_load(f, G: tl.constexpr, LOADS: tl.constexpr):
 @triton.jit
 def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr, G: tl.constexpr,
                  SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr, STEP: tl.constexpr,
-                 STORES: tl.constexpr, NACC: tl.constexpr = 16):  # fmt: skip
+                 STORES: tl.constexpr, NACC: tl.constexpr = 16, SEL: tl.constexpr = 0):  # fmt: skip
     """[16, 128] fp32 sums at dst of the xh rows (fp16, stride_xh) times kt_count k-tiles of the block at t_ptr.
+
+    LOADS and STORES hold G PTX strings per selection, the SEL-th G of them used (several widths in one
+    launch: the MoE over a ragged table); Triton's constexpr tuples do not nest.
 
     Software-pipelined: the next k-tile's words and input fragments are loaded before this one is decoded.
     """
@@ -107,14 +111,14 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
     tb = t_ptr
     xb = xh_ptr
     f = mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG)
-    words = mma_load(f, G, LOADS)
+    words = mma_load(f, G, LOADS, SEL)
     for it in range(kt_count):
         # The next k-tile (the last round reloads its own, never past the end of the trellis).
         more = (it + 1 < kt_count).to(tl.int32)
         tb += more * (tn * nw)
         xb += more * 16
         fn = mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG)
-        words_n = mma_load(fn, G, LOADS)
+        words_n = mma_load(fn, G, LOADS, SEL)
         new = ()
         for g in tl.static_range(G):
             step = tl.inline_asm_elementwise(
@@ -128,7 +132,7 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
     dsti = (dst + zi).to(tl.int64, bitcast=True)
     for g in tl.static_range(G):
         tl.inline_asm_elementwise(
-            STORES[g],
+            STORES[SEL * G + g],
             STORE_CONS8 if NACC == 8 else STORE_CONS,
             (dsti, so) + accs[g] + (zi + M,),
             dtype=tl.int32,

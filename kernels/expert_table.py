@@ -33,6 +33,7 @@ class ExpertTable:
     width: int
     codebook: int
     integer_widths: bool = False  # every entry's width is a whole number of bits (16 K words)
+    width_set: tuple[int, ...] = ()  # the entries' distinct widths, ascending (read on the host once)
 
     @property
     def entries(self) -> int:
@@ -103,7 +104,8 @@ class ExpertTable:
         width = int(wids[0]) if len(set(wids.tolist())) == 1 else 0
         codebook = int(cbs[0]) if len(set(cbs.tolist())) == 1 else -1
         integer = all(int(w) % 16 == 0 for w in wids.tolist())
-        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, width, codebook, integer)
+        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, width, codebook, integer,
+                   tuple(sorted(set(wids.tolist()))))  # fmt: skip
 
     @classmethod
     def build(

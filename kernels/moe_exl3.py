@@ -64,6 +64,39 @@ def _entry_base(words_ptr, off_ptr, e, kt0, tn, pid_c, nw):
 
 
 @triton.jit
+def _mma_cols(t_ptr, off_ptr, wid_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G: tl.constexpr,
+              WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr,
+              STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
+    """exl3_mma.mma_partials over entry e's k-tiles [kt0, kt0 + kt_per) of column block pid_c, one row as an fp16
+    high / low pair at x_ptr; the table's widths are WIDTHS and the PTX of WIDTHS[i] sits at index i of the
+    others: one branch per width where entries differ (a ragged table), none where they do not."""
+    if len(WIDTHS) == 1:
+        _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G, 0, WIDTHS, SETUP, FRAG,
+                   LOADS, STEP, STORES)  # fmt: skip
+    else:
+        width = tl.load(wid_ptr + e)
+        for i in tl.static_range(len(WIDTHS)):
+            if width == WIDTHS[i]:
+                _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G, i, WIDTHS, SETUP,
+                           FRAG, LOADS, STEP, STORES)  # fmt: skip
+
+
+@triton.jit
+def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G: tl.constexpr,
+               IDX: tl.constexpr, WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr,
+               STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
+    """_mma_cols for the table's width WIDTHS[IDX]: its PTX the IDX-th of SETUP, FRAG, STEP and the IDX-th G
+    of LOADS, STORES."""
+    W: tl.constexpr = WIDTHS[IDX]
+    SETUP_I: tl.constexpr = SETUP[IDX]
+    FRAG_I: tl.constexpr = FRAG[IDX]
+    STEP_I: tl.constexpr = STEP[IDX]
+    base = _entry_base(t_ptr, off_ptr, e, kt0, tn, pid_c, W // 2)
+    mma_partials(base, tn, kt_per, x_ptr, stride_x, 2, dst, W, G, SETUP_I, FRAG_I, LOADS, STEP_I, STORES, 8,
+                 IDX)  # fmt: skip
+
+
+@triton.jit
 def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
                  FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
                  RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
@@ -180,10 +213,10 @@ def _moe_gate_up_kernel(
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
     TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
-    MMA_SETUP1: tl.constexpr = "", MMA_FRAG1: tl.constexpr = "", MMA_LOADS1: tl.constexpr = (),
-    MMA_STEP1: tl.constexpr = "", MMA_STORES1: tl.constexpr = (),
-    MMA_SETUP3: tl.constexpr = "", MMA_FRAG3: tl.constexpr = "", MMA_LOADS3: tl.constexpr = (),
-    MMA_STEP3: tl.constexpr = "", MMA_STORES3: tl.constexpr = (),
+    MMA_WIDTHS1: tl.constexpr = (), MMA_SETUP1: tl.constexpr = (), MMA_FRAG1: tl.constexpr = (),
+    MMA_LOADS1: tl.constexpr = (), MMA_STEP1: tl.constexpr = (), MMA_STORES1: tl.constexpr = (),
+    MMA_WIDTHS3: tl.constexpr = (), MMA_SETUP3: tl.constexpr = (), MMA_FRAG3: tl.constexpr = (),
+    MMA_LOADS3: tl.constexpr = (), MMA_STEP3: tl.constexpr = (), MMA_STORES3: tl.constexpr = (),
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     p = tl.program_id(1)
@@ -196,14 +229,12 @@ def _moe_gate_up_kernel(
     slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
     if MMA:
         # The weights-as-A mma decode (exl3_mma), one row as its fp16 high / low pair xh[proj, p, 0 | 1].
-        base1 = _entry_base(t1_ptr, off1_ptr, e, kt0, tn, pid_c, W1 // 2)
-        base3 = _entry_base(t3_ptr, off3_ptr, e, kt0, tn, pid_c, W3 // 2)
         x1 = xh_ptr + 2 * p * D + kt0 * 16
         x3 = xh_ptr + 2 * (P + p) * D + kt0 * 16
-        mma_partials(base1, tn, kt_per, x1, D, 2, slot_ws + pid_s * 256, W1, MMA, MMA_SETUP1, MMA_FRAG1,
-                     MMA_LOADS1, MMA_STEP1, MMA_STORES1, 8)  # fmt: skip
-        mma_partials(base3, tn, kt_per, x3, D, 2, slot_ws + pid_s * 256 + 128, W3, MMA, MMA_SETUP3, MMA_FRAG3,
-                     MMA_LOADS3, MMA_STEP3, MMA_STORES3, 8)  # fmt: skip
+        _mma_cols(t1_ptr, off1_ptr, wid1_ptr, e, kt0, kt_per, tn, pid_c, x1, D, slot_ws + pid_s * 256, MMA,
+                  MMA_WIDTHS1, MMA_SETUP1, MMA_FRAG1, MMA_LOADS1, MMA_STEP1, MMA_STORES1)  # fmt: skip
+        _mma_cols(t3_ptr, off3_ptr, wid3_ptr, e, kt0, kt_per, tn, pid_c, x3, D, slot_ws + pid_s * 256 + 128, MMA,
+                  MMA_WIDTHS3, MMA_SETUP3, MMA_FRAG3, MMA_LOADS3, MMA_STEP3, MMA_STORES3)  # fmt: skip
     else:
         if FUSE:
             x1 = x_ptr + t * stride_x
@@ -232,8 +263,8 @@ def _moe_down_kernel(
     D, NI, stride_y, topk, n_routed, KT,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
     PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
-    MMA_SETUP2: tl.constexpr = "", MMA_FRAG2: tl.constexpr = "", MMA_LOADS2: tl.constexpr = (),
-    MMA_STEP2: tl.constexpr = "", MMA_STORES2: tl.constexpr = (),
+    MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
+    MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -247,9 +278,8 @@ def _moe_down_kernel(
     slot = (t * (D // 128) + pid_c).to(tl.int64)
     mine = ws_ptr + (slot * NS + s) * 256
     if MMA:  # the activation as its fp16 high / low pair act[p, 0 | 1] (the gate/up epilogue wrote it so)
-        base2 = _entry_base(t2_ptr, off2_ptr, e, kt0, D // 16, pid_c, W2 // 2)
-        mma_partials(base2, D // 16, kt_per, act_ptr + 2 * p * NI + kt0 * 16, NI, 2, mine, W2, MMA, MMA_SETUP2,
-                     MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2, 8)  # fmt: skip
+        _mma_cols(t2_ptr, off2_ptr, wid2_ptr, e, kt0, kt_per, D // 16, pid_c, act_ptr + 2 * p * NI + kt0 * 16, NI,
+                  mine, MMA, MMA_WIDTHS2, MMA_SETUP2, MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2)  # fmt: skip
     else:
         _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
                      act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE)  # fmt: skip
@@ -278,8 +308,8 @@ class MoeConfig:
     num_stages: int = 1
     waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
     # the weights-as-A mma decode of exl3_mma, this many groups of two n-tiles per warp (1, 2 or 4; 0 = off):
-    # one width and codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair; None =
-    # MOE_MMA_GROUPS where it applies, else the run decode
+    # integer widths and one codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair,
+    # a branch per width on ragged tables; None = MOE_MMA_GROUPS on one-width tables, else the run decode
     mma: int | None = None
     # partials the last program of a column block loads at a time when it sums the k-splits (gate/up) and the
     # pairs' splits (down); more in flight, more registers in the whole kernel
@@ -296,9 +326,13 @@ MOE_MMA_WAVES = 28.0
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
-    """The mma decode's PTX constexprs for one projection's table (one row as a high / low pair)."""
-    asm = mma_asm(table.width, table.codebook, 1, groups, wt=True)
-    return {f"{k}{suffix}": asm[k] for k in ("MMA_SETUP", "MMA_FRAG", "MMA_LOADS", "MMA_STEP", "MMA_STORES")}
+    """The mma decode's constexprs for one projection's table (one row as a high / low pair): its widths and,
+    at the same index, each width's PTX (G loads and stores per width)."""
+    asms = [mma_asm(w, table.codebook, 1, groups, wt=True) for w in table.width_set]
+    kw = {f"MMA_WIDTHS{suffix}": table.width_set}
+    kw |= {f"{k}{suffix}": tuple(a[k] for a in asms) for k in ("MMA_SETUP", "MMA_FRAG", "MMA_STEP")}
+    # one string per group, the widths one after another (constexpr tuples do not nest)
+    return kw | {f"{k}{suffix}": sum((a[k] for a in asms), ()) for k in ("MMA_LOADS", "MMA_STORES")}
 
 
 def _runs_apply(config: MoeConfig, table: ExpertTable) -> bool:
@@ -342,8 +376,8 @@ def moe_exl3(
     # mixed widths keep block_k 32, 2 tiles, 8/SM (runs 3-9; the new shape is not yet measured there).
     uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
     mma = config.mma if config.mma is not None else (0 if INTERPRET or not uniform else MOE_MMA_GROUPS)
-    if mma and (INTERPRET or not uniform):
-        raise ValueError("the MoE mma decode needs one integer width and one codebook per table, and a GPU")
+    if mma and (INTERPRET or not (runs13 and runs2)):
+        raise ValueError("the MoE mma decode needs integer widths and one codebook per table, and a GPU")
     bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
     tiles = config.run_tiles or (4 if uniform else 2)
     warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)

@@ -422,10 +422,11 @@ def test_weights_as_a_fused_host_side(stubbed):
 def test_moe_mma_host_side(monkeypatch):
     """moe_exl3 with MoeConfig(mma=G), kernels stubbed (no GPU): the rotation writes each pair's rows as fp16
     high / low pairs [2, P, 2, D], the activation for the down projection is [P, 2, I] fp16, both launches get
-    the weights-as-A PTX of their tables (8 sums, one k-tile per step, 4 / G warps); tables with several widths
-    and unknown group counts are refused."""
+    the weights-as-A PTX of their tables (8 sums, one k-tile per step, 4 / G warps), per width on a ragged table;
+    half-integer widths and unknown group counts are refused."""
     import torch
     from tfc.kernels import moe_exl3 as moe
+    from tfc.kernels.exl3_mma import mma_asm
     from tfc.kernels.expert_table import ExpertTable
 
     stubs = {name: _Launch() for name in ("_moe_rotate_kernel", "_moe_gate_up_kernel", "_moe_down_kernel")}
@@ -453,7 +454,8 @@ def test_moe_mma_host_side(monkeypatch):
     assert act.shape == (pairs, 2, inter) and act.dtype == torch.float16 and dargs[1] is act
     assert gkw["MMA"] == dkw["MMA"] == 2 and gkw["num_warps"] == dkw["num_warps"] == 2 and gkw["BK"] == 16
     for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
-        assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"] and len(kw[f"MMA_STORES{suffix}"]) == 2
+        assert kw[f"MMA_WIDTHS{suffix}"] == (64,)  # one width: one PTX per constexpr
+        assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"][0] and len(kw[f"MMA_STORES{suffix}"]) == 2
     assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
                                                              moe.MOE_MMA_WAVES)  # fmt: skip
     # the default: MOE_MMA_GROUPS on one-width tables, the run decode on mixed widths
@@ -464,7 +466,15 @@ def test_moe_mma_host_side(monkeypatch):
     ragged = table(d, inter, [64, 48, 64, 64])
     moe.moe_exl3(x, ids, wts, ragged, w3, w2)
     assert stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == 0
-    with pytest.raises(ValueError, match="one integer width"):
-        moe.moe_exl3(x, ids, wts, ragged, w3, w2, config=moe.MoeConfig(mma=2))
+    # asked for on a ragged table of integer widths: a branch per width, each with its own PTX
+    moe.moe_exl3(x, ids, wts, ragged, w3, w2, config=moe.MoeConfig(mma=2))
+    gkw = stubs["_moe_gate_up_kernel"].calls[-1][2]
+    assert gkw["MMA"] == 2 and gkw["MMA_WIDTHS1"] == (48, 64) and gkw["MMA_WIDTHS3"] == (64,)
+    assert gkw["MMA_STEP1"] == tuple(mma_asm(w, 2, 1, 2, wt=True)["MMA_STEP"] for w in (48, 64))
+    assert len(set(gkw["MMA_STEP1"])) == 2  # the PTX differs by width
+    assert gkw["MMA_LOADS1"] == sum((mma_asm(w, 2, 1, 2, wt=True)["MMA_LOADS"] for w in (48, 64)), ())
+    half = table(d, inter, [64, 40, 64, 64])  # 2.5 bits: no integer width
+    with pytest.raises(ValueError, match="integer widths"):
+        moe.moe_exl3(x, ids, wts, half, w3, w2, config=moe.MoeConfig(mma=2))
     with pytest.raises(ValueError, match="mma groups 3"):
         moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=3))

@@ -138,11 +138,21 @@ def test_gemm_mma_wt_fused_one_row(bits, groups):
 
 
 @pytest.mark.parametrize(
-    ("layout", "mma"), [("stack", 0), ("ragged", 0), ("stack", 1), ("stack", 2), ("stack", 4)]
+    ("layout", "mma"),
+    [
+        ("stack", 0),
+        ("ragged", 0),
+        ("stack", 1),
+        ("stack", 2),
+        ("stack", 4),
+        ("ragged_int", 0),
+        ("ragged_int", 4),
+    ],
 )
 def test_moe_matches_reference(layout, mma):
     """The MoE over a Flash layer's tables; mma: the weights-as-A mma decode (MoeConfig.mma), each pair's row
-    as an fp16 high / low pair, so the fp32 paths' tolerance holds."""
+    as an fp16 high / low pair, so the fp32 paths' tolerance holds; ragged_int: routed 2-5 bit and a 6-bit
+    shared expert, integer widths only (the mma decode takes a branch per width)."""
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.expert_table import ExpertTable
     from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference
@@ -151,14 +161,13 @@ def test_moe_matches_reference(layout, mma):
     rng = np.random.default_rng(7)
     tables, dense = [], []
     for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
-        bits = (
-            [4] * (routed + 1)
-            if layout == "stack"
-            else [*rng.choice([2, 2.5, 3, 4], size=routed).tolist(), 6]
-        )
+        rates = [2, 3, 4, 5] if layout == "ragged_int" else [2, 2.5, 3, 4]
+        bits = [4] * (routed + 1) if layout == "stack" else [*rng.choice(rates, size=routed).tolist(), 6]
         groups = [_group(k, n, b, 2, 100 * proj + e) for e, b in enumerate(bits)]
-        tables.append(ExpertTable.build(groups, layout=layout))
+        tables.append(ExpertTable.build(groups, layout=layout.removesuffix("_int")))
         dense.append([exl3_decode(*g, dtype=torch.float32) for g in groups])
+    if layout == "ragged_int":  # several widths in every table, so the launches take their width branches
+        assert all(len(t.width_set) > 2 for t in tables) and all(t.integer_widths for t in tables)
     x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
     ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
     wts = torch.rand(tokens, topk, device="cuda") + 0.05
