@@ -601,12 +601,16 @@ def report(res: dict, out: Path) -> None:
     if res.get("load_process"):
         md += ["", "Whole `tfc load IMAGE --json` processes, warm (medians; ms per phase, process seconds; the "
                "upload phase includes staging, which the prefault moves into the init phase's torch import):", "",
-               "| TFC_PREFAULT | process s | init ms | open ms | alloc ms | upload ms | staging ms (summed) |",
-               "|---|---|---|---|---|---|---|"]  # fmt: skip
+               "| TFC_PREFAULT | process s | init ms | open ms | alloc ms | upload ms | staging ms (summed) | "
+               "pool s (summed), per process | first byte after s, per process |",
+               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for key, v in res["load_process"].items():
             m = v["median"]
+            steps = [r.get("upload_steps") or {} for r in v["runs"] if "error" not in r]
+            pool = ", ".join(str(st.get("pool", "")) for st in steps)
+            ramp = ", ".join(str(st.get("ramp", "")) for st in steps)
             md.append(f"| {key[-1]} | {m.get('process_s')} | {m.get('init')} | {m.get('open')} | {m.get('alloc')} | "
-                      f"{m.get('upload')} | {m.get('staging')} |")  # fmt: skip
+                      f"{m.get('upload')} | {m.get('staging')} | {pool} | {ramp} |")  # fmt: skip
     md += ["", "Every run (JSON): boot_h200.json"]
     (out / "boot_h200.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (out / "boot_h200.md").write_text("\n".join(md) + "\n")

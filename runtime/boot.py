@@ -131,8 +131,10 @@ def _boot(
             ph.note = f"{report.method}, {report.threads} threads{', ' + report.config if report.config else ''}; read overlaps upload"
             if report.steps:  # the mmap path: where its threads spent their time
                 ph.note += "; summed over threads: " + ", ".join(
-                    f"{k} {v:.3f} s" for k, v in report.steps.items() if k != "staging"
+                    f"{k} {v:.3f} s" for k, v in report.steps.items() if k not in ("staging", "ramp")
                 )
+                if "ramp" in report.steps:
+                    ph.note += f"; first byte copied after {report.steps['ramp']:.3f} s"
             prefaulted = staging_pool.note()
             if prefaulted:
                 ph.note += "; " + prefaulted

@@ -135,6 +135,8 @@ def upload(
         elif method == "mmap":
             times = upload_mmap(arena, files, cfg, tick)
             read_done, staging, steps = times.read_done, times.staging, times.steps()
+            if times.first_copy:  # wall seconds before the first byte left the mapping (not summed)
+                steps["ramp"] = round(times.first_copy - t0, 4)
         elif method == "ring":
             read_done = _upload_ring(arena, files, threads, slot_bytes, slots_per_thread, tick)
         else:

@@ -73,14 +73,16 @@ class MmapTimes:
     """When the last piece left the mapping, and seconds per step summed over the copy threads."""
 
     read_done: float = 0.0
+    first_copy: float = 0.0  # when the first piece started leaving the mapping (perf_counter)
     staging: float = 0.0  # allocating and pinning slots
+    pool: float = 0.0  # ... of which taking a prefaulted slot (waiting for the pool's fill and page lock)
     wait: float = 0.0  # waiting for a slot's previous host-to-device copy
     copy: float = 0.0  # memmove out of the mapping (with the madvise calls)
     issue: float = 0.0  # issuing the host-to-device copies (or handing them to the issuer)
 
     def steps(self) -> dict[str, float]:
         """The summed steps, rounded, for a report."""
-        return {k: round(getattr(self, k), 4) for k in ("staging", "wait", "copy", "issue")}
+        return {k: round(getattr(self, k), 4) for k in ("staging", "pool", "wait", "copy", "issue")}
 
 
 def cpu_threads() -> int:
@@ -155,12 +157,14 @@ class _Slot:
     def __init__(self, nbytes: int, pinning: str) -> None:
         import torch
 
-        self.nbytes, self.pinning, self.mapped, self.unlock = nbytes, pinning, 0, None
+        self.nbytes, self.pinning, self.mapped, self.unlock, self.take_s = nbytes, pinning, 0, None, 0.0
         if pinning == "torch":
             self.tensor = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
             self.addr = self.tensor.data_ptr()
             return
+        t0 = time.perf_counter()
         addr = staging_pool.take(nbytes, _lock_staging)  # faulted in and locked ahead: the pool frees it
+        self.take_s = time.perf_counter() - t0
         if addr is None:
             addr = staging_pool.map_populated(nbytes)
             if addr is None:
@@ -235,7 +239,10 @@ def upload_mmap(
                     if k == len(mine):
                         mine.append(_Slot(cfg.slot_bytes, cfg.pinning))
                         t.staging += time.perf_counter() - t1
+                        t.pool += mine[k].take_s
                         t1 = time.perf_counter()
+                    if not t.first_copy:
+                        t.first_copy = t1
                     src = bases[path][0] + foff
                     advice.before(src, n)
                     _copy(mine[k].addr, src, n)
@@ -304,8 +311,9 @@ def upload_mmap(
                 slot.free()
         if cfg.pinning == "torch":
             up.empty_host_cache(torch)  # the slots go back now, not at exit
-    total = MmapTimes(read_done=max(last_copy) or time.perf_counter())
+    starts = [t.first_copy for t in spent if t.first_copy]
+    total = MmapTimes(read_done=max(last_copy) or time.perf_counter(), first_copy=min(starts, default=0.0))
     for t in spent:
-        for k in ("staging", "wait", "copy", "issue"):
+        for k in ("staging", "pool", "wait", "copy", "issue"):
             setattr(total, k, getattr(total, k) + getattr(t, k))
     return total

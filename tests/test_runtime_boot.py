@@ -372,7 +372,7 @@ def test_boot_notes_the_mmap_steps(image, monkeypatch):
     from tfc.runtime import boot as boot_mod
     from tfc.runtime.upload import UploadReport
 
-    steps = {"staging": 0.25, "wait": 0.5, "copy": 4.0, "issue": 0.75}
+    steps = {"staging": 0.25, "pool": 0.2, "wait": 0.5, "copy": 4.0, "issue": 0.75, "ramp": 0.125}
 
     def fake_upload(arena, method, threads=None, progress=None):
         return UploadReport("mmap", str(arena.device), arena.nbytes, 1.0, 0.9, 16, "16 threads", 0.25, steps)
@@ -381,7 +381,9 @@ def test_boot_notes_the_mmap_steps(image, monkeypatch):
     booted = boot_mod.boot(image[0].parent, rank=0, device="cpu")
     try:
         phases = booted.phases.to_dict()
-        assert "summed over threads: wait 0.500 s, copy 4.000 s, issue 0.750 s" in phases["upload"]["note"]
+        note = phases["upload"]["note"]
+        assert "summed over threads: pool 0.200 s, wait 0.500 s, copy 4.000 s, issue 0.750 s;" in note
+        assert note.endswith("first byte copied after 0.125 s")  # a wall time, not summed
         assert phases["staging"]["ms"] == 250.0
     finally:
         booted.image.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import time
 
 import pytest
 from tfc.runtime import staging_pool as sp
@@ -53,21 +54,30 @@ def test_a_failed_lock_hands_out_nothing_and_leaks_nothing():
     assert sp.note() == "staging prefaulted: 0 of 2 slots taken" and sp.release() == 2
 
 
-def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda):
-    from test_runtime_upload_mmap import _files, _run
+def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda, monkeypatch):
+    from test_runtime_upload_mmap import _files
 
     items, data = _files(tmp_path, [700_001, 3 * PAGE, 90_000])
     arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
     cfg = um.staging_for(threads=3, slots_per_thread=2, slot_bytes=3 * PAGE)
     pooled = cfg.threads * cfg.slots_per_thread + 1
     sp.prefault(cfg.slot_bytes, pooled)
-    _run(arena, cfg)
+    slow = sp.StagingPool.take
+
+    def take_slowly(self, nbytes, lock_pages):  # the pool's wait shows in the threads' summed `pool` step
+        time.sleep(0.05)
+        return slow(self, nbytes, lock_pages)
+
+    monkeypatch.setattr(sp.StagingPool, "take", take_slowly)
+    with um.up._Files(arena) as files:
+        times = um.upload_mmap(arena, files, cfg, lambda n: None)
     for name, blob in data.items():
         assert arena.raw(name).numpy().tobytes() == blob, name
     assert fake_cuda.seen == [(pooled * cfg.slot_bytes, um.up.REGISTER_PORTABLE)]  # one lock for every slot
     # slots the threads made (faked events free a slot at once; a thread that finds the queue empty makes none)
     made = sp._current().taken()
     assert 1 <= made <= cfg.threads * cfg.slots_per_thread
+    assert times.pool >= 0.05 * made * 0.9 and times.staging >= times.pool
     assert sp.note() == f"staging prefaulted: {made} of {pooled} slots taken"
     assert len(fake_cuda.live) == 1  # the pool's region stays locked until the boot releases it
     assert sp.release() == pooled - made and not fake_cuda.live

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -42,9 +43,12 @@ def _run(arena: DeviceArena, cfg: um.MmapStaging) -> tuple[float, float, int]:
         with lock:
             ticks.append(n)
 
+    t0 = time.perf_counter()
     with up._Files(arena) as files:
         times = um.upload_mmap(arena, files, cfg, tick)
-    assert min(times.steps().values()) >= 0
+    steps = times.steps()
+    assert min(steps.values()) >= 0 and steps["pool"] <= steps["staging"]
+    assert t0 < times.first_copy <= times.read_done  # the first piece left the mapping before the last did
     return times.read_done, times.staging, sum(ticks)
 
 
