@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+RAGGED_WIDTHS = (32, 48, 64, 80, 96)  # routed 2-5 bit and a 6-bit shared expert
 CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("runs 1 row (default), 6 bit", 96, 1, "runs", 4, 1),
     ("runs 1 row (default), 4 bit", 64, 1, "runs", 4, 1),
@@ -35,10 +36,13 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("mma weights-as-A g4, 6 bit, 1 row", 96, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 6 bit, 8 rows", 96, 8, "mma_wt", 4, 1),
     ("mma weights-as-A g2, 6 bit, 16 rows", 96, 16, "mma_wt", 2, 2),
-    # The MoE's launches, one token, 4-bit single-width tables: the run decode (MoeConfig default) and the
-    # weights-as-A mma decode (MoeConfig(mma=G)); the loop found is the first projection's (w1 / w2).
-    ("MoE gate/up, run decode (default), 4 bit", 64, 1, "moe_gate_up", 0, 2),
-    ("MoE down, run decode (default), 4 bit", 64, 1, "moe_down", 0, 2),
+    # The MoE's launches, one token, 4-bit single-width tables: the run decode (MoeConfig(mma=0)) and the
+    # weights-as-A mma decode (MoeConfig(mma=G), 4 groups the default); the loop found is the first
+    # projection's (w1 / w2). Width 0: a ragged table of RAGGED_WIDTHS, a branch per width.
+    ("MoE gate/up, run decode, 4 bit", 64, 1, "moe_gate_up", 0, 2),
+    ("MoE down, run decode, 4 bit", 64, 1, "moe_down", 0, 2),
+    ("MoE gate/up, mma g4, ragged 2-6 bit", 0, 1, "moe_gate_up", 4, 1),
+    ("MoE down, mma g4, ragged 2-6 bit", 0, 1, "moe_down", 4, 1),
     *[
         (f"MoE {p}, mma g{g}, 4 bit", 64, 1, f"moe_{p.replace('/', '_')}", g, 4 // g)
         for p in ("gate/up", "down")
@@ -160,7 +164,9 @@ def main() -> None:
     for name, width, nrows, kind, par, warps in CONFIGS:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             if kind.startswith("moe_"):
-                f.write(compile_moe(kind.removeprefix("moe_"), width, par, warps))
+                f.write(
+                    compile_moe(kind.removeprefix("moe_"), width, par, warps, () if width else RAGGED_WIDTHS)
+                )
             else:
                 f.write(compile_one(width, nrows, kind, par, warps))
             f.flush()

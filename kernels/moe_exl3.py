@@ -83,8 +83,8 @@ def _mma_cols(t_ptr, off_ptr, wid_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_
 
 @triton.jit
 def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G: tl.constexpr,
-               IDX: tl.constexpr, WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr,
-               STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
+               IDX: tl.constexpr, WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr,
+               LOADS: tl.constexpr, STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
     """_mma_cols for the table's width WIDTHS[IDX]: its PTX the IDX-th of SETUP, FRAG, STEP and the IDX-th G
     of LOADS, STORES."""
     W: tl.constexpr = WIDTHS[IDX]
@@ -178,8 +178,9 @@ def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D,
 @triton.jit
 def _gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
                       PAIRS: tl.constexpr = False, FLIGHT: tl.constexpr = 8):  # fmt: skip
-    """Sum the split partials (FLIGHT loaded at a time), SwiGLU one 128-column block, then rotate it for the down projection (PAIRS: into
-    act[p, 0 | 1] as the fp16 high / low pair the mma decode reads, else fp32 act[p])."""
+    """Sum the split partials (FLIGHT loaded at a time), SwiGLU one 128-column block, then rotate it for the
+    down projection (PAIRS: into act[p, 0 | 1] as the fp16 high / low pair the mma decode reads, else fp32
+    act[p])."""
     cols = pid_c * 128 + tl.arange(0, 128)
     g = (
         rotate_sum(slot_ws, nsum, 256, 0, 1, FLIGHT)
