@@ -41,6 +41,8 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     # projection's (w1 / w2). Width 0: a ragged table of RAGGED_WIDTHS, a branch per width.
     ("MoE gate/up, run decode, 4 bit", 64, 1, "moe_gate_up", 0, 2),
     ("MoE down, run decode, 4 bit", 64, 1, "moe_down", 0, 2),
+    ("MoE gate/up, run decode, ragged 2-6 bit", 0, 1, "moe_gate_up", 0, 2),
+    ("MoE down, run decode, ragged 2-6 bit", 0, 1, "moe_down", 0, 2),
     ("MoE gate/up, mma g4, ragged 2-6 bit", 0, 1, "moe_gate_up", 4, 1),
     ("MoE down, mma g4, ragged 2-6 bit", 0, 1, "moe_down", 4, 1),
     *[
@@ -78,11 +80,18 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
         **fp32_act,
         **({"xh_ptr": "*fp32"} if not groups and kernel == "gate_up" else {}),
     }
-    consts = {"BK": 16 if groups else 64, "PF": 4, "TPE": 4, "MMA": groups, "FLIGHT": 8}
+    one = not widths or len(widths) == 1  # the run decode's default shape: block_k 64, 4 tiles; ragged 32, 2
+    consts = {
+        "BK": 16 if groups else 64 if one else 32,
+        "PF": 4,
+        "TPE": 4 if one else 2,
+        "MMA": groups,
+        "FLIGHT": 8,
+    }
     consts |= {"FUSE": False, "RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
     widths = widths or (width,)
     for p in projs:
-        consts |= {f"W{p}": width if len(widths) == 1 else 0, f"CB{p}": 2}
+        consts |= {f"W{p}": width if len(widths) == 1 else 0, f"CB{p}": 2, f"RW{p}": widths}
         if groups:  # the launch's own constexprs for a table of these widths (codebook 2)
             consts |= moe._mma_kw(SimpleNamespace(width_set=widths, codebook=2), groups, p)
     if kernel == "gate_up":

@@ -20,8 +20,6 @@ _MUL1_F32 = tl.constexpr(codebook_ptx(2, widen=True))
 _3INST_F32 = tl.constexpr(codebook_ptx(0, widen=True))
 _MCG_F32 = tl.constexpr(codebook_ptx(1, widen=True))
 
-RUN_WIDTHS = tuple(range(16, 129, 16))  # integer widths K = 1 .. 8 (int16 words per tile = 16 K)
-
 
 @triton.jit
 def cb_decode2_f32(sa, sb, CB: tl.constexpr):
@@ -253,26 +251,4 @@ def store_cols(dst, a, b):
     tl.store(dst + 16 * nt + 8 + c, b)
 
 
-@triton.jit
-def runs_cols_rt(t_ptr, width, tn, kt_count, xh_ptr, CB: tl.constexpr, BKT: tl.constexpr, TPE: tl.constexpr):
-    """runs_cols for a width known only at run time (ragged expert tables): one branch per integer width."""
-    if width == 16:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 16, CB, BKT, TPE)
-    elif width == 32:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 32, CB, BKT, TPE)
-    elif width == 48:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 48, CB, BKT, TPE)
-    elif width == 64:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 64, CB, BKT, TPE)
-    elif width == 80:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 80, CB, BKT, TPE)
-    elif width == 96:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 96, CB, BKT, TPE)
-    elif width == 112:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 112, CB, BKT, TPE)
-    else:
-        a, b = runs_cols(t_ptr, tn, kt_count, xh_ptr, 128, CB, BKT, TPE)
-    return a, b
-
-
-__all__ = ["RUN_WIDTHS", "runs_cols", "runs_cols_rt", "runs_rows", "store_cols"]
+__all__ = ["runs_cols", "runs_rows", "store_cols"]

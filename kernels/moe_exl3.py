@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3_gemv import counters, even_split, num_sms, pick_split
 from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps
-from tfc.kernels.exl3_runs import runs_cols, runs_cols_rt, store_cols
+from tfc.kernels.exl3_runs import runs_cols, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
@@ -99,8 +99,9 @@ def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, 
 @triton.jit
 def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn, xin_ptr, suh_ptr, dst,
                  FUSE: tl.constexpr, W: tl.constexpr, CB: tl.constexpr, BK: tl.constexpr, PF: tl.constexpr,
-                 RUNS: tl.constexpr, TPE: tl.constexpr):  # fmt: skip
-    """dst[c] = sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 pid_c + c], c < 128."""
+                 RUNS: tl.constexpr, TPE: tl.constexpr, RW: tl.constexpr = ()):  # fmt: skip
+    """dst[c] = sum over rows [16 kt0, 16 (kt0 + kt_per)) of xh[row] * W-hat_e[row, 128 pid_c + c], c < 128;
+    RW: the table's widths (the run decode takes a branch per width on a ragged table, W = 0)."""
     if W > 0:
         width = W
     else:
@@ -111,9 +112,12 @@ def _expert_cols(words_ptr, off_ptr, wid_ptr, cb_ptr, e, pid_c, kt0, kt_per, tn,
         # Integer widths, one codebook: 32-position runs cut from words loaded once (exl3_runs).
         if W > 0:
             a, b = runs_cols(base, tn, kt_per, xin_ptr + kt0 * 16, W, CB, BK // 16, TPE)
-        else:
-            a, b = runs_cols_rt(base, width, tn, kt_per, xin_ptr + kt0 * 16, CB, BK // 16, TPE)
-        store_cols(dst, a, b)
+            store_cols(dst, a, b)
+        else:  # only the widths the table holds: fewer branches to compile than every integer width
+            for i in tl.static_range(len(RW)):
+                if width == RW[i]:
+                    a, b = runs_cols(base, tn, kt_per, xin_ptr + kt0 * 16, RW[i], CB, BK // 16, TPE)
+                    store_cols(dst, a, b)
     else:
         _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, suh_ptr, dst, width, nw,
                             FUSE, W, CB, BK, PF)  # fmt: skip
@@ -213,7 +217,8 @@ def _moe_gate_up_kernel(
     P, D, NI, stride_x, topk, n_routed, KT, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, FUSE: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
-    TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
+    TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8, RW1: tl.constexpr = (),
+    RW3: tl.constexpr = (),
     MMA_WIDTHS1: tl.constexpr = (), MMA_SETUP1: tl.constexpr = (), MMA_FRAG1: tl.constexpr = (),
     MMA_LOADS1: tl.constexpr = (), MMA_STEP1: tl.constexpr = (), MMA_STORES1: tl.constexpr = (),
     MMA_WIDTHS3: tl.constexpr = (), MMA_SETUP3: tl.constexpr = (), MMA_FRAG3: tl.constexpr = (),
@@ -244,9 +249,9 @@ def _moe_gate_up_kernel(
             x1 = xh_ptr + p * D
             x3 = xh_ptr + (P + p) * D
         _expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, x1, suh1_ptr + e * D,
-                     slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, RUNS, TPE)  # fmt: skip
+                     slot_ws + pid_s * 256, FUSE, W1, CB1, BK, PF, RUNS, TPE, RW1)  # fmt: skip
         _expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, x3, suh3_ptr + e * D,
-                     slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, RUNS, TPE)  # fmt: skip
+                     slot_ws + pid_s * 256 + 128, FUSE, W3, CB3, BK, PF, RUNS, TPE, RW3)  # fmt: skip
     release_fence()
     last = pid_s >= 0
     if SPLIT > 1:
@@ -264,6 +269,7 @@ def _moe_down_kernel(
     D, NI, stride_y, topk, n_routed, KT,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
     PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
+    RW2: tl.constexpr = (),
     MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
     MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
 ):  # fmt: skip
@@ -283,7 +289,7 @@ def _moe_down_kernel(
                   mine, MMA, MMA_WIDTHS2, MMA_SETUP2, MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2)  # fmt: skip
     else:
         _expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI,
-                     act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE)  # fmt: skip
+                     act_ptr, mine, False, W2, CB2, BK, PF, RUNS2, TPE, RW2)  # fmt: skip
     tl.debug_barrier()
     y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
     tl.store(mine + 128 + c, y)
@@ -421,13 +427,13 @@ def moe_exl3(
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, FUSE=fuse, PF=config.prefetch, RUNS=runs13, TPE=tiles,
         num_warps=warps, num_stages=config.num_stages, FLIGHT=config.reduce_flight,
-        MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
+        RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(0), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
-        num_warps=warps, num_stages=config.num_stages, MMA=mma, FLIGHT=config.reduce_flight,
+        num_warps=warps, num_stages=config.num_stages, MMA=mma, FLIGHT=config.reduce_flight, RW2=w2.width_set,
         **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
