@@ -18,7 +18,8 @@ class ExpertTable:
     """E routed entries then the shared expert (last); entry e is an EXL3 linear [k, n] of width widths[e].
 
     stack: trellis int16 [E+1, tk, tn, W]; ragged: trellis uint8 [bytes], entries 16-byte aligned.
-    `width` / `codebook` are the common values (0 / -1 when entries differ), read on the host once.
+    `width_set` holds the distinct widths; `width` / `codebook` are the common values (0 / -1 when entries
+    differ), all read on the host once.
     """
 
     layout: str
@@ -30,10 +31,18 @@ class ExpertTable:
     svh: torch.Tensor  # float16 [E+1, n]
     k: int
     n: int
-    width: int
     codebook: int
-    integer_widths: bool = False  # every entry's width is a whole number of bits (16 K words)
-    width_set: tuple[int, ...] = ()  # the entries' distinct widths, ascending (read on the host once)
+    width_set: tuple[int, ...]  # the entries' distinct widths, ascending (read on the host once)
+
+    @property
+    def width(self) -> int:
+        """The entries' common width, or 0 when they differ."""
+        return self.width_set[0] if len(self.width_set) == 1 else 0
+
+    @property
+    def integer_widths(self) -> bool:
+        """Every entry's width is a whole number of bits (16 K words)."""
+        return all(w % 16 == 0 for w in self.width_set)
 
     @property
     def entries(self) -> int:
@@ -101,11 +110,9 @@ class ExpertTable:
             raise Exl3FormatError(
                 f"stack table widths {sorted(set(wids.tolist()))} differ from W={trellis.shape[3]}"
             )
-        width = int(wids[0]) if len(set(wids.tolist())) == 1 else 0
         codebook = int(cbs[0]) if len(set(cbs.tolist())) == 1 else -1
-        integer = all(int(w) % 16 == 0 for w in wids.tolist())
-        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, width, codebook, integer,
-                   tuple(sorted(set(wids.tolist()))))  # fmt: skip
+        width_set = tuple(sorted({int(w) for w in wids.tolist()}))
+        return cls(layout, trellis, offsets, widths, codebooks, suh, svh, k, n, codebook, width_set)
 
     @classmethod
     def build(
