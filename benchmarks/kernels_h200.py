@@ -147,16 +147,16 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     "apart32": GemmConfig(reduce_flight=32),
 }
 MOE = {
-    "default": MoeConfig(),  # one width per table: the mma decode, 4 groups; mixed widths: runs_default
+    "default": MoeConfig(),  # the mma decode: 4 groups on one width per table, 2 on ragged integer widths
     "runs_default": MoeConfig(mma=0),  # block_k 64, 4 tiles per element, 2 warps, 16 programs/SM
     "runs_bk32_t2_w2_o8": MoeConfig(
         mma=0, block_k=32, run_tiles=2, num_warps=2, waves=8
-    ),  # the previous default
+    ),  # the run decode's default on mixed widths (the MoE's default there up to run 32)
     # the single-width tables' shape, asked for on every table (mixed widths default to the line above)
     "runs_bk64_t4_w2_o16": MoeConfig(mma=0, block_k=64, run_tiles=4, num_warps=2, waves=16),
     # more, shorter k-split programs (more waves, a shorter tail)
     **{f"runs_o{w}": MoeConfig(mma=0, waves=w) for w in (32, 64)},
-    # the weights-as-A mma decode, 1, 2 or 4 groups (one width per table: refused on the ragged layout)
+    # the weights-as-A mma decode, 1, 2 or 4 groups (a branch per width on the ragged layout)
     **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
     # programs per SM the mma decode's k-splits aim for (default 8 per group)
     **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 32, 56, 64, 128)},
@@ -164,7 +164,7 @@ MOE = {
     "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
     # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)
     **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
-    **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (32, 64)},
+    **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 

@@ -45,6 +45,8 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("MoE down, run decode, ragged 2-6 bit", 0, 1, "moe_down", 0, 2),
     ("MoE gate/up, mma g4, ragged 2-6 bit", 0, 1, "moe_gate_up", 4, 1),
     ("MoE down, mma g4, ragged 2-6 bit", 0, 1, "moe_down", 4, 1),
+    ("MoE gate/up, mma g2, ragged 2-6 bit", 0, 1, "moe_gate_up", 2, 2),
+    ("MoE down, mma g2, ragged 2-6 bit", 0, 1, "moe_down", 2, 2),
     *[
         (f"MoE {p}, mma g{g}, 4 bit", 64, 1, f"moe_{p.replace('/', '_')}", g, 4 // g)
         for p in ("gate/up", "down")

@@ -7,7 +7,7 @@ Launches: an optional input rotation (all pairs, both w1 and w3), one fused gate
 applies SwiGLU and the down projection's input rotation, and one down launch whose last program per
 (token, 128 columns) sums the pairs in a fixed order. No Python loop over experts. The decode is the
 32-position run decode (exl3_runs), the per-element gather, or (MoeConfig.mma, the GPU default on tables of
-one width) the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair.
+integer widths) the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair.
 """
 
 from __future__ import annotations
@@ -316,7 +316,8 @@ class MoeConfig:
     waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
     # the weights-as-A mma decode of exl3_mma, this many groups of two n-tiles per warp (1, 2 or 4; 0 = off):
     # integer widths and one codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair,
-    # a branch per width on ragged tables; None = MOE_MMA_GROUPS on one-width tables, else the run decode
+    # a branch per width on ragged tables; None = MOE_MMA_GROUPS on one-width tables, MOE_MMA_GROUPS_RAGGED on
+    # ragged tables of integer widths, else (half rates, mixed codebooks, the interpreter) the run decode
     mma: int | None = None
     # partials the last program of a column block loads at a time when it sums the k-splits (gate/up) and the
     # pairs' splits (down); more in flight, more registers in the whole kernel
@@ -326,10 +327,21 @@ class MoeConfig:
 # The MoE's default mma groups on one-width tables: 4 groups 95.8 us, 2 groups 97.4, 1 group 113.0, the run
 # decode 101.8 on a Flash layer's 4-bit stack (kernels_h200.md, run 24)
 MOE_MMA_GROUPS = 4
+# ... and on ragged tables of integer widths (the real packs' shape: routed 2-5 bit, shared 6 bit), where each
+# launch branches per width: 2 groups 108.2 us, 4 groups 114.5 (120 / 104 registers), the run decode 122.8
+# (kernels_h200.md, run 32)
+MOE_MMA_GROUPS_RAGGED = 2
 # Programs per SM the mma decode's k-splits aim for: at 4 groups a program is one warp of 72 registers and 28 fit
 # an SM, so one full wave; at 32 (8 per group) the gate/up launch was 1.09 waves (Nsight, kernels_h200.md run 28).
 # Measured: 95.2 us against 96.5 for the divisor split at 32 (run 29), within run-to-run noise.
 MOE_MMA_WAVES = 28.0
+
+
+def _default_mma(uniform: bool, integer: bool) -> int:
+    """The mma groups when MoeConfig.mma is None: one-width or ragged integer tables on a GPU, else 0 (run decode)."""
+    if INTERPRET or not integer:
+        return 0
+    return MOE_MMA_GROUPS if uniform else MOE_MMA_GROUPS_RAGGED
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
@@ -382,7 +394,7 @@ def moe_exl3(
     # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM (kernels_occupancy_h200.md);
     # mixed widths keep block_k 32, 2 tiles, 8/SM (runs 3-9; the new shape is not yet measured there).
     uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
-    mma = config.mma if config.mma is not None else (0 if INTERPRET or not uniform else MOE_MMA_GROUPS)
+    mma = config.mma if config.mma is not None else _default_mma(uniform, runs13 and runs2)
     if mma and (INTERPRET or not (runs13 and runs2)):
         raise ValueError("the MoE mma decode needs integer widths and one codebook per table, and a GPU")
     bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)

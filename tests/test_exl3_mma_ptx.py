@@ -458,13 +458,19 @@ def test_moe_mma_host_side(monkeypatch):
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"][0] and len(kw[f"MMA_STORES{suffix}"]) == 2
     assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
                                                              moe.MOE_MMA_WAVES)  # fmt: skip
-    # the default: MOE_MMA_GROUPS on one-width tables, the run decode on mixed widths
+    # the default: MOE_MMA_GROUPS on one-width tables, MOE_MMA_GROUPS_RAGGED on ragged integer widths, the
+    # run decode where a table holds a half rate
     moe.moe_exl3(x, ids, wts, w1, w3, w2)
     assert (
         stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == stubs["_moe_down_kernel"].calls[-1][2]["MMA"] == 4
     )
     ragged = table(d, inter, [64, 48, 64, 64])
     moe.moe_exl3(x, ids, wts, ragged, w3, w2)
+    assert (
+        stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == stubs["_moe_down_kernel"].calls[-1][2]["MMA"] == 2
+    )
+    assert stubs["_moe_gate_up_kernel"].calls[-1][2]["num_warps"] == 2
+    moe.moe_exl3(x, ids, wts, table(d, inter, [64, 40, 64, 64]), w3, w2)
     assert stubs["_moe_gate_up_kernel"].calls[-1][2]["MMA"] == 0
     # asked for on a ragged table of integer widths: a branch per width, each with its own PTX
     moe.moe_exl3(x, ids, wts, ragged, w3, w2, config=moe.MoeConfig(mma=2))

@@ -146,6 +146,7 @@ def test_gemm_mma_wt_fused_one_row(bits, groups):
         ("stack", 2),
         ("stack", 4),
         ("ragged_int", 0),
+        ("ragged_int", 2),
         ("ragged_int", 4),
     ],
 )
