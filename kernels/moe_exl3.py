@@ -333,8 +333,10 @@ MOE_MMA_GROUPS = 4
 MOE_MMA_GROUPS_RAGGED = 2
 # Programs per SM the mma decode's k-splits aim for: at 4 groups a program is one warp of 72 registers and 28 fit
 # an SM, so one full wave; at 32 (8 per group) the gate/up launch was 1.09 waves (Nsight, kernels_h200.md run 28).
-# Measured: 95.2 us against 96.5 for the divisor split at 32 (run 29), within run-to-run noise.
-MOE_MMA_WAVES = 28.0
+# Measured: 95.2 us against 96.5 for the divisor split at 32 (run 29), within run-to-run noise. At 2 groups (two-warp
+# programs, the ragged default) 12 per SM: ragged_q28 103.1 us against 107.4 at 16, 109.0 at 28, 116.9 at 8
+# (run 33). 1 group is not tuned (28, as before).
+MOE_MMA_WAVES = {1: 28.0, 2: 12.0, 4: 28.0}
 
 
 def _default_mma(uniform: bool, integer: bool) -> int:
@@ -402,7 +404,7 @@ def moe_exl3(
     warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)
     sms = num_sms(dev)
     c1, c2 = inter // 128, d // 128
-    waves = config.waves or (MOE_MMA_WAVES if mma else 16.0 if uniform else 8.0)
+    waves = config.waves or (MOE_MMA_WAVES[mma] if mma else 16.0 if uniform else 8.0)
     if mma:  # one k-tile per step: any split, the k-tiles shared out as evenly as they go
         split1 = config.split_gate_up or even_split(d // 16, c1 * pairs, sms, waves)
         split2 = config.split_down or even_split(inter // 16, c2 * pairs, sms, waves)

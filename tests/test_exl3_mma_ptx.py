@@ -457,7 +457,7 @@ def test_moe_mma_host_side(monkeypatch):
         assert kw[f"MMA_WIDTHS{suffix}"] == (64,)  # one width: one PTX per constexpr
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"][0] and len(kw[f"MMA_STORES{suffix}"]) == 2
     assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
-                                                             moe.MOE_MMA_WAVES)  # fmt: skip
+                                                             moe.MOE_MMA_WAVES[2])  # fmt: skip
     # the default: MOE_MMA_GROUPS on one-width tables, MOE_MMA_GROUPS_RAGGED on ragged integer widths, the
     # run decode where a table holds a half rate
     moe.moe_exl3(x, ids, wts, w1, w3, w2)
