@@ -47,6 +47,7 @@ _import_kernels()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
+from tfc.kernels import exl3_mma_ptx  # noqa: E402
 from tfc.kernels import exl3_reference as ref  # noqa: E402
 from tfc.kernels.exl3_decode import exl3_decode  # noqa: E402
 from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units  # noqa: E402
@@ -114,6 +115,8 @@ ONE_ROW = {
         f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32, waves=w)
         for w in (64, 128)
     },
+    "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
+    "mma_wt_g4_mask": GemmConfig(mma=4, mma_wt=True),
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     # up to 8 rows the weights as A, 4 groups on wq_b / wo_b / the head, 1 on a routed matrix; above, x as A
@@ -145,6 +148,7 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     **{f"mma_g4_o{w}": GemmConfig(mma=4, mma_wt=False, waves=w) for w in (64, 128)},
     # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp)
     "apart32": GemmConfig(reduce_flight=32),
+    "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
 }
 MOE = {
     "default": MoeConfig(),  # the mma decode: 4 groups on one width per table, 2 on ragged integer widths
@@ -165,8 +169,15 @@ MOE = {
     # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)
     **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
+    "default_mask": MoeConfig(),  # states cut by shift-and-mask (set_cut)
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
+
+
+def set_cut(vname):
+    """Variants named *_mask cut the mma decode's states by shift-and-mask (exl3_mma_ptx.BYTE_CUT off), the others
+    by byte permutes where that saves instructions: a same-run comparison of the two."""
+    exl3_mma_ptx.BYTE_CUT = not vname.endswith("_mask")
 
 
 def log(*args):
@@ -286,6 +297,7 @@ def bench_gemm(results, copy_bw, quick, save):
                      "bf16_matmul_us": mm, "bf16_bytes": wbf.numel() * 2, "variants": {}}  # fmt: skip
             variants = ONE_ROW if rows == 1 else MANY_ROWS
             for vname, cfg in variants.items():
+                set_cut(vname)
                 out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=DEV)
                 try:
                     exl3_gemm(x, tr, suh, svh, cb, config=cfg, out=out)
@@ -389,6 +401,7 @@ def bench_moe(results, copy_bw):
             for e in used:
                 nbytes += groups[p][e][0].numel() * 2 + 2 * (d + inter)
         for vname, cfg in MOE.items():
+            set_cut(vname)
             out = torch.full((1, d), float("nan"), dtype=torch.float32, device=DEV)
             try:
                 moe_exl3(x, ids, wts, tables["w1"], tables["w3"], tables["w2"], config=cfg, out=out)

@@ -16,9 +16,15 @@ generated text in a small PTX interpreter against the reference decode.
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 from tfc.kernels.exl3_tl import CODEBOOK_BODIES
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+# Cut states by byte permutes where that takes fewer instructions (byte_plan); False: shift-and-mask everywhere,
+# for same-run comparisons (benchmarks/kernels_h200.py's "_mask" variants).
+BYTE_CUT = True
 WORDS = 3  # word-offset outputs of setup_ptx (the most any width loads; unused ones are 0)
 SETUP_OUTPUTS = WORDS + 5
 
@@ -99,6 +105,48 @@ def _state(q: int, k_bits: int, dst: str) -> list[str]:
     if sh < 16:
         return [f"shr.u32 t, u{m}, {sh};", f"and.b32 {dst}, t, 0xFFFF;"]
     return [f"shf.r.clamp.b32 t, u{m}, u{m - 1}, {sh};", f"and.b32 {dst}, t, 0xFFFF;"]
+
+
+def _cut_cost(q: int, k_bits: int) -> int:
+    """Instructions `_state` takes for state q."""
+    return 1 if (31 - (16 + (q + 1) * k_bits - 1) % 32) in (0, 8, 16) else 2
+
+
+@functools.cache
+def byte_plan(k_bits: int) -> tuple[int, ...] | None:
+    """Window bit offsets o of the registers X(o) (window bits [o, o + 32)) from which every state is cut by one
+    byte permute, when that takes fewer instructions than `_state`; else None. A state starting at bit a sits
+    at a byte boundary of X(o) when a - o is 0, 8 or 16; X(o) costs a funnel shift unless o is a word's start.
+    Fewer instructions for K = 2 (11 against 14 per 8 states) and K = 4 (11 against 13)."""
+    starts = [(q + 1) * k_bits for q in range(8)]
+    _, nu = window_words(k_bits)
+    cands = sorted({a - d for a in starts for d in (0, 8, 16) if a - d >= 0})
+    cover = {o: frozenset(a for a in starts if a - o in (0, 8, 16)) for o in cands}
+    best, now = None, sum(_cut_cost(q, k_bits) for q in range(8)) - 8
+    for size in range(1, 5):
+        for combo in itertools.combinations(cands, size):
+            if frozenset().union(*(cover[o] for o in combo)) == frozenset(starts):
+                cost = sum(0 if o % 32 == 0 and o // 32 < nu else 1 for o in combo)
+                if cost < now and (best is None or cost < best[0]):
+                    best = (cost, combo)
+    return best[1] if best else None
+
+
+def _byte_cut(k_bits: int, plan: tuple[int, ...], nu: int) -> list[str]:
+    """The plan's registers x0.. (a funnel shift each, or a window word), then each state s_q by one permute."""
+    lines = []
+    for i, o in enumerate(plan):
+        m, r = divmod(o, 32)
+        low = f"u{m + 1}" if m + 1 < nu else "z"
+        lines.append(f"mov.b32 x{i}, u{m};" if r == 0 else f"shf.l.clamp.b32 x{i}, {low}, u{m}, {r};")
+    for q in range(8):
+        a = (q + 1) * k_bits
+        i = next(i for i, o in enumerate(plan) if a - o in (0, 8, 16))
+        j = (
+            16 - (a - plan[i])
+        ) // 8  # the state's low byte in x_i (register bits 31 - (a - o) .. 16 - (a - o))
+        lines.append(f"prmt.b32 s{q}, x{i}, z, 0x44{j + 1}{j};")
+    return lines
 
 
 def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
@@ -185,7 +233,12 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
     words = [[f"${2 * nacc + 4 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
     off = f"${2 * nacc + 4 + 2 * WORDS}"
     regs = ", ".join(f"u{i}" for i in range(nu))
-    lines = [f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t;", "mov.b32 z, 0;"]
+    plan = byte_plan(k_bits) if BYTE_CUT else None
+    xregs = "".join(f", x{i}" for i in range(len(plan or ())))
+    lines = [
+        f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t{xregs};",
+        "mov.b32 z, 0;",
+    ]
     per_tile = nacc // 2
     for j in range(2):
         w = words[j]
@@ -194,8 +247,11 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
         lines += [
             f"shf.l.clamp.b32 u{i}, {w[i + 1] if i + 1 < nwd else 'z'}, {w[i]}, {off};" for i in range(nu)
         ]
-        for q in range(8):
-            lines += _state(q, k_bits, f"s{q}")
+        if plan:
+            lines += _byte_cut(k_bits, plan, nu)
+        else:
+            for q in range(8):
+                lines += _state(q, k_bits, f"s{q}")
         lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
         for h in range(per_tile // 4):
             d = acc_out[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]

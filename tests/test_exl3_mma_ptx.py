@@ -484,3 +484,19 @@ def test_moe_mma_host_side(monkeypatch):
         moe.moe_exl3(x, ids, wts, half, w3, w2, config=moe.MoeConfig(mma=2))
     with pytest.raises(ValueError, match="mma groups 3"):
         moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=3))
+
+
+def test_byte_plan_cuts_fewer_instructions():
+    """At 2 and 4 bits every state is cut by one byte permute from a few shifted window registers (11
+    instructions per 8 states against 14 / 13 for shift-and-mask); other widths keep shift-and-mask."""
+    from tfc.kernels.exl3_mma_ptx import byte_plan, step_ptx
+
+    assert byte_plan(2) == (0, 2, 4, 6) and byte_plan(4) == (0, 4, 12, 16)
+    assert all(byte_plan(k) is None for k in (1, 3, 5, 6, 7, 8))
+    for k, before in ((2, 14), (4, 13)):
+        text = step_ptx(k, 2, wt=True, rows16=False)
+        cut = [
+            ln for ln in text.splitlines() if ln.startswith(("prmt.b32 s", "shf.l.clamp.b32 x", "mov.b32 x"))
+        ]
+        shifts = sum(ln.startswith("shf.l.clamp.b32 x") for ln in cut)
+        assert len(cut) == 2 * (8 + len(byte_plan(k))) and 8 + shifts // 2 == 11 < before  # two n-tiles
