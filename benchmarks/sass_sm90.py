@@ -34,6 +34,8 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("mma weights-as-A g2, 4 bit, 1 row", 64, 1, "mma_wt", 2, 2),
     ("mma weights-as-A g2, 4 bit, 1 row, fused rotation", 64, 1, "mma_wt_fused", 2, 2),
     ("mma weights-as-A g4, 6 bit, 1 row", 96, 1, "mma_wt", 4, 1),
+    ("mma weights-as-A g4, 4 bit, 1 row", 64, 1, "mma_wt", 4, 1),
+    ("mma weights-as-A g4, 2 bit, 1 row", 32, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 6 bit, 8 rows", 96, 8, "mma_wt", 4, 1),
     ("mma weights-as-A g2, 6 bit, 16 rows", 96, 16, "mma_wt", 2, 2),
     # The MoE's launches, one token, 4-bit single-width tables: the run decode (MoeConfig(mma=0)) and the
