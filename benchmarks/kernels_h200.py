@@ -117,7 +117,6 @@ ONE_ROW = {
     },
     "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
     "mma_wt_g4_mask": GemmConfig(mma=4, mma_wt=True),
-    "default_dp4a": GemmConfig(),  # MUL1's byte sums by dp4a (set_cut)
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     # up to 8 rows the weights as A, 4 groups on wq_b / wo_b / the head, 1 on a routed matrix; above, x as A
@@ -150,7 +149,6 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp)
     "apart32": GemmConfig(reduce_flight=32),
     "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
-    "default_dp4a": GemmConfig(),  # MUL1's byte sums by dp4a (set_cut)
 }
 MOE = {
     "default": MoeConfig(),  # the mma decode: 4 groups on one width per table, 2 on ragged integer widths
@@ -172,16 +170,14 @@ MOE = {
     **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
     "default_mask": MoeConfig(),  # states cut by shift-and-mask (set_cut)
-    "default_dp4a": MoeConfig(),  # MUL1's byte sums by dp4a (set_cut)
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
 
 def set_cut(vname):
-    """Variants named *_mask cut the mma decode's states by shift-and-mask (exl3_mma_ptx.BYTE_CUT off), *_dp4a sum
-    MUL1's bytes by dp4a (IMMA_SUM off), the others take both defaults: same-run comparisons."""
+    """Variants named *_mask cut the mma decode's states by shift-and-mask (exl3_mma_ptx.BYTE_CUT off), the others
+    by byte permutes where that saves instructions: a same-run comparison of the two."""
     exl3_mma_ptx.BYTE_CUT = not vname.endswith("_mask")
-    exl3_mma_ptx.IMMA_SUM = not vname.endswith("_dp4a")
 
 
 def log(*args):

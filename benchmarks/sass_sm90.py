@@ -3,8 +3,8 @@
 
 For each configuration it compiles `_exl3_gemm_kernel` (or a MoE launch) for an H100/H200 target with the Triton in use (pass
 `--triton-path` to put another Triton first, e.g. the 3.6 the H200 machine has), disassembles it with the
-cuobjdump Triton ships, finds the backward branch whose loop body holds the codebook's byte sums (an IDP
-per weight, or an IMMA per 4 weights of a lane), and reports that loop's SASS instructions per decoded weight. Runtime is not measured
+cuobjdump Triton ships, finds the backward branch whose loop body holds the codebook's IDP instructions,
+and reports that loop's SASS instructions per decoded weight (one IDP per weight). Runtime is not measured
 here: this is the instruction budget the H200 runs (kernels_h200.md, ncu_h200/).
     python3 benchmarks/sass_sm90.py --out benchmarks/sass_sm90.json
 """
@@ -139,8 +139,7 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
 
 
 def loop_stats(sass: str) -> dict:
-    """The loop of a SASS listing that holds the byte sums (IDP: 1 weight, IMMA: 4): instructions, per weight, and
-    the top opcodes."""
+    """The IDP-holding loop of a SASS listing: instructions, per weight, and the top opcodes."""
     ins = []
     for line in sass.splitlines():
         m = re.search(r"/\*([0-9a-f]{4,5})\*/\s+(@!?U?P\w+ )?([A-Z0-9_.]+)([^;]*)", line)
@@ -151,7 +150,7 @@ def loop_stats(sass: str) -> dict:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if target and int(target.group(1), 16) < addr:
             body = [o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr]
-            idp = sum(o.startswith("IDP") for o in body) + 4 * sum(o.startswith("IMMA") for o in body)
+            idp = sum(o.startswith("IDP") for o in body)
             if idp and idp > best.get("weights", 0):
                 ops = Counter(o.split(".")[0] for o in body)
                 best = {"instructions": len(body), "weights": idp, "per_weight": round(len(body) / idp, 2),

@@ -25,9 +25,6 @@ MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 # Cut states by byte permutes where that takes fewer instructions (byte_plan); False: shift-and-mask everywhere,
 # for same-run comparisons (benchmarks/kernels_h200.py's "_mask" variants).
 BYTE_CUT = True
-# MUL1's byte sums by an integer mma (4 states per instruction, the tensor pipe) instead of one dp4a each (the
-# FMA pipe); False: dp4a, for same-run comparisons (benchmarks/kernels_h200.py's "_dp4a" variants).
-IMMA_SUM = True
 WORDS = 3  # word-offset outputs of setup_ptx (the most any width loads; unused ones are 0)
 SETUP_OUTPUTS = WORDS + 5
 
@@ -152,42 +149,6 @@ def _byte_cut(k_bits: int, plan: tuple[int, ...], nu: int) -> list[str]:
     return lines
 
 
-IMMA = "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32"
-
-
-def _imma_ones() -> list[str]:
-    """The byte-sum selector in registers ob0, ob1: the m16n8k32 B operand whose column n sums the bytes of A's
-    32-bit word pi(n) (pi(2 t) = t, pi(2 t + 1) = t + 4), so a lane's C outputs are the byte sums of its own
-    A registers {a0, a2, a1, a3}: lane (g = lane / 4, t = lane % 4) holds B[4 t .. 4 t + 3][g] (ob0) and
-    B[16 + 4 t ..][g] (ob1), all ones where pi(g) names that word. Loop-invariant (ptxas hoists it)."""
-    return [
-        "mov.u32 ln, %laneid;",
-        "and.b32 lt, ln, 3;",
-        "shr.u32 lg, ln, 3;",  # g / 2
-        "setp.eq.u32 pq, lt, lg;",
-        "selp.b32 one, 0x01010101, 0, pq;",
-        "and.b32 lg, ln, 4;",  # g odd
-        "setp.eq.u32 pq, lg, 0;",
-        "selp.b32 ob0, one, 0, pq;",
-        "selp.b32 ob1, 0, one, pq;",
-    ]
-
-
-def _mul1_imma(states: list[str], dst: list[str]) -> list[str]:
-    """MUL1 of 4 states into 2 packed fp16 registers, the byte sums by one integer mma instead of 4 dp4a: each
-    product x_i = s_i * 0x83DCD12D is an A register, and C = 0x6400 + byte sum (spec exl3.md 4) comes back in
-    the same lane (see _imma_ones); then the pairs are packed and scaled as the dp4a form does."""
-    p = [f"p{i}" for i in range(4)]
-    return [
-        *[f"mul.lo.u32 {p[i]}, {states[i]}, 0x83DCD12D;" for i in range(4)],
-        f"{IMMA} {{c0, c1, c2, c3}}, {{{p[0]}, {p[2]}, {p[1]}, {p[3]}}}, {{ob0, ob1}}, {{base, base, base, base}};",
-        "prmt.b32 c0, c0, c1, 0x5410;",
-        "prmt.b32 c2, c2, c3, 0x5410;",
-        f"fma.rn.f16x2 {dst[0]}, c0, kinv, kbias;",
-        f"fma.rn.f16x2 {dst[1]}, c2, kinv, kbias;",
-    ]
-
-
 def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
     """Codebook cb of states sa, sb into packed fp16 dst, in its own register scope."""
     return "{\n" + CODEBOOK_BODIES[cb].replace("SA", sa).replace("SB", sb).replace("DST", dst) + "\n}"
@@ -278,16 +239,6 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
         f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t{xregs};",
         "mov.b32 z, 0;",
     ]
-    imma = cb == 2 and IMMA_SUM
-    if imma:
-        lines += [
-            ".reg .b32 ln, lt, lg, one, ob0, ob1, base, kinv, kbias, p0, p1, p2, p3, c0, c1, c2, c3;",
-            ".reg .pred pq;",
-            "mov.b32 base, 0x6400;",
-            "mov.b32 kinv, 0x1EEE1EEE;",
-            "mov.b32 kbias, 0xC931C931;",
-            *_imma_ones(),
-        ]
     per_tile = nacc // 2
     for j in range(2):
         w = words[j]
@@ -301,11 +252,7 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
         else:
             for q in range(8):
                 lines += _state(q, k_bits, f"s{q}")
-        if imma:
-            lines += _mul1_imma(["s0", "s1", "s2", "s3"], ["v0", "v1"])
-            lines += _mul1_imma(["s4", "s5", "s6", "s7"], ["v2", "v3"])
-        else:
-            lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
+        lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
         for h in range(per_tile // 4):
             d = acc_out[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]
             c = acc_in[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]

@@ -76,11 +76,6 @@ def _u32(f: float) -> int:
     return int(np.array([f], dtype=np.float32).view(np.uint32)[0])
 
 
-def _bytes(u: int) -> list[int]:
-    """The four u8 elements of a packed .b32, element 0 in the low byte."""
-    return list(u.to_bytes(4, "little"))
-
-
 class Warp:
     """32 lanes of registers over one flat little-endian memory (addresses are offsets into `mem`)."""
 
@@ -112,7 +107,7 @@ class Warp:
         """Execute `text` on all lanes; args[lane] maps operand numbers to values (outputs written back)."""
         for pred, op, ops in _parse(text):
             if op.startswith("mma.sync"):
-                (self._imma if ".m16n8k32." in op else self._mma)(ops, args)
+                self._mma(ops, args)
                 continue
             for lane in range(32):
                 if pred is not None and not self.regs[lane][pred]:
@@ -157,9 +152,7 @@ class Warp:
         elif op == "mad.wide.u32":
             self.put(lane, d, (v[0] * v[1] + v[2]) & 0xFFFFFFFFFFFFFFFF, args)
         elif name == "setp":
-            cmp = {"ge": v[0] >= v[1], "lt": v[0] < v[1], "ne": v[0] != v[1], "eq": v[0] == v[1]}[
-                op.split(".")[1]
-            ]
+            cmp = {"ge": v[0] >= v[1], "lt": v[0] < v[1], "ne": v[0] != v[1]}[op.split(".")[1]]
             self.put(lane, d, cmp, args)
         elif name == "selp":
             self.put(lane, d, v[0] if v[2] else v[1], args)
@@ -211,28 +204,6 @@ class Warp:
             vals = [dm[g, 2 * t], dm[g, 2 * t + 1], dm[g + 8, 2 * t], dm[g + 8, 2 * t + 1]]
             for x, f in zip(dst, vals, strict=True):
                 self.put(lane, x, _u32(f), args)
-
-    def _imma(self, ops: list[str], args: list) -> None:
-        """D = A @ B + C for m16n8k32 (row A u8, col B u8, s32 C/D) from the lanes' fragments (PTX ISA layout:
-        a0 row g, k 4t..4t+3; a1 row g + 8; a2 / a3 the same rows, k + 16; b0 k 4t.., column g; b1 k + 16)."""
-        dst, a, b, c = ([x.strip() for x in o.strip("{}").split(",")] for o in ops)
-        am, bm, cm = np.zeros((16, 32), np.int64), np.zeros((32, 8), np.int64), np.zeros((16, 8), np.int64)
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            for reg, (r, k) in zip(
-                a, [(g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t), (g + 8, 16 + 4 * t)], strict=True
-            ):
-                am[r, k : k + 4] = _bytes(self.val(lane, reg, args))
-            bm[4 * t : 4 * t + 4, g] = _bytes(self.val(lane, b[0], args))
-            bm[16 + 4 * t : 20 + 4 * t, g] = _bytes(self.val(lane, b[1], args))
-            cv = [np.int64(np.uint32(self.val(lane, x, args)).view(np.int32)) for x in c]
-            cm[g, 2 * t : 2 * t + 2], cm[g + 8, 2 * t : 2 * t + 2] = cv[0:2], cv[2:4]
-        dm = am @ bm + cm
-        for lane in range(32):
-            g, t = lane // 4, lane % 4
-            vals = [dm[g, 2 * t], dm[g, 2 * t + 1], dm[g + 8, 2 * t], dm[g + 8, 2 * t + 1]]
-            for x, v in zip(dst, vals, strict=True):
-                self.put(lane, x, int(v) & 0xFFFFFFFF, args)
 
 
 def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: bool = False,
