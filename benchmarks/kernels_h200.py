@@ -163,7 +163,7 @@ MOE = {
     # the weights-as-A mma decode, 1, 2 or 4 groups (a branch per width on the ragged layout)
     **{f"mma_g{g}": MoeConfig(mma=g) for g in (1, 2, 4)},
     # programs per SM the mma decode's k-splits aim for (default 8 per group)
-    **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 20, 24, 32, 56, 64, 128)},
+    **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 20, 24, 28, 32, 56, 64, 128)},
     # the k-splits up to run 27 (divisors of the k-tiles at 32 programs per SM: gate/up 1.09 waves)
     "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
     # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)

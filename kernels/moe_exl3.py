@@ -335,8 +335,9 @@ MOE_MMA_GROUPS_RAGGED = 2
 # an SM, so one full wave; at 32 (8 per group) the gate/up launch was 1.09 waves (Nsight, kernels_h200.md run 28).
 # Measured: 95.2 us against 96.5 for the divisor split at 32 (run 29), within run-to-run noise. At 2 groups (two-warp
 # programs, the ragged default) 12 per SM: ragged_q28 103.1 us against 107.4 at 16, 109.0 at 28, 116.9 at 8
-# (run 33). 1 group is not tuned (28, as before).
-MOE_MMA_WAVES = {1: 28.0, 2: 12.0, 4: 28.0}
+# (run 33). At 4 groups, once the byte-permute cut left gate/up at 104 registers (19 warps per SM): 20 per SM
+# 87.8 us, 16 88.7, 24 94.5, 28 91.5, 32 93.4 (run 37). 1 group is not tuned (28, as before).
+MOE_MMA_WAVES = {1: 28.0, 2: 12.0, 4: 20.0}
 
 
 def _default_mma(uniform: bool, integer: bool) -> int:
