@@ -170,6 +170,8 @@ MOE = {
     **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
     "default_mask": MoeConfig(),  # states cut by shift-and-mask (set_cut)
+    # the down launch's k-split alone (4 groups; the default aims both launches at 20 per SM: down split 9)
+    **{f"mma_g4_down{d}": MoeConfig(mma=4, split_down=d) for d in (6, 12, 15)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
