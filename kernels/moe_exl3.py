@@ -331,12 +331,11 @@ MOE_MMA_GROUPS = 4
 # launch branches per width: 2 groups 108.2 us, 4 groups 114.5 (120 / 104 registers), the run decode 122.8
 # (kernels_h200.md, run 32)
 MOE_MMA_GROUPS_RAGGED = 2
-# Programs per SM the mma decode's k-splits aim for: at 4 groups a program is one warp of 72 registers and 28 fit
-# an SM, so one full wave; at 32 (8 per group) the gate/up launch was 1.09 waves (Nsight, kernels_h200.md run 28).
-# Measured: 95.2 us against 96.5 for the divisor split at 32 (run 29), within run-to-run noise. At 2 groups (two-warp
-# programs, the ragged default) 12 per SM: ragged_q28 103.1 us against 107.4 at 16, 109.0 at 28, 116.9 at 8
-# (run 33). At 4 groups, once the byte-permute cut left gate/up at 104 registers (19 warps per SM): 20 per SM
-# 87.8 us, 16 88.7, 24 94.5, 28 91.5, 32 93.4 (run 37). 1 group is not tuned (28, as before).
+# Programs per SM the mma decode's k-splits aim for (kernels_h200.md). 4 groups (one-warp programs): 28 while
+# gate/up held 100 registers (95.2 us, run 29); since the byte-permute cut it holds 104 (19 warps per SM) and 20 per
+# SM measured best: 87.8 us against 88.7 at 16, 94.5 at 24, 91.5 at 28, 93.4 at 32 (run 37; 88.0 / 91.6 in run 38).
+# 2 groups (two-warp programs, the ragged default): 12 per SM, ragged_q28 103.1 us against 107.4 at 16, 109.0 at
+# 28, 116.9 at 8 (run 33). 1 group is not tuned (28, as before).
 MOE_MMA_WAVES = {1: 28.0, 2: 12.0, 4: 20.0}
 
 
