@@ -346,7 +346,14 @@ def main() -> None:
     ap.add_argument("--no-safetensors", action="store_true")
     ap.add_argument("--host-only", action="store_true", help="only the host copy part (no CUDA needed)")
     ap.add_argument("--quick", action="store_true", help="warm auto and the mmap default only (a re-check)")
+    ap.add_argument(
+        "--extra-mmap",
+        default="[]",
+        help='JSON list of further warm mmap configurations, e.g. [{"copier": "native"}]',
+    )
+    ap.add_argument("--no-process", action="store_true", help="skip the whole tfc load processes")
     args = ap.parse_args()
+    args.extra_mmap = json.loads(args.extra_mmap)
     start = time.perf_counter()
     arena_mod, upload_mod = _import_tfc()
     import boot_host
@@ -437,11 +444,20 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         res["warm"].append(run)
         return run
 
+    if any(c.get("copier") == "native" for c in args.extra_mmap):
+        from tfc.runtime import upload_native
+
+        upload_native.library()  # built once here, not inside a timed boot
     warm("auto", {})
-    if fits(2 * reps * (res["floor_warm_s"] * 2.5 + 4.0), "whole tfc load processes", reserve):
+    if not args.no_process and fits(
+        2 * reps * (res["floor_warm_s"] * 2.5 + 4.0), "whole tfc load processes", reserve
+    ):
         res["load_process"] = load_process(args.image, reps)
     if args.quick:
         warm("mmap", {})
+        for cfg in args.extra_mmap:  # alternating with the default, so drift between them shows
+            warm("mmap", cfg)
+            warm("mmap", {})
         res["skipped"].append("sweeps, ring, register, cold and safetensors (--quick)")
         return
     grid, around = mmap_sweep()

@@ -36,6 +36,7 @@ from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, MADV_WILLNEED, 
 PREFAULTS = ("none", "populate", "willneed")
 ISSUERS = ("thread", "single")
 PINNINGS = ("register", "torch")
+COPIERS = ("python", "native")
 PAGE = mmap.PAGESIZE
 _copy = ctypes.memmove  # a ctypes foreign call: the GIL is released while it runs
 
@@ -52,6 +53,7 @@ class MmapStaging:
     issuer: str = "thread"  # who issues the host-to-device copies: each copy thread, or one thread
     streams: int = 2  # CUDA streams of the single issuer
     pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
+    copier: str = "python"  # who runs the copy loop: Python threads, or C threads (runtime/upload_native.py)
 
     @property
     def ring_bytes(self) -> int:
@@ -62,8 +64,8 @@ class MmapStaging:
         """One line for the phase note: threads, slots, options."""
         who = "per thread" if self.issuer == "thread" else f"by one issuer on {self.streams} streams"
         return (
-            f"{self.threads} threads x {self.slot_bytes >> 20} MiB x {self.slots_per_thread} slots "
-            f"({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
+            f"{self.threads} {'C ' if self.copier == 'native' else ''}threads x {self.slot_bytes >> 20} MiB x "
+            f"{self.slots_per_thread} slots ({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
             f"{', drop' if self.drop else ''}, copies issued {who}"
         )
 
@@ -115,11 +117,18 @@ def staging_for(
         ("prefault", cfg.prefault, PREFAULTS),
         ("issuer", cfg.issuer, ISSUERS),
         ("pinning", cfg.pinning, PINNINGS),
+        ("copier", cfg.copier, COPIERS),
     ):
         if value not in allowed:
             raise up.UploadError(f"mmap upload {name} {value!r} is not one of {allowed}")
     if cfg.threads < 1 or cfg.slots_per_thread < 1 or cfg.streams < 1 or cfg.slot_bytes < PAGE:
         raise up.UploadError(f"mmap upload needs at least one thread, slot, stream and page per slot: {cfg}")
+    if cfg.copier == "native" and (
+        cfg.prefault != "none" or cfg.issuer != "thread" or cfg.slots_per_thread > 64
+    ):
+        raise up.UploadError(
+            "the native copier issues per thread, without prefault, with at most 64 slots each"
+        )
     return replace(cfg, slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE)
 
 
@@ -192,6 +201,99 @@ class _Slot:
             self.mapped = 0
 
 
+def _mapped_pieces(
+    arena: up.DeviceArena, files: up._Files, slot_bytes: int
+) -> tuple[list[tuple[int, Any, int, int, int]], dict[Any, tuple[int, int]]]:
+    """The slot-sized pieces and each file's (address, size) mapping, every piece inside its file."""
+    pieces = up._pieces(arena, slot_bytes)
+    bases = {p: files.map(p) for p in sorted({pc[1] for pc in pieces})}  # before any thread starts
+    for _, path, foff, _, n in pieces:
+        if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
+            raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
+    return pieces, bases
+
+
+class _CudaDriver:
+    """The libcuda calls the native copier makes or needs set up (the driver API: each of its threads sets the
+    device's primary context, the one torch's runtime uses)."""
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise up.UploadError("the native copier needs the CUDA driver (libcuda.so.1)") from e
+
+    def _addr(self, name: str) -> int:
+        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value or 0
+
+    def calls(self) -> Any:
+        from tfc.runtime.upload_native import Driver
+
+        return Driver(self._addr("cuCtxSetCurrent"), self._addr("cuMemcpyHtoDAsync_v2"),
+                      self._addr("cuEventRecord"), self._addr("cuEventSynchronize"))  # fmt: skip
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise up.UploadError(f"{what} failed with CUDA driver error {code}")
+
+    def primary_context(self, index: int) -> tuple[int, Callable[[], None]]:
+        """The device's primary context, current on this thread too; returns it and its release."""
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        return ctx.value or 0, lambda: self.lib.cuDevicePrimaryCtxRelease_v2(dev)
+
+    def events(self, n: int) -> list[int]:
+        """n events that a waiting thread sleeps on (blocking sync, no timing)."""
+        out = []
+        for _ in range(n):
+            ev = ctypes.c_void_p()
+            self.check(self.lib.cuEventCreate(ctypes.byref(ev), 0x1 | 0x2), "cuEventCreate")
+            out.append(ev.value or 0)
+        return out
+
+    def destroy(self, events: list[int]) -> None:
+        for ev in events:
+            self.lib.cuEventDestroy_v2(ctypes.c_void_p(ev))
+
+
+def _upload_native(
+    arena: up.DeviceArena, pieces: list, bases: dict, cfg: MmapStaging, tick: Callable[[int], None]
+) -> MmapTimes:
+    """The same ring with the copy loop on C threads (runtime/upload_native.py): slots made up front."""
+    import numpy as np
+    import torch
+    from tfc.runtime import upload_native
+
+    rows = np.array([(bases[path][0] + foff, arena.chunks[ci].data_ptr() + coff, n)
+                     for ci, path, foff, coff, n in pieces], dtype=np.uint64).reshape(-1, 3)  # fmt: skip
+    threads = min(cfg.threads, max(1, len(pieces)))
+    cuda = _CudaDriver()
+    upload_native.library()  # built (or found) before the clock starts mattering to the copies
+    device = torch.device(arena.device)
+    torch.cuda.set_device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    streams = [torch.cuda.Stream(device=device) for _ in range(threads)]
+    t0 = time.perf_counter()
+    slots: list[_Slot] = []
+    ctx, release = cuda.primary_context(index)
+    events: list[int] = []
+    try:
+        slots = [_Slot(cfg.slot_bytes, cfg.pinning) for _ in range(threads * cfg.slots_per_thread)]
+        events = cuda.events(len(slots))
+        t1 = time.perf_counter()
+        steps = upload_native.stage(rows, [s.addr for s in slots], threads, [s.cuda_stream for s in streams],
+                                    events, cuda.calls(), ctx, cfg.drop, tick)  # fmt: skip
+    finally:
+        cuda.destroy(events)
+        for slot in slots:
+            slot.free()
+        release()
+    return MmapTimes(read_done=time.perf_counter(), first_copy=t1, staging=t1 - t0,
+                     pool=sum(s.take_s for s in slots), wait=steps.wait, copy=steps.copy, issue=steps.issue)  # fmt: skip
+
+
 def upload_mmap(
     arena: up.DeviceArena, files: up._Files, cfg: MmapStaging, tick: Callable[[int], None]
 ) -> MmapTimes:
@@ -199,11 +301,9 @@ def upload_mmap(
     import torch
 
     device = arena.device
-    pieces = up._pieces(arena, cfg.slot_bytes)
-    bases = {p: files.map(p) for p in sorted({pc[1] for pc in pieces})}  # before any thread starts
-    for _, path, foff, _, n in pieces:
-        if foff + n > bases[path][1]:  # reading past the end of a mapping is SIGBUS, not an error
-            raise up.UploadError(f"{path} ends at {bases[path][1]}, before the {n} bytes at {foff}")
+    pieces, bases = _mapped_pieces(arena, files, cfg.slot_bytes)
+    if cfg.copier == "native":
+        return _upload_native(arena, pieces, bases, cfg, tick)
     work = up._queue_of(pieces)
     threads = min(cfg.threads, max(1, len(pieces)))
     advice = _Advice(cfg.prefault, cfg.drop)

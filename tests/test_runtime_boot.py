@@ -234,6 +234,8 @@ def test_tfc_load_cli_bad_options_are_one_line(image, args, says):
         ("mmap", {}),
         ("mmap", {"issuer": "single", "streams": 2, "pinning": "torch", "prefault": "none", "drop": False}),
         ("mmap", {"issuer": "single", "streams": 1, "prefault": "willneed", "slots_per_thread": 1}),
+        ("mmap", {"copier": "native", "slots_per_thread": 3}),
+        ("mmap", {"copier": "native", "pinning": "torch", "drop": False}),
         ("auto", {}),
     ],
 )

@@ -1,0 +1,147 @@
+"""The native copy loop (runtime/stage_copy.c through runtime/upload_native.py) with host-only stand-ins for
+the CUDA driver calls: the bytes arrive, every slot is waited for before reuse, failures stop it in one line."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+TWO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class FakeDriver:
+    """Copies land at once (host memory as the device); events count records and waits; copy number
+    `fail_at` returns `code`."""
+
+    def __init__(self, fail_at: int = -1, code: int = 7) -> None:
+        self.lock = threading.Lock()
+        self.copies, self.records, self.syncs, self.pending = 0, 0, 0, set()
+        self.reused_unsynced = 0
+        self.slot_of_event: dict[int, int] = {}
+
+        def copy(dst, src, n, stream):
+            with self.lock:
+                self.copies += 1
+                if self.copies == fail_at:
+                    return code
+            ctypes.memmove(dst, src, n)
+            return 0
+
+        def record(event, stream):
+            with self.lock:
+                if event in self.pending:
+                    self.reused_unsynced += 1  # a slot rewritten before its copy was waited for
+                self.pending.add(event)
+                self.records += 1
+            return 0
+
+        def sync(event):
+            with self.lock:
+                self.pending.discard(event)
+                self.syncs += 1
+            return 0
+
+        self.fns = (COPY(copy), TWO(record), ONE(sync))
+
+    def calls(self):
+        from tfc.runtime.upload_native import Driver
+
+        addr = [ctypes.cast(f, ctypes.c_void_p).value for f in self.fns]
+        return Driver(0, *addr)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("TFC_NATIVE_CACHE", str(tmp_path_factory.getbasetemp() / "native"))
+
+
+def _plan(src: np.ndarray, dst: np.ndarray, piece: int) -> np.ndarray:
+    rows = [
+        (src.ctypes.data + o, dst.ctypes.data + o, min(piece, src.size - o))
+        for o in range(0, src.size, piece)
+    ]
+    return np.array(rows, dtype=np.uint64)
+
+
+@pytest.mark.parametrize(("threads", "per", "piece"), [(1, 1, 4096), (3, 2, 5000), (4, 3, 1 << 16)])
+def test_native_copies_every_byte(threads, per, piece):
+    from tfc.runtime.upload_native import stage
+
+    rng = np.random.default_rng(threads)
+    src = rng.integers(0, 256, size=300_001, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    slots = [np.zeros(piece, dtype=np.uint8) for _ in range(threads * per)]
+    drv, seen = FakeDriver(), []
+    rows = _plan(src, dst, piece)
+    times = stage(rows, [s.ctypes.data for s in slots], threads, list(range(1, threads + 1)),
+                  list(range(100, 100 + threads * per)), drv.calls(), drop=False, tick=seen.append)  # fmt: skip
+    assert np.array_equal(src, dst)
+    assert drv.copies == drv.records == len(rows) and drv.reused_unsynced == 0 and not drv.pending
+    assert sum(seen) == src.size and times.copy >= 0 and times.wait >= 0
+
+
+def test_native_drops_page_tables_of_a_file_mapping(tmp_path):
+    """drop: the pieces of a read-only file mapping are copied, then MADV_DONTNEED'd, bytes intact."""
+    from tfc.runtime.upload_native import stage
+
+    data = np.random.default_rng(1).integers(0, 256, size=1 << 20, dtype=np.uint8)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        src = np.frombuffer(mm, dtype=np.uint8)
+        dst = np.zeros_like(data)
+        slots = [np.zeros(1 << 16, dtype=np.uint8) for _ in range(4)]
+        stage(_plan(src, dst, 1 << 16), [s.ctypes.data for s in slots], 2, [1, 2], [10, 11, 12, 13],
+              FakeDriver().calls(), drop=True)  # fmt: skip
+        assert np.array_equal(dst, data) and np.array_equal(src, data)
+        del src
+
+
+def test_native_failure_is_one_typed_line():
+    from tfc.runtime.upload import UploadError
+    from tfc.runtime.upload_native import stage
+
+    src = np.arange(100_000, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    slots = [np.zeros(4096, dtype=np.uint8) for _ in range(4)]
+    drv = FakeDriver(fail_at=5, code=700)
+    with pytest.raises(UploadError, match="driver result 700"):
+        stage(_plan(src, dst, 4096), [s.ctypes.data for s in slots], 2, [1, 2], [1, 2, 3, 4], drv.calls())
+    assert not drv.pending  # the threads waited for their slots' copies before returning
+    with pytest.raises(UploadError, match="1-64 slots per thread"):
+        stage(_plan(src, dst, 4096), [s.ctypes.data for s in slots], 3, [1, 2, 3], [1, 2, 3, 4], drv.calls())
+
+
+def test_native_build_failure_names_the_compiler(monkeypatch, tmp_path):
+    from tfc.runtime import upload_native
+    from tfc.runtime.upload import UploadError
+
+    monkeypatch.setenv("TFC_NATIVE_CACHE", str(tmp_path / "fresh"))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(upload_native, "_LIB", [])
+    with pytest.raises(UploadError, match=r"needs a C compiler \(/nonexistent/cc"):
+        upload_native.library()
+
+
+def test_native_copier_options_are_checked():
+    from tfc.runtime.upload import UploadError
+    from tfc.runtime.upload_mmap import staging_for
+
+    assert staging_for(4, copier="native").copier == "native"
+    assert "C threads" in staging_for(4, copier="native").describe()
+    for bad in (
+        dict(copier="rust"),
+        dict(copier="native", prefault="populate"),
+        dict(copier="native", issuer="single"),
+    ):
+        with pytest.raises(UploadError):
+            staging_for(4, **bad)
