@@ -112,11 +112,11 @@ def upload(
         method = "mmap" if resident >= WARM_FRACTION else "ring"
         notes.append(f"auto: {resident:.0%} of the image in page cache")
     if method == "mmap":
-        from tfc.runtime.upload_mmap import staging_for, upload_mmap
+        from tfc.runtime.upload_mmap import copier_note, staging_for, upload_mmap
 
         cfg = staging_for(threads, slot_bytes, slots_per_thread, **mmap_options)
         threads = cfg.threads
-        notes.insert(0, cfg.describe())
+        notes[:0] = [cfg.describe(), *filter(None, [copier_note(cfg, "copier" in mmap_options)])]
     elif mmap_options:
         raise UploadError(f"{sorted(mmap_options)} only apply to upload method 'mmap', not {method!r}")
     elif method == "ring" and slot_bytes is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import mmap
 import os
 import queue
@@ -95,9 +96,36 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
-# The warm default. Measured on the H200 host: benchmarks/boot_h200.md (boot_h200.py sweeps it).
-# It is the best configuration measured there (0.700 s for 22 GB): 16 x 8 MiB x 2, register, drop, per thread.
+# The Python copy loop's best configuration on the H200 host (boot_h200.md, runs 3-7; boot_h200.py sweeps it):
+# 16 x 8 MiB x 2, register, drop, per thread (0.59-0.73 s for 22 GB). The warm default where the native copier
+# cannot run.
 WARM_MMAP = MmapStaging(threads=16)
+# The warm default: the copy loop on C threads with a 128 MiB ring (16 x 4 MiB x 2) that the host's 300 MiB
+# last-level cache holds while the DMA reads it (boot_h200.md, runs 8-9: 0.52-0.58 s against 0.57-0.73 s for
+# WARM_MMAP in the same runs; rings of 256 MiB measured slower).
+WARM_NATIVE = MmapStaging(threads=16, slot_bytes=4 << 20, copier="native")
+
+
+@functools.cache
+def native_ready() -> str:
+    """ "" when the native copier can run in this process (the CUDA driver loads and the loop builds), else why
+    not (once per process; the build is cached on disk)."""
+    from tfc.runtime import upload_native
+
+    try:
+        _CudaDriver()
+        upload_native.library()
+    except up.UploadError as e:
+        return str(e)
+    return ""
+
+
+def copier_note(cfg: MmapStaging, asked: bool) -> str:
+    """The upload note's word on the copier: why Python copy threads run where the native copier was not asked
+    for and cannot run here ("" otherwise)."""
+    if cfg.copier != "python" or asked or not native_ready():
+        return ""
+    return f"Python copy threads: {native_ready()}"
 
 
 def staging_for(
@@ -106,13 +134,17 @@ def staging_for(
     slots_per_thread: int | None = None,
     **options: Any,
 ) -> MmapStaging:
-    """WARM_MMAP with whatever was asked for instead (threads default to at most the CPU count)."""
-    fields = {"threads": threads or min(WARM_MMAP.threads, cpu_threads())}
+    """The warm default (WARM_NATIVE where the native copier can run, else WARM_MMAP; the copier asked for picks
+    its own) with whatever was asked for instead (threads default to at most the CPU count)."""
+    copier = options.get("copier")
+    native = copier == "native" or (copier is None and not native_ready())
+    base = WARM_NATIVE if native else WARM_MMAP
+    fields = {"threads": threads or min(base.threads, cpu_threads())}
     fields |= {"slot_bytes": slot_bytes, "slots_per_thread": slots_per_thread, **options}
     unknown = set(fields) - set(MmapStaging.__dataclass_fields__)
     if unknown:
         raise up.UploadError(f"unknown mmap upload options {sorted(unknown)}")
-    cfg = replace(WARM_MMAP, **{k: v for k, v in fields.items() if v is not None})
+    cfg = replace(base, **{k: v for k, v in fields.items() if v is not None})
     for name, value, allowed in (
         ("prefault", cfg.prefault, PREFAULTS),
         ("issuer", cfg.issuer, ISSUERS),

@@ -223,3 +223,58 @@ def test_boot_benchmark_host_part_runs_without_cuda(tmp_path):
     data = json.loads(r.stdout)
     assert data["bytes"] == 6 << 20 and len(data["host_copy"]) == 5
     assert all(c["gbps"] > 0 and c["bytes"] == 6 << 20 for c in data["host_copy"])
+
+
+def test_native_copier_through_upload_mmap(tmp_path, fake_cuda, monkeypatch):
+    """copier native: the same bytes through the C loop (driver calls as host stand-ins), every slot waited for
+    before reuse, its events destroyed, the context released and the staging unregistered."""
+    import shutil
+
+    import torch
+    from conftest import FakeDriver
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler")
+    monkeypatch.setenv("TFC_NATIVE_CACHE", str(tmp_path / "native"))
+    drv, state = FakeDriver(), {"destroyed": 0, "released": 0}
+
+    class Driver:
+        def calls(self):
+            return drv.calls()
+
+        def primary_context(self, index):
+            return 0, lambda: state.__setitem__("released", state["released"] + 1)
+
+        def events(self, n):
+            return list(range(1000, 1000 + n))
+
+        def destroy(self, events):
+            state["destroyed"] += len(events)
+
+    monkeypatch.setattr(um, "_CudaDriver", Driver)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
+    arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
+    cfg = um.staging_for(threads=3, slot_bytes=3 * PAGE, slots_per_thread=2, copier="native")
+    _, _, moved = _run(arena, cfg)
+    assert moved == arena.nbytes
+    for name, blob in data.items():
+        assert arena.raw(name).numpy().tobytes() == blob, name
+    assert drv.copies == len(up._pieces(arena, cfg.slot_bytes)) and drv.reused_unsynced == 0
+    assert state == {"destroyed": 6, "released": 1} and not fake_cuda.live
+
+
+def test_warm_default_follows_the_native_copier(monkeypatch):
+    """Where the native copier can run the warm default is WARM_NATIVE (4 MiB x 2), else WARM_MMAP and the upload
+    note says why; asking for a copier picks that copier's default."""
+    monkeypatch.setattr(um, "native_ready", lambda: "")
+    cfg = um.staging_for(16)
+    assert (cfg.copier, cfg.slot_bytes, cfg.slots_per_thread) == ("native", 4 << 20, 2)
+    assert um.staging_for(16, copier="python").slot_bytes == 8 << 20
+    monkeypatch.setattr(um, "native_ready", lambda: "no compiler")
+    assert um.staging_for(16) == um.staging_for(16, copier="python") == um.WARM_MMAP
+    assert (
+        um.staging_for(16, copier="native").copier == "native"
+    )  # asked for: tried, and refused if it cannot
+    assert um.copier_note(um.WARM_MMAP, asked=False) == "Python copy threads: no compiler"
+    assert um.copier_note(um.WARM_MMAP, asked=True) == ""

@@ -3,60 +3,14 @@ the CUDA driver calls: the bytes arrive, every slot is waited for before reuse, 
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import shutil
-import threading
 
 import numpy as np
 import pytest
+from conftest import FakeDriver
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-
-COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-TWO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-
-
-class FakeDriver:
-    """Copies land at once (host memory as the device); events count records and waits; copy number
-    `fail_at` returns `code`."""
-
-    def __init__(self, fail_at: int = -1, code: int = 7) -> None:
-        self.lock = threading.Lock()
-        self.copies, self.records, self.syncs, self.pending = 0, 0, 0, set()
-        self.reused_unsynced = 0
-        self.slot_of_event: dict[int, int] = {}
-
-        def copy(dst, src, n, stream):
-            with self.lock:
-                self.copies += 1
-                if self.copies == fail_at:
-                    return code
-            ctypes.memmove(dst, src, n)
-            return 0
-
-        def record(event, stream):
-            with self.lock:
-                if event in self.pending:
-                    self.reused_unsynced += 1  # a slot rewritten before its copy was waited for
-                self.pending.add(event)
-                self.records += 1
-            return 0
-
-        def sync(event):
-            with self.lock:
-                self.pending.discard(event)
-                self.syncs += 1
-            return 0
-
-        self.fns = (COPY(copy), TWO(record), ONE(sync))
-
-    def calls(self):
-        from tfc.runtime.upload_native import Driver
-
-        addr = [ctypes.cast(f, ctypes.c_void_p).value for f in self.fns]
-        return Driver(0, *addr)
 
 
 @pytest.fixture(autouse=True)
