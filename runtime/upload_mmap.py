@@ -12,7 +12,9 @@ Slots are allocated when first used (so the first copies start before the whole 
 anonymous memory page-locked with cudaHostRegister (`register`; taken from the slots the boot faulted in
 ahead, runtime/staging_pool.py, when there are any), or torch's pinned allocator (`torch`).
 The upload reports, summed over the threads, the seconds spent staging, waiting for a slot, copying
-and issuing. Variants measured slower on the H200 host and removed (benchmarks/boot_pipeline_h200.md):
+and issuing. `copier="native"` (the default where it can run, WARM_NATIVE) runs the same loop on C threads
+(runtime/upload_native.py) with all slots made up front: no interpreter lock per piece, so a ring small
+enough for the host's last-level cache pays (boot_h200.md, runs 8-9). Variants measured slower on the H200 host and removed (benchmarks/boot_pipeline_h200.md):
 huge-page slots, threads bound to CPUs, threads that page-lock the mapping and copy from it directly.
 """
 
