@@ -38,6 +38,7 @@ typedef struct {
     int64_t next;        /* the next piece (atomic) */
     int64_t *done_bytes; /* bytes issued so far (atomic; the caller reads it for progress) */
     int error;           /* the first failing driver result (atomic) */
+    const int *stop;     /* set by the caller to stop early (an interrupt); read atomically */
     double *stats;       /* per thread: seconds waiting for a slot, copying, issuing */
 } job_t;
 
@@ -78,6 +79,7 @@ static void *work(void *arg) {
     }
     for (;;) {
         if (__atomic_load_n(&j->error, __ATOMIC_RELAXED) != 0) break;
+        if (j->stop != NULL && __atomic_load_n(j->stop, __ATOMIC_RELAXED) != 0) break;
         int64_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (i >= j->n) break;
         const uint64_t *p = j->pieces + 3 * i;
@@ -117,14 +119,15 @@ static void *work(void *arg) {
     return NULL;
 }
 
-/* Copy every piece; returns 0, the first failing driver result, or -1 (bad arguments / no thread). */
+/* Copy every piece (or until *stop is set); returns 0, the first failing driver result, or -1 (bad arguments / no
+   thread). Every copy it issued has completed when it returns. */
 int tfc_stage(const uint64_t *pieces, int64_t n, const uint64_t *slots, int threads, int per_thread,
               void *const *streams, void *const *events, void *ctx, void *ctx_set, void *copy, void *record,
-              void *sync, int drop, int64_t *done_bytes, double *stats) {
+              void *sync, int drop, int64_t *done_bytes, double *stats, const int *stop) {
     if (threads < 1 || per_thread < 1 || per_thread > 64 || copy == NULL || record == NULL || sync == NULL)
         return -1;
     job_t job = {pieces, n, slots, per_thread, streams, events, ctx, (ctx_set_fn)ctx_set, (copy_fn)copy,
-                 (record_fn)record, (sync_fn)sync, drop, sysconf(_SC_PAGESIZE), 0, done_bytes, 0, stats};
+                 (record_fn)record, (sync_fn)sync, drop, sysconf(_SC_PAGESIZE), 0, done_bytes, 0, stop, stats};
     pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
     worker_t *ws = calloc((size_t)threads, sizeof(worker_t));
     int started = 0;

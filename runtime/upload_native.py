@@ -48,7 +48,7 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
         lib.tfc_stage.restype = ctypes.c_int
         lib.tfc_stage.argtypes = [_P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P,
-                                  ctypes.c_int, _P, _P]  # fmt: skip
+                                  ctypes.c_int, _P, _P, _P]  # fmt: skip
         _LIB.append(lib)
         return lib
 
@@ -115,7 +115,7 @@ def stage(
     rows = np.ascontiguousarray(pieces, dtype=np.uint64).reshape(-1, 3)
     slot_arr = np.asarray(slots, dtype=np.uint64)
     stream_arr, event_arr = (np.asarray(v, dtype=np.uint64) for v in (streams, events))
-    done = ctypes.c_int64(0)
+    done, stop = ctypes.c_int64(0), ctypes.c_int(0)
     stats = np.zeros((threads, 3), dtype=np.float64)
     result: list[int] = []
     lib = library()
@@ -124,16 +124,21 @@ def stage(
         result.append(lib.tfc_stage(rows.ctypes.data, len(rows), slot_arr.ctypes.data, threads, per,
                                     stream_arr.ctypes.data, event_arr.ctypes.data, ctx or None, driver.ctx_set or None,
                                     driver.copy, driver.record, driver.sync, int(drop), ctypes.addressof(done),
-                                    stats.ctypes.data))  # fmt: skip
+                                    stats.ctypes.data, ctypes.addressof(stop)))  # fmt: skip
 
     worker = threading.Thread(target=run, name="tfc-native-stage", daemon=True)
     worker.start()
     seen = 0
-    while worker.is_alive():  # the loop runs without the interpreter's lock: report progress meanwhile
-        worker.join(0.05)
-        if tick is not None and done.value > seen:
-            tick(done.value - seen)
-            seen = done.value
+    try:
+        while worker.is_alive():  # the loop runs without the interpreter's lock: report progress meanwhile
+            worker.join(0.05)
+            if tick is not None and done.value > seen:
+                tick(done.value - seen)
+                seen = done.value
+    except BaseException:  # an interrupt (or a failing tick): stop the threads, let their copies finish
+        stop.value = 1
+        worker.join()
+        raise
     if tick is not None and done.value > seen:
         tick(done.value - seen)
     if result != [0]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import threading
+import time
 
 import pytest
 
@@ -133,7 +134,7 @@ class FakeDriver:
     """Copies land at once (host memory as the device); events count records and waits; copy number
     `fail_at` returns `code`."""
 
-    def __init__(self, fail_at: int = -1, code: int = 7) -> None:
+    def __init__(self, fail_at: int = -1, code: int = 7, delay: float = 0.0) -> None:
         self.lock = threading.Lock()
         self.copies, self.records, self.syncs, self.pending = 0, 0, 0, set()
         self.reused_unsynced = 0
@@ -145,6 +146,8 @@ class FakeDriver:
                 if self.copies == fail_at:
                     return code
             ctypes.memmove(dst, src, n)
+            if delay:
+                time.sleep(delay)
             return 0
 
         def record(event, stream):

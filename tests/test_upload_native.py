@@ -99,3 +99,23 @@ def test_native_copier_options_are_checked():
     ):
         with pytest.raises(UploadError):
             staging_for(4, **bad)
+
+
+def test_native_stops_when_interrupted():
+    """An exception in the caller while the loop runs (a failing progress callback here, Ctrl-C in use) stops
+    the C threads, waits for the copies they issued, and propagates."""
+    from tfc.runtime.upload_native import stage
+
+    src = np.arange(4_000_000, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    slots = [np.zeros(4096, dtype=np.uint8) for _ in range(2)]
+    drv = FakeDriver(delay=0.001)  # ~0.5 s of copies: the first progress poll (50 ms) comes well inside
+
+    def tick(n):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stage(
+            _plan(src, dst, 4096), [s.ctypes.data for s in slots], 2, [1, 2], [1, 2], drv.calls(), tick=tick
+        )
+    assert not drv.pending and drv.copies < len(_plan(src, dst, 4096))  # stopped early, nothing in flight
