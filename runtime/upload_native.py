@@ -45,7 +45,10 @@ def library() -> ctypes.CDLL:
         path = cache_dir() / f"stage_copy-{hashlib.sha256(text).hexdigest()[:16]}.so"
         if not path.exists():
             _build(path)
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise up.UploadError(f"cannot load the native copier {path}: {e}; use copier python") from e
         lib.tfc_stage.restype = ctypes.c_int
         lib.tfc_stage.argtypes = [_P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P,
                                   ctypes.c_int, _P, _P, _P]  # fmt: skip
@@ -56,8 +59,13 @@ def library() -> ctypes.CDLL:
 def _build(path: Path) -> None:
     """Compile SOURCE into the shared library `path` (written beside it, then renamed into place)."""
     cc = os.environ.get("CC", "cc")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    except OSError as e:
+        raise up.UploadError(
+            f"cannot write the native copier into {path.parent} ({e.strerror}); set TFC_NATIVE_CACHE"
+        ) from e
     os.close(fd)
     try:
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(SOURCE)],

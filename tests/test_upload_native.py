@@ -86,6 +86,18 @@ def test_native_build_failure_names_the_compiler(monkeypatch, tmp_path):
         upload_native.library()
 
 
+def test_native_cache_that_cannot_be_written_is_one_line(monkeypatch, tmp_path):
+    from tfc.runtime import upload_native
+    from tfc.runtime.upload import UploadError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TFC_NATIVE_CACHE", str(blocker / "native"))
+    monkeypatch.setattr(upload_native, "_LIB", [])
+    with pytest.raises(UploadError, match=r"cannot write the native copier into .*; set TFC_NATIVE_CACHE"):
+        upload_native.library()
+
+
 def test_native_copier_options_are_checked():
     from tfc.runtime.upload import UploadError
     from tfc.runtime.upload_mmap import staging_for
