@@ -14,8 +14,9 @@ ahead, runtime/staging_pool.py, when there are any), or torch's pinned allocator
 The upload reports, summed over the threads, the seconds spent staging, waiting for a slot, copying
 and issuing. `copier="native"` (the default where it can run, WARM_NATIVE) runs the same loop on C threads
 (runtime/upload_native.py) with all slots made up front: no interpreter lock per piece, so a ring small
-enough for the host's last-level cache pays (boot_h200.md, runs 8-9). Variants measured slower on the H200 host and removed (benchmarks/boot_pipeline_h200.md):
-huge-page slots, threads bound to CPUs, threads that page-lock the mapping and copy from it directly.
+enough for the host's last-level cache pays (boot_h200.md, runs 8-9). Variants measured slower on the H200
+host and removed (benchmarks/boot_pipeline_h200.md): huge-page slots, threads bound to CPUs, threads that
+page-lock the mapping and copy from it directly.
 """
 
 from __future__ import annotations
@@ -110,8 +111,8 @@ WARM_NATIVE = MmapStaging(threads=16, slot_bytes=4 << 20, copier="native")
 
 @functools.cache
 def native_ready() -> str:
-    """ "" when the native copier can run in this process (the CUDA driver loads and the loop builds), else why
-    not (once per process; the build is cached on disk)."""
+    """Why the native copier cannot run in this process (the CUDA driver must load and the loop build), or the
+    empty string when it can (asked once per process; the build is cached on disk)."""
     from tfc.runtime import upload_native
 
     try:
