@@ -107,11 +107,6 @@ def _state(q: int, k_bits: int, dst: str) -> list[str]:
     return [f"shf.r.clamp.b32 t, u{m}, u{m - 1}, {sh};", f"and.b32 {dst}, t, 0xFFFF;"]
 
 
-def _cut_cost(q: int, k_bits: int) -> int:
-    """Instructions `_state` takes for state q."""
-    return 1 if (31 - (16 + (q + 1) * k_bits - 1) % 32) in (0, 8, 16) else 2
-
-
 @functools.cache
 def byte_plan(k_bits: int) -> tuple[int, ...] | None:
     """Window bit offsets o of the registers X(o) (window bits [o, o + 32)) from which every state is cut by one
@@ -122,7 +117,7 @@ def byte_plan(k_bits: int) -> tuple[int, ...] | None:
     _, nu = window_words(k_bits)
     cands = sorted({a - d for a in starts for d in (0, 8, 16) if a - d >= 0})
     cover = {o: frozenset(a for a in starts if a - o in (0, 8, 16)) for o in cands}
-    best, now = None, sum(_cut_cost(q, k_bits) for q in range(8)) - 8
+    best, now = None, sum(len(_state(q, k_bits, "s")) for q in range(8)) - 8
     for size in range(1, 5):
         for combo in itertools.combinations(cands, size):
             if frozenset().union(*(cover[o] for o in combo)) == frozenset(starts):

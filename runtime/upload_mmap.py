@@ -305,7 +305,6 @@ def _upload_native(
                      for ci, path, foff, coff, n in pieces], dtype=np.uint64).reshape(-1, 3)  # fmt: skip
     threads = min(cfg.threads, max(1, len(pieces)))
     cuda = _CudaDriver()
-    upload_native.library()  # built (or found) before the clock starts mattering to the copies
     device = torch.device(arena.device)
     torch.cuda.set_device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -315,7 +314,8 @@ def _upload_native(
     ctx, release = cuda.primary_context(index)
     events: list[int] = []
     try:
-        slots = [_Slot(cfg.slot_bytes, cfg.pinning) for _ in range(threads * cfg.slots_per_thread)]
+        for _ in range(threads * cfg.slots_per_thread):  # one by one: a failure frees those already made
+            slots.append(_Slot(cfg.slot_bytes, cfg.pinning))
         events = cuda.events(len(slots))
         t1 = time.perf_counter()
         steps = upload_native.stage(rows, [s.addr for s in slots], threads, [s.cuda_stream for s in streams],

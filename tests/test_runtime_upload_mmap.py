@@ -278,3 +278,41 @@ def test_warm_default_follows_the_native_copier(monkeypatch):
     )  # asked for: tried, and refused if it cannot
     assert um.copier_note(um.WARM_MMAP, asked=False) == "Python copy threads: no compiler"
     assert um.copier_note(um.WARM_MMAP, asked=True) == ""
+
+
+def test_native_copier_frees_its_slots_when_making_one_fails(tmp_path, fake_cuda, monkeypatch):
+    """A slot that cannot be made (out of memory) fails the upload in one line, and the slots already made,
+    the events and the context are given back."""
+    import torch
+
+    made, freed, state = [], [], {"destroyed": 0, "released": 0}
+
+    class Slot:
+        def __init__(self, nbytes, pinning):
+            if len(made) == 2:
+                raise up.UploadError("cannot map staging")
+            made.append(self)
+            self.addr, self.take_s = 0, 0.0
+
+        def free(self):
+            freed.append(self)
+
+    class Driver:
+        def primary_context(self, index):
+            return 0, lambda: state.__setitem__("released", state["released"] + 1)
+
+        def events(self, n):
+            return list(range(n))
+
+        def destroy(self, events):
+            state["destroyed"] += len(events)
+
+    monkeypatch.setattr(um, "_Slot", Slot)
+    monkeypatch.setattr(um, "_CudaDriver", Driver)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    items, _ = _files(tmp_path, [300_001])
+    arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
+    cfg = um.staging_for(threads=2, slot_bytes=3 * PAGE, slots_per_thread=2, copier="native")
+    with pytest.raises(up.UploadError, match="cannot map staging"), up._Files(arena) as files:
+        um.upload_mmap(arena, files, cfg, lambda n: None)
+    assert freed == made and len(made) == 2 and state == {"destroyed": 0, "released": 1}
