@@ -209,6 +209,37 @@ def pinned_h2d_gbps(torch, nbytes: int = 2 << 30, reps: int = 5) -> dict:
     return {"best": round(max(rates), 2), "median": round(statistics.median(rates), 2), "bytes": nbytes}
 
 
+def dma_probe(torch, nbytes: int = 8 << 30, ring: int = 128 << 20) -> list[dict]:
+    """The copy engine alone, as the staged upload drives it: `nbytes` of host-to-device copies out of a pinned
+    ring of `ring` bytes (no host copy into it), piece by piece round-robin over S streams, for several S and
+    piece sizes; GB/s from the first issue to the last completion."""
+    src = torch.empty(ring, dtype=torch.uint8, pin_memory=True)
+    src.fill_(3)
+    dst = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    out = []
+    for streams, piece in ((2, 128 << 20), (1, 4 << 20), (2, 4 << 20), (4, 4 << 20), (16, 4 << 20),
+                           (16, 2 << 20), (16, 8 << 20)):  # fmt: skip
+        ss = [torch.cuda.Stream() for _ in range(streams)]
+        rates = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(nbytes // piece):
+                with torch.cuda.stream(ss[i % streams]):
+                    d0, s0 = (i * piece) % dst.numel(), (i * piece) % ring
+                    dst[d0 : d0 + piece].copy_(src[s0 : s0 + piece], non_blocking=True)
+            torch.cuda.synchronize()
+            rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        out.append({"streams": streams, "piece_mib": piece >> 20, "gbps": [round(r, 2) for r in rates]})
+        print(
+            f"dma probe: {streams} streams x {piece >> 20} MiB pieces: {out[-1]['gbps']} GB/s",
+            file=sys.stderr,
+        )
+    del src, dst
+    torch.cuda.empty_cache()
+    return out
+
+
 def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> float:
     """Parallel pread of every file (page cache dropped by the caller) into plain buffers."""
     work = [
@@ -238,11 +269,31 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
 # -- boots ------------------------------------------------------------------------------------
 
 CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "window_bytes", "prefault", "drop", "issuer",
-            "streams", "pinning", "huge", "affinity")  # fmt: skip
+            "streams", "pinning", "copier", "demote", "pool")  # fmt: skip
+
+
+def _pool(cfg: dict) -> bool:
+    """With cfg's `pool` set, fault in the mmap path's staging before the timer, as `tfc load` does while torch
+    imports (runtime/staging_pool.py); whether a pool was made."""
+    if not cfg.get("pool"):
+        return False
+    from tfc.runtime import staging_pool
+    from tfc.runtime.upload_mmap import staging_for
+
+    opts = {k: v for k, v in cfg.items() if k != "pool"}
+    st = staging_for(opts.pop("threads", None), opts.pop("slot_bytes", None), opts.pop("slots_per_thread", None),
+                     **opts)  # fmt: skip
+    pool = staging_pool.prefault(st.slot_bytes, st.threads * st.slots_per_thread)
+    if pool is not None:
+        pool.taken()  # waits for the fill thread: the faults are paid before the timer starts
+    return pool is not None
 
 
 def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
     """Open the segment list, allocate the arena, upload, synchronise: time to weights resident."""
+    from tfc.runtime import staging_pool
+
+    pooled = _pool(cfg)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     items, _ = image_items(folder, arena_mod.UploadItem)
@@ -251,9 +302,13 @@ def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict
     arena = arena_mod.DeviceArena(plan, "cuda")
     torch.cuda.synchronize()
     t_alloc = time.perf_counter()
-    report = upload_mod.upload(arena, method, **cfg)
-    torch.cuda.synchronize()
-    t_end = time.perf_counter()
+    try:
+        report = upload_mod.upload(arena, method, **{k: v for k, v in cfg.items() if k != "pool"})
+        torch.cuda.synchronize()
+        t_end = time.perf_counter()
+    finally:
+        if pooled:
+            staging_pool.release()
     out = {
         "label": method,
         **cfg,
@@ -352,6 +407,9 @@ def main() -> None:
         help='JSON list of further warm mmap configurations, e.g. [{"copier": "native"}]',
     )
     ap.add_argument("--no-process", action="store_true", help="skip the whole tfc load processes")
+    ap.add_argument(
+        "--dma-probe", action="store_true", help="time the copy engine alone over streams and pieces"
+    )
     args = ap.parse_args()
     args.extra_mmap = json.loads(args.extra_mmap)
     start = time.perf_counter()
@@ -423,11 +481,14 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
             print(f"skipped (time budget): {what}", file=sys.stderr)
         return ok
 
-    res["defaults"] = {"WARM_MMAP": dataclasses.asdict(upload_mmap.WARM_MMAP), "WARM_RING": upload_mod.WARM_RING,
+    res["defaults"] = {"WARM_MMAP": dataclasses.asdict(upload_mmap.WARM_MMAP),
+                       "WARM_NATIVE": dataclasses.asdict(upload_mmap.WARM_NATIVE), "WARM_RING": upload_mod.WARM_RING,
                        "COLD_RING": upload_mod.COLD_RING, "WARM_FRACTION": upload_mod.WARM_FRACTION}  # fmt: skip
     res["h2d_pinned_gbps"] = pinned_h2d_gbps(torch)
     res["floor_warm_s"] = image_bytes / (res["h2d_pinned_gbps"]["best"] * 1e9)
     res["staging_alloc"] = boot_host.staging_alloc(torch, 32, 8 << 20, 16)
+    if args.dma_probe:
+        res["dma_probe"] = dma_probe(torch)
     warm_cache(files)
     res["warm_resident"] = resident(files)
     res["host_copy"] = boot_host.host_copies(files, 16)
@@ -444,10 +505,7 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         res["warm"].append(run)
         return run
 
-    if any(c.get("copier") == "native" for c in args.extra_mmap):
-        from tfc.runtime import upload_native
-
-        upload_native.library()  # built once here, not inside a timed boot
+    res["native_ready"] = upload_mmap.native_ready() or "yes"  # builds the native copier here, not in a timed boot
     warm("auto", {})
     if not args.no_process and fits(
         2 * reps * (res["floor_warm_s"] * 2.5 + 4.0), "whole tfc load processes", reserve
@@ -627,6 +685,10 @@ def report(res: dict, out: Path) -> None:
             ramp = ", ".join(str(st.get("ramp", "")) for st in steps)
             md.append(f"| {key[-1]} | {m.get('process_s')} | {m.get('init')} | {m.get('open')} | {m.get('alloc')} | "
                       f"{m.get('upload')} | {m.get('staging')} | {pool} | {ramp} |")  # fmt: skip
+    if res.get("dma_probe"):
+        md += ["", "The copy engine alone: host-to-device copies out of a 128 MiB pinned ring, round-robin over "
+               "streams (`dma_probe`, 8 GiB, two runs):", "", "| streams | piece MiB | GB/s |", "|---|---|---|"]  # fmt: skip
+        md += [f"| {r['streams']} | {r['piece_mib']} | {r['gbps']} |" for r in res["dma_probe"]]
     md += ["", "Every run (JSON): boot_h200.json"]
     (out / "boot_h200.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (out / "boot_h200.md").write_text("\n".join(md) + "\n")
