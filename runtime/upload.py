@@ -307,26 +307,18 @@ def empty_host_cache(torch: Any) -> None:
 
 
 class _Registrar:
-    """cudaHostRegister / cudaHostUnregister through cuda-python, or torch's cudart binding."""
+    """cudaHostRegister / cudaHostUnregister through torch's cudart binding (already loaded: cuda-python's runtime
+    module costs a fresh process 0.07-0.13 s to import, ten times the page-lock of the staging ring itself;
+    benchmarks/register_first_h200.txt)."""
 
     def __init__(self) -> None:
-        try:
-            from cuda.bindings import runtime as rt
+        import torch
 
-            self._rt: Any = rt
-            self._torch = None
-        except ImportError:
-            import torch
-
-            self._rt = None
-            self._torch = torch.cuda.cudart()
+        self._rt = torch.cuda.cudart()
 
     def register(self, ptr: int, size: int, flags: int = REGISTER_READ_ONLY | REGISTER_PORTABLE) -> None:
-        if self._rt is not None:
-            err = self._rt.cudaHostRegister(ptr, size, flags)[0]
-        else:
-            err = self._torch.cudaHostRegister(ptr, size, flags)
-        code = int(getattr(err, "value", err))
+        err = self._rt.cudaHostRegister(ptr, size, flags)
+        code = int(getattr(err, "value", err))  # a pybind enum, or an int
         if code != 0:
             kind = "read-only" if flags & REGISTER_READ_ONLY else "staging"
             raise UploadError(
@@ -334,10 +326,7 @@ class _Registrar:
             )
 
     def unregister(self, ptr: int) -> None:
-        if self._rt is not None:
-            self._rt.cudaHostUnregister(ptr)
-        else:
-            self._torch.cudaHostUnregister(ptr)
+        self._rt.cudaHostUnregister(ptr)
 
 
 def _windows(

@@ -316,3 +316,45 @@ def test_native_copier_frees_its_slots_when_making_one_fails(tmp_path, fake_cuda
     with pytest.raises(up.UploadError, match="cannot map staging"), up._Files(arena) as files:
         um.upload_mmap(arena, files, cfg, lambda n: None)
     assert freed == made and len(made) == 2 and state == {"destroyed": 0, "released": 1}
+
+
+def test_page_locking_goes_through_torchs_cudart(monkeypatch):
+    """cudaHostRegister goes through torch's cudart binding, never importing cuda-python (0.07-0.13 s in a fresh
+    process); a failing register is one UploadError line with the driver's code."""
+    import sys
+    import types
+
+    import torch
+    from tfc.runtime import upload as up
+
+    calls = []
+
+    class Code:
+        def __init__(self, value):
+            self.value = value
+
+    class Cudart:
+        def __init__(self, code):
+            self.code = code
+
+        def cudaHostRegister(self, ptr, size, flags):
+            calls.append(("register", ptr, size, flags))
+            return Code(self.code)
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+
+    poisoned = types.ModuleType("cuda.bindings")
+    poisoned.__getattr__ = lambda name: pytest.fail("cuda-python imported")
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", poisoned)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart(0))
+    reg = up._Registrar()
+    reg.register(4096, 8192, up.REGISTER_PORTABLE)
+    reg.unregister(4096)
+    assert calls == [("register", 4096, 8192, up.REGISTER_PORTABLE), ("unregister", 4096)]
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart(2))
+    with pytest.raises(
+        up.UploadError, match=r"cudaHostRegister \(staging\) of 8192 bytes failed with CUDA error 2"
+    ):
+        up._Registrar().register(4096, 8192, up.REGISTER_PORTABLE)
