@@ -142,10 +142,12 @@ def staging_for(
     slots_per_thread: int | None = None,
     **options: Any,
 ) -> MmapStaging:
-    """The warm default (WARM_NATIVE where the native copier can run, else WARM_MMAP; the copier asked for picks
-    its own) with whatever was asked for instead (threads default to at most the CPU count)."""
+    """The warm default (WARM_NATIVE where the native copier can run, else WARM_MMAP; the copier asked for, or
+    options only the Python loop has, pick their own) with whatever was asked for instead (threads default to at
+    most the CPU count)."""
     copier = options.get("copier")
-    native = copier == "native" or (copier is None and not native_ready())
+    python_only = options.get("prefault", "none") != "none" or options.get("issuer", "thread") != "thread"
+    native = copier == "native" or (copier is None and not python_only and not native_ready())
     base = WARM_NATIVE if native else WARM_MMAP
     fields = {"threads": threads or min(base.threads, cpu_threads())}
     fields |= {"slot_bytes": slot_bytes, "slots_per_thread": slots_per_thread, **options}

@@ -137,6 +137,17 @@ def test_native_copier_options_are_checked():
             staging_for(4, **bad)
 
 
+def test_python_only_options_pick_the_python_loop(monkeypatch):
+    """Where the native copier could run, a prefault or a single issuer asked for without a copier takes the
+    Python loop (which has them) instead of refusing; the plain default stays native."""
+    from tfc.runtime import upload_mmap
+
+    monkeypatch.setattr(upload_mmap, "native_ready", lambda: "")
+    assert upload_mmap.staging_for(4).copier == "native"
+    assert upload_mmap.staging_for(4, prefault="willneed").copier == "python"
+    assert upload_mmap.staging_for(4, issuer="single", streams=1).copier == "python"
+
+
 def test_native_stops_when_interrupted():
     """An exception in the caller while the loop runs (a failing progress callback here, Ctrl-C in use) stops
     the C threads, waits for the copies they issued, and propagates."""
