@@ -505,7 +505,8 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         res["warm"].append(run)
         return run
 
-    res["native_ready"] = upload_mmap.native_ready() or "yes"  # builds the native copier here, not in a timed boot
+    # the native copier is built here, not inside a timed boot
+    res["native_ready"] = upload_mmap.native_ready() or "yes"
     warm("auto", {})
     if not args.no_process and fits(
         2 * reps * (res["floor_warm_s"] * 2.5 + 4.0), "whole tfc load processes", reserve

@@ -2,10 +2,8 @@
 
    Threads take pieces from one counter. For each piece a thread waits until one of its own page-locked
    staging slots is free (the event recorded after that slot's last host-to-device copy), copies the piece out
-   of the read-only file mapping into the slot, optionally demotes the slot's cache lines from the core's own
-   cache to the shared last-level cache (CLDEMOTE, a no-op on CPUs without it: the DMA then reads them without
-   snooping a core), optionally drops the piece's page tables (MADV_DONTNEED: the page cache keeps the pages),
-   then issues the slot's asynchronous copy on its stream (thread t on stream t mod streams) and records the
+   of the read-only file mapping into the slot, optionally drops the piece's page tables (MADV_DONTNEED: the
+   page cache keeps the pages), then issues the slot's asynchronous copy on its own stream and records the
    slot's event. The CUDA driver calls come in as function pointers, so this file needs no CUDA headers and
    the tests can pass host-only stand-ins. The Python copy threads pay the interpreter's lock at every piece;
    here small, cache-resident slots cost nothing per piece but the copies themselves. */
@@ -28,8 +26,7 @@ typedef struct {
     int64_t n;
     const uint64_t *slots; /* threads x per_thread slot addresses, each slot_bytes, page-locked */
     int per_thread;
-    void *const *streams; /* thread t copies on streams[t % nstreams] */
-    int nstreams;
+    void *const *streams; /* one per thread */
     void *const *events;  /* threads x per_thread */
     void *ctx;
     ctx_set_fn ctx_set;
@@ -37,7 +34,6 @@ typedef struct {
     record_fn record;
     sync_fn sync;
     int drop;
-    int demote;
     long page;
     int64_t next;        /* the next piece (atomic) */
     int64_t *done_bytes; /* bytes issued so far (atomic; the caller reads it for progress) */
@@ -68,20 +64,10 @@ static void drop_pages(const job_t *j, uint64_t addr, uint64_t n) {
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
-static void demote_lines(const uint8_t *p, size_t n) {
-#if defined(__x86_64__)
-    for (size_t i = 0; i < n; i += 64) __asm__ volatile(".byte 0x0f, 0x1c, 0x07" : : "D"(p + i) : "memory");
-#else
-    (void)p;
-    (void)n;
-#endif
-}
-
 static void *work(void *arg) {
     worker_t *w = arg;
     job_t *j = w->job;
     int t = w->index, k = 0;
-    void *stream = j->streams[t % j->nstreams];
     double *st = j->stats + 3 * t;
     char used[64] = {0};
     if (j->ctx_set != NULL) {
@@ -109,11 +95,10 @@ static void *work(void *arg) {
         }
         double t1 = now();
         memcpy(slot, (const void *)(uintptr_t)p[0], (size_t)p[2]);
-        if (j->demote) demote_lines(slot, (size_t)p[2]);
         if (j->drop) drop_pages(j, p[0], p[2]);
         double t2 = now();
-        int e = j->copy(p[1], slot, (size_t)p[2], stream);
-        if (e == 0) e = j->record(event, stream);
+        int e = j->copy(p[1], slot, (size_t)p[2], j->streams[t]);
+        if (e == 0) e = j->record(event, j->streams[t]);
         if (e != 0) {
             fail(j, e);
             break;
@@ -137,14 +122,12 @@ static void *work(void *arg) {
 /* Copy every piece (or until *stop is set); returns 0, the first failing driver result, or -1 (bad arguments / no
    thread). Every copy it issued has completed when it returns. */
 int tfc_stage(const uint64_t *pieces, int64_t n, const uint64_t *slots, int threads, int per_thread,
-              void *const *streams, int nstreams, void *const *events, void *ctx, void *ctx_set, void *copy,
-              void *record, void *sync, int drop, int demote, int64_t *done_bytes, double *stats, const int *stop) {
-    if (threads < 1 || per_thread < 1 || per_thread > 64 || nstreams < 1 || copy == NULL || record == NULL ||
-        sync == NULL)
+              void *const *streams, void *const *events, void *ctx, void *ctx_set, void *copy, void *record,
+              void *sync, int drop, int64_t *done_bytes, double *stats, const int *stop) {
+    if (threads < 1 || per_thread < 1 || per_thread > 64 || copy == NULL || record == NULL || sync == NULL)
         return -1;
-    job_t job = {pieces, n, slots, per_thread, streams, nstreams, events, ctx, (ctx_set_fn)ctx_set,
-                 (copy_fn)copy, (record_fn)record, (sync_fn)sync, drop, demote, sysconf(_SC_PAGESIZE), 0,
-                 done_bytes, 0, stop, stats};
+    job_t job = {pieces, n, slots, per_thread, streams, events, ctx, (ctx_set_fn)ctx_set, (copy_fn)copy,
+                 (record_fn)record, (sync_fn)sync, drop, sysconf(_SC_PAGESIZE), 0, done_bytes, 0, stop, stats};
     pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
     worker_t *ws = calloc((size_t)threads, sizeof(worker_t));
     int started = 0;

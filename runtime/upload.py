@@ -87,7 +87,7 @@ def upload(
 
     `auto` takes `mmap` when the page cache holds the image and `ring` otherwise; without
     `slot_bytes`, the ring picks its staging by the same probe. `mmap_options` are the fields of
-    `upload_mmap.MmapStaging` (prefault, drop, issuer, streams, pinning, copier, demote).
+    `upload_mmap.MmapStaging` (prefault, drop, issuer, streams, pinning, copier).
     """
     method = method or "auto"
     if method not in METHODS:

@@ -55,10 +55,9 @@ class MmapStaging:
     prefault: str = "none"  # page tables of a piece before copying it: none, populate or willneed
     drop: bool = True  # MADV_DONTNEED a piece's pages once copied
     issuer: str = "thread"  # who issues the host-to-device copies: each copy thread, or one thread
-    streams: int = 2  # CUDA streams of the single issuer, or that the native copier's threads share
+    streams: int = 2  # CUDA streams of the single issuer
     pinning: str = "register"  # how slots are page-locked: cudaHostRegister, or torch's allocator
     copier: str = "python"  # who runs the copy loop: Python threads, or C threads (runtime/upload_native.py)
-    demote: bool = False  # native: push each staged piece to the last-level cache (CLDEMOTE) before its copy
 
     @property
     def ring_bytes(self) -> int:
@@ -68,10 +67,6 @@ class MmapStaging:
     def describe(self) -> str:
         """One line for the phase note: threads, slots, options."""
         who = "per thread" if self.issuer == "thread" else f"by one issuer on {self.streams} streams"
-        if self.copier == "native":
-            shared = min(self.streams, self.threads)
-            who = "per thread" if shared == self.threads else f"per thread on {shared} shared streams"
-            who += ", staged lines demoted" if self.demote else ""
         return (
             f"{self.threads} {'C ' if self.copier == 'native' else ''}threads x {self.slot_bytes >> 20} MiB x "
             f"{self.slots_per_thread} slots ({self.ring_bytes >> 20} MiB {self.pinning}), prefault {self.prefault}"
@@ -111,7 +106,7 @@ WARM_MMAP = MmapStaging(threads=16)
 # The warm default: the copy loop on C threads with a 128 MiB ring (16 x 4 MiB x 2) that the host's 300 MiB
 # last-level cache holds while the DMA reads it (boot_h200.md, runs 8-9: 0.52-0.58 s against 0.57-0.73 s for
 # WARM_MMAP in the same runs; rings of 256 MiB measured slower).
-WARM_NATIVE = MmapStaging(threads=16, slot_bytes=4 << 20, streams=16, copier="native")
+WARM_NATIVE = MmapStaging(threads=16, slot_bytes=4 << 20, copier="native")
 
 
 @functools.cache
@@ -171,8 +166,6 @@ def staging_for(
         raise up.UploadError(
             "the native copier issues per thread, without prefault, with at most 64 slots each"
         )
-    if cfg.demote and cfg.copier != "native":
-        raise up.UploadError("demote needs the native copier")
     return replace(cfg, slot_bytes=cfg.slot_bytes - cfg.slot_bytes % PAGE)
 
 
@@ -317,7 +310,7 @@ def _upload_native(
     device = torch.device(arena.device)
     torch.cuda.set_device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    streams = [torch.cuda.Stream(device=device) for _ in range(min(cfg.streams, threads))]
+    streams = [torch.cuda.Stream(device=device) for _ in range(threads)]
     t0 = time.perf_counter()
     slots: list[_Slot] = []
     ctx, release = cuda.primary_context(index)
@@ -328,7 +321,7 @@ def _upload_native(
         events = cuda.events(len(slots))
         t1 = time.perf_counter()
         steps = upload_native.stage(rows, [s.addr for s in slots], threads, [s.cuda_stream for s in streams],
-                                    events, cuda.calls(), ctx, cfg.drop, tick, cfg.demote)  # fmt: skip
+                                    events, cuda.calls(), ctx, cfg.drop, tick)  # fmt: skip
     finally:
         cuda.destroy(events)
         for slot in slots:

@@ -50,8 +50,8 @@ def library() -> ctypes.CDLL:
         except OSError as e:
             raise up.UploadError(f"cannot load the native copier {path}: {e}; use copier python") from e
         lib.tfc_stage.restype = ctypes.c_int
-        lib.tfc_stage.argtypes = [_P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, _P, ctypes.c_int, _P, _P, _P,
-                                  _P, _P, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P]  # fmt: skip
+        lib.tfc_stage.argtypes = [_P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P,
+                                  ctypes.c_int, _P, _P, _P]  # fmt: skip
         _LIB.append(lib)
         return lib
 
@@ -112,16 +112,14 @@ def stage(
     ctx: int = 0,
     drop: bool = True,
     tick: Callable[[int], None] | None = None,
-    demote: bool = False,
 ) -> NativeTimes:
     """Run the loop over pieces [n, 3] uint64 (source address, device address, bytes): threads x k slots (k =
-    len(slots) // threads), thread t copying on streams[t % len(streams)], one event per slot; tick(bytes) as
-    copies are issued; `demote` pushes each staged piece to the last-level cache before its copy."""
+    len(slots) // threads) with one stream per thread and one event per slot; tick(bytes) as copies are issued."""
     per = len(slots) // max(threads, 1)
     if threads < 1 or per < 1 or per > 64 or len(slots) != threads * per:
         raise up.UploadError(f"the native copier needs 1-64 slots per thread, got {len(slots)} for {threads}")
-    if not 1 <= len(streams) <= threads or len(events) != len(slots):
-        raise up.UploadError("the native copier needs 1 to one-per-thread streams and an event per slot")
+    if len(streams) != threads or len(events) != len(slots):
+        raise up.UploadError("the native copier needs a stream per thread and an event per slot")
     rows = np.ascontiguousarray(pieces, dtype=np.uint64).reshape(-1, 3)
     slot_arr = np.asarray(slots, dtype=np.uint64)
     stream_arr, event_arr = (np.asarray(v, dtype=np.uint64) for v in (streams, events))
@@ -132,10 +130,9 @@ def stage(
 
     def run() -> None:
         result.append(lib.tfc_stage(rows.ctypes.data, len(rows), slot_arr.ctypes.data, threads, per,
-                                    stream_arr.ctypes.data, len(stream_arr), event_arr.ctypes.data, ctx or None,
-                                    driver.ctx_set or None, driver.copy, driver.record, driver.sync, int(drop),
-                                    int(demote), ctypes.addressof(done), stats.ctypes.data,
-                                    ctypes.addressof(stop)))  # fmt: skip
+                                    stream_arr.ctypes.data, event_arr.ctypes.data, ctx or None, driver.ctx_set or None,
+                                    driver.copy, driver.record, driver.sync, int(drop), ctypes.addressof(done),
+                                    stats.ctypes.data, ctypes.addressof(stop)))  # fmt: skip
 
     worker = threading.Thread(target=run, name="tfc-native-stage", daemon=True)
     worker.start()

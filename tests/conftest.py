@@ -139,12 +139,10 @@ class FakeDriver:
         self.copies, self.records, self.syncs, self.pending = 0, 0, 0, set()
         self.reused_unsynced = 0
         self.slot_of_event: dict[int, int] = {}
-        self.streams: set[int] = set()  # the streams copies were issued on
 
         def copy(dst, src, n, stream):
             with self.lock:
                 self.copies += 1
-                self.streams.add(stream)
                 if self.copies == fail_at:
                     return code
             ctypes.memmove(dst, src, n)

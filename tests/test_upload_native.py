@@ -43,22 +43,6 @@ def test_native_copies_every_byte(threads, per, piece):
     assert sum(seen) == src.size and times.copy >= 0 and times.wait >= 0
 
 
-@pytest.mark.parametrize("demote", [False, True])
-def test_native_threads_share_fewer_streams(demote):
-    """Six threads on two streams (thread t on stream t mod 2), with and without demoting staged lines: every
-    byte arrives, only those streams are used, no slot is rewritten before its copy was waited for."""
-    from tfc.runtime.upload_native import stage
-
-    src = np.random.default_rng(5).integers(0, 256, size=200_003, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    slots = [np.zeros(4096, dtype=np.uint8) for _ in range(12)]
-    drv = FakeDriver()
-    stage(_plan(src, dst, 4096), [s.ctypes.data for s in slots], 6, [11, 12], list(range(100, 112)), drv.calls(),
-          drop=False, demote=demote)  # fmt: skip
-    assert np.array_equal(src, dst)
-    assert drv.streams == {11, 12} and drv.reused_unsynced == 0 and not drv.pending
-
-
 def test_native_drops_page_tables_of_a_file_mapping(tmp_path):
     """drop: the pieces of a read-only file mapping are copied, then MADV_DONTNEED'd, bytes intact."""
     from tfc.runtime.upload_native import stage
@@ -89,11 +73,6 @@ def test_native_failure_is_one_typed_line():
     assert not drv.pending  # the threads waited for their slots' copies before returning
     with pytest.raises(UploadError, match="1-64 slots per thread"):
         stage(_plan(src, dst, 4096), [s.ctypes.data for s in slots], 3, [1, 2, 3], [1, 2, 3, 4], drv.calls())
-    for streams in ([], [1, 2, 3]):  # none, or more than threads
-        with pytest.raises(UploadError, match="1 to one-per-thread streams"):
-            stage(
-                _plan(src, dst, 4096), [s.ctypes.data for s in slots], 2, streams, [1, 2, 3, 4], drv.calls()
-            )
 
 
 def test_native_build_failure_names_the_compiler(monkeypatch, tmp_path):
@@ -125,11 +104,8 @@ def test_native_copier_options_are_checked():
 
     assert staging_for(4, copier="native").copier == "native"
     assert "C threads" in staging_for(4, copier="native").describe()
-    shared = staging_for(4, copier="native", streams=2, demote=True).describe()
-    assert "on 2 shared streams" in shared and "demoted" in shared
     for bad in (
         dict(copier="rust"),
-        dict(copier="python", demote=True),
         dict(copier="native", prefault="populate"),
         dict(copier="native", issuer="single"),
     ):
