@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfc.runtime import staging_pool
+from tfc.runtime import cuda_start, staging_pool
 from tfc.runtime.arena import CHUNK_BYTES, DeviceArena, plan_arena
 from tfc.runtime.graph_cache import GraphCache, GraphSettings, check_same_settings
 from tfc.runtime.image_open import OpenedImage, open_image, verify_digests
@@ -67,14 +67,18 @@ def boot(
 ) -> Booted:
     """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
 
-    Where the upload may take the mmap path on a GPU, its staging is faulted in on a thread meanwhile
-    (runtime/staging_pool.py; TFC_PREFAULT=0 turns that off)."""
+    While torch imports, threads start the device's CUDA context (runtime/cuda_start.py) and, where the upload
+    may take the mmap path on a GPU, fault in its staging (runtime/staging_pool.py; TFC_PREFAULT=0 turns that
+    off)."""
+    early = cuda_start.start(device)
     prefaulted = _prefault_staging(device, method, threads)
     try:
         return _boot(path, rank, device, method, verify, graphs, threads, chunk_bytes, progress)
     finally:
         if prefaulted:
             staging_pool.release()
+        if early is not None:
+            early.release()
 
 
 def _prefault_staging(device: str | None, method: str | None, threads: int | None) -> bool:

@@ -1,7 +1,7 @@
 """Staging memory faulted in ahead of the upload, on a thread, while the boot imports torch and starts CUDA.
 
 Fresh anonymous memory faults in at about 2.5 GB/s on the H200 host (benchmarks/boot_pipeline_h200.md), so
-the mmap path's ring (256 MiB for the Python copy threads, 128 MiB for the native copier's default) costs
+the mmap path's ring (256 MiB for the Python copy threads, 96 MiB for the native copier's default) costs
 ~0.05-0.1 s when its slots are made inside the upload. With the
 ring made before the upload, the warm boot measured 0.61 s instead of 0.74 s (its "pool" rows). `prefault`
 maps and populates the ring as one region on a daemon thread; the upload's first slot page-locks the whole

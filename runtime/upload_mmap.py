@@ -103,10 +103,11 @@ def cpu_threads() -> int:
 # 16 x 8 MiB x 2, register, drop, per thread (0.59-0.73 s for 22 GB). The warm default where the native copier
 # cannot run.
 WARM_MMAP = MmapStaging(threads=16)
-# The warm default: the copy loop on C threads with a 128 MiB ring (16 x 4 MiB x 2) that the host's 300 MiB
+# The warm default: the copy loop on C threads with a 96 MiB ring (12 x 4 MiB x 2) that the host's 300 MiB
 # last-level cache holds while the DMA reads it (boot_h200.md, runs 8-9: 0.52-0.58 s against 0.57-0.73 s for
-# WARM_MMAP in the same runs; rings of 256 MiB measured slower).
-WARM_NATIVE = MmapStaging(threads=16, slot_bytes=4 << 20, copier="native")
+# WARM_MMAP in the same runs; rings of 256 MiB measured slower; runs 10-11: 12 threads 0.480 / 0.444 s against
+# 0.49-0.52 / 0.456-0.458 s for 16, without / with the staging prefaulted).
+WARM_NATIVE = MmapStaging(threads=12, slot_bytes=4 << 20, copier="native")
 
 
 @functools.cache

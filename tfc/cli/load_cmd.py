@@ -49,7 +49,7 @@ def _progress(enabled: bool):
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
-    help="Copy / reader / registration threads (default: 16 for mmap, at most the CPUs; 8).",
+    help="Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; ring and register 8).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the phase timings as JSON.")
 def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> None:
