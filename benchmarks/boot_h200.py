@@ -400,7 +400,11 @@ def main() -> None:
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--no-safetensors", action="store_true")
     ap.add_argument("--host-only", action="store_true", help="only the host copy part (no CUDA needed)")
-    ap.add_argument("--quick", action="store_true", help="warm auto and the mmap default only (a re-check)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="no sweeps: warm auto, the mmap default and --extra-mmap (cold and safetensors still run unless --no-cold / --no-safetensors)",
+    )
     ap.add_argument(
         "--extra-mmap",
         default="[]",
@@ -465,6 +469,25 @@ def main() -> None:
         report(res, args.out)
 
 
+def sweep(warm, res: dict) -> None:
+    """The mmap grid and its neighbours, the best known ring configurations and the register path, warm."""
+    grid, around = mmap_sweep()
+    done = [r for r in (warm("mmap", cfg) for cfg in grid) if r]
+    if done:
+        best = min(done, key=lambda r: r["seconds"])
+        base = {k: best[k] for k in ("threads", "slot_bytes", "slots_per_thread")}
+        for change in around:
+            warm("mmap", {**base, **change})
+    mmap_runs = [r for r in res["warm"] if r["label"] == "mmap"]
+    if mmap_runs:
+        best = min(mmap_runs, key=lambda r: r["seconds"])
+        res["best_mmap"] = best["config"]
+    for cfg in (dict(threads=8, slot_bytes=4 << 20, slots_per_thread=4),
+                dict(threads=16, slot_bytes=16 << 20, slots_per_thread=2)):  # fmt: skip
+        warm("ring", cfg)
+    warm("register", dict(threads=4, window_bytes=256 << 20))
+
+
 def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, image_bytes, start) -> None:
     """Every stage in order of importance, each skipped when it would not fit in the budget."""
     from tfc.runtime import upload_mmap
@@ -517,23 +540,9 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         for cfg in args.extra_mmap:  # alternating with the default, so drift between them shows
             warm("mmap", cfg)
             warm("mmap", {})
-        res["skipped"].append("sweeps, ring, register, cold and safetensors (--quick)")
-        return
-    grid, around = mmap_sweep()
-    done = [r for r in (warm("mmap", cfg) for cfg in grid) if r]
-    if done:
-        best = min(done, key=lambda r: r["seconds"])
-        base = {k: best[k] for k in ("threads", "slot_bytes", "slots_per_thread")}
-        for change in around:
-            warm("mmap", {**base, **change})
-    mmap_runs = [r for r in res["warm"] if r["label"] == "mmap"]
-    if mmap_runs:
-        best = min(mmap_runs, key=lambda r: r["seconds"])
-        res["best_mmap"] = best["config"]
-    for cfg in (dict(threads=8, slot_bytes=4 << 20, slots_per_thread=4),
-                dict(threads=16, slot_bytes=16 << 20, slots_per_thread=2)):  # fmt: skip
-        warm("ring", cfg)
-    warm("register", dict(threads=4, window_bytes=256 << 20))
+        res["skipped"].append("sweeps, ring and register (--quick)")
+    else:
+        sweep(warm, res)
 
     if not args.no_cold and fits(cold_est, "cold boots and the disk floor", st_est):
         res["cold"] = []
