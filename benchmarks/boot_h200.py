@@ -240,8 +240,9 @@ def dma_probe(torch, nbytes: int = 8 << 30, ring: int = 128 << 20) -> list[dict]
     return out
 
 
-def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> float:
-    """Parallel pread of every file (page cache dropped by the caller) into plain buffers."""
+def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20, shared: bool = False) -> float:
+    """Parallel pread of every file (page cache dropped by the caller) into plain buffers: a descriptor per
+    request, or (`shared`) one per file that every thread reads through, as the ring path does."""
     work = [
         (f, off, min(request, f.stat().st_size - off))
         for f in files
@@ -249,12 +250,16 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
     ]
     total = sum(n for _, _, n in work)
     local = threading.local()
+    fds = {f: os.open(f, os.O_RDONLY) for f in files} if shared else {}
 
     def read(w) -> None:
         f, off, n = w
         buf = getattr(local, "buf", None)
         if buf is None:
             buf = local.buf = bytearray(request)
+        if shared:
+            os.preadv(fds[f], [memoryview(buf)[:n]], off)
+            return
         fd = os.open(f, os.O_RDONLY)
         try:
             os.preadv(fd, [memoryview(buf)[:n]], off)
@@ -262,7 +267,11 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
             os.close(fd)
 
     t0 = time.perf_counter()
-    _parallel(work, read, threads)
+    try:
+        _parallel(work, read, threads)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
     return total / (time.perf_counter() - t0) / 1e9
 
 
@@ -412,10 +421,17 @@ def main() -> None:
     )
     ap.add_argument("--no-process", action="store_true", help="skip the whole tfc load processes")
     ap.add_argument(
+        "--cold-more",
+        default="[]",
+        help='JSON list of further cold [method, options] boots, e.g. [["ring", {"threads": 16}]]; also probes '
+        "the disk through shared descriptors, and again after the cold boots",
+    )
+    ap.add_argument(
         "--dma-probe", action="store_true", help="time the copy engine alone over streams and pieces"
     )
     args = ap.parse_args()
     args.extra_mmap = json.loads(args.extra_mmap)
+    args.cold_more = [tuple(m) for m in json.loads(args.cold_more)]
     start = time.perf_counter()
     arena_mod, upload_mod = _import_tfc()
     import boot_host
@@ -494,7 +510,8 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
 
     deadline = start + args.budget_s
     gb = image_bytes / 1e9
-    cold_est = 0.0 if args.no_cold else 4 * gb / 1.7 + 5  # two disk floors, two cold boots (1.9 GB/s disk)
+    cold_est = 0.0 if args.no_cold else (4 + 2 * bool(args.cold_more) + len(args.cold_more)) * gb / 1.7 + 5
+    # two disk floors and two cold boots (1.7 GB/s disk), with --cold-more two more floors and its boots
     st_est = 0.0 if args.no_safetensors else 1.6 * gb + 5  # write at 1.3 GB/s, then three loads
 
     def fits(seconds: float, what: str, reserve: float = 0.0) -> bool:
@@ -552,7 +569,14 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
             disk.append(disk_read_gbps(files, threads))
         res["disk_read_gbps"] = {"8_threads": round(disk[0], 3), "16_threads": round(disk[1], 3)}
         res["floor_cold_s"] = image_bytes / (max(disk) * 1e9)
-        for method, cfg in (("auto", {}), ("register", dict(threads=4, window_bytes=256 << 20))):
+        if args.cold_more:
+            res["drop_before_disk_shared"] = drop_cache(files)
+            res["disk_read_gbps"]["8_threads_shared_fd"] = round(disk_read_gbps(files, 8, shared=True), 3)
+        for method, cfg in (
+            ("auto", {}),
+            ("register", dict(threads=4, window_bytes=256 << 20)),
+            *args.cold_more,
+        ):
             drop = drop_cache(files)
             run = boot_once(torch, arena_mod, upload_mod, args.image, method, cfg)
             run["drop_cache"] = drop
@@ -562,6 +586,9 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
                 f"{run['config']})",
                 file=sys.stderr,
             )
+        if args.cold_more:  # the disk again: how far it drifted while the cold boots ran
+            res["drop_before_disk_after"] = drop_cache(files)
+            res["disk_read_gbps"]["8_threads_after"] = round(disk_read_gbps(files, 8), 3)
 
     if not args.no_safetensors and fits(st_est, "safetensors baseline"):
         try:
