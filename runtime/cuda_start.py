@@ -13,11 +13,11 @@ import os
 import threading
 
 
-def wanted(device: str | None) -> bool:
-    """Whether a boot on `device` will start CUDA here: not on the CPU, and an NVIDIA driver present."""
-    if device not in (None, "auto") and not device.startswith("cuda"):
-        return False
-    return os.path.exists("/dev/nvidiactl")
+def uses_cuda(device: str | None) -> bool:
+    """Whether a boot on `device` runs on CUDA: asked for by name, or by default where an NVIDIA driver is."""
+    if device in (None, "auto"):
+        return os.path.exists("/dev/nvidiactl")
+    return device.startswith("cuda")
 
 
 def device_index(device: str | None) -> int:
@@ -63,7 +63,7 @@ class EarlyContext:
 
 def start(device: str | None) -> EarlyContext | None:
     """Begin making `device`'s CUDA context on a thread, or None where this boot will not use CUDA."""
-    return EarlyContext(device_index(device)) if wanted(device) else None
+    return EarlyContext(device_index(device)) if uses_cuda(device) else None
 
 
-__all__ = ["EarlyContext", "device_index", "start", "wanted"]
+__all__ = ["EarlyContext", "device_index", "start", "uses_cuda"]

@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Callable
 
+from tfc.runtime import cuda_start
 from tfc.runtime.pages import MAP_FAILED, libc
 
 _FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
@@ -123,12 +124,10 @@ def release() -> int:
 
 def wanted(device: str | None, method: str | None) -> bool:
     """Whether a boot on `device` with upload `method` may use the mmap path on a GPU (so prefaulting pays):
-    not on the CPU, not a forced ring or register path, an NVIDIA driver present, TFC_PREFAULT not 0."""
+    on CUDA (runtime/cuda_start.uses_cuda), not a forced ring or register path, TFC_PREFAULT not 0."""
     if os.environ.get("TFC_PREFAULT", "1") == "0" or method not in (None, "auto", "mmap"):
         return False
-    if device in (None, "auto"):
-        return os.path.exists("/dev/nvidiactl")
-    return device.startswith("cuda")
+    return cuda_start.uses_cuda(device)
 
 
 __all__ = ["StagingPool", "map_populated", "note", "prefault", "release", "take", "wanted"]

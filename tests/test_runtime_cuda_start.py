@@ -73,7 +73,9 @@ def test_early_start_does_nothing_on_the_cpu_or_without_a_driver(fake_libcuda, m
     early.release()
     assert not early.retained
     monkeypatch.setattr(cuda_start.os.path, "exists", lambda p: False)
-    assert cuda_start.start("cuda") is None
+    assert (
+        cuda_start.start(None) is None and cuda_start.start("auto") is None
+    )  # the default, without a driver
 
 
 def test_boot_starts_cuda_early_and_releases_it(monkeypatch, tmp_path):
