@@ -45,7 +45,7 @@ TARGET_WARM, TARGET_COLD, TARGET_ST = 1.25, 1.10, 4.0
 def _import_tfc():
     """Import tfc.runtime from an installed package, or map the repository folders when not installed."""
     try:
-        import tfc.runtime.upload
+        import tfc.runtime.boot.upload
     except ImportError:
         sys.path.insert(0, str(ROOT))
         import tfc
@@ -58,7 +58,7 @@ def _import_tfc():
             sys.modules[f"tfc.{name}"] = module
             spec.loader.exec_module(module)
             setattr(tfc, name, module)
-    from tfc.runtime import arena, upload
+    from tfc.runtime.boot import arena, upload
 
     return arena, upload
 
@@ -172,7 +172,7 @@ def drop_cache(files: list[Path]) -> dict:
 
 def resident(files: list[Path]) -> float:
     """Fraction of the files' pages in the page cache (the runtime's own mincore probe)."""
-    from tfc.runtime.upload import resident_fraction
+    from tfc.runtime.boot.upload import resident_fraction
 
     return resident_fraction(files)
 
@@ -274,11 +274,11 @@ CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "window_bytes", "prefau
 
 def _pool(cfg: dict) -> bool:
     """With cfg's `pool` set, fault in the mmap path's staging before the timer, as `tfc load` does while torch
-    imports (runtime/staging_pool.py); whether a pool was made."""
+    imports (runtime/boot/staging_pool.py); whether a pool was made."""
     if not cfg.get("pool"):
         return False
-    from tfc.runtime import staging_pool
-    from tfc.runtime.upload_mmap import staging_for
+    from tfc.runtime.boot import staging_pool
+    from tfc.runtime.boot.upload_mmap import staging_for
 
     opts = {k: v for k, v in cfg.items() if k != "pool"}
     st = staging_for(opts.pop("threads", None), opts.pop("slot_bytes", None), opts.pop("slots_per_thread", None),
@@ -291,7 +291,7 @@ def _pool(cfg: dict) -> bool:
 
 def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
     """Open the segment list, allocate the arena, upload, synchronise: time to weights resident."""
-    from tfc.runtime import staging_pool
+    from tfc.runtime.boot import staging_pool
 
     pooled = _pool(cfg)
     torch.cuda.synchronize()
@@ -497,7 +497,7 @@ def sweep(warm, res: dict) -> None:
 
 def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, image_bytes, start) -> None:
     """Every stage in order of importance, each skipped when it would not fit in the budget."""
-    from tfc.runtime import upload_mmap
+    from tfc.runtime.boot import upload_mmap
 
     deadline = start + args.budget_s
     gb = image_bytes / 1e9

@@ -39,7 +39,7 @@ def _timed_threads(target, args_list: list[tuple]) -> float:
 
 def _mapped(files: list[Path]) -> list[tuple[int, int]]:
     """Fresh read-only shared maps (address, size) of the files: no page table entries yet."""
-    from tfc.runtime.pages import libc
+    from tfc.runtime.boot.pages import libc
 
     out = []
     for f in files:
@@ -56,7 +56,7 @@ def mmap_copy(files: list[Path], threads: int, piece: int = 8 * MIB, copier: str
               prefault: bool = False, drop: bool = False) -> dict:  # fmt: skip
     """Copy every byte of the files out of fresh maps with `threads` threads, each into its own
     pre-touched `piece`-sized buffer (as the mmap upload copies into its slots); munmap timed apart."""
-    from tfc.runtime.pages import MADV_DONTNEED, MADV_POPULATE_READ, libc
+    from tfc.runtime.boot.pages import MADV_DONTNEED, MADV_POPULATE_READ, libc
 
     if copier == "numpy":
         import numpy as np
@@ -118,8 +118,8 @@ def host_copies(files: list[Path], threads: int, reps: int = 2) -> list[dict]:
 
 def staging_alloc(torch, slots: int, slot_bytes: int, threads: int) -> list[dict]:
     """Seconds to pin `slots` staging slots the way the mmap upload does, serially and from `threads` threads."""
-    from tfc.runtime.upload import empty_host_cache
-    from tfc.runtime.upload_mmap import _Slot
+    from tfc.runtime.boot.upload import empty_host_cache
+    from tfc.runtime.boot.upload_mmap import _Slot
 
     out = []
     for pinning in ("register", "torch"):
@@ -149,7 +149,7 @@ def staging_alloc(torch, slots: int, slot_bytes: int, threads: int) -> list[dict
 
 def probe_times(files: list[Path], reps: int = 3) -> list[dict]:
     """Seconds of the page-cache probe over every page and over the runtime's default sample (best of reps)."""
-    from tfc.runtime.pages import resident_fraction
+    from tfc.runtime.boot.pages import resident_fraction
 
     out = []
     for samples in (None, 4096):
@@ -176,7 +176,7 @@ def main() -> None:
     files = sorted(args.image.glob("*.bin"))
     if not files:
         sys.exit(f"boot_host: no *.bin files in {args.image}")
-    from tfc.runtime.pages import resident_fraction
+    from tfc.runtime.boot.pages import resident_fraction
 
     res: dict = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "cpus": os.cpu_count(),
                  "bytes": sum(f.stat().st_size for f in files), "resident": resident_fraction(files)}  # fmt: skip

@@ -93,8 +93,8 @@ def contention(torch, files: list[Path], threads: int, piece: int) -> dict:
 
 def pin_costs(torch, nbytes: int = 256 * MIB) -> list[dict]:
     """Seconds to page-lock `nbytes` of staging: fresh pages, the same pages again, huge pages, torch."""
-    from tfc.runtime import upload as up
-    from tfc.runtime.pages import MADV_HUGEPAGE, MADV_POPULATE_WRITE, libc
+    from tfc.runtime.boot import upload as up
+    from tfc.runtime.boot.pages import MADV_HUGEPAGE, MADV_POPULATE_WRITE, libc
 
     lib, reg, out = libc(), up._Registrar(), []
     for huge in (False, True):
@@ -172,7 +172,7 @@ def main() -> None:
     start = time.perf_counter()
     arena_mod, upload_mod = boot_h200._import_tfc()
     import torch
-    from tfc.runtime import upload_mmap
+    from tfc.runtime.boot import upload_mmap
 
     items, _ = boot_h200.image_items(args.image, arena_mod.UploadItem)
     files = sorted({it.path for it in items})

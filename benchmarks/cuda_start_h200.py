@@ -3,7 +3,7 @@
     python3 benchmarks/cuda_start_h200.py [--gib 22] [--reps 3]
 
 Each case is a fresh process that imports torch and then times: the CUDA context (torch.empty(1) on the
-device) and the arena's allocation (`--gib` GiB in 1 GiB tensors, as runtime/arena.py allocates). Case
+device) and the arena's allocation (`--gib` GiB in 1 GiB tensors, as runtime/boot/arena.py allocates). Case
 `early`: a thread calls libcuda's cuInit and cuDevicePrimaryCtxRetain (the context torch's runtime uses)
 before `import torch`, so the context is made while torch imports. Prints one JSON line per process.
 """

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from tfc.compiler.engram_map import build_token_map
 from tfc.packs.engram_layout import check_layout, hash_multipliers
-from tfc.runtime.engram_hash import HashTables, compress, hash_compressed, hash_ids
+from tfc.runtime.models.dsv41.engram_hash import HashTables, compress, hash_compressed, hash_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engram_map import hardware, tokenizer_path

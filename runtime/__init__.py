@@ -1,1 +1,1 @@
-"""The lean runtime: open images, upload into a device arena, graphs, forward, engine."""
+"""The lean runtime: boot images into a device arena, graphs, model families, the worker, the engine."""

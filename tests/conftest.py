@@ -101,7 +101,7 @@ def fake_cuda(monkeypatch):
     import types
 
     import torch
-    from tfc.runtime import upload as up
+    from tfc.runtime.boot import upload as up
 
     for name in ("Stream", "Event", "stream"):
         monkeypatch.setattr(torch.cuda, name, getattr(FakeCuda, name))
@@ -167,7 +167,7 @@ class FakeDriver:
         self.fns = (COPY(copy), TWO(record), ONE(sync))
 
     def calls(self):
-        from tfc.runtime.upload_native import Driver
+        from tfc.runtime.boot.upload_native import Driver
 
         addr = [ctypes.cast(f, ctypes.c_void_p).value for f in self.fns]
         return Driver(0, *addr)

@@ -50,7 +50,7 @@ def engram(
     holding manifest.json, or a world folder: its lowest rank). Image positions are shown as DEAD:
     they and the n-grams through them hash as the pad id.
     """
-    from tfc.runtime.engram_hash import hash_ids
+    from tfc.runtime.models.dsv41.engram_hash import hash_ids
 
     if (text is None) == (ids is None):
         raise click.UsageError("give exactly one of --text and --ids")
@@ -86,7 +86,7 @@ def _open_pack(path: Path) -> dict[str, Any]:
     from tfc.compiler.engram_map import build_token_map, check_token_map, load_tokenizer
     from tfc.packs.deepseek_v41_config import load_config
     from tfc.packs.engram_layout import check_layout, hash_multipliers
-    from tfc.runtime.engram_hash import HashTables
+    from tfc.runtime.models.dsv41.engram_hash import HashTables
 
     if not (path / "config.json").is_file():
         raise EngramCommandError(f"{path}: neither a pack (no config.json) nor an image (no manifest.json)")
@@ -120,7 +120,12 @@ def _open_pack(path: Path) -> dict[str, Any]:
 def _open_image(rank_dir: Path, tokenizer: Path | None) -> dict[str, Any]:
     """Hash tables read from an image's host-side Engram segments (never recomputed)."""
     from tfc.cache.reader import open_rank
-    from tfc.runtime.engram_hash import SEG_LAYER_IDS, SEG_TOKEN_MAP, params_of, tables_from_segments
+    from tfc.runtime.models.dsv41.engram_hash import (
+        SEG_LAYER_IDS,
+        SEG_TOKEN_MAP,
+        params_of,
+        tables_from_segments,
+    )
 
     image = open_rank(rank_dir)
     if SEG_TOKEN_MAP not in image.segments:
@@ -150,7 +155,7 @@ def _open_image(rank_dir: Path, tokenizer: Path | None) -> dict[str, Any]:
 
 
 def _report(view: dict, tables: Any, ids: list[int], lookback: list[int], rows: np.ndarray) -> dict:
-    from tfc.runtime.engram_hash import DEAD, compress
+    from tfc.runtime.models.dsv41.engram_hash import DEAD, compress
 
     compressed = compress(tables, ids)
     return {

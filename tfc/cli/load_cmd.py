@@ -7,30 +7,7 @@ import sys
 
 import click
 
-
-def _progress(enabled: bool):
-    """A rich byte progress bar on stderr; returns (callback, stop)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    bar = Progress(
-        TextColumn("[bold]upload"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=not enabled,
-    )
-    task = [None]
-
-    def update(done: int, total: int) -> None:
-        if task[0] is None:
-            bar.start()
-            task[0] = bar.add_task("", total=total)
-        bar.update(task[0], completed=done)
-
-    return update, bar.stop
+from tfc.cli.progress import byte_bar
 
 
 @click.command("load")
@@ -47,30 +24,35 @@ def _progress(enabled: bool):
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
 @click.option(
+    "--jobs",
     "--threads",
+    "jobs",
     type=click.IntRange(min=1),
-    help="Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; ring and register 8).",
+    help="Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; ring and register 8). --threads is the old spelling.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the phase timings as JSON.")
-def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> None:
-    """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times."""
-    from tfc.runtime.boot import boot
-    from tfc.runtime.phases import phases_path, write_phases
+def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
+    """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times.
 
-    update, stop = _progress(sys.stderr.isatty() and not as_json)
-    try:
-        booted = boot(
+    This is the first half of `tfc serve`: the rank's worker boots and stops before building a model.
+
+    Example: tfc load ~/.cache/tfc/images/263e81d431bff5c3 --json
+    """
+    from tfc.runtime.boot.phases import phases_path, write_phases
+    from tfc.runtime.worker.worker import Worker
+
+    with byte_bar("upload", sys.stderr.isatty() and not as_json) as update:
+        worker = Worker.start(
             image,
             rank=rank,
             device=device,
             method=method,
             verify="full" if verify else None,
             graphs=False if no_graphs else None,
-            threads=threads,
+            jobs=jobs,
             progress=update,
         )
-    finally:
-        stop()
+    booted = worker.booted
     try:
         m = booted.image.manifest
         extra = {
@@ -105,4 +87,4 @@ def load(image, rank, device, method, verify, no_graphs, threads, as_json) -> No
         if out is not None:
             click.echo(f"phase timings written to {out}", err=True)
     finally:
-        booted.close()
+        worker.close()

@@ -1,0 +1,1 @@
+"""Family-neutral generation: step plans over a worker, sampling, stop rules, token digests."""

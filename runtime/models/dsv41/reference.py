@@ -1,0 +1,202 @@
+"""The DeepSeek-V4.1 text forward over dense weights: embedding, 4 mHC streams, 40 blocks, head collapse, norm, head.
+
+Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`DeepseekV41TextModel.forward`,
+`DeepseekV41DecoderLayer.forward`, `DeepseekV41ForCausalLM`). Per block l, streams S [T, hc, D]:
+
+    S = engram(S, rows_l)                                       Engram layers only
+    (pa, qa, ca) = mix_attn(S);  S = expand(attn(attn_norm(collapse(S, pre))), S, qa, ca)
+    (pf, qf, cf) = mix_ffn(S);   S = expand(moe(ffn_norm(collapse(S, pa))), S, qf, cf);  pre = pf
+    logits = norm(collapse(S, pre)) @ head                     pre starts one-hot on stream 0
+
+Weights: a mapping from the pack's native names to tensors. EXL3 linears come decoded to dense
+[in, out] under their group name (e.g. `layers.3.attn.wq_a`, `head`); natives as stored (norms
+`.weight` [n], router `ffn.gate.weight` [E, D], `embed.weight` [V, D], mHC `hc_*`). DSpark blocks (`mtp.*`)
+may be present; this forward does not run them. Activations in `dtype` (fp32 by default) on `device`.
+
+Decisions where sources differ: no `hc_head_*` HyperHead (HF V4.1 and the TensorFold V4.1 loader have
+none; exllamav3's V4.1 carries the previous `pre` to its head): such tensors are ignored if present.
+Top-k ties (router, indexer, candidate blocks) go to the lower index.
+
+Numerics: activations (streams, module outputs, caches, logits) are in `dtype`; every module computes in
+float64 and rounds its result to `dtype` (runtime/models/dsv41/numerics.py), so an fp32 token's bits do not depend
+on the batch or on chunking (the FP8/FP4 cache quantisers would amplify fp32 summation-order noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from tfc.runtime.models.dsv41.attention import Segment, attention
+from tfc.runtime.models.dsv41.config import Dsv41Config
+from tfc.runtime.models.dsv41.csa import rms_norm
+from tfc.runtime.models.dsv41.engram import engram_apply, engram_qk
+from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse, hc_expand, hc_mix
+from tfc.runtime.models.dsv41.moe import moe
+from tfc.runtime.models.dsv41.numerics import linear
+from tfc.runtime.models.dsv41.rope import build_rope
+from tfc.runtime.models.dsv41.state import SequenceState
+
+from tfc.errors import TfcError
+
+
+class MissingWeight(TfcError):
+    """A tensor the forward needs is not in the weights."""
+
+
+class EngramRowsMissing(TfcError):
+    """An Engram layer ran without its table rows (pass rows, or build the model with engram=False)."""
+
+
+class Dsv41Model:
+    """The reference forward: a batch of sequences, each with its own state, any chunk length."""
+
+    def __init__(
+        self,
+        config: Dsv41Config,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        engram: bool = True,
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.engram = engram and bool(config.engram_layer_ids)
+        self.rope = build_rope(config)
+        self._weights = weights
+        self._held: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str) -> torch.Tensor:
+        """A weight by pack name, in the activation dtype on the compute device (converted once)."""
+        held = self._held.get(name)
+        if held is None:
+            raw = self._weights.get(name)
+            if raw is None:
+                # A linear stored as a native `.weight` [out, in] instead of a decoded group [in, out].
+                native = self._weights.get(f"{name}.weight")
+                if native is None:
+                    raise MissingWeight(f"weights lack tensor {name!r} (DeepSeek-V4.1 forward)")
+                raw = native.T
+            held = self._held[name] = (
+                torch.as_tensor(raw).to(device=self.device, dtype=self.dtype).contiguous()
+            )
+        return held
+
+    def new_state(self) -> SequenceState:
+        """An empty state for one new sequence."""
+        return SequenceState()
+
+    def forward(
+        self,
+        tokens: Sequence[Sequence[int] | torch.Tensor],
+        states: Sequence[SequenceState],
+        engram_rows: Sequence[Mapping[int, torch.Tensor]] | None = None,
+        last_only: bool = False,
+    ) -> list[torch.Tensor]:
+        """Logits [n_i, V] (or [1, V] with last_only) of each sequence's new tokens; advances the states.
+
+        engram_rows[i][layer] holds the looked-up table rows [n_i, cols, head_dim] of sequence i's new tokens.
+        """
+        cfg = self.config
+        if len(tokens) != len(states):
+            raise ValueError(f"{len(tokens)} token chunks for {len(states)} states")
+        ids = [torch.as_tensor(t, dtype=torch.long).reshape(-1).to(self.device) for t in tokens]
+        segments, start = [], 0
+        for chunk, state in zip(ids, states, strict=True):
+            segments.append(Segment(start, start + chunk.numel(), state))
+            start += chunk.numel()
+        flat = torch.cat(ids)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= cfg.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size})")
+        positions = torch.cat(
+            [
+                torch.arange(s.state.position, s.state.position + s.end - s.start, device=self.device)
+                for s in segments
+            ]
+        )
+        hidden = self.get("embed.weight")[flat]
+        streams = hidden.unsqueeze(-2).expand(-1, cfg.hc_mult, -1).contiguous()
+        pre = first_pre((flat.numel(),), cfg.hc_mult, self.dtype, self.device)
+        for layer in range(cfg.num_hidden_layers):
+            streams, pre = self._block(layer, streams, pre, positions, segments, engram_rows)
+        out = rms_norm(hc_collapse(streams, pre), self.get("norm.weight"), cfg.rms_norm_eps)
+        if last_only:
+            out = out[[s.end - 1 for s in segments]]
+            logits = list(linear(out, self.get("head")).unsqueeze(1).unbind(0))
+        else:
+            logits = list(linear(out, self.get("head")).split([s.end - s.start for s in segments]))
+        for seg, chunk in zip(segments, ids, strict=True):
+            seg.state.position += chunk.numel()
+            seg.state.tokens.extend(chunk.tolist())
+        return logits
+
+    def _block(
+        self,
+        layer: int,
+        streams: torch.Tensor,
+        pre: torch.Tensor,
+        positions: torch.Tensor,
+        segments: list[Segment],
+        engram_rows: Sequence[Mapping[int, torch.Tensor]] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, get, b = self.config, self.get, f"layers.{layer}"
+        mode = cfg.layer_mode(layer)
+        if mode.engram and self.engram:
+            streams = self._engram(layer, streams, segments, engram_rows)
+        mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters}
+        mix["post_alpha"] = cfg.hc_post_alpha
+        a_pre, a_post, a_comb = hc_mix(
+            streams, get(f"{b}.hc_attn_fn"), get(f"{b}.hc_attn_scale"), get(f"{b}.hc_attn_base"), **mix
+        )
+        x = rms_norm(hc_collapse(streams, pre), get(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
+        y = attention(x, positions, segments, mode, cfg, get, self.rope)
+        streams = hc_expand(y, streams, a_post, a_comb)
+        f_pre, f_post, f_comb = hc_mix(
+            streams, get(f"{b}.hc_ffn_fn"), get(f"{b}.hc_ffn_scale"), get(f"{b}.hc_ffn_base"), **mix
+        )
+        x = rms_norm(hc_collapse(streams, a_pre), get(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
+        y = moe(
+            x,
+            get,
+            f"{b}.ffn",
+            cfg.n_routed_experts,
+            cfg.num_experts_per_tok,
+            cfg.routed_scaling_factor,
+            cfg.swiglu_limit,
+            cfg.norm_topk_prob,
+            shared=cfg.n_shared_experts > 0,
+        )
+        return hc_expand(y, streams, f_post, f_comb), f_pre
+
+    def _engram(
+        self,
+        layer: int,
+        streams: torch.Tensor,
+        segments: list[Segment],
+        engram_rows: Sequence[Mapping[int, torch.Tensor]] | None,
+    ) -> torch.Tensor:
+        cfg, b = self.config, f"layers.{layer}.engram"
+        if (
+            engram_rows is None
+            or len(engram_rows) != len(segments)
+            or any(layer not in r for r in engram_rows)
+        ):
+            raise EngramRowsMissing(
+                f"Engram layer {layer} has no table rows (tables absent: use --no-engram)"
+            )
+        rows = torch.cat([torch.as_tensor(r[layer]) for r in engram_rows]).to(self.device, self.dtype)
+        want = (streams.shape[0], cfg.engram_cols, cfg.engram_head_dim)
+        if tuple(rows.shape) != want:
+            raise EngramRowsMissing(f"Engram layer {layer}: rows {tuple(rows.shape)}, expected {want}")
+        qk = self._held.get(f"{b}.qk")
+        if qk is None:
+            if f"{b}.qk" in self._weights:
+                qk = self.get(f"{b}.qk")
+            else:
+                qk = engram_qk(self.get(f"{b}.q_weight"), self.get(f"{b}.k_weight"))
+                self._held[f"{b}.qk"] = qk
+        return engram_apply(
+            streams, rows, self.get(f"{b}.wkv"), qk, eps=cfg.rms_norm_eps, clamp=cfg.engram_gate_clamp
+        )

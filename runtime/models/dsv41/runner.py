@@ -1,0 +1,97 @@
+"""The DeepSeek-V4.1 reference runner: step plans over the reference forward, one sequence state per slot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tfc.runtime.models.dsv41.engram import EngramFeed
+from tfc.runtime.models.dsv41.reference import Dsv41Model
+from tfc.runtime.models.dsv41.state import SequenceState
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
+
+from tfc.errors import TfcError
+
+
+class StepError(TfcError):
+    """A step plan the runner cannot run (unknown slot, a position that does not follow the slot's state)."""
+
+
+class ReferenceRunner:
+    """Runs step plans through `Dsv41Model`; Engram rows come from the feed, hashed over each slot's history."""
+
+    def __init__(self, model: Dsv41Model, feed: EngramFeed | None = None, slots: int = 256) -> None:
+        cfg = model.config
+        self.model = model
+        self.feed = feed if model.engram else None
+        eos = () if cfg.eos_token_id is None else (int(cfg.eos_token_id),)
+        warnings = ()
+        if cfg.engram_layer_ids and not model.engram:
+            warnings = (
+                f"--no-engram: Engram layers {list(cfg.engram_layer_ids)} run WITHOUT their memory tables "
+                "(gate off); outputs are not the model's",
+            )
+        self.info = ModelInfo(
+            "deepseek_v41", cfg.vocab_size, cfg.max_position_embeddings, cfg.bos_token_id, eos, warnings
+        )
+        self.capacity = Capacity(slots, cfg.max_position_embeddings)
+        self._states: dict[int, SequenceState] = {}
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Each planned sequence's next tokens in one batched forward; the last-position logits of each."""
+        states = [self._state(row.slot, row.position) for row in plan.rows]
+        chunks = [list(row.tokens) for row in plan.rows]
+        rows = None
+        if self.feed is not None:
+            rows = [self.feed.rows(s.tokens, c) for s, c in zip(states, chunks, strict=True)]
+        out = self.model.forward(chunks, states, rows, last_only=True)
+        return StepOutput(tuple(o[0] for o in out))
+
+    def release(self, slot: int) -> None:
+        """Drop a slot's state (a no-op for a slot never used)."""
+        self._states.pop(slot, None)
+
+    def _state(self, slot: int, position: int) -> SequenceState:
+        if not 0 <= slot < self.capacity.slots:
+            raise StepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
+        state = self._states.get(slot)
+        if state is None:
+            if position != 0:
+                raise StepError(f"slot {slot} is empty, but the plan starts it at position {position}")
+            state = self._states[slot] = self.model.new_state()
+        elif state.position != position:
+            raise StepError(f"slot {slot} is at position {state.position}, the plan says {position}")
+        return state
+
+
+def build_reference(
+    opened: Any, *, device: str, dtype: torch.dtype, engram: bool, slots: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReferenceRunner:  # fmt: skip
+    """The reference runner over an opened TP=1 image: weights decoded to dense once, `progress(done, total)`."""
+    from tfc.runtime.models.dsv41.weights import dense_from_opened, engram_feed
+
+    cfg, weights = dense_from_opened(opened)
+    feed = None
+    if cfg.engram_layer_ids and engram:
+        feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+        if feed is None:
+            raise MissingEngramTables(
+                f"{opened.path}: the model has Engram layers {list(cfg.engram_layer_ids)} but the image holds "
+                "no Engram tables; prepare it with --engram-dir, or pass --no-engram"
+            )
+    try:
+        model = Dsv41Model(cfg, weights, dtype=dtype, device=device, engram=feed is not None)
+    except (RuntimeError, ValueError) as error:
+        raise StepError(f"device {device!r}: {str(error).splitlines()[0]}") from None
+    names = [n for n in weights if not n.startswith("mtp.")]  # DSpark blocks stay undecoded
+    for i, name in enumerate(names):
+        weights[name]
+        if progress is not None:
+            progress(i + 1, len(names))
+    return ReferenceRunner(model, feed, slots)
+
+
+class MissingEngramTables(TfcError):
+    """A model with Engram layers whose image holds no Engram tables."""

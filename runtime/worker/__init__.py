@@ -1,0 +1,1 @@
+"""One rank: boot, build the family's model runner over the booted image, execute step plans."""

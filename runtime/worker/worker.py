@@ -1,0 +1,104 @@
+"""A Worker is one rank: boot its image into the arena, build the family's model runner, execute step plans."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tfc.runtime.boot.rank import Booted, boot
+from tfc.runtime.models.family import Family, family_for
+from tfc.runtime.worker.step import Capacity, ModelInfo, ModelRunner, StepOutput, StepPlan
+
+from tfc.errors import TfcError
+
+
+class NoModel(TfcError):
+    """A step asked of a worker that was booted without a model runner."""
+
+
+class Worker:
+    """One rank's life: `start` (boot), `load_model` (the family's runner), `execute(plan)`, `close`."""
+
+    def __init__(self, booted: Booted) -> None:
+        self.booted = booted
+        self.family: Family = family_for(booted.image.manifest.family, str(booted.image.path))
+        self.runner: ModelRunner | None = None
+
+    @classmethod
+    def start(
+        cls,
+        image: str | Path,
+        *,
+        rank: int | None = None,
+        device: str | None = None,
+        method: str | None = None,
+        verify: str | None = None,
+        graphs: bool | None = None,
+        jobs: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Worker:
+        """Boot one rank of an image (open, arena, upload, graphs), with `progress(done, total)` during upload."""
+        booted = boot(
+            image, rank=rank, device=device, method=method, verify=verify, graphs=graphs, threads=jobs,
+            progress=progress,
+        )  # fmt: skip
+        try:
+            return cls(booted)
+        except BaseException:
+            booted.close()
+            raise
+
+    @property
+    def device(self) -> str:
+        """The device the arena lives on."""
+        return str(self.booted.arena.device)
+
+    def load_model(
+        self, *, dtype: Any, engram: bool = True, slots: int = 256,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ModelRunner:  # fmt: skip
+        """Build the family's model runner over the booted image (timed as the boot's `model` phase)."""
+        with self.booted.phases.time("model", note=f"{self.family.name} reference forward") as ph:
+            self.runner = self.family.build_runner(
+                self.booted.image,
+                device=self.device,
+                dtype=dtype,
+                engram=engram,
+                slots=slots,
+                progress=progress,
+            )
+            ph.note += f", {self.runner.capacity.slots} slots"
+        return self.runner
+
+    def _model(self) -> ModelRunner:
+        if self.runner is None:
+            raise NoModel(f"{self.booted.image.path}: this worker was booted without a model")
+        return self.runner
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model's vocabulary, context and special ids."""
+        return self._model().info
+
+    @property
+    def capacity(self) -> Capacity:
+        """Slots and tokens per slot."""
+        return self._model().capacity
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        """Run one step plan."""
+        return self._model().execute(plan)
+
+    def release(self, slot: int) -> None:
+        """Free a slot for the next sequence."""
+        self._model().release(slot)
+
+    def chat_format(self, tokenizer: Any) -> Any:
+        """The family's chat format over a tokenizer."""
+        return self.family.chat_format(tokenizer, self.info.bos_id)
+
+    def close(self) -> None:
+        """Release the model, then the graphs, arena and image."""
+        self.runner = None
+        self.booted.close()

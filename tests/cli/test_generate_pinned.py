@@ -1,0 +1,48 @@
+"""`tfc generate` on the demo's tiny image prints the tokens it printed before the runtime went through a Worker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tfc.cli import cli
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPT = "The model reads the prompt"
+PROMPT_IDS = [0, 297, 315, 522, 363, 331, 265, 317, 518]
+# Printed by `tfc generate ... --json` on the tiny image at the commit before the Worker (48116ee).
+GREEDY = [211, 328, 53, 279, 120, 314, 282, 21, 143, 422, 209, 269, 232, 557, 585, 313]
+SEEDED = [533, 330, 210, 630, 455, 523, 541, 498, 363, 473, 194, 439, 106, 84, 387, 228]
+CHAT = [459, 294, 99, 563, 313, 93, 7, 165]
+
+
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    store = tmp_path_factory.mktemp("pinned")
+    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
+    assert result.exit_code == 0, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+def _run(image: str, *args: str) -> dict:
+    result = CliRunner().invoke(cli, ["generate", image, "--json", "--device", "cpu", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1])
+
+
+def test_greedy_tokens_are_pinned(image):
+    out = _run(image, "--prompt", PROMPT, "--max-tokens", "16")
+    assert out["prompt_tokens"] == PROMPT_IDS and out["tokens"] == GREEDY and out["finish"] == "length"
+
+
+def test_seeded_tokens_are_pinned(image):
+    args = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]
+    assert _run(image, "--prompt", PROMPT, "--max-tokens", "16", *args)["tokens"] == SEEDED
+
+
+def test_chat_tokens_are_pinned(image):
+    out = _run(image, "--prompt", "Hello", "--chat", "--max-tokens", "8")
+    assert out["prompt_tokens"] == [0, 634, 404, 635, 637] and out["tokens"] == CHAT
