@@ -37,11 +37,11 @@ lint: $(VENV)/.ready
 
 # CPU benchmarks of this machine (GPU ones: benchmarks/h200_all.sh and benchmarks/kernels_h200.py on an H200).
 bench: $(VENV)/.ready
-	$(BIN)/python benchmarks/cli_flash.py --command inspect --limit 1.0 --out benchmarks/inspect_flash.md
-	$(BIN)/python benchmarks/cli_flash.py --command "plan --tp 2 --json" --limit 1.5 --out benchmarks/plan_flash.md
+	$(BIN)/python benchmarks/cli_flash.py --command inspect --limit 1.0 --out benchmarks/results/cli/inspect_flash.md
+	$(BIN)/python benchmarks/cli_flash.py --command "plan --tp 2 --json" --limit 1.5 --out benchmarks/results/cli/plan_flash.md
 	$(BIN)/python benchmarks/engram_map.py
 	$(BIN)/python benchmarks/engram_hash.py
-	$(BIN)/python benchmarks/verify_local.py --size-gb 4 --out benchmarks/verify_local.md
+	$(BIN)/python benchmarks/verify_local.py --size-gb 4 --out benchmarks/results/verify/verify_local.md
 
 clean:
 	rm -rf $(VENV) $(DEMO) build *.egg-info

@@ -16,7 +16,7 @@ safetensors file, warm. A boot is timed from reading the segment list to `torch.
 after the upload: arena plan, device allocation, the upload (page-cache probe, staging allocation,
 copies, unmapping, freeing the staging); each boot starts with torch's pinned cache emptied, as a
 fresh process does. Stages that would not fit in --budget-s are skipped (and say so). Writes
-boot_h200.json and boot_h200.md into --out (commit them beside this script) and prints a short
+boot_h200.json and boot_h200.md into --out (commit them under benchmarks/results/boot/) and prints a short
 table last. Needs torch with CUDA (`--host-only` runs boot_host.py's part without it); imports only
 tfc.runtime (safetensors for the baseline).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Warm upload through a small, cache-resident staging ring: does it escape host memory-bandwidth contention?
 
-boot_pipeline_h200.md found the warm mmap upload bound by host DRAM bandwidth: each byte is read from the
+results/boot/boot_pipeline_h200.md found the warm mmap upload bound by host DRAM bandwidth: each byte is read from the
 page cache, written to staging and read again by the DMA (about 3 DRAM passes), and H2D falls from 54 to
 44-46 GB/s while the copy threads run. This script stages through a few slots small enough to stay in the
 host's last-level cache, filled by one driver whose copies are parallel inside one call, so the DMA may read

@@ -1,8 +1,8 @@
 """Time a whole header-only `tfc` process on the flash-headers pack (Python start included) and record it.
 
 Usage:
-  .venv/bin/python benchmarks/cli_flash.py --command inspect --limit 1.0 --out benchmarks/inspect_flash.md
-  .venv/bin/python benchmarks/cli_flash.py --command "plan --tp 2 --json" --limit 1.5 --out benchmarks/plan_flash.md
+  .venv/bin/python benchmarks/cli_flash.py --command inspect --limit 1.0 --out benchmarks/results/cli/inspect_flash.md
+  .venv/bin/python benchmarks/cli_flash.py --command "plan --tp 2 --json" --limit 1.5 --out benchmarks/results/cli/plan_flash.md
 Builds the flash-headers pack once (sparse files, ~200 GB apparent) unless --pack points at one.
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=1.0, help="the target, seconds of wall time")
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--pack", type=Path, default=None)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "inspect_flash.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cli" / "inspect_flash.md")
     args = ap.parse_args()
     tfc = [str(Path(sys.executable).with_name("tfc"))]
     with tempfile.TemporaryDirectory() as tmp:

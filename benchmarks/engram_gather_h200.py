@@ -1,6 +1,6 @@
 """Benchmark: gather 24 Engram columns x 4,096 positions of table rows into bf16 on an H200 (fraction of HBM).
 
-Run on the GPU machine: `python benchmarks/engram_gather_h200.py` (writes engram_gather_h200.json beside it).
+Run on the GPU machine: `python benchmarks/engram_gather_h200.py` (writes results/engram/engram_gather_h200.json).
 `--smoke` runs a tiny CPU check under TRITON_INTERPRET=1 (no timing is written).
 """
 
@@ -113,7 +113,9 @@ def main() -> None:
         "median_us_eager_by_block_r": {b: round(statistics.median(t), 2) for b, t in by_block.items()},
         "checked_against_reference": True,
     }
-    Path(__file__).with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    (Path(__file__).parent / "results" / "engram" / "engram_gather_h200.json").write_text(
+        json.dumps(result, indent=1) + "\n"
+    )
     print(json.dumps(result, indent=1))
 
 

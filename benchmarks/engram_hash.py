@@ -64,7 +64,9 @@ def main() -> None:
         "all_s_hash_ids_new_output": [round(t, 4) for t in whole],
         "target_s": 1.0,
     }
-    Path(__file__).with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    (Path(__file__).parent / "results" / "engram" / "engram_hash.json").write_text(
+        json.dumps(result, indent=1) + "\n"
+    )
     json.dump(result, sys.stdout, indent=1)
     print()
 

@@ -60,7 +60,7 @@ def main() -> None:
         "digest": token_map.digest,
         "target_s": 10.0,
     }
-    out = Path(__file__).with_suffix(".json")
+    out = Path(__file__).parent / "results" / "engram" / "engram_map.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     json.dump(result, sys.stdout, indent=1)
     print()

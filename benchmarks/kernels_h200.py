@@ -75,7 +75,7 @@ DECODE_CHECKS = [("w1_2b_mul1", 5120, 2304, 2, 2), ("w2_3b_3inst", 2304, 5120, 3
                  ("w1_2.5b_mul1", 5120, 2304, 2.5, 2), ("wkv_6b_mcg", 5120, 512, 6, 1)]  # fmt: skip
 MOE_DIMS = (5120, 2304, 384, 6)  # hidden, expert width (TP=1), routed experts, top-k
 MOE_LAYOUTS: list[str] = []  # --moe-layouts: the MoE layouts to time (default: all)
-# Runs 1-2 (kernels_h200.md) swept the per-element gather decode; run 3 swept the 32-position run decode
+# Runs 1-2 (kernels.md) swept the per-element gather decode; run 3 swept the 32-position run decode
 # (exl3_runs) against it; kernels_occupancy_h200.py swept k-splits and tile shapes for occupancy (the
 # one-row and MoE defaults since). Each table keeps the default and the previous default.
 ONE_ROW = {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """EXL3 GEMV/GEMM and MoE on an H200: k-split and tile shape against occupancy, at the Flash shapes.
 
-Nsight Compute (benchmarks/h200_ncu.sh, kernels_ncu_h200.md) found every default launch at 0.24-0.43 waves,
+Nsight Compute (benchmarks/h200_ncu.sh, kernels.md) found every default launch at 0.24-0.43 waves,
 8.6-13.7 active warps per SM of 36-40 possible, with long-scoreboard stalls leading. This sweep launches
 more programs (larger k-splits, one loop round per program allowed) and other tile shapes, checks each
 against float64 (outputs poisoned), and times them as kernels_h200.py does (CUDA-graph replays over

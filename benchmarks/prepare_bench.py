@@ -1,6 +1,6 @@
 """Prepare throughput against a plain parallel copy of the same bytes on the same disk; verify against reads.
 
-    python benchmarks/prepare_bench.py --work /tmp/bench --make-layers 4 --out benchmarks/prepare_local
+    python benchmarks/prepare_bench.py --work /tmp/bench --make-layers 4 --out benchmarks/results/prepare
 
 Makes (or takes, with --pack) a Flash-geometry pack of random payloads, then in one run, each step after
 dropping the files from the page cache (posix_fadvise DONTNEED; /proc/sys/vm/drop_caches where allowed):

@@ -5,8 +5,8 @@ For each configuration it compiles `_exl3_gemm_kernel` (or a MoE launch) for an 
 `--triton-path` to put another Triton first, e.g. the 3.6 the H200 machine has), disassembles it with the
 cuobjdump Triton ships, finds the backward branch whose loop body holds the codebook's IDP instructions,
 and reports that loop's SASS instructions per decoded weight (one IDP per weight). Runtime is not measured
-here: this is the instruction budget the H200 runs (kernels_h200.md, ncu_h200/).
-    python3 benchmarks/sass_sm90.py --out benchmarks/sass_sm90.json
+here: this is the instruction budget the H200 runs (kernels.md, results/kernels/ncu_h200/).
+    python3 benchmarks/sass_sm90.py --out benchmarks/results/sass/sass_sm90.json
 """
 
 from __future__ import annotations

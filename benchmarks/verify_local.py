@@ -6,7 +6,7 @@ cache and cold (posix_fadvise DONTNEED on every file first); and in-memory diges
 BLAKE3 (1 thread, max_threads=AUTO, tfc's 4 MiB chunks over all cores), SHA-256 (1 thread, 64 MiB
 chunks over all cores) and xxhash when installed. Writes a markdown report to --out.
 
-    python benchmarks/verify_local.py --size-gb 4 --out benchmarks/verify_local.md
+    python benchmarks/verify_local.py --size-gb 4 --out benchmarks/results/verify/verify_local.md
 """
 
 from __future__ import annotations
@@ -174,7 +174,9 @@ def damon_reclaim() -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-gb", type=float, default=4.0, help="image size in GB (1e9 bytes)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("verify_local.md"))
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "verify" / "verify_local.md"
+    )
     ap.add_argument(
         "--dir", type=Path, default=None, help="where to build the image (default: a temp folder)"
     )
