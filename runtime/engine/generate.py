@@ -75,7 +75,7 @@ def generate(
             for i in live:
                 if keep_logits:
                     out[i].logits.append(last[i])
-                token = samplers[i].sample(last[i])
+                token = samplers[i].sample(last[i], position[i])
                 out[i].tokens.append(token)
                 if on_token is not None:
                     on_token(i, token)

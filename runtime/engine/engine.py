@@ -1,0 +1,318 @@
+"""The engine: requests queue, a step loop on its own thread over a worker, events back to asyncio consumers.
+
+The engine never touches a tensor beyond handing logits to the sampler: the worker (or any runner with
+`execute`, `release`, `info` and `capacity`) does the model. Admission is decided in `submit`, before a
+reply's first byte: a request that can never fit is a 400, a full queue a 429, a draining engine a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfc.runtime.engine.detok import StopText
+from tfc.runtime.engine.generate import token_sha
+from tfc.runtime.engine.metrics import EngineMetrics
+from tfc.runtime.engine.request import Event, Rejected, Request, Usage
+from tfc.runtime.engine.sampling import sample
+from tfc.runtime.engine.scheduler import Running, plan_step
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Slots and context the engine admits against, and how steps are cut."""
+
+    max_seqs: int
+    max_context: int
+    chunk: int = 256  # prefill chunk, tokens
+    max_waiting: int = 64  # queued requests before 429
+    retry_after_s: int = 1
+
+    @property
+    def budget(self) -> int:
+        """Tokens a step may hold: one chunk beside every decoding row."""
+        return self.chunk + self.max_seqs
+
+
+@dataclass
+class _Seq:
+    """A request's life in the engine: its request, stop text, the queue its events go to, timings."""
+
+    request: Request
+    stops: StopText
+    push: Callable[[Event], None]
+    run: Running | None = None
+    cancelled: bool = False
+    first_token: float | None = None
+    last_token: float | None = None
+    started: float | None = None
+    ids_out: list[int] = field(default_factory=list)
+
+
+class Stream:
+    """The consumer's end of one request: iterate events until one has `finish` set; `cancel` frees its slot."""
+
+    def __init__(self, engine: Engine, seq: _Seq, queue: asyncio.Queue) -> None:
+        self._engine, self._seq, self._queue = engine, seq, queue
+        self.id = seq.request.id
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._queue is None:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.finish is not None:
+            self._queue = None
+        return event
+
+    def cancel(self) -> None:
+        """Stop generating for this request (a no-op once it finished)."""
+        self._engine._cancel(self._seq)
+
+
+class Engine:
+    """Continuous batching over one runner; `submit` from the event loop, the steps run on a thread."""
+
+    def __init__(
+        self, runner: Any, tokenizer: Any, config: EngineConfig, metrics: EngineMetrics | None = None
+    ):
+        self.runner, self.tokenizer, self.config = runner, tokenizer, config
+        self.metrics = metrics or EngineMetrics(model="model")
+        self.info = runner.info
+        slots = min(config.max_seqs, runner.capacity.slots)
+        self._free = list(range(slots))[::-1]
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []
+        self._lock = threading.Condition()
+        self._stop = False
+        self._halt_reason: str | None = None
+        self.draining = False
+        self.fatal: str | None = None
+        self.steps = 0
+        self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
+
+    @property
+    def slots(self) -> int:
+        """Sequences that run at once."""
+        return min(self.config.max_seqs, self.runner.capacity.slots)
+
+    def start(self) -> None:
+        """Start the step loop."""
+        self._thread.start()
+
+    # -- the consumer side (event loop thread) -------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Raise Rejected if this request can never run here (context) or cannot be queued now."""
+        if self.fatal is not None:
+            raise Rejected(
+                503, f"the engine has stopped: {self.fatal}", "engine_dead", self.config.retry_after_s
+            )
+        if self.draining:
+            raise Rejected(503, "server restarting: retry shortly", "server_restarting", 30)
+        context = min(self.config.max_context, self.info.context)
+        need = len(request.prompt) + request.max_tokens
+        if not request.prompt:
+            raise Rejected(400, "the prompt is empty", "invalid_request_error", param="prompt")
+        if need > context:
+            raise Rejected(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you requested {need} tokens "
+                f"({len(request.prompt)} in the prompt, {request.max_tokens} for the completion).",
+                "context_length_exceeded",
+                param="messages",
+            )
+        if any(not 0 <= t < self.info.vocab_size for t in request.prompt):
+            raise Rejected(
+                400,
+                f"prompt token ids must lie in [0, {self.info.vocab_size})",
+                "invalid_request_error",
+                param="prompt",
+            )
+
+    def submit(self, requests: Sequence[Request]) -> list[Stream]:
+        """Queue requests (all or none); their streams. Raises Rejected before anything was queued."""
+        for r in requests:
+            self.check(r)
+        loop = asyncio.get_running_loop()
+        streams = []
+        with self._lock:
+            if len(self._waiting) + len(requests) > self.config.max_waiting + len(self._free):
+                self.metrics.rejected.inc(len(requests))
+                raise Rejected(
+                    429, f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting)",
+                    "rate_limit_exceeded", self.config.retry_after_s,
+                )  # fmt: skip
+            for r in requests:
+                queue: asyncio.Queue = asyncio.Queue()
+                seq = _Seq(r, StopText(self.tokenizer, r.stop_strings), _pusher(loop, queue))
+                self._waiting.append(seq)
+                streams.append(Stream(self, seq, queue))
+            self.metrics.waiting.set(len(self._waiting))
+            self._lock.notify()
+        return streams
+
+    def _cancel(self, seq: _Seq) -> None:
+        with self._lock:
+            seq.cancelled = True
+            self._lock.notify()
+
+    @property
+    def inflight(self) -> int:
+        """Requests queued or running."""
+        with self._lock:
+            return len(self._waiting) + len(self._running)
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        with self._lock:
+            return len(self._running), len(self._waiting)
+
+    def halt(self, reason: str) -> None:
+        """End every queued and running request with an error event and stop the loop (at a step boundary)."""
+        with self._lock:
+            self._halt_reason = reason
+            self._stop = True
+            self._lock.notify()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop and wait for it."""
+        self.halt("the server is shutting down")
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the step loop (engine thread) ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and not self._waiting and not self._running:
+                        self._lock.wait()
+                    if self._stop:
+                        break
+                    self._reap()
+                    self._admit()
+                    work = list(self._running)
+                if work:
+                    self._step(work)
+        except Exception as error:  # the model failed: no request can finish any more
+            self.fatal = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self._halt_reason = f"the engine failed ({self.fatal})"
+        with self._lock:
+            for seq in [*self._running, *self._waiting]:
+                self._end(seq, Event("", (), "error", self._halt_reason or "stopped"))
+            self._running.clear()
+            self._waiting.clear()
+
+    def _reap(self) -> None:
+        """Drop cancelled sequences (under the lock), freeing their slots."""
+        for seq in [s for s in self._running if s.cancelled]:
+            self._running.remove(seq)
+            self._release(seq)
+            self.metrics.aborted.inc()
+        kept = deque(s for s in self._waiting if not s.cancelled)
+        self.metrics.aborted.inc(len(self._waiting) - len(kept))
+        self._waiting = kept
+        self.metrics.running.set(len(self._running))
+        self.metrics.waiting.set(len(self._waiting))
+
+    def _admit(self) -> None:
+        while self._waiting and self._free:
+            seq = self._waiting.popleft()
+            seq.run = Running(self._free.pop(), seq.request.prompt)
+            seq.started = time.monotonic()
+            self._running.append(seq)
+            self.metrics.queue_time.observe(seq.started - seq.request.arrival)
+        self.metrics.running.set(len(self._running))
+        self.metrics.waiting.set(len(self._waiting))
+        self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
+
+    def _release(self, seq: _Seq) -> None:
+        if seq.run is not None:
+            self.runner.release(seq.run.slot)
+            self._free.append(seq.run.slot)
+            seq.run = None
+
+    def _step(self, work: list[_Seq]) -> None:
+        by_slot = {s.run.slot: s for s in work}
+        plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget)
+        out = self.runner.execute(plan)
+        self.steps += 1
+        self.metrics.iteration_tokens.observe(plan.tokens)
+        now = time.monotonic()
+        done = []
+        for row, logits in zip(plan.rows, out.logits, strict=True):
+            seq = by_slot[row.slot]
+            run = seq.run
+            run.fed += len(row.tokens)
+            if run.prefilling:
+                continue
+            token = sample(logits, seq.request.params, seq.request.params.seed or 0, run.fed)
+            run.generated.append(token)
+            if seq.first_token is None:
+                seq.first_token = now
+                self.metrics.ttft.observe(now - seq.request.arrival)
+            else:
+                self.metrics.itl.observe(now - seq.last_token)
+            seq.last_token = now
+            if self._emit(seq, token):
+                done.append(seq)
+        with self._lock:
+            for seq in done:
+                if seq in self._running:
+                    self._running.remove(seq)
+                self._release(seq)
+            self.metrics.running.set(len(self._running))
+            self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
+
+    def _emit(self, seq: _Seq, token: int) -> bool:
+        """Push the new token's text; whether the sequence finished."""
+        r, run = seq.request, seq.run
+        context = min(self.config.max_context, self.info.context)
+        if token in r.stop_ids:
+            text, finish = seq.stops.flush(), "stop"
+        else:
+            text, hit = seq.stops.add(token)
+            finish = "stop" if hit else None
+            if finish is None and (len(run.generated) >= r.max_tokens or run.fed + 1 >= context):
+                text, finish = text + seq.stops.flush(), "length"
+        self.metrics.generation_tokens.inc()
+        if finish is None:
+            seq.push(Event(text, (token,)))
+            return False
+        self._end(seq, Event(text, (token,), finish))
+        return True
+
+    def _end(self, seq: _Seq, event: Event) -> None:
+        """Send the last event with the sequence's totals; count it."""
+        r = seq.request
+        tokens = tuple(seq.run.generated) if seq.run is not None else ()
+        now = time.monotonic()
+        usage = Usage(
+            len(r.prompt), len(tokens), (seq.first_token or now) - r.arrival, now - r.arrival,
+            (seq.started or now) - r.arrival,
+        )  # fmt: skip
+        seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage))
+        self.metrics.finish(event.finish, usage)
+
+
+def _pusher(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[Event], None]:
+    """A thread-safe put into an asyncio queue that tolerates a closed loop."""
+
+    def push(event: Event) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    return push
+
+
+__all__ = ["Engine", "EngineConfig", "Stream", "token_sha"]

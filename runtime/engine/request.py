@@ -1,0 +1,83 @@
+"""What a client asks of the engine, and what the engine sends back while it runs."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from tfc.runtime.engine.sampling import SamplingParams
+
+from tfc.errors import TfcError
+
+_ids = itertools.count()
+
+
+def next_id(prefix: str = "req") -> str:
+    """A process-unique request id."""
+    return f"{prefix}-{next(_ids)}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sequence to generate: prompt ids, sampling, limits and stop rules (`seed` resolved by the caller)."""
+
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    stop_strings: tuple[str, ...] = ()
+    id: str = field(default_factory=next_id)
+    arrival: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts and timings of one finished sequence."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    e2e_s: float
+    queue_s: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """A piece of a running sequence: new text and ids, and on the last one why it ended.
+
+    `finish` is "stop" or "length" on the last event of a sequence; `error` (with finish "error") says the
+    engine could not finish it (drain deadline, engine failure). `token_ids` are the newly generated ids
+    (a stop id included); `text` never shows a stop string or a part of one.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish: str | None = None
+    error: str | None = None
+    tokens: tuple[int, ...] = ()  # all generated ids, on the last event
+    usage: Usage | None = None
+
+
+class PromptError(TfcError):
+    """A prompt or conversation a chat format cannot render; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class Rejected(Exception):
+    """A request refused before any byte of the reply: an HTTP status, an OpenAI error code, a retry hint."""
+
+    def __init__(
+        self, status: int, message: str, code: str, retry_after: int | None = None, param: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.code, self.retry_after, self.param = (
+            status,
+            message,
+            code,
+            retry_after,
+            param,
+        )

@@ -1,0 +1,49 @@
+"""Continuous batching: which sequences a step runs — every decoding row, plus prefill chunks up to a token budget.
+
+Prefill chunks start at multiples of `chunk` tokens from the sequence's start, whatever else shares the
+step, so a sequence is always prefilled in the same pieces: its state does not depend on the traffic
+around it. A step holds every decoding sequence (one row each) and then whole chunks of prefilling
+sequences, oldest first, while the step stays within `budget` tokens; a step with no decode rows always
+takes the oldest chunk, so a prompt larger than the budget still makes progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+
+@dataclass
+class Running:
+    """A sequence that holds a slot: its prompt, what was fed, and what it generated."""
+
+    slot: int
+    prompt: tuple[int, ...]
+    generated: list[int] = field(default_factory=list)
+    fed: int = 0  # tokens the worker has seen (the position of the next one fed)
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens are still to be fed."""
+        return self.fed < len(self.prompt)
+
+    def next_chunk(self, chunk: int) -> tuple[int, ...]:
+        """The prompt tokens of this sequence's next prefill chunk (up to the next multiple of `chunk`)."""
+        end = min(len(self.prompt), (self.fed // chunk + 1) * chunk)
+        return self.prompt[self.fed : end]
+
+
+def plan_step(running: Sequence[Running], chunk: int, budget: int) -> StepPlan:
+    """The rows of the next step, in the order of `running` (decode rows first, then prefill chunks)."""
+    rows = [SequenceStep(r.slot, (r.generated[-1],), r.fed) for r in running if not r.prefilling]
+    used = len(rows)
+    for r in running:
+        if r.prefilling:
+            piece = r.next_chunk(chunk)
+            if rows and used + len(piece) > budget:
+                continue
+            rows.append(SequenceStep(r.slot, piece, r.fed))
+            used += len(piece)
+    return StepPlan(tuple(rows))

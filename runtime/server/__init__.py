@@ -1,0 +1,1 @@
+"""HTTP only: the OpenAI-compatible routes, SSE and keepalives, drain, API keys, health and metrics."""

@@ -1,0 +1,146 @@
+"""The FastAPI application: routes, API-key guard, OpenAI-shaped errors for every refusal."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from tfc.runtime.engine.request import PromptError
+from tfc.runtime.server.auth import presented_key
+from tfc.runtime.server.completions import BadRequest, generation
+from tfc.runtime.server.errors import error_response
+from tfc.runtime.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from tfc.runtime.server.state import ServerState
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def build_app(state: ServerState) -> FastAPI:
+    """The app over one server state (the engine may arrive later, while /health says booting)."""
+    app = FastAPI(title="tfc", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.tfc = state
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if state.keys.enabled and request.url.path not in OPEN_PATHS:
+            key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            if not state.keys.allows(key):
+                return error_response("missing or invalid API key", 401, "invalid_api_key")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        kind = first.get("type", "")
+        if kind == "json_invalid" or (kind == "model_attributes_type" and not loc):
+            return error_response("the body is not a JSON object", 400, "invalid_json")
+        if kind == "extra_forbidden":
+            return error_response(f"unknown field {param!r}", 400, "unknown_field", param)
+        if kind == "missing":
+            return error_response(f"field {param!r} is required", 400, "missing_field", param)
+        return error_response(
+            f"{param or 'body'}: {first.get('msg', 'invalid')}", 400, "invalid_value", param
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException):
+        if error.status_code == 404:
+            return error_response("no such route", 404, "not_found")
+        return error_response(str(error.detail), error.status_code)
+
+    @app.exception_handler(PromptError)
+    async def bad_prompt(_: Request, error: PromptError):
+        return error_response(str(error), 400, "invalid_prompt", error.param)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, error: BadRequest):
+        return error_response(error.message, error.status, error.code, error.param)
+
+    @app.get("/health")
+    async def health(request: Request):
+        status = 200 if state.ready else 503
+        headers = {} if state.ready else {"Retry-After": "5" if state.status == "booting" else "30"}
+        key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        if state.keys.enabled and not state.keys.allows(key):
+            return JSONResponse({"status": state.status}, status_code=status, headers=headers)
+        return JSONResponse(_health(state), status_code=status, headers=headers)
+
+    @app.get("/metrics")
+    @app.get("/v1/metrics")
+    async def metrics():
+        if state.metrics is None:
+            return Response(b"", media_type="text/plain; version=0.0.4")
+        if state.graphs is not None:
+            stats = state.graphs.stats
+            state.metrics.graph_replays.set(stats.hits)
+            state.metrics.graph_captures.set(stats.captures)
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        if not state.ready:
+            return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
+        card = {"id": state.model_name, "object": "model", "created": int(state.started_wall), "owned_by": "tfc",
+                "max_model_len": _context(state)}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest):
+        return await generation(state, body, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        return await generation(state, body, chat=False)
+
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        if not state.ready:
+            return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give exactly one of `prompt` and `messages`", "prompt")
+        if body.messages is not None:
+            ids = state.chat.render([m.model_dump(exclude_none=True) for m in body.messages])
+        elif body.add_special_tokens:
+            ids = state.chat.encode(body.prompt, chat=False)
+        else:
+            ids = state.tokenizer.encode(body.prompt, add_special_tokens=False).ids
+        return {"tokens": list(ids), "count": len(ids), "max_model_len": _context(state)}
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        if not state.ready:
+            return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
+        vocab = state.engine.info.vocab_size
+        if any(t >= vocab for t in body.tokens):
+            raise BadRequest(f"token ids must lie in [0, {vocab})", "tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    return app
+
+
+def _context(state: ServerState) -> int:
+    return min(state.engine.config.max_context, state.engine.info.context)
+
+
+def _health(state: ServerState) -> dict:
+    out = {"status": state.status, "ready": state.ready, "model": state.model_name, "inflight": state.inflight,
+           "uptime_s": round(time.monotonic() - state.started, 3)}  # fmt: skip
+    if state.failure:
+        out["failure"] = state.failure
+    if state.engine is not None:
+        running, waiting = state.engine.counts()
+        out.update(running=running, waiting=waiting, slots=state.engine.slots, context_length=_context(state),
+                   steps=state.engine.steps, boot_s=state.boot_s)  # fmt: skip
+    return out

@@ -1,0 +1,208 @@
+"""Run the server: listen, boot the worker on a thread while /health says booting, serve, drain on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from tfc.runtime.server.app import build_app
+from tfc.runtime.server.auth import ApiKeys
+from tfc.runtime.server.state import ServerState
+
+from tfc.errors import TfcError
+
+
+class ListenError(TfcError):
+    """The address cannot be listened on."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `tfc serve` was asked for."""
+
+    image: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None
+    max_seqs: int = 16
+    max_context: int | None = None
+    device: str = "auto"
+    graphs: bool = True
+    jobs: int | None = None
+    dtype: str = "float32"
+    drain_s: float = 20.0
+    chunk: int = 256
+    max_waiting: int = 64
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A bound, listening socket (one line of error when the address is taken or not ours)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.listen(2048)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM/SIGINT drains (serving.md section 4), the second cuts the drain short."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_s: float) -> None:
+        super().__init__(config)
+        self.state, self.drain_s = state, drain_s
+        self.signals = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.signals += 1
+        state = self.state
+        if self.signals == 1 and state.status == "ready" and self.loop is not None:
+            state.status = "draining"
+            state.engine.draining = True
+            say(
+                f"draining: no new requests; {state.inflight} in flight get {self.drain_s:g} s (a second signal cuts it short)"
+            )
+            self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain()))
+            return
+        if self.signals <= 2:
+            if state.engine is not None:
+                state.engine.halt("the server is shutting down (drain cut short)")
+            self.should_exit = True
+            return
+        self.force_exit = True
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_s
+        while self.state.inflight and time.monotonic() < deadline and not self.should_exit:
+            await asyncio.sleep(0.02)
+        if self.state.inflight:
+            self.state.engine.halt("the server is shutting down (drain deadline)")
+            until = time.monotonic() + 2.0
+            while self.state.inflight and time.monotonic() < until:
+                await asyncio.sleep(0.02)
+        self.should_exit = True
+
+
+def say(line: str) -> None:
+    """One progress line on stderr."""
+    print(f"tfc serve: {line}", file=sys.stderr, flush=True)
+
+
+def serve(options: ServeOptions, keys: ApiKeys, started: float) -> int:
+    """Listen, boot, serve until a signal; the exit code (0 after a drain, 2 when the boot failed)."""
+    sock = listen(options.host, options.port)
+    if not is_loopback(options.host) and not keys.enabled:
+        say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it")
+    name = options.model_name or f"deepseek-v41-{Path(options.image).resolve().name[:16]}"
+    state = ServerState(model_name=name, keys=keys)
+    config = uvicorn.Config(
+        build_app(state), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2,
+        timeout_keep_alive=5,
+    )  # fmt: skip
+    server = DrainingServer(config, state, options.drain_s)
+    booted: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=_boot, args=(options, state, booted, started, lambda: setattr(server, "should_exit", True)),
+        name="tfc-boot", daemon=True,
+    )  # fmt: skip
+    thread.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if state.engine is not None:
+            state.engine.close()
+        worker = booted.get("worker")
+        if worker is not None:
+            worker.close()
+    if state.status == "failed":
+        print(f"tfc: error: {state.failure}", file=sys.stderr, flush=True)
+        return 2
+    say("stopped")
+    return 0
+
+
+def _boot(
+    options: ServeOptions, state: ServerState, out: dict, started: float, stop: Callable[[], None]
+) -> None:
+    """Boot the worker and the engine; mark the state ready, or failed with one line."""
+    try:
+        _boot_steps(options, state, out, started)
+    except Exception as error:  # every boot failure becomes one line and exit 2
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if not isinstance(error, TfcError):
+            message = f"{type(error).__name__}: {message}"
+        state.failure, state.status = message, "failed"
+        stop()
+
+
+def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: float) -> None:
+    import torch
+    from tfc.runtime.engine.engine import Engine, EngineConfig
+    from tfc.runtime.engine.metrics import EngineMetrics
+    from tfc.runtime.engine.tokenizer import image_tokenizer
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+    from tfc.runtime.worker.worker import Worker
+
+    worker = out["worker"] = Worker.start(
+        options.image, device=options.device, graphs=options.graphs, jobs=options.jobs
+    )
+    for p in worker.booted.phases.phases:
+        say(f"boot {p.name:<8} {p.seconds * 1e3:9.1f} ms  {p.note}")
+    with worker.booted.phases.time("tokenizer"):
+        tokenizer = image_tokenizer(worker.booted.image, str(options.image))
+    runner = worker.load_model(dtype=getattr(torch, options.dtype), slots=options.max_seqs)
+    model_phase = worker.booted.phases.phases[-1]
+    say(f"boot {model_phase.name:<8} {model_phase.seconds * 1e3:9.1f} ms  {model_phase.note}")
+    context = min(options.max_context or runner.info.context, runner.info.context)
+    slots = min(options.max_seqs, runner.capacity.slots)
+    metrics = EngineMetrics(state.model_name)
+    config = EngineConfig(
+        max_seqs=slots, max_context=context, chunk=options.chunk, max_waiting=options.max_waiting
+    )
+    engine = Engine(worker, tokenizer, config, metrics)
+    with worker.booted.phases.time("warmup", note="one step of one token") as ph:
+        first = runner.info.bos_id if runner.info.bos_id is not None else 0
+        worker.execute(StepPlan((SequenceStep(0, (first,), 0),)))
+        worker.release(0)
+    say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
+    for note in runner.info.warnings:
+        say(f"warning: {note}")
+    metrics.boot_phases({p.name: p.seconds for p in worker.booted.phases.phases})
+    engine.start()
+    state.tokenizer, state.chat, state.metrics = tokenizer, worker.chat_format(tokenizer), metrics
+    state.graphs = worker.booted.graphs
+    state.engine = engine
+    state.boot_s = round(time.monotonic() - started, 3)
+    state.status = "ready"
+    say(
+        f"ready on http://{options.host}:{options.port} - model {state.model_name}, {slots} slots, "
+        f"context {context} tokens, boot {state.boot_s:.2f} s"
+    )

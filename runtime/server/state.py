@@ -1,0 +1,50 @@
+"""What the routes share: the engine once booted, the keys, the drain flag and the in-flight count."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfc.runtime.server.auth import ApiKeys
+
+
+def keepalive_seconds() -> float:
+    """Seconds between pre-token SSE keepalives (TFC_SSE_KEEPALIVE_S, default 15; 0 turns them off)."""
+    raw = os.environ.get("TFC_SSE_KEEPALIVE_S", "15")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 15.0
+    return value if value > 0 else 0.0
+
+
+@dataclass
+class ServerState:
+    """The server's one mutable object; the engine and chat format arrive when the boot finishes."""
+
+    model_name: str
+    keys: ApiKeys
+    engine: Any = None
+    chat: Any = None
+    tokenizer: Any = None
+    metrics: Any = None
+    status: str = "booting"  # booting | ready | draining | failed
+    failure: str | None = None
+    inflight: int = 0
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    boot_s: float | None = None
+    boot_phases: dict[str, float] = field(default_factory=dict)
+    keepalive_s: float = field(default_factory=keepalive_seconds)
+    after_count: Callable[[], None] | None = (
+        None  # a test hook between counting a request and reading the flag
+    )
+    graphs: Any = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether generation requests are admitted."""
+        return self.status == "ready"

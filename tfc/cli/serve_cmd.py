@@ -1,0 +1,62 @@
+"""`tfc serve IMAGE`: the OpenAI-compatible HTTP server over one image's worker."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+
+@click.command("serve")
+@click.argument("image", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--model-name", help="The model id clients ask for (default: deepseek-v41-<image folder>).")
+@click.option(
+    "--api-key", "api_keys", multiple=True, help="A key clients must present (repeatable; also TFC_API_KEY)."
+)
+@click.option(
+    "--api-key-file", type=click.Path(path_type=Path), help="A file of keys, one a line (mode 0600)."
+)
+@click.option("--max-seqs", type=click.IntRange(1, 1024), default=16, show_default=True,
+              help="Sequences generated at once (slots).")  # fmt: skip
+@click.option(
+    "--max-context", type=click.IntRange(2), help="Tokens a sequence may reach (default: the model's)."
+)
+@click.option("--max-waiting", type=click.IntRange(0), default=64, show_default=True,
+              help="Requests queued beyond the free slots before 429.")  # fmt: skip
+@click.option("--prefill-chunk", type=click.IntRange(1), default=256, show_default=True,
+              help="Prompt tokens a sequence prefills per step.")  # fmt: skip
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="Activation dtype of the reference forward.")  # fmt: skip
+@click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
+@click.option("--jobs", type=click.IntRange(1), help="Upload threads (default: as `tfc load`).")
+@click.option("--drain-s", type=click.FloatRange(0), default=20.0, show_default=True,
+              help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip
+def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
+          device, dtype, no_graphs, jobs, drain_s) -> None:  # fmt: skip
+    """Serve IMAGE (a TP=1 image: rank folder or image folder) over an OpenAI-compatible HTTP API.
+
+    The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
+    /health is 200 and /v1/models lists the model. SIGTERM or SIGINT drains: new requests get 503,
+    requests in flight get --drain-s seconds, a second signal cuts the drain short.
+
+    Example: tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --port 8000 --max-seqs 16
+    """
+    started = time.monotonic()
+    from tfc.runtime.server.auth import gather_keys
+    from tfc.runtime.server.run import ServeOptions
+    from tfc.runtime.server.run import serve as run
+
+    keys = gather_keys(api_keys, api_key_file)
+    options = ServeOptions(
+        image=image, host=host, port=port, model_name=model_name, max_seqs=max_seqs, max_context=max_context,
+        device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
+        max_waiting=max_waiting,
+    )  # fmt: skip
+    code = run(options, keys, started)
+    if code:
+        sys.exit(code)
