@@ -172,7 +172,7 @@ def drop_cache(files: list[Path]) -> dict:
 
 def resident(files: list[Path]) -> float:
     """Fraction of the files' pages in the page cache (the runtime's own mincore probe)."""
-    from tfc.runtime.boot.upload import resident_fraction
+    from tfc.runtime.boot.pages import resident_fraction
 
     return resident_fraction(files)
 
@@ -268,8 +268,8 @@ def disk_read_gbps(files: list[Path], threads: int, request: int = 64 << 20) -> 
 
 # -- boots ------------------------------------------------------------------------------------
 
-CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "window_bytes", "prefault", "drop", "issuer",
-            "streams", "pinning", "copier", "demote", "pool")  # fmt: skip
+CFG_KEYS = ("threads", "slot_bytes", "slots_per_thread", "prefault", "drop", "issuer", "streams", "pinning",
+            "copier", "pool")  # fmt: skip
 
 
 def _pool(cfg: dict) -> bool:
@@ -277,12 +277,10 @@ def _pool(cfg: dict) -> bool:
     imports (runtime/boot/staging_pool.py); whether a pool was made."""
     if not cfg.get("pool"):
         return False
+    import boot_variants
     from tfc.runtime.boot import staging_pool
-    from tfc.runtime.boot.upload_mmap import staging_for
 
-    opts = {k: v for k, v in cfg.items() if k != "pool"}
-    st = staging_for(opts.pop("threads", None), opts.pop("slot_bytes", None), opts.pop("slots_per_thread", None),
-                     **opts)  # fmt: skip
+    st = boot_variants.staging({k: v for k, v in cfg.items() if k != "pool"})
     pool = staging_pool.prefault(st.slot_bytes, st.threads * st.slots_per_thread)
     if pool is not None:
         pool.taken()  # waits for the fill thread: the faults are paid before the timer starts
@@ -290,8 +288,11 @@ def _pool(cfg: dict) -> bool:
 
 
 def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict) -> dict:
-    """Open the segment list, allocate the arena, upload, synchronise: time to weights resident."""
+    """Open the segment list, allocate the arena, upload, synchronise: time to weights resident (cfg: the
+    staging, boot_variants.plan's keys, and `pool`)."""
+    import boot_variants
     from tfc.runtime.boot import staging_pool
+    from tfc.runtime.boot.upload_files import empty_host_cache
 
     pooled = _pool(cfg)
     torch.cuda.synchronize()
@@ -303,7 +304,9 @@ def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict
     torch.cuda.synchronize()
     t_alloc = time.perf_counter()
     try:
-        report = upload_mod.upload(arena, method, **{k: v for k, v in cfg.items() if k != "pool"})
+        t_plan = time.perf_counter()
+        how = boot_variants.plan(upload_mod, arena, method, {k: v for k, v in cfg.items() if k != "pool"})
+        report = upload_mod.run_upload(arena, how, started=t_plan)
         torch.cuda.synchronize()
         t_end = time.perf_counter()
     finally:
@@ -328,7 +331,7 @@ def boot_once(torch, arena_mod, upload_mod, folder: Path, method: str, cfg: dict
     arena.release()
     del arena
     torch.cuda.empty_cache()
-    upload_mod.empty_host_cache(torch)  # the next boot pays for its pinned slots, as a fresh process does
+    empty_host_cache(torch)  # the next boot pays for its pinned slots, as a fresh process does
     return out
 
 
@@ -492,7 +495,7 @@ def sweep(warm, res: dict) -> None:
     for cfg in (dict(threads=8, slot_bytes=4 << 20, slots_per_thread=4),
                 dict(threads=16, slot_bytes=16 << 20, slots_per_thread=2)):  # fmt: skip
         warm("ring", cfg)
-    warm("register", dict(threads=4, window_bytes=256 << 20))
+    warm("register", dict(threads=4))  # 256 MiB windows (upload.WINDOW_BYTES)
 
 
 def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, image_bytes, start) -> None:
@@ -565,7 +568,7 @@ def measure(torch, arena_mod, upload_mod, boot_host, args, res, files, items, im
         res["floor_cold_s"] = image_bytes / (max(disk) * 1e9)
         for method, cfg in (
             ("auto", {}),
-            ("register", dict(threads=4, window_bytes=256 << 20)),
+            ("register", dict(threads=4)),
             *args.cold_more,
         ):
             probe = None
@@ -703,7 +706,7 @@ def report(res: dict, out: Path) -> None:
         md += [f"| {r['threads']} | {r['copier']} | {r['prefault']} | {r['drop']} | {r['gbps']} | {r['munmap_s']} |"
                for r in res["host_copy"]]  # fmt: skip
     if res.get("staging_alloc"):
-        md += ["", "Pinned staging allocation, 32 slots of 8 MiB (`upload_mmap._Slot`; free timed apart):", "",
+        md += ["", "Pinned staging allocation, 32 slots of 8 MiB (`boot_variants.slot`; free timed apart):", "",
                "| pinning | threads | seconds | ms/GiB | free s |", "|---|---|---|---|---|"]  # fmt: skip
         md += [f"| {r['pinning']} | {r['threads']} | {r['seconds']} | {r['ms_per_gib']} | {r['free_s']} |"
                for r in res["staging_alloc"]]  # fmt: skip

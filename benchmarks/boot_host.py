@@ -118,8 +118,8 @@ def host_copies(files: list[Path], threads: int, reps: int = 2) -> list[dict]:
 
 def staging_alloc(torch, slots: int, slot_bytes: int, threads: int) -> list[dict]:
     """Seconds to pin `slots` staging slots the way the mmap upload does, serially and from `threads` threads."""
-    from tfc.runtime.boot.upload import empty_host_cache
-    from tfc.runtime.boot.upload_mmap import _Slot
+    from boot_variants import slot
+    from tfc.runtime.boot.upload_files import empty_host_cache
 
     out = []
     for pinning in ("register", "torch"):
@@ -130,7 +130,7 @@ def staging_alloc(torch, slots: int, slot_bytes: int, threads: int) -> list[dict
             per = -(-slots // n_threads)
 
             def alloc(k: int, pinning: str = pinning, held: list = held, lock=lock) -> None:
-                mine = [_Slot(slot_bytes, pinning) for _ in range(k)]
+                mine = [slot(slot_bytes, pinning) for _ in range(k)]
                 with lock:
                     held.extend(mine)
 

@@ -93,10 +93,10 @@ def contention(torch, files: list[Path], threads: int, piece: int) -> dict:
 
 def pin_costs(torch, nbytes: int = 256 * MIB) -> list[dict]:
     """Seconds to page-lock `nbytes` of staging: fresh pages, the same pages again, huge pages, torch."""
-    from tfc.runtime.boot import upload as up
+    from tfc.runtime.boot import upload_files as up
     from tfc.runtime.boot.pages import MADV_HUGEPAGE, MADV_POPULATE_WRITE, libc
 
-    lib, reg, out = libc(), up._Registrar(), []
+    lib, reg, out = libc(), up.Registrar(), []
     for huge in (False, True):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
@@ -130,12 +130,14 @@ class _Pool:
     """Staging slots pinned before the timer and handed out again (what a resident pool would save)."""
 
     def __init__(self, real, n: int, nbytes: int) -> None:
-        self.real, self.free_slots = real, [real(nbytes, "register") for _ in range(n)]
+        self.real, self.free_slots = real, [real(nbytes) for _ in range(n)]
 
-    def make(self, nbytes: int, pinning: str, huge: bool = False):
+    def make(self, nbytes: int):
         pool = self
 
         class Pooled:
+            take_s = 0.0
+
             def __init__(self) -> None:
                 self.inner = pool.free_slots.pop()
                 self.addr, self.tensor = self.inner.addr, self.inner.tensor
@@ -207,15 +209,17 @@ def main() -> None:
                 continue
             res["boots"].append(boots(torch, arena_mod, upload_mod, args.image, method, cfg, args.reps))
         if left() > 3 * args.reps * 1.5:
-            pool = _Pool(upload_mmap._Slot, base["threads"] * base["slots_per_thread"], base["slot_bytes"])
-            real = upload_mmap._Slot
-            upload_mmap._Slot = pool.make
+            pool = _Pool(
+                upload_mmap.StagingSlot, base["threads"] * base["slots_per_thread"], base["slot_bytes"]
+            )
+            real = upload_mmap.StagingSlot
+            upload_mmap.StagingSlot = pool.make
             try:
                 row = boots(torch, arena_mod, upload_mod, args.image, "mmap", base, args.reps)
                 row["cfg"] = {**base, "pool": "staging pinned before the timer"}
                 res["boots"].append(row)
             finally:
-                upload_mmap._Slot = real
+                upload_mmap.StagingSlot = real
                 pool.close()
     finally:
         res["wall_s"] = round(time.perf_counter() - start, 1)

@@ -101,7 +101,7 @@ def fake_cuda(monkeypatch):
     import types
 
     import torch
-    from tfc.runtime.boot import upload as up
+    from tfc.runtime.boot import upload_files as up
 
     for name in ("Stream", "Event", "stream"):
         monkeypatch.setattr(torch.cuda, name, getattr(FakeCuda, name))
@@ -121,7 +121,7 @@ def fake_cuda(monkeypatch):
         def unregister(self, ptr):
             del live[ptr]
 
-    monkeypatch.setattr(up, "_Registrar", Registrar)
+    monkeypatch.setattr(up, "Registrar", Registrar)
     return types.SimpleNamespace(live=live, seen=seen)
 
 

@@ -1,9 +1,8 @@
 """Start the CUDA driver and the device's primary context on a thread while the boot imports torch.
 
-A fresh process's first CUDA call pays the driver's start and the primary context: 0.32-0.40 s on the H200
-host, against 0.016-0.019 s when a thread had made the context during torch's ~3 s import
-(benchmarks/cuda_start_h200.txt). torch's runtime attaches to that same primary context, so nothing else
-changes. Without a driver or a device the thread does nothing: torch's own start then reports the problem.
+A fresh process's first CUDA call pays the driver's start and the primary context; a thread can make that
+context while torch imports, so the boot no longer waits for it (benchmarks/boot.md). torch's runtime attaches
+to that same primary context, so nothing else changes. Without a driver or a device the thread does nothing: torch's own start then reports the problem.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Staging memory faulted in ahead of the upload, on a thread, while the boot imports torch and starts CUDA.
 
-Fresh anonymous memory faults in at about 2.5 GB/s on the H200 host (benchmarks/boot_pipeline_h200.md), so
-the mmap path's ring (256 MiB for the Python copy threads, 96 MiB for the native copier's default) costs
-~0.05-0.1 s when its slots are made inside the upload. With the
-ring made before the upload, the warm boot measured 0.61 s instead of 0.74 s (its "pool" rows). `prefault`
-maps and populates the ring as one region on a daemon thread; the upload's first slot page-locks the whole
-region in one cudaHostRegister (instead of one per slot), every slot `take`s its piece, and `release` unlocks
-and unmaps the region after the boot. In fresh `tfc load` processes the upload took 663 ms with the pool and
-779 ms without (boot_h200.md, run 6); locking the region on a thread before the upload measured no better
-(run 7) and was not kept.
+Fresh anonymous memory faults in slowly enough that making the mmap path's ring inside the upload shows in a
+fresh process's upload phase (benchmarks/boot.md). `prefault` maps and populates the ring as one region on a
+daemon thread; the upload's first slot page-locks the whole region in one cudaHostRegister (instead of one per
+slot), every slot `take`s its piece, and `release` unlocks and unmaps the region after the boot.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 The Python copy threads of upload_mmap take the interpreter's lock several times a piece, so small pieces
 (whose staging could stay in the host's last-level cache while the DMA reads it) cost more in lock waits than
-they save (benchmarks/boot_pipeline_h200.md: 1 MiB pieces copied at 34 GB/s against 76 for 8 MiB). Here one
-ctypes call runs the whole loop on C threads with the lock released. It is built on first use with the
+they save (benchmarks/boot.md). Here one ctypes call runs the whole loop on C threads with the lock released. It is built on first use with the
 system C compiler (`$CC`, else `cc`; Triton's launcher needs one on every GPU host) into
 `$TFC_NATIVE_CACHE` (default ~/.cache/tfc/native), named by the source's digest, and loaded with ctypes. The
 CUDA driver calls go in as function pointers (libcuda's, or host-only stand-ins in the tests).
@@ -17,12 +16,16 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from tfc.runtime.boot import upload as up
+from tfc.runtime.boot import upload_files as uf
+from tfc.runtime.boot import upload_mmap as um
+from tfc.runtime.boot.arena import DeviceArena
 
 SOURCE = Path(__file__).with_name("stage_copy.c")
 _LOCK = threading.Lock()
@@ -48,7 +51,7 @@ def library() -> ctypes.CDLL:
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as e:
-            raise up.UploadError(f"cannot load the native copier {path}: {e}; use copier python") from e
+            raise uf.UploadError(f"cannot load the native copier {path}: {e}; use copier python") from e
         lib.tfc_stage.restype = ctypes.c_int
         lib.tfc_stage.argtypes = [_P, ctypes.c_int64, _P, ctypes.c_int, ctypes.c_int, _P, _P, _P, _P, _P, _P, _P,
                                   ctypes.c_int, _P, _P, _P]  # fmt: skip
@@ -63,7 +66,7 @@ def _build(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     except OSError as e:
-        raise up.UploadError(
+        raise uf.UploadError(
             f"cannot write the native copier into {path.parent} ({e.strerror}); set TFC_NATIVE_CACHE"
         ) from e
     os.close(fd)
@@ -72,13 +75,13 @@ def _build(path: Path) -> None:
                               capture_output=True, text=True, check=False)  # fmt: skip
     except OSError as e:
         os.unlink(tmp)
-        raise up.UploadError(
+        raise uf.UploadError(
             f"the native copier needs a C compiler ({cc}: {e.strerror}); use copier python"
         ) from e
     if done.returncode != 0:
         os.unlink(tmp)
         first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise up.UploadError(f"building the native copier with {cc} failed: {first}; use copier python")
+        raise uf.UploadError(f"building the native copier with {cc} failed: {first}; use copier python")
     os.replace(tmp, path)
 
 
@@ -117,9 +120,9 @@ def stage(
     len(slots) // threads) with one stream per thread and one event per slot; tick(bytes) as copies are issued."""
     per = len(slots) // max(threads, 1)
     if threads < 1 or per < 1 or per > 64 or len(slots) != threads * per:
-        raise up.UploadError(f"the native copier needs 1-64 slots per thread, got {len(slots)} for {threads}")
+        raise uf.UploadError(f"the native copier needs 1-64 slots per thread, got {len(slots)} for {threads}")
     if len(streams) != threads or len(events) != len(slots):
-        raise up.UploadError("the native copier needs a stream per thread and an event per slot")
+        raise uf.UploadError("the native copier needs a stream per thread and an event per slot")
     rows = np.ascontiguousarray(pieces, dtype=np.uint64).reshape(-1, 3)
     slot_arr = np.asarray(slots, dtype=np.uint64)
     stream_arr, event_arr = (np.asarray(v, dtype=np.uint64) for v in (streams, events))
@@ -151,8 +154,89 @@ def stage(
         tick(done.value - seen)
     if result != [0]:
         code = result[0] if result else -1
-        raise up.UploadError(f"the native copier stopped: driver result {code}")
+        raise uf.UploadError(f"the native copier stopped: driver result {code}")
     return NativeTimes(*(float(v) for v in stats.sum(axis=0)))
 
 
-__all__ = ["SOURCE", "Driver", "NativeTimes", "cache_dir", "library", "stage"]
+class CudaDriver:
+    """The libcuda calls the native copier makes or needs set up (the driver API: each of its threads sets the
+    device's primary context, the one torch's runtime uses)."""
+
+    def __init__(self) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise uf.UploadError("the native copier needs the CUDA driver (libcuda.so.1)") from e
+
+    def _addr(self, name: str) -> int:
+        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value or 0
+
+    def calls(self) -> Driver:
+        return Driver(self._addr("cuCtxSetCurrent"), self._addr("cuMemcpyHtoDAsync_v2"),
+                      self._addr("cuEventRecord"), self._addr("cuEventSynchronize"))  # fmt: skip
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise uf.UploadError(f"{what} failed with CUDA driver error {code}")
+
+    def primary_context(self, index: int) -> tuple[int, Callable[[], None]]:
+        """The device's primary context, current on this thread too; returns it and its release."""
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        return ctx.value or 0, lambda: self.lib.cuDevicePrimaryCtxRelease_v2(dev)
+
+    def events(self, n: int) -> list[int]:
+        """n events that a waiting thread sleeps on (blocking sync, no timing)."""
+        out = []
+        for _ in range(n):
+            ev = ctypes.c_void_p()
+            self.check(self.lib.cuEventCreate(ctypes.byref(ev), 0x1 | 0x2), "cuEventCreate")
+            out.append(ev.value or 0)
+        return out
+
+    def destroy(self, events: list[int]) -> None:
+        for ev in events:
+            self.lib.cuEventDestroy_v2(ctypes.c_void_p(ev))
+
+
+def upload_native(
+    arena: DeviceArena,
+    pieces: list,
+    bases: dict[Any, tuple[int, int]],
+    cfg: um.MmapStaging,
+    tick: uf.Progress,
+) -> um.MmapTimes:
+    """upload_mmap's ring with the copy loop on C threads: every slot made up front, one stream per thread."""
+    import torch
+
+    rows = np.array([(bases[path][0] + foff, arena.chunks[ci].data_ptr() + coff, n)
+                     for ci, path, foff, coff, n in pieces], dtype=np.uint64).reshape(-1, 3)  # fmt: skip
+    threads = min(cfg.threads, max(1, len(pieces)))
+    cuda = CudaDriver()
+    device = torch.device(arena.device)
+    torch.cuda.set_device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    streams = [torch.cuda.Stream(device=device) for _ in range(threads)]
+    t0 = time.perf_counter()
+    slots: list[um.StagingSlot] = []
+    ctx, release = cuda.primary_context(index)
+    events: list[int] = []
+    try:
+        for _ in range(threads * cfg.slots_per_thread):  # one by one: a failure frees those already made
+            slots.append(um.StagingSlot(cfg.slot_bytes))
+        events = cuda.events(len(slots))
+        t1 = time.perf_counter()
+        steps = stage(rows, [s.addr for s in slots], threads, [s.cuda_stream for s in streams], events,
+                      cuda.calls(), ctx, True, tick)  # fmt: skip
+    finally:
+        cuda.destroy(events)
+        for slot in slots:
+            slot.free()
+        release()
+    return um.MmapTimes(read_done=time.perf_counter(), first_copy=t1, staging=t1 - t0,
+                        pool=sum(s.take_s for s in slots), wait=steps.wait, copy=steps.copy, issue=steps.issue)  # fmt: skip
+
+
+__all__ = ["SOURCE", "CudaDriver", "Driver", "NativeTimes", "cache_dir", "library", "stage", "upload_native"]

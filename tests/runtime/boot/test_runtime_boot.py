@@ -167,7 +167,7 @@ def test_host_upload_equals_file_bytes(image):
     path, arrays = image
     with open_image(path) as opened:
         arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=8192), "cpu")
-        report = upload(arena, threads=3, slot_bytes=4096)
+        report = upload(arena, threads=3)
         assert report.method == "host" and report.bytes == arena.nbytes
         for s in opened.manifest.segments:
             raw = arena.raw(s.name)
@@ -227,25 +227,35 @@ def test_tfc_load_cli_bad_options_are_one_line(image, args, says):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "method, options",
+    "method, staging",
     [
         ("ring", {}),
         ("register", {}),
         ("mmap", {}),
-        ("mmap", {"issuer": "single", "streams": 2, "pinning": "torch", "prefault": "none", "drop": False}),
-        ("mmap", {"issuer": "single", "streams": 1, "prefault": "willneed", "slots_per_thread": 1}),
+        ("mmap", {"copier": "python", "slots_per_thread": 1}),
         ("mmap", {"copier": "native", "slots_per_thread": 3}),
-        ("mmap", {"copier": "native", "pinning": "torch", "drop": False}),
         ("auto", {}),
     ],
 )
-def test_cuda_upload_equals_file_bytes(tmp_path, method, options):
-    import torch
+def test_cuda_upload_equals_file_bytes(tmp_path, monkeypatch, method, staging):
+    """Each path on the GPU, with small pieces (so that slots and windows are reused) where the path has them."""
+    import dataclasses
 
+    import torch
+    from tfc.runtime.boot import upload as up
+
+    monkeypatch.setattr(up, "WINDOW_BYTES", 1 << 19)
     path, arrays = make_image(tmp_path, big=True)
     with open_image(path) as opened:
         arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cuda")
-        report = upload(arena, method, threads=4, slot_bytes=1 << 18, window_bytes=1 << 19, **options)
+        plan = up.plan_upload(arena, method, threads=4)
+        if plan.mmap is not None:
+            plan = dataclasses.replace(
+                plan, mmap=dataclasses.replace(plan.mmap, slot_bytes=1 << 18, **staging)
+            )
+        elif plan.method == "ring":
+            plan = dataclasses.replace(plan, slot_bytes=1 << 18)
+        report = up.run_upload(arena, plan)
         assert report.method == (method if method != "auto" else "mmap")  # just written: cached
         torch.cuda.synchronize()
         for s in opened.manifest.segments:
@@ -255,7 +265,7 @@ def test_cuda_upload_equals_file_bytes(tmp_path, method, options):
 
 
 def test_register_windows_are_disjoint_pages_covering_every_chunk(tmp_path):
-    from tfc.runtime.boot.upload import PAGE, _windows
+    from tfc.runtime.boot.upload_paths import PAGE, windows
 
     f, g = tmp_path / "a.bin", tmp_path / "b.bin"
     items = [UploadItem(f"s{i}", f, i * 8192, 5000 + 7 * i) for i in range(20)]
@@ -264,27 +274,28 @@ def test_register_windows_are_disjoint_pages_covering_every_chunk(tmp_path):
     class Planned:
         plan = plan_arena(items, chunk_bytes=3 * 8192)
 
-    windows = _windows(Planned, 4 * PAGE)
-    spans = sorted((str(p), a, b) for p, a, b, _ in windows)
+    found = windows(Planned, 4 * PAGE)
+    spans = sorted((str(p), a, b) for p, a, b, _ in found)
     for (p1, _, b1), (p2, a2, _) in itertools.pairwise(spans):
         assert p1 != p2 or b1 <= a2
     assert all(a % PAGE == 0 and b % PAGE == 0 for _, a, b in spans)
-    assert all(a <= c[1] and c[1] + c[3] <= b for _, a, b, cs in windows for c in cs)
-    assert sum(c[3] for _, _, _, cs in windows for c in cs) == Planned.plan.nbytes
+    assert all(a <= c[1] and c[1] + c[3] <= b for _, a, b, cs in found for c in cs)
+    assert sum(c[3] for _, _, _, cs in found for c in cs) == Planned.plan.nbytes
 
 
 @pytest.mark.parametrize("method", ["ring", "register"])
 def test_ring_and_register_control_flow_on_cpu(tmp_path, fake_cuda, method):
-    from tfc.runtime.boot import upload as up
+    from tfc.runtime.boot import upload_paths
+    from tfc.runtime.boot.upload_files import RankFiles
 
     path, arrays = make_image(tmp_path, big=True)
     with open_image(path) as opened:
         arena = DeviceArena(plan_arena(opened.items(), chunk_bytes=1 << 20), "cpu")
-        with up._Files(arena) as files:
+        with RankFiles(arena) as files:
             if method == "ring":
-                up._upload_ring(arena, files, 3, 1 << 17, 2, lambda n: None)
+                upload_paths.upload_ring(arena, files, 3, 1 << 17, 2, lambda n: None)
             else:
-                up._upload_register(arena, files, 3, 1 << 18, lambda n: None)
+                upload_paths.upload_register(arena, files, 3, 1 << 18, lambda n: None)
         assert not fake_cuda.live
         for s in opened.manifest.segments:
             assert arena.raw(s.name).numpy().tobytes() == arrays[s.name], s.name
@@ -332,6 +343,7 @@ def test_ring_staging_follows_the_page_cache(tmp_path, monkeypatch):
     import types
 
     from tfc.runtime.boot import upload as up
+    from tfc.runtime.boot import upload_files, upload_paths
 
     f = tmp_path / "image.bin"
     f.write_bytes(b"\x5a" * 4096)
@@ -341,16 +353,16 @@ def test_ring_staging_follows_the_page_cache(tmp_path, monkeypatch):
         nbytes=4096,
     )
     seen = []
-    monkeypatch.setattr(up, "_Files", lambda a: contextlib.nullcontext(None))
+    monkeypatch.setattr(upload_files, "RankFiles", lambda a: contextlib.nullcontext(None))
     monkeypatch.setattr(
-        up, "_upload_ring", lambda a, files, t, slot, per, tick: seen.append((slot, per)) or 0.0
+        upload_paths, "upload_ring", lambda a, files, t, slot, per, tick: seen.append((slot, per)) or 0.0
     )
     warm = up.upload(arena, "ring")
     monkeypatch.setattr(up, "resident_fraction", lambda paths: 0.0)
     cold = up.upload(arena, "ring")
     assert seen == [up.WARM_RING, up.COLD_RING]
     assert "100% of the image in page cache" in warm.config and "0% of the image" in cold.config
-    up.upload(arena, "ring", slot_bytes=1 << 20, slots_per_thread=3)  # explicit staging wins
+    up.run_upload(arena, up.UploadPlan("ring", 2, 1 << 20, 3))  # a plan of one's own runs as it says
     assert seen[-1] == (1 << 20, 3)
 
 

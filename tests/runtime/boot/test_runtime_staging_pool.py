@@ -7,6 +7,7 @@ import time
 
 import pytest
 from tfc.runtime.boot import staging_pool as sp
+from tfc.runtime.boot import upload_files as uf
 from tfc.runtime.boot import upload_mmap as um
 from tfc.runtime.boot.arena import DeviceArena, plan_arena
 
@@ -59,7 +60,7 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda, monkeypatch
 
     items, data = _files(tmp_path, [700_001, 3 * PAGE, 90_000])
     arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
-    cfg = um.staging_for(threads=3, slots_per_thread=2, slot_bytes=3 * PAGE)
+    cfg = um.MmapStaging(threads=3, slot_bytes=3 * PAGE, slots_per_thread=2)
     pooled = cfg.threads * cfg.slots_per_thread + 1
     sp.prefault(cfg.slot_bytes, pooled)
     slow = sp.StagingPool.take
@@ -69,11 +70,11 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda, monkeypatch
         return slow(self, nbytes, lock_pages)
 
     monkeypatch.setattr(sp.StagingPool, "take", take_slowly)
-    with um.up._Files(arena) as files:
+    with uf.RankFiles(arena) as files:
         times = um.upload_mmap(arena, files, cfg, lambda n: None)
     for name, blob in data.items():
         assert arena.raw(name).numpy().tobytes() == blob, name
-    assert fake_cuda.seen == [(pooled * cfg.slot_bytes, um.up.REGISTER_PORTABLE)]  # one lock for every slot
+    assert fake_cuda.seen == [(pooled * cfg.slot_bytes, uf.REGISTER_PORTABLE)]  # one lock for every slot
     # slots the threads made (faked events free a slot at once; a thread that finds the queue empty makes none)
     made = sp._current().taken()
     assert 1 <= made <= cfg.threads * cfg.slots_per_thread

@@ -1,8 +1,10 @@
-"""The mmap upload path on the CPU (CUDA streams and events faked): bytes, failures, the auto choice."""
+"""The mmap upload path on the CPU (CUDA streams and events faked): bytes, failures, the auto choice; and the
+benchmarks' variants of it (benchmarks/boot_variants.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -12,10 +14,28 @@ from pathlib import Path
 import pytest
 from conftest import FakeCuda
 from tfc.runtime.boot import upload as up
+from tfc.runtime.boot import upload_files as uf
 from tfc.runtime.boot import upload_mmap as um
+from tfc.runtime.boot import upload_native, upload_paths
 from tfc.runtime.boot.arena import DeviceArena, UploadItem, plan_arena
 
 PAGE = um.PAGE
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture()
+def variants(monkeypatch):
+    """benchmarks/boot_variants.py, imported as the boot benchmarks import it."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import boot_variants
+
+    return boot_variants
+
+
+def _staging(
+    threads: int, slot_bytes: int, slots_per_thread: int = 2, copier: str = "python"
+) -> um.MmapStaging:
+    return um.MmapStaging(threads, slot_bytes, slots_per_thread, copier)
 
 
 def _files(root: Path, sizes: list[int], seed: int = 0) -> tuple[list[UploadItem], dict[str, bytes]]:
@@ -44,54 +64,65 @@ def _run(arena: DeviceArena, cfg: um.MmapStaging) -> tuple[float, float, int]:
             ticks.append(n)
 
     t0 = time.perf_counter()
-    with up._Files(arena) as files:
-        times = um.upload_mmap(arena, files, cfg, tick)
+    with uf.RankFiles(arena) as files:
+        times = cfg.upload(arena, files, tick)
     steps = times.steps()
     assert min(steps.values()) >= 0 and steps["pool"] <= steps["staging"]
     assert t0 < times.first_copy <= times.read_done  # the first piece left the mapping before the last did
     return times.read_done, times.staging, sum(ticks)
 
 
+def _check_bytes(arena: DeviceArena, data: dict[str, bytes], cfg: um.MmapStaging, fake_cuda) -> None:
+    assert len(uf.pieces(arena, cfg.slot_bytes)) > 100
+    read_done, staging, moved = _run(arena, cfg)
+    assert moved == arena.nbytes and read_done > 0 and staging >= 0
+    for name, blob in data.items():
+        assert arena.raw(name).numpy().tobytes() == blob, name
+    assert not fake_cuda.live  # every staging slot was unregistered
+    registered = 0 if getattr(cfg, "pinning", "register") == "torch" else len(fake_cuda.seen)
+    assert registered <= cfg.threads * cfg.slots_per_thread
+    assert all(size == cfg.slot_bytes and not flags & uf.REGISTER_READ_ONLY for size, flags in fake_cuda.seen)
+
+
+@pytest.mark.parametrize(("threads", "per"), [(3, 2), (4, 1), (5, 3)])
+def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, threads, per):
+    items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
+    arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
+    _check_bytes(arena, data, _staging(threads, 3 * PAGE, per), fake_cuda)  # tiny slots: hundreds of pieces
+
+
 @pytest.mark.parametrize(
     "options",
     [
-        dict(threads=3, slots_per_thread=2),
         dict(threads=4, slots_per_thread=1, prefault="none", drop=False),
         dict(threads=3, slots_per_thread=3, issuer="single", streams=2, prefault="willneed"),
         dict(threads=2, slots_per_thread=2, issuer="single", streams=1, pinning="torch"),
         dict(threads=5, slots_per_thread=2, pinning="torch", drop=False),
     ],
 )
-def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, options):
+def test_benchmark_variants_equal_file_bytes(tmp_path, fake_cuda, variants, options):
+    """The boot benchmarks' variants of the Python copy loop move the same bytes."""
     items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
     arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
-    cfg = um.staging_for(slot_bytes=3 * PAGE, **options)  # tiny slots: hundreds of pieces
-    assert len(up._pieces(arena, cfg.slot_bytes)) > 100
-    read_done, staging, moved = _run(arena, cfg)
-    assert moved == arena.nbytes and read_done > 0 and staging >= 0
-    for name, blob in data.items():
-        assert arena.raw(name).numpy().tobytes() == blob, name
-    assert not fake_cuda.live  # every staging slot was unregistered
-    registered = 0 if cfg.pinning == "torch" else len(fake_cuda.seen)
-    assert registered <= cfg.threads * cfg.slots_per_thread
-    assert all(size == cfg.slot_bytes and not flags & up.REGISTER_READ_ONLY for size, flags in fake_cuda.seen)
+    cfg = variants.staging({"slot_bytes": 3 * PAGE, **options})
+    assert isinstance(cfg, variants.MmapVariant) and cfg.copier == "python"
+    _check_bytes(arena, data, cfg, fake_cuda)
 
 
-def test_mmap_staging_options_are_checked():
-    cfg = um.staging_for(threads=2, slot_bytes=(1 << 20) + 5, prefault="none")
-    assert cfg.slot_bytes == 1 << 20 and cfg.threads == 2 and cfg.prefault == "none"
-    assert "2 threads x 1 MiB x 2 slots" in cfg.describe()
-    assert um.staging_for().threads == min(um.WARM_MMAP.threads, um.cpu_threads())
-    for bad in (
-        dict(prefault="always"),
-        dict(issuer="many"),
-        dict(pinning="mlock"),
-        dict(slots_per_thread=0),
-    ):
+def test_mmap_staging_is_checked(variants):
+    cfg = _staging(2, 1 << 20)
+    assert cfg.describe() == "2 threads x 1 MiB x 2 slots (4 MiB staging)"
+    assert um.staging_for(copier="python").threads == min(um.WARM_MMAP.threads, um.cpu_threads())
+    for bad in (dict(slots_per_thread=0), dict(threads=0), dict(slot_bytes=PAGE + 5), dict(copier="rust")):
         with pytest.raises(up.UploadError, match="mmap upload"):
-            um.staging_for(**bad)
+            dataclasses.replace(cfg, **bad)
+    for bad in (dict(prefault="always"), dict(issuer="many"), dict(pinning="mlock")):
+        with pytest.raises(up.UploadError, match="mmap upload"):
+            variants.staging(bad)
     with pytest.raises(up.UploadError, match="unknown mmap upload options"):
-        um.staging_for(window=3)
+        variants.staging({"window": 3})
+    with pytest.raises(up.UploadError, match="Python copy loop only"):
+        variants.staging({"copier": "native", "prefault": "populate"})
 
 
 def _one_line_failure(arena: DeviceArena, cfg: um.MmapStaging) -> str:
@@ -115,7 +146,7 @@ def _one_line_failure(arena: DeviceArena, cfg: um.MmapStaging) -> str:
 
 
 @pytest.mark.parametrize("issuer", ["thread", "single"])
-def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, issuer):
+def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, variants, issuer):
     items, _ = _files(tmp_path, [600_000, 300_000])
     arena = DeviceArena(plan_arena(items), "cpu")
     calls = [0]
@@ -128,13 +159,17 @@ def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, i
         return real(dst, src, n)
 
     monkeypatch.setattr(um, "_copy", copy)
-    cfg = um.staging_for(threads=3, slot_bytes=PAGE, issuer=issuer)
+    cfg = (
+        _staging(3, PAGE)
+        if issuer == "thread"
+        else variants.staging({"threads": 3, "slot_bytes": PAGE, "issuer": issuer})
+    )
     msg = _one_line_failure(arena, cfg)
     assert msg == "upload thread failed: RuntimeError: CUDA error: an illegal memory access"
     assert not fake_cuda.live
 
 
-def test_mmap_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch):
+def test_variant_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, variants):
     items, _ = _files(tmp_path, [500_000])
     arena = DeviceArena(plan_arena(items), "cpu")
     recorded = [0]
@@ -148,7 +183,7 @@ def test_mmap_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch)
     import torch
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    cfg = um.staging_for(threads=4, slot_bytes=PAGE, slots_per_thread=1, issuer="single")
+    cfg = variants.staging({"threads": 4, "slot_bytes": PAGE, "slots_per_thread": 1, "issuer": "single"})
     assert _one_line_failure(arena, cfg) == "upload thread failed: OSError: the copy engine is gone"
     assert not fake_cuda.live
 
@@ -158,7 +193,7 @@ def test_mmap_refuses_a_short_file_before_copying(tmp_path, fake_cuda):
     arena = DeviceArena(plan_arena(items), "cpu")
     os.truncate(items[0].path, 100_000)  # a mapping read past its end would be SIGBUS
     with pytest.raises(up.UploadError, match=r"L00.bin ends at 100000, before the") as info:
-        _run(arena, um.staging_for(threads=2, slot_bytes=64 * PAGE))
+        _run(arena, _staging(2, 64 * PAGE))
     assert "\n" not in str(info.value) and not fake_cuda.seen
 
 
@@ -175,26 +210,24 @@ def test_auto_takes_mmap_when_the_image_is_cached_and_ring_from_disk(tmp_path, m
     f.write_bytes(b"\xa5" * 4096)  # just written: every page is in the page cache
     arena = _cuda_arena(f)
     seen: list = []
-    monkeypatch.setattr(up, "_Files", lambda a: contextlib.nullcontext(None))
+    monkeypatch.setattr(uf, "RankFiles", lambda a: contextlib.nullcontext(None))
     monkeypatch.setattr(
         um, "upload_mmap", lambda a, files, cfg, tick: seen.append(cfg) or um.MmapTimes(staging=0.25)
     )
     monkeypatch.setattr(
-        up, "_upload_ring", lambda a, files, t, slot, per, tick: seen.append((t, slot, per)) or 0.0
+        upload_paths, "upload_ring", lambda a, files, t, slot, per, tick: seen.append((t, slot, per)) or 0.0
     )
     warm = up.upload(arena)
     assert warm.method == "mmap" and seen[-1] == um.staging_for() and warm.staging_seconds == 0.25
     assert warm.threads == seen[-1].threads and "auto: 100% of the image in page cache" in warm.config
     assert up.upload(arena, "auto").method == "mmap"
-    asked = up.upload(arena, "mmap", threads=5, slot_bytes=1 << 20, issuer="single", streams=3)
-    assert seen[-1] == um.MmapStaging(5, 1 << 20, issuer="single", streams=3) and "auto" not in asked.config
+    asked = up.upload(arena, "mmap", threads=5)
+    assert seen[-1] == um.staging_for(5) and "auto" not in asked.config
     monkeypatch.setattr(up, "resident_fraction", lambda paths: 0.5)
     cold = up.upload(arena)
     assert cold.method == "ring" and seen[-1] == (up.THREADS, *up.COLD_RING)
     assert "auto: 50% of the image in page cache" in cold.config
     assert up.upload(arena, "mmap").method == "mmap"  # asked for by name: taken even when not cached
-    with pytest.raises(up.UploadError, match="only apply to upload method 'mmap'"):
-        up.upload(arena, "ring", prefault="none")
 
 
 def test_tfc_load_offers_the_methods():
@@ -211,7 +244,7 @@ def test_boot_benchmark_host_part_runs_without_cuda(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[3]
+    root = ROOT
     for i in range(2):
         (tmp_path / f"L{i:02d}.bin").write_bytes(os.urandom(3 << 20))
     r = subprocess.run(
@@ -251,16 +284,16 @@ def test_native_copier_through_upload_mmap(tmp_path, fake_cuda, monkeypatch):
         def destroy(self, events):
             state["destroyed"] += len(events)
 
-    monkeypatch.setattr(um, "_CudaDriver", Driver)
+    monkeypatch.setattr(upload_native, "CudaDriver", Driver)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
     arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
-    cfg = um.staging_for(threads=3, slot_bytes=3 * PAGE, slots_per_thread=2, copier="native")
+    cfg = _staging(3, 3 * PAGE, 2, "native")
     _, _, moved = _run(arena, cfg)
     assert moved == arena.nbytes
     for name, blob in data.items():
         assert arena.raw(name).numpy().tobytes() == blob, name
-    assert drv.copies == len(up._pieces(arena, cfg.slot_bytes)) and drv.reused_unsynced == 0
+    assert drv.copies == len(uf.pieces(arena, cfg.slot_bytes)) and drv.reused_unsynced == 0
     assert state == {"destroyed": 6, "released": 1} and not fake_cuda.live
 
 
@@ -276,8 +309,8 @@ def test_warm_default_follows_the_native_copier(monkeypatch):
     assert (
         um.staging_for(16, copier="native").copier == "native"
     )  # asked for: tried, and refused if it cannot
-    assert um.copier_note(um.WARM_MMAP, asked=False) == "Python copy threads: no compiler"
-    assert um.copier_note(um.WARM_MMAP, asked=True) == ""
+    assert um.copier_note(um.WARM_MMAP) == "Python copy threads: no compiler"
+    assert um.copier_note(um.WARM_NATIVE) == ""
 
 
 def test_native_copier_frees_its_slots_when_making_one_fails(tmp_path, fake_cuda, monkeypatch):
@@ -288,7 +321,7 @@ def test_native_copier_frees_its_slots_when_making_one_fails(tmp_path, fake_cuda
     made, freed, state = [], [], {"destroyed": 0, "released": 0}
 
     class Slot:
-        def __init__(self, nbytes, pinning):
+        def __init__(self, nbytes):
             if len(made) == 2:
                 raise up.UploadError("cannot map staging")
             made.append(self)
@@ -307,13 +340,13 @@ def test_native_copier_frees_its_slots_when_making_one_fails(tmp_path, fake_cuda
         def destroy(self, events):
             state["destroyed"] += len(events)
 
-    monkeypatch.setattr(um, "_Slot", Slot)
-    monkeypatch.setattr(um, "_CudaDriver", Driver)
+    monkeypatch.setattr(um, "StagingSlot", Slot)
+    monkeypatch.setattr(upload_native, "CudaDriver", Driver)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     items, _ = _files(tmp_path, [300_001])
     arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
-    cfg = um.staging_for(threads=2, slot_bytes=3 * PAGE, slots_per_thread=2, copier="native")
-    with pytest.raises(up.UploadError, match="cannot map staging"), up._Files(arena) as files:
+    cfg = _staging(2, 3 * PAGE, 2, "native")
+    with pytest.raises(up.UploadError, match="cannot map staging"), uf.RankFiles(arena) as files:
         um.upload_mmap(arena, files, cfg, lambda n: None)
     assert freed == made and len(made) == 2 and state == {"destroyed": 0, "released": 1}
 
@@ -325,7 +358,6 @@ def test_page_locking_goes_through_torchs_cudart(monkeypatch):
     import types
 
     import torch
-    from tfc.runtime.boot import upload as up
 
     calls = []
 
@@ -349,12 +381,12 @@ def test_page_locking_goes_through_torchs_cudart(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.bindings", poisoned)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart(0))
-    reg = up._Registrar()
-    reg.register(4096, 8192, up.REGISTER_PORTABLE)
+    reg = uf.Registrar()
+    reg.register(4096, 8192, uf.REGISTER_PORTABLE)
     reg.unregister(4096)
-    assert calls == [("register", 4096, 8192, up.REGISTER_PORTABLE), ("unregister", 4096)]
+    assert calls == [("register", 4096, 8192, uf.REGISTER_PORTABLE), ("unregister", 4096)]
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart(2))
     with pytest.raises(
         up.UploadError, match=r"cudaHostRegister \(staging\) of 8192 bytes failed with CUDA error 2"
     ):
-        up._Registrar().register(4096, 8192, up.REGISTER_PORTABLE)
+        uf.Registrar().register(4096, 8192, uf.REGISTER_PORTABLE)

@@ -100,28 +100,13 @@ def test_native_cache_that_cannot_be_written_is_one_line(monkeypatch, tmp_path):
 
 def test_native_copier_options_are_checked():
     from tfc.runtime.boot.upload import UploadError
-    from tfc.runtime.boot.upload_mmap import staging_for
+    from tfc.runtime.boot.upload_mmap import MmapStaging, staging_for
 
     assert staging_for(4, copier="native").copier == "native"
     assert "C threads" in staging_for(4, copier="native").describe()
-    for bad in (
-        dict(copier="rust"),
-        dict(copier="native", prefault="populate"),
-        dict(copier="native", issuer="single"),
-    ):
+    for bad in (dict(copier="rust"), dict(copier="native", slots_per_thread=65)):
         with pytest.raises(UploadError):
-            staging_for(4, **bad)
-
-
-def test_python_only_options_pick_the_python_loop(monkeypatch):
-    """Where the native copier could run, a prefault or a single issuer asked for without a copier takes the
-    Python loop (which has them) instead of refusing; the plain default stays native."""
-    from tfc.runtime.boot import upload_mmap
-
-    monkeypatch.setattr(upload_mmap, "native_ready", lambda: "")
-    assert upload_mmap.staging_for(4).copier == "native"
-    assert upload_mmap.staging_for(4, prefault="willneed").copier == "python"
-    assert upload_mmap.staging_for(4, issuer="single", streams=1).copier == "python"
+            MmapStaging(4, **bad)
 
 
 def test_native_stops_when_interrupted():
