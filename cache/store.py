@@ -12,9 +12,9 @@ from pathlib import Path
 
 from tfc.cache.errors import ImageBusy, ImageError
 from tfc.cache.format import HEX64, MANIFEST_NAME, RankManifest
+from tfc.cache.image_check import RANK_DIR, check_rank, check_rank_folder
 from tfc.cache.locks import HOLD_NAME, ImageHold, _open, pid_alive, remove_tree, try_exclusive, world_dir_of
-from tfc.cache.verify import RANK_DIR
-from tfc.cache.writer import TEMP_PATTERN
+from tfc.cache.publish import TEMP_PATTERN
 
 KEY16 = re.compile(r"[0-9a-f]{16}")
 TRASH_PATTERN = re.compile(r"\.trash-[0-9a-f]{16}-(\d+)-[0-9a-f]+")
@@ -89,8 +89,11 @@ class ImageStore:
         world_dir = self.root / world_key[:16]
         ranks = [rank] if rank is not None else self._rank_numbers(world_dir)
         for r in ranks:
+            folder = world_dir / f"rank{r}"
             try:
-                m = RankManifest.load(world_dir / f"rank{r}")
+                check_rank_folder(folder)
+                m = RankManifest.load(folder)
+                check_rank(m, folder)
             except ImageError:
                 continue
             if m.world_key == world_key and m.rank == r:
@@ -181,12 +184,21 @@ class ImageStore:
 
     def _info(self, world_dir: Path) -> ImageInfo:
         ranks, manifests, error = [], [], None
-        for r in self._rank_numbers(world_dir):
+        try:
+            numbers = self._rank_numbers(world_dir)
+        except OSError as e:  # one unreadable image is listed as such, never the end of the listing
+            numbers, error = [], f"{world_dir}: cannot list: {e.strerror}"
+        for r in numbers:
+            folder = world_dir / f"rank{r}"
             try:
-                manifests.append(RankManifest.load(world_dir / f"rank{r}"))
-                ranks.append(r)
+                check_rank_folder(folder)
+                m = RankManifest.load(folder)
+                check_rank(m, folder)
             except ImageError as e:
                 error = error or str(e)
+                continue
+            manifests.append(m)
+            ranks.append(r)
         size, building = 0, 0
         for dirpath, dirnames, filenames in os.walk(world_dir):
             if dirpath == str(world_dir):

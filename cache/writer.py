@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
-import re
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -14,26 +12,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfc.cache import digest as _digest
+from tfc.cache.contract import DTYPES, ID, SegmentRecord, SegmentSpec
 from tfc.cache.errors import ImageError
 from tfc.cache.format import (
-    DTYPES,
     FILE_NAME,
     FORMAT_VERSION,
     HEX64,
-    LAYOUT,
-    MANIFEST_NAME,
     MAX_NDIM,
     SEGMENT_NAME,
-    RankManifest,
     SegmentEntry,
     align_up,
-    parse_manifest,
     root_digest_of,
 )
-from tfc.cache.locks import ImageHold, exclusive, pid_alive, remove_tree
+from tfc.cache.locks import ImageHold, exclusive, remove_tree
+from tfc.cache.manifest_parse import parse_manifest
+from tfc.cache.publish import remove_stale_temps, rename_into_place, write_manifest
 
 SPACE_MARGIN = 1 << 30  # free bytes left over after an image is written
-TEMP_PATTERN = re.compile(r"\.tmp-rank(\d+)-(\d+)-[0-9a-f]+")
 _FIELDS = {"family", "key", "key_inputs", "world", "plan", "meta"}
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -45,16 +40,9 @@ def free_bytes(path: Path) -> int:
 
 
 @dataclass(frozen=True)
-class SegmentSlot:
+class SegmentSlot(SegmentRecord):
     """A reserved segment: its range in a data file of the rank folder being written."""
 
-    name: str
-    file: str
-    offset: int
-    length: int
-    dtype: str
-    shape: tuple[int, ...]
-    layout: str
     index: int
 
 
@@ -116,15 +104,14 @@ class ImageWriter:
             )
         if dtype not in DTYPES:
             raise ImageError(f"segment {name}: unknown dtype {dtype!r}")
-        if type(layout) is not str or not LAYOUT.fullmatch(layout):
+        if type(layout) is not str or not ID.fullmatch(layout):
             raise ImageError(f"segment {name}: layout id {layout!r:.80} is malformed")
         shape = tuple(int(d) for d in shape)
         if len(shape) > MAX_NDIM or any(d < 0 for d in shape):
             raise ImageError(f"segment {name}: bad shape {shape}")
-        if math.prod(shape) * DTYPES[dtype] != nbytes:
-            raise ImageError(
-                f"segment {name}: shape {shape} of {dtype} is {math.prod(shape) * DTYPES[dtype]} bytes, not {nbytes}"
-            )
+        spec = SegmentSpec(dtype, shape, layout)
+        if spec.nbytes != nbytes:
+            raise ImageError(f"segment {name}: shape {shape} of {dtype} is {spec.nbytes} bytes, not {nbytes}")
         with self._lock:
             self._check_open()
             if name in self._names:
@@ -220,7 +207,7 @@ class ImageWriter:
             manifest = parse_manifest(
                 {**body, "root_digest": root_digest_of(body)}, f"manifest of {self.dest}"
             )
-            self._write_manifest(manifest)
+            write_manifest(self.path, manifest)
         except OSError as error:
             self.abort()
             raise self._os_error(error, "") from None
@@ -362,62 +349,10 @@ class ImageWriter:
                 os.close(fd)
         self._files = dict.fromkeys(self._files, -1)
 
-    def _write_manifest(self, manifest: RankManifest) -> None:
-        fd = os.open(self.path / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
-        try:
-            data = manifest.to_json().encode()
-            view = memoryview(data)
-            while len(view):
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _fsync_dir(self.path)
-
     def _rename(self) -> Path:
         try:
-            with exclusive(self.world_dir):
-                if self.dest.exists():
-                    try:
-                        other = RankManifest.load(self.dest)
-                    except ImageError as error:
-                        raise ImageError(
-                            f"{self.dest} already exists but is unreadable ({error}); remove it with `tfc cache rm`"
-                        ) from None
-                    if other.world_key != self.world_key:
-                        raise ImageError(
-                            f"{self.dest} holds another image (world key {other.world_key[:16]}…); remove it with `tfc cache rm`"
-                        )
-                    remove_tree(self.path)
-                else:
-                    os.rename(self.path, self.dest)
-                    _fsync_dir(self.world_dir)
-                    _fsync_dir(self.root)  # the world folder's own entry may be new too
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                remove_tree(self.path)
-            raise
+            rename_into_place(self.path, self.dest, self.world_key, self.root)
         finally:
             self._done = True
             self._hold.release()
         return self.dest
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temps(world_dir: Path) -> list[Path]:
-    """Remove temp rank folders whose writer process is gone (call under the exclusive lock)."""
-    removed = []
-    for entry in os.scandir(world_dir):
-        m = TEMP_PATTERN.fullmatch(entry.name)
-        if m and not pid_alive(int(m.group(2))):
-            with contextlib.suppress(FileNotFoundError):
-                remove_tree(Path(entry.path))
-            removed.append(Path(entry.path))
-    return removed

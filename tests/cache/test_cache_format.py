@@ -170,7 +170,7 @@ def test_hostile_bytes(tmp_path, monkeypatch):
     mf.write_text(json.dumps(_resign(obj)))
     with pytest.raises(ImageError, match="re-run `tfc prepare`"):
         RankManifest.load(path)
-    monkeypatch.setattr("tfc.cache.format.MAX_MANIFEST_BYTES", 100)
+    monkeypatch.setattr("tfc.cache.manifest_parse.MAX_MANIFEST_BYTES", 100)
     mf.write_bytes(good)
     with pytest.raises(ImageError, match="limit"):
         RankManifest.load(path)
