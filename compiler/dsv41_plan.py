@@ -5,10 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from tfc.compiler import exl3_slices as sl
-from tfc.compiler.errors import PlanError
-from tfc.compiler.segments import (
-    HELD_ITEMSIZE,
+from tfc.cache.contract import (
     LAYOUT_NATIVE,
     LAYOUT_RAGGED,
     LAYOUT_SCALES,
@@ -16,6 +13,11 @@ from tfc.compiler.segments import (
     LAYOUT_TABLE_INDEX,
     LAYOUT_TOKENIZER,
     LAYOUT_TRELLIS,
+)
+from tfc.compiler import exl3_slices as sl
+from tfc.compiler.errors import PlanError
+from tfc.compiler.segments import (
+    HELD_ITEMSIZE,
     STORED_HELD,
     STORED_NUMPY,
     Copy,

@@ -10,22 +10,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tfc.cache.contract import LAYOUT_ENGRAM_ASSET, LAYOUT_ENGRAM_ROWS
 from tfc.compiler.engram_map import TokenMap
+from tfc.packs.deepseek_v41_contract import (
+    ENGRAM_PARAMS,
+    SEG_LAYER_IDS,
+    SEG_MULTIPLIERS,
+    SEG_OFFSETS,
+    SEG_PARAMS,
+    SEG_PRIMES,
+    SEG_ROW_RANGES,
+    SEG_SHARDS,
+    SEG_TOKEN_MAP,
+    engram_rows_name,
+)
 from tfc.packs.engram_layout import SCALE_BLOCK, EngramLayout, config_field, hash_multipliers, head_shards
 from tfc.packs.errors import PackError
 
-LAYOUT_ROWS = "engram.rows.e4m3e8m0.v1"  # per row: head_dim e4m3 bytes, then head_dim/32 e8m0 bytes
-LAYOUT_ASSET = "engram.asset.v1"
-# Host-side segment names; runtime.engram_hash reads the same names (a test keeps them equal).
-SEG_TOKEN_MAP = "engram.token_map"  # int32 [tokenizer length]
-SEG_MULTIPLIERS = "engram.multipliers"  # int64 [layers, max_ngram]
-SEG_PRIMES = "engram.primes"  # int64 [layers, cols]
-SEG_OFFSETS = "engram.offsets"  # int64 [layers, cols]
-SEG_PARAMS = "engram.params"  # int64 [len(PARAMS)]
-SEG_LAYER_IDS = "engram.layer_ids"  # int64 [layers]
-SEG_SHARDS = "engram.shards"  # int64 [world, 2]: column range of every rank
-SEG_ROW_RANGES = "engram.row_ranges"  # int64 [layers, 2]: this rank's [lo, hi) of every layer's table
-PARAMS = ("max_ngram", "n_heads", "head_dim", "pad_id", "compressed_vocab", "image_token_id", "world", "rank")
 DEFAULT_CHUNK_ROWS = 1 << 18  # 64 MiB of e4m3 bytes per read at head_dim 256
 
 
@@ -84,11 +85,7 @@ class RowSegment:
         return (self.hi - self.lo) * self.row_bytes
 
     dtype = "uint8"
-    layout = LAYOUT_ROWS
-
-
-def rows_segment_name(layer_id: int) -> str:
-    return f"layers.{layer_id}.engram.rows"
+    layout = LAYOUT_ENGRAM_ROWS
 
 
 def asset_segments(
@@ -99,14 +96,21 @@ def asset_segments(
     image = _image_token_id(cfg)
     shards = head_shards(layout.n_cols, world)
     arrays = {
+    params = {
+        "max_ngram": layout.max_ngram,
+        "n_heads": layout.n_heads,
+        "head_dim": layout.head_dim,
+        "pad_id": pad,
+        "compressed_vocab": token_map.size,
+        "image_token_id": image,
+        "world": world,
+        "rank": rank,
+    }
         SEG_TOKEN_MAP: token_map.ids.astype("<i4"),
         SEG_MULTIPLIERS: hash_multipliers(layout.layer_ids, layout.max_ngram, token_map.size),
         SEG_PRIMES: layout.primes_array(),
         SEG_OFFSETS: layout.offsets_array(),
-        SEG_PARAMS: np.array(
-            [layout.max_ngram, layout.n_heads, layout.head_dim, pad, token_map.size, image, world, rank],
-            np.int64,
-        ),
+        SEG_PARAMS: np.array([params[name] for name in ENGRAM_PARAMS], np.int64),
         SEG_LAYER_IDS: np.asarray(layout.layer_ids, np.int64),
         SEG_SHARDS: np.array([[s.start, s.stop] for s in shards], np.int64).reshape(world, 2),
         SEG_ROW_RANGES: np.array(
@@ -116,7 +120,7 @@ def asset_segments(
     out = []
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<")))
-        out.append(AssetSegment(name, str(arr.dtype.name), tuple(arr.shape), LAYOUT_ASSET, arr))
+        out.append(AssetSegment(name, str(arr.dtype.name), tuple(arr.shape), LAYOUT_ENGRAM_ASSET, arr))
     return out
 
 
@@ -188,7 +192,7 @@ def row_segments(
     out = []
     for i, layer in enumerate(layout.layer_ids):
         lo, hi = layout.rank_rows(i, world, rank)
-        out.append(RowSegment(rows_segment_name(layer), tables[layer], lo, hi))
+        out.append(RowSegment(engram_rows_name(layer), tables[layer], lo, hi))
     return out
 
 

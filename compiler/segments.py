@@ -20,16 +20,6 @@ KINDS = (
     "tokenizer",
 )
 
-LAYOUT_TRELLIS = "exl3.trellis.v1"
-LAYOUT_STACK = "exl3.experts.stack.v1"
-LAYOUT_RAGGED = "exl3.experts.ragged.v1"
-LAYOUT_TABLE_INDEX = "exl3.experts.index.v1"
-LAYOUT_SCALES = "exl3.scales.v1"
-LAYOUT_NATIVE = "native.v1"
-LAYOUT_ENGRAM_ROWS = "engram.rows.e4m3e8m0.v1"
-LAYOUT_ENGRAM_ASSET = "engram.asset.v1"
-LAYOUT_TOKENIZER = "tokenizer.json.v1"
-
 # safetensors dtype name -> numpy dtype of the stored elements (bf16 carried as its uint16 bits).
 STORED_NUMPY = {
     "F64": np.float64,

@@ -7,32 +7,17 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.packs.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v41",)
 TEXT_MODEL_TYPES = ("deepseek_v41_text",)
-MODES = ("swa", "full", "reindex", "reuse")
 MAX_CONFIG_BYTES = 16 << 20
 LIMITS = {
     "num_hidden_layers": 1024, "num_nextn_predict_layers": 64, "n_routed_experts": 16384,
     "dspark_n_routed_experts": 16384, "num_attention_heads": 4096, "o_groups": 1024, "n_shared_experts": 64,
     "hc_mult": 64, "engram_max_ngram_size": 64, "engram_n_heads": 1024,
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LayerMode:
-    """How one block attends: its mode, compress ratio, KV / index sources, candidate roles and extras."""
-
-    layer: int
-    mode: str  # swa | full | reindex | reuse
-    compress_ratio: int
-    kv_source: int | None
-    index_source: int | None
-    is_index_source: bool
-    uses_candidates: bool
-    is_candidate_source: bool
-    engram: bool
 
 
 @dataclass(frozen=True, kw_only=True)

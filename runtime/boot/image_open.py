@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tfc.cache.contract import LAYOUTS, SegmentSpec
 from tfc.cache.errors import ImageError
 from tfc.cache.format import FORMAT_VERSION, RankManifest
 from tfc.cache.key import image_key
@@ -27,33 +28,11 @@ HINT = "re-run `tfc prepare` to rebuild it"
 RANK_DIR = re.compile(r"rank(\d+)")
 WORLD_DIR = re.compile(r"[0-9a-f]{16}")
 
-# Layout ids this runtime can execute (the compiler's lowering writes them; a new id needs code here).
-KNOWN_LAYOUTS = frozenset(
-    {
-        "exl3.trellis.v1",
-        "exl3.experts.stack.v1",
-        "exl3.experts.ragged.v1",
-        "exl3.experts.index.v1",
-        "exl3.scales.v1",
-        "native.v1",
-        "engram.rows.e4m3e8m0.v1",
-        "engram.asset.v1",
-        "tokenizer.json.v1",
-    }
-)
+KNOWN_LAYOUTS = LAYOUTS  # the layout ids this runtime executes: every one the image contract defines
 
 
 class ImageRefused(ImageError):
     """An image this runtime will not run: damaged, stale, for another rank, or of unknown layout."""
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """What the runtime expects of one segment."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    layout: str
 
 
 # family -> function giving the segments its forward expects from the manifest (plan, config in meta).

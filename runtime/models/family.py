@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tfc.packs import deepseek_v41_contract as dsv41
+
 from tfc.errors import TfcError
 
 
@@ -24,7 +26,7 @@ class Family:
 
 
 # family name (as manifests record it) -> module holding its FAMILY; imported when first asked for.
-FAMILIES = {"deepseek_v41": "tfc.runtime.models.dsv41.family"}
+FAMILIES = {dsv41.FAMILY: "tfc.runtime.models.dsv41.family"}
 
 
 def family_for(name: str, where: str = "image") -> Family:

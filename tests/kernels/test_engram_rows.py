@@ -15,6 +15,7 @@ from tfc.compiler import engram_assets as ea
 from tfc.compiler.engram_map import TokenMap, map_digest
 from tfc.fixtures.engram_tables import write_engram_table_headers, write_engram_tables
 from tfc.kernels.engram_rows import LUT_SHA256, bf16_lut, decode_rows_reference, gather_rows_reference
+from tfc.packs import deepseek_v41_contract as dsv41
 from tfc.packs.engram_layout import check_layout, layer_rows, layout_from_config
 from tfc.packs.safetensors_header import read_header
 from tfc.runtime.models.dsv41 import engram_hash as eh
@@ -148,10 +149,8 @@ def test_asset_segments_feed_the_runtime_hasher():
     tm = TokenMap(ids, 40, map_digest(ids))
     segs = {s.name: s for s in ea.asset_segments(layout, tm, dict(CFG, image_token_id=119), 4, 3)}
     assert [n for n in segs if n.startswith("engram.")] == list(segs)
-    names = [k for k in dir(ea) if k.startswith("SEG_")]
-    assert {k: getattr(ea, k) for k in names} == {k: getattr(eh, k) for k in names} and ea.PARAMS == eh.PARAMS
-    assert segs[ea.SEG_SHARDS].data.tolist() == [[0, 2], [2, 4], [4, 6], [6, 8]]
-    assert segs[ea.SEG_ROW_RANGES].data.tolist() == [list(layout.rank_rows(i, 4, 3)) for i in range(2)]
+    assert segs[dsv41.SEG_SHARDS].data.tolist() == [[0, 2], [2, 4], [4, 6], [6, 8]]
+    assert segs[dsv41.SEG_ROW_RANGES].data.tolist() == [list(layout.rank_rows(i, 4, 3)) for i in range(2)]
     assert all(s.data.dtype.byteorder in "<=|" and s.nbytes == s.data.nbytes for s in segs.values())
     t = eh.tables_from_segments(lambda n: segs[n].data)
     assert t.dead_ids == (119,) and t.pad == ids[2] and t.n_heads == 4

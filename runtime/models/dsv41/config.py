@@ -6,9 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tfc.packs.deepseek_v41_contract import MODES, LayerMode
+
 from tfc.errors import TfcError
 
-MODES = ("swa", "full", "reindex", "reuse")
 HINT = "re-run `tfc prepare` to rebuild it"
 
 
@@ -18,21 +19,6 @@ class Dsv41ConfigError(TfcError):
 
 class LayerModeError(Dsv41ConfigError):
     """Layer mode records (an image's meta.layer_modes) that are missing or not well-formed."""
-
-
-@dataclass(frozen=True)
-class LayerMode:
-    """How one backbone layer attends: its CSA2 mode and the layers whose state it reads."""
-
-    layer: int
-    mode: str  # swa | full | reindex | reuse
-    compress_ratio: int
-    kv_source: int | None
-    index_source: int | None
-    is_index_source: bool
-    uses_candidates: bool
-    is_candidate_source: bool
-    engram: bool
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tfc.packs.deepseek_v41_contract import (
+    ENGRAM_PARAMS,
+    SEG_LAYER_IDS,  # noqa: F401  (re-exported: `tfc engram` imports it from here)
+    SEG_MULTIPLIERS,
+    SEG_OFFSETS,
+    SEG_PARAMS,
+    SEG_PRIMES,
+    SEG_TOKEN_MAP,
+)
 
 from tfc.errors import TfcError
 
@@ -214,24 +223,14 @@ def lookback_of(ids: Iterable[int], max_ngram: int) -> list[int]:
     return ids[-(max_ngram - 1) :] if max_ngram > 1 else []
 
 
-# Host-side segment names written by tfc.compiler.engram_assets (a test keeps the two lists equal).
-SEG_TOKEN_MAP = "engram.token_map"
-SEG_MULTIPLIERS = "engram.multipliers"
-SEG_PRIMES = "engram.primes"
-SEG_OFFSETS = "engram.offsets"
-SEG_PARAMS = "engram.params"
-SEG_LAYER_IDS = "engram.layer_ids"
-SEG_SHARDS = "engram.shards"
-SEG_ROW_RANGES = "engram.row_ranges"
-PARAMS = ("max_ngram", "n_heads", "head_dim", "pad_id", "compressed_vocab", "image_token_id", "world", "rank")
-
-
 def params_of(get: Callable[[str], np.ndarray]) -> dict[str, int]:
     """The named scalars of the `engram.params` segment."""
     raw = np.asarray(get(SEG_PARAMS)).reshape(-1)
-    if raw.shape[0] != len(PARAMS):
-        raise EngramHashError(f"segment {SEG_PARAMS} holds {raw.shape[0]} values, expected {len(PARAMS)}")
-    return {name: int(v) for name, v in zip(PARAMS, raw, strict=True)}
+    if raw.shape[0] != len(ENGRAM_PARAMS):
+        raise EngramHashError(
+            f"segment {SEG_PARAMS} holds {raw.shape[0]} values, expected {len(ENGRAM_PARAMS)}"
+        )
+    return {name: int(v) for name, v in zip(ENGRAM_PARAMS, raw, strict=True)}
 
 
 def tables_from_segments(get: Callable[[str], np.ndarray]) -> HashTables:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from tfc.packs.deepseek_v41_contract import FAMILY as NAME
 from tfc.runtime.models.dsv41.chat import Dsv41ChatFormat
 from tfc.runtime.models.dsv41.runner import build_reference
 from tfc.runtime.models.family import Family
 
-FAMILY = Family("deepseek_v41", build_reference, Dsv41ChatFormat)
+FAMILY = Family(NAME, build_reference, Dsv41ChatFormat)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tfc.packs.deepseek_v41_contract import FAMILY
 from tfc.runtime.models.dsv41.engram import EngramFeed
 from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.state import SequenceState
@@ -33,7 +34,7 @@ class ReferenceRunner:
                 "(gate off); outputs are not the model's",
             )
         self.info = ModelInfo(
-            "deepseek_v41", cfg.vocab_size, cfg.max_position_embeddings, cfg.bos_token_id, eos, warnings
+            FAMILY, cfg.vocab_size, cfg.max_position_embeddings, cfg.bos_token_id, eos, warnings
         )
         self.capacity = Capacity(slots, cfg.max_position_embeddings)
         self._states: dict[int, SequenceState] = {}

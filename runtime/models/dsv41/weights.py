@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from tfc.cache.contract import LAYOUT_NATIVE, LAYOUT_STACK, LAYOUT_TRELLIS
+from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
 from tfc.runtime.models.dsv41.config import Dsv41Config, config_from_dict
 from tfc.runtime.models.dsv41.engram import EngramFeed
 
 from tfc.errors import TfcError
 
-FAMILY = "deepseek_v41"
 _TABLE = re.compile(r"^(?P<block>.+)\.ffn\.experts\.(?P<p>w[123])\.trellis$")
 
 
@@ -42,9 +43,9 @@ class ImageWeights(Mapping):
         names = set(image.segments)
         for name in names:
             entry = image.entry(name)
-            if entry.layout == "native.v1":
+            if entry.layout == LAYOUT_NATIVE:
                 self._sources[name] = ("native", name)
-            elif entry.layout == "exl3.trellis.v1" and name.endswith(".trellis"):
+            elif entry.layout == LAYOUT_TRELLIS and name.endswith(".trellis"):
                 self._sources[name[: -len(".trellis")]] = ("group", name[: -len(".trellis")])
             elif (m := _TABLE.match(name)) is not None:
                 base = name[: -len(".trellis")]
@@ -110,7 +111,7 @@ class ImageWeights(Mapping):
         width = int(self.array(f"{base}.widths")[e])
         codebook = int(self.array(f"{base}.codebooks")[e])
         layout = self._image.entry(f"{base}.trellis").layout
-        if layout == "exl3.experts.stack.v1":
+        if layout == LAYOUT_STACK:
             trellis = self.array(f"{base}.trellis")[e]
         else:
             start = int(self.array(f"{base}.offsets")[e])
@@ -160,16 +161,11 @@ def load_dense_weights(image_path: str | Path) -> tuple[Dsv41Config, ImageWeight
 def engram_feed(weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int) -> EngramFeed | None:
     """The image's Engram hasher and row shards as a feed, or None when the image holds no tables."""
     from tfc.kernels.engram_rows import decode_rows_reference
-    from tfc.runtime.models.dsv41.engram_hash import (
-        SEG_ROW_RANGES,
-        SEG_TOKEN_MAP,
-        hash_ids,
-        tables_from_segments,
-    )
+    from tfc.runtime.models.dsv41.engram_hash import hash_ids, tables_from_segments
 
     image = weights._image
     names = set(image.segments)
-    shards = [f"layers.{layer}.engram.rows" for layer in layer_ids]
+    shards = [engram_rows_name(layer) for layer in layer_ids]
     if SEG_TOKEN_MAP not in names or any(s not in names for s in shards):
         return None
     tables = tables_from_segments(weights.array)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tfc.packs import deepseek_v41_contract as dsv41
 from tfc.packs.engram_layout import hash_multipliers, layout_from_config
 from tfc.runtime.models.dsv41 import engram_hash as eh
 from tfc.runtime.models.dsv41.engram_hash import DEAD, HashStream, HashTables, TorchHasher, compress, hash_ids
@@ -133,14 +134,14 @@ def test_large_random_matches_torch_and_spec():
 def test_tables_from_segments_roundtrip():
     params = np.array([4, 3, 64, 2, 180, IMAGE, 1, 0], np.int64)
     segs = {
-        eh.SEG_TOKEN_MAP: TABLES.token_map,
-        eh.SEG_MULTIPLIERS: TABLES.multipliers,
-        eh.SEG_PRIMES: TABLES.primes,
-        eh.SEG_OFFSETS: TABLES.offsets,
-        eh.SEG_PARAMS: params,
+        dsv41.SEG_TOKEN_MAP: TABLES.token_map,
+        dsv41.SEG_MULTIPLIERS: TABLES.multipliers,
+        dsv41.SEG_PRIMES: TABLES.primes,
+        dsv41.SEG_OFFSETS: TABLES.offsets,
+        dsv41.SEG_PARAMS: params,
     }
     back = eh.tables_from_segments(segs.__getitem__)
     ids = np.random.default_rng(1).integers(0, VOCAB, 30)
     assert np.array_equal(hash_ids(back, ids), hash_ids(TABLES, ids))
     with pytest.raises(eh.EngramHashError, match=r"engram\.params"):
-        eh.tables_from_segments({**segs, eh.SEG_PARAMS: params[:5]}.__getitem__)
+        eh.tables_from_segments({**segs, dsv41.SEG_PARAMS: params[:5]}.__getitem__)

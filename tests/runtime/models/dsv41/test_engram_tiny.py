@@ -13,6 +13,7 @@ from tfc.compiler import engram_assets as ea
 from tfc.compiler.engram_map import build_token_map, check_token_map
 from tfc.compiler.prepare import prepare
 from tfc.kernels.engram_rows import decode_rows_reference, gather_rows_reference
+from tfc.packs import deepseek_v41_contract as dsv41
 from tfc.packs.engram_layout import check_layout
 from tfc.packs.pack import open_pack
 from tfc.runtime.models.dsv41 import engram_hash as eh
@@ -56,7 +57,7 @@ def test_prepared_rows_concatenate_across_tp(tiny, images):
     layout = check_layout(tiny.config)
     tables = ea.find_tables(tiny.tensors, layout)
     for layer in layout.layer_ids:
-        name = ea.rows_segment_name(layer)
+        name = dsv41.engram_rows_name(layer)
         whole = _array(images[1][0], name)
         assert np.array_equal(
             whole, ea.read_rows(ea.row_segments(layout, tables, 1, 0)[layout.layer_ids.index(layer)])
@@ -65,7 +66,7 @@ def test_prepared_rows_concatenate_across_tp(tiny, images):
             parts = [_array(img, name) for img in images[world]]
             assert np.array_equal(np.concatenate(parts), whole)
             for r, img in enumerate(images[world]):
-                ranges = _array(img, ea.SEG_ROW_RANGES)
+                ranges = _array(img, dsv41.SEG_ROW_RANGES)
                 lo, hi = ranges[layout.layer_ids.index(layer)]
                 assert hi - lo == parts[r].shape[0]
 
@@ -80,7 +81,7 @@ def test_image_hash_and_gather_equal_the_pack(tiny, images):
     rows = eh.hash_ids(tables, ids)
     direct = eh.HashTables(
         tm.ids,
-        _array(img, ea.SEG_MULTIPLIERS),
+        _array(img, dsv41.SEG_MULTIPLIERS),
         layout.primes_array(),
         layout.offsets_array(),
         tiny.config.engram_pad_token_id,
@@ -90,12 +91,12 @@ def test_image_hash_and_gather_equal_the_pack(tiny, images):
     # rank 1's columns gathered from its own shard equal the TP=1 shard's decode of the same rows
     cols = layout.rank_columns(2, 1)
     for i, layer in enumerate(layout.layer_ids):
-        lo, _ = _array(img, ea.SEG_ROW_RANGES)[i]
-        shard = torch.from_numpy(_array(img, ea.rows_segment_name(layer)).copy())
+        lo, _ = _array(img, dsv41.SEG_ROW_RANGES)[i]
+        shard = torch.from_numpy(_array(img, dsv41.engram_rows_name(layer)).copy())
         got = gather_rows_reference(
             shard, torch.from_numpy(rows[:, i, cols.start : cols.stop]), layout.head_dim, lo
         )
-        full = torch.from_numpy(_array(images[1][0], ea.rows_segment_name(layer)).copy())
+        full = torch.from_numpy(_array(images[1][0], dsv41.engram_rows_name(layer)).copy())
         want = decode_rows_reference(
             full[torch.from_numpy(rows[:, i, cols.start : cols.stop]).reshape(-1)], 64
         )
