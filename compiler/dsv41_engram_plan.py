@@ -1,14 +1,17 @@
-"""Engram's part of a DeepSeek-V4.1 rank plan: host-side hash assets and the rank's table rows."""
+"""Engram's part of a DeepSeek-V4.1 rank plan (hash assets, the rank's table rows) and its derived segments."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tfc.compiler import engram_assets as ea
+from tfc.compiler.build import Reader
+from tfc.compiler.convert import bf16_round, to_f32
 from tfc.compiler.engram_map import TokenMap, build_token_map, check_token_map
-from tfc.compiler.errors import PlanError
+from tfc.compiler.errors import BuildError, PlanError
 from tfc.compiler.segments import SegmentPlan
 from tfc.packs.engram_layout import check_layout
 
@@ -86,3 +89,23 @@ def engram_segments(pack, world: int, rank: int, sources: EngramSources) -> tupl
             )
         )
     return segments, True
+
+
+def fill_derived(
+    seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict
+) -> None:
+    """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`."""
+    kind = seg.derive[0]
+    if kind == "engram_qk":
+        q_info, k_info = seg.derive[1], seg.derive[2]
+        q = to_f32(reader.read(q_info.file, q_info.offset, q_info.nbytes), q_info.dtype)
+        k = to_f32(reader.read(k_info.file, k_info.offset, k_info.nbytes), k_info.dtype)
+        write(0, (bf16_round(q) * bf16_round(k)).astype(np.float32).view(np.uint8))
+    elif kind == "engram_token_map":
+        if "token_map" not in memo:
+            memo["token_map"] = token_map_for(seg.derive[1])
+        write(0, memo["token_map"].view(np.uint8))
+    elif kind == "engram_rows":
+        ea.fill_rows(seg.derive[1], lambda offset, data: write(offset, np.frombuffer(data, np.uint8)))
+    else:
+        raise BuildError(f"{seg.name}: unknown derived segment kind {kind!r}")

@@ -14,13 +14,11 @@ from tfc.cache.key import image_key, source_hash
 from tfc.cache.locks import building
 from tfc.cache.writer import SPACE_MARGIN, ImageWriter, free_bytes
 from tfc.compiler.build import Op, Reader, run_reads
-from tfc.compiler.convert import bf16_round, to_f32
-from tfc.compiler.dsv41_plan import plan_rank
 from tfc.compiler.errors import BuildError
+from tfc.compiler.family import planner_for
 from tfc.compiler.identity import pack_identity
-from tfc.compiler.segments import RankPlan, SegmentPlan
+from tfc.compiler.segments import RankPlan
 
-FAMILY = "deepseek_v41"
 FILE_FOR_TOP = "top.bin"
 
 
@@ -34,7 +32,8 @@ def loader_sources() -> list[Path]:
         Path(tfc.compiler.__file__).parent.glob("*.py")
     )
     cache_dir = Path(tfc.cache.__file__).parent
-    files += [cache_dir / "format.py", cache_dir / "writer.py", cache_dir / "digest.py"]
+    names = ("contract.py", "format.py", "manifest_parse.py", "writer.py", "publish.py", "digest.py")
+    files += [cache_dir / name for name in names]
     return files
 
 
@@ -65,7 +64,7 @@ def key_inputs(pack, world: int, strict: bool, jobs: int, engram_dir: Path | Non
     ]
     inputs = {
         "format_version": image_format.FORMAT_VERSION,
-        "family": FAMILY,
+        "family": pack.family,
         "loader_hash": loader_hash(),
         "pack_identity": pack_identity(list(pack.shards), extra, strict=strict, jobs=jobs),
         "world": world,
@@ -97,30 +96,6 @@ def plan_json(plan: RankPlan) -> dict:
     }
 
 
-def fill_derived(
-    seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict
-) -> None:
-    """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`."""
-    kind = seg.derive[0]
-    if kind == "engram_qk":
-        q_info, k_info = seg.derive[1], seg.derive[2]
-        q = to_f32(reader.read(q_info.file, q_info.offset, q_info.nbytes), q_info.dtype)
-        k = to_f32(reader.read(k_info.file, k_info.offset, k_info.nbytes), k_info.dtype)
-        write(0, (bf16_round(q) * bf16_round(k)).astype(np.float32).view(np.uint8))
-    elif kind == "engram_token_map":
-        from tfc.compiler.dsv41_engram_plan import token_map_for
-
-        if "token_map" not in memo:
-            memo["token_map"] = token_map_for(seg.derive[1])
-        write(0, memo["token_map"].view(np.uint8))
-    elif kind == "engram_rows":
-        from tfc.compiler.engram_assets import fill_rows
-
-        fill_rows(seg.derive[1], lambda offset, data: write(offset, np.frombuffer(data, np.uint8)))
-    else:
-        raise BuildError(f"{seg.name}: unknown derived segment kind {kind!r}")
-
-
 def check_space(root: Path, plans: list[RankPlan]) -> None:
     """Refuse, before anything is created, a build the store's filesystem has no room for."""
     need = sum(plan.total for plan in plans)
@@ -146,6 +121,7 @@ def build_ranks(
     unchanged: Callable[[], None] | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
+    fill_derived = planner_for(pack.family).fill_derived
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
     sinks: list[tuple[int, object]] = []
     ops: list[Op] = []
@@ -195,7 +171,7 @@ def build_ranks(
         for plan in plans:
             paths[plan.rank] = writers[plan.rank].publish(
                 {
-                    "family": FAMILY,
+                    "family": pack.family,
                     "key": image_key({"world_key": world_key, "rank": plan.rank}),
                     "key_inputs": inputs,
                     "world": plan.world,
@@ -229,6 +205,7 @@ def default_jobs() -> int:
 
 def plans_for(pack, world: int, ranks: list[int], engram_dir: Path | None = None) -> list[RankPlan]:
     """Rank plans for the ranks asked for."""
+    plan_rank = planner_for(pack.family).plan_rank
     return [plan_rank(pack, world, rank, engram_dir) for rank in ranks]
 
 
@@ -258,9 +235,7 @@ def prepare(
     """Find or build the images of `ranks` (default: all) of a TP world; publish each atomically."""
     import time
 
-    from tfc.compiler.dsv41_plan import check_world
-
-    check_world(pack.config, world)
+    planner_for(pack.family).check_world(pack.config, world)
     ranks = list(range(world)) if ranks is None else sorted(set(ranks))
     bad = [r for r in ranks if not 0 <= r < world]
     if bad:

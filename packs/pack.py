@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tfc.packs import exl3_groups as eg
 from tfc.packs.deepseek_v41_config import DeepseekV41Config, load_config
+from tfc.packs.deepseek_v41_contract import FAMILY
 from tfc.packs.deepseek_v41_names import Expected, NativeSpec, expected_tensors, is_ignored
 from tfc.packs.errors import CoverageError, HeaderError, MissingTensor, PackError
 from tfc.packs.exl3_groups import Exl3Group, KindRecord
@@ -52,6 +53,11 @@ class Pack:
     index: ShardIndex | None = field(repr=False, default=None)
 
     @cached_property
+    @property
+    def family(self) -> str:
+        """The model family this pack's images are planned and served as."""
+        return FAMILY
+
     def tensors(self) -> dict[str, TensorInfo]:
         """Every stored tensor by name."""
         info = self.table.info
