@@ -12,6 +12,7 @@ import stat
 from pathlib import Path
 
 from tfc.cache.errors import ImageError
+from tfc.cache.files import not_regular, why
 
 LOCK_NAME = ".lock"  # exclusive while a writer cleans temps or publishes a rank
 BUILD_NAME = ".build"  # exclusive while one process builds ranks, so concurrent builders of a key wait
@@ -21,13 +22,20 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def _open(path: Path, create: bool) -> int:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | _O_CLOEXEC
+    # O_NONBLOCK: a named pipe in a lock's place opens at once (and is refused) instead of waiting for a writer
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
     try:
-        return os.open(path, flags)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         if not create:
             raise
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | _O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC, 0o644)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, mode)
+    os.set_blocking(fd, True)
+    return fd
 
 
 @contextlib.contextmanager
@@ -81,6 +89,8 @@ class ImageHold:
         except PermissionError:
             # a read-only store: nobody can remove the image, so there is nothing to guard against
             return
+        except OSError as error:
+            raise ImageError(f"{hold}: cannot hold the image: {why(error)}") from None
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             same = os.stat(hold, follow_symlinks=False).st_ino == os.fstat(fd).st_ino

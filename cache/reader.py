@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from tfc.cache.errors import ImageError
-from tfc.cache.format import RankManifest, SegmentEntry, open_regular
+from tfc.cache.files import open_regular
+from tfc.cache.format import RankManifest, SegmentEntry
 
 
 class RankImage:
