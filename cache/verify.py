@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import re
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -16,12 +13,12 @@ from pathlib import Path
 
 from tfc.cache import digest as _digest
 from tfc.cache.errors import ImageError
-from tfc.cache.format import MANIFEST_NAME, RankManifest, SegmentEntry
+from tfc.cache.files import open_read, why
+from tfc.cache.format import RankManifest, SegmentEntry
+from tfc.cache.image_check import check_rank, check_rank_folder, rank_folders
 
-RANK_DIR = re.compile(r"rank(\d{1,4})")
 SAMPLE_STRIDE = 16  # --sample: first and last chunk of every segment plus every 16th chunk
 TASK_CHUNKS = _digest.BLOCK // _digest.CHUNK
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 MODES = ("full", "sample")
 
@@ -100,25 +97,6 @@ def sample_chunks(n: int) -> list[int]:
     return sorted({0, n - 1, *range(0, n, SAMPLE_STRIDE)})
 
 
-def rank_folders(path: Path) -> tuple[bool, dict[int | None, Path]]:
-    """(is_world, {rank: folder}) for a world folder or a single rank folder."""
-    if not path.exists():
-        raise ImageError(f"{path}: no such image")
-    m = RANK_DIR.fullmatch(path.name)
-    if (path / MANIFEST_NAME).exists() or m:
-        return False, {int(m.group(1)) if m else None: path}
-    if not path.is_dir():
-        raise ImageError(f"{path}: not an image folder")
-    ranks = {}
-    for entry in os.scandir(path):
-        rm = RANK_DIR.fullmatch(entry.name)
-        if rm and entry.is_dir(follow_symlinks=False):
-            ranks[int(rm.group(1))] = Path(entry.path)
-    if not ranks:
-        raise ImageError(f"{path}: not an image (no manifest.json and no rank folders)")
-    return True, dict(sorted(ranks.items()))
-
-
 @dataclass
 class _Task:
     rank: int
@@ -160,12 +138,11 @@ def verify_image(
     manifests: dict[int, RankManifest] = {}
     for r, folder in folders.items():
         try:
+            check_rank_folder(folder)
             m = RankManifest.load(folder)
+            check_rank(m, folder)  # what load refuses, verify reports
         except ImageError as error:
             report.problems.append(Problem("manifest", r, str(folder), detail=str(error)))
-            continue
-        if r is not None and m.rank != r:
-            report.problems.append(Problem("mismatch", r, str(folder), detail=f"manifest says rank {m.rank}"))
             continue
         manifests[m.rank] = m
     if is_world and manifests:
@@ -218,23 +195,16 @@ def _file_checks(
         fp = folder / f.name  # a strict basename from the validated manifest
         segs = by_file.get(f.name, [])
         try:
-            fd = os.open(fp, os.O_RDONLY | os.O_NOFOLLOW | _O_CLOEXEC)
+            fd, st = open_read(fp)
         except OSError as error:
             if isinstance(error, FileNotFoundError):
                 kind, what = "missing_file", "data file is missing"
             else:
-                why = "a symlink (refused)" if error.errno == errno.ELOOP else error.strerror
-                kind, what = "unreadable", f"data file is {why}"
+                kind, what = "unreadable", f"data file is {why(error)}"
             report.problems.append(Problem(kind, r, str(fp), f.name, detail=what))
             report.problems += [Problem("missing", r, str(fp), f.name, s.name, f"its {what}") for s in segs]
             continue
         fds.append(fd)
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = "data file is not a regular file"
-            report.problems.append(Problem("unreadable", r, str(fp), f.name, detail=what))
-            report.problems += [Problem("missing", r, str(fp), f.name, s.name, f"its {what}") for s in segs]
-            continue
         size = st.st_size
         if size != f.size:
             what = "truncated" if size < f.size else "longer than recorded"

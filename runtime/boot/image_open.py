@@ -1,8 +1,9 @@
 """Open a prepared rank image for the runtime: find the rank folder, map it, refuse what cannot run.
 
 `tfc.cache.reader.open_rank` validates the manifest as data (format, bounds, digests of the
-manifest itself) and maps the files; this module adds what only the runtime knows: the rank it
-wants, the keys it recomputes, the layout ids it can execute and the segments its forward expects.
+manifest itself) and maps the files; `tfc.cache.image_check` refuses what verify refuses too (rank
+folders, keys, the layout contract); this module adds what only the runtime knows: the rank it
+wants, the layout ids it can execute and the segments its forward expects.
 Every refusal is one line that ends by saying to re-run `tfc prepare`.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +19,12 @@ from typing import Any
 
 from tfc.cache.contract import LAYOUTS, SegmentSpec
 from tfc.cache.errors import ImageError
-from tfc.cache.format import FORMAT_VERSION, RankManifest
-from tfc.cache.key import image_key
+from tfc.cache.format import RankManifest
+from tfc.cache.image_check import check_rank, check_rank_folder, rank_folders
 from tfc.cache.reader import RankImage, open_rank
 from tfc.runtime.boot.arena import UploadItem
 
 HINT = "re-run `tfc prepare` to rebuild it"
-RANK_DIR = re.compile(r"rank(\d+)")
-WORLD_DIR = re.compile(r"[0-9a-f]{16}")
 
 KNOWN_LAYOUTS = LAYOUTS  # the layout ids this runtime executes: every one the image contract defines
 
@@ -88,20 +86,26 @@ class OpenedImage:
 def resolve_rank_dir(path: str | Path, rank: int | None = None) -> Path:
     """The rank folder for `path`: a rank folder itself, or a world folder holding rank{r}/."""
     p = Path(path)
-    if not p.exists():
-        raise ImageRefused(f"{p}: no such image")
-    if (p / "manifest.json").exists():
-        m = RANK_DIR.fullmatch(p.name)
-        if rank is not None and m and int(m.group(1)) != rank:
-            raise ImageRefused(f"{p} is the folder of rank {m.group(1)}, not rank {rank}")
-        return p
-    ranks = sorted(int(m.group(1)) for c in p.iterdir() if (m := RANK_DIR.fullmatch(c.name)) and c.is_dir())
-    if not ranks:
-        raise ImageRefused(f"{p}: neither a rank folder (manifest.json) nor an image folder (rank*/)")
-    want = ranks[0] if rank is None else rank
-    if want not in ranks:
-        raise ImageRefused(f"{p} has no rank {want} (it has ranks {ranks}); {HINT} for that rank")
-    return p / f"rank{want}"
+    try:
+        is_world, folders = rank_folders(p)  # the folders verify finds, found the same way
+    except ImageError as error:
+        raise ImageRefused(str(error)) from None
+    if not is_world:
+        ((named, folder),) = folders.items()
+        if rank is not None and named is not None and named != rank:
+            raise ImageRefused(f"{p} is the folder of rank {named}, not rank {rank}")
+    else:
+        want = min(folders) if rank is None else rank
+        if want not in folders:
+            raise ImageRefused(
+                f"{p} has no rank {want} (it has ranks {sorted(folders)}); {HINT} for that rank"
+            )
+        folder = folders[want]
+    try:
+        check_rank_folder(folder)
+    except ImageError as error:
+        raise ImageRefused(_with_hint(str(error))) from None
+    return folder
 
 
 def structural_signature(manifest: RankManifest) -> str:
@@ -159,21 +163,12 @@ def check_manifest(
 ) -> tuple[str, ...]:
     """Runtime checks of an accepted manifest; returns the names of the checks made."""
     where = str(rank_dir)
-    if m.format_version != FORMAT_VERSION:
-        _refuse(where, f"image format version {m.format_version}, this runtime reads {FORMAT_VERSION}")
-    dir_rank = RANK_DIR.fullmatch(rank_dir.name)
     if rank is not None and m.rank != rank:
         _refuse(where, f"the manifest is for rank {m.rank} of {m.world}, not rank {rank}")
-    if dir_rank and int(dir_rank.group(1)) != m.rank:
-        _refuse(where, f"the manifest is for rank {m.rank} of {m.world}, but sits in {rank_dir.name}")
-    if m.world != m.key_inputs.get("world", m.world):
-        _refuse(where, f"the manifest says world {m.world}, its key inputs world {m.key_inputs.get('world')}")
-    if WORLD_DIR.fullmatch(rank_dir.parent.name) and rank_dir.parent.name != m.world_key[:16]:
-        _refuse(where, f"world key {m.world_key[:16]}… does not match its folder {rank_dir.parent.name}")
-    if image_key(m.key_inputs) != m.world_key:
-        _refuse(where, "the world key is not the digest of the recorded key inputs")
-    if image_key({"world_key": m.world_key, "rank": m.rank}) != m.key:
-        _refuse(where, "the rank key does not match its world key and rank")
+    try:
+        check_rank(m, rank_dir)  # folder, keys, layout contract: what verify checks too
+    except ImageError as error:
+        raise ImageRefused(_with_hint(str(error))) from None
     checks = ["manifest", "files", "rank", "keys"]
     unknown = sorted({s.layout for s in m.segments} - layouts)
     if unknown:

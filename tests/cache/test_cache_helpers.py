@@ -25,9 +25,15 @@ def random_segments(seed: int, big: bool = True) -> dict[str, np.ndarray]:
     return segs
 
 
+_INPUTS: dict[str, dict] = {}  # world key -> the key inputs it is the digest of
+
+
 def world_key_for(tag: str, world: int = 1) -> str:
-    """A world key for tests."""
-    return image_key({"test": tag, "world": world})
+    """A world key for tests: the digest of key inputs naming the tag (as readers check)."""
+    inputs = {"format": 1, "world": world, "pack": {"identity": tag}}
+    key = image_key(inputs)
+    _INPUTS[key] = inputs
+    return key
 
 
 def fields(world_key: str, world: int = 1, rank: int = 0) -> dict:
@@ -35,7 +41,7 @@ def fields(world_key: str, world: int = 1, rank: int = 0) -> dict:
     return {
         "family": "deepseek_v41",
         "key": image_key({"world_key": world_key, "rank": rank}),
-        "key_inputs": {"format": 1, "world": world, "pack": {"identity": "x" * 8}},
+        "key_inputs": _INPUTS.get(world_key, {"format": 1, "world": world, "pack": {"identity": "x" * 8}}),
         "world": world,
         "plan": {"ranks": world, "layers": [1, 2, 3]},
         "meta": {"tool": "test"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -25,9 +26,10 @@ from tfc.cache.writer import ImageWriter
 # n-th call of os.<fn> (before the call runs), so the kill lands inside a chosen phase of the write.
 CHILD = textwrap.dedent(
     """
-    import os, random, signal, sys, time
+    import json, os, random, signal, sys, time
     from pathlib import Path
     root, wk, kill, barrier = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    inputs = json.loads(sys.argv[5])
     if kill != "none":
         fn, n = kill.split(":")
         real, calls = getattr(os, fn), [0]
@@ -53,7 +55,6 @@ CHILD = textwrap.dedent(
             Path(barrier, f"ready-{os.getpid()}").touch()
             while len(list(Path(barrier).glob("ready-*"))) < 2:
                 time.sleep(0.005)
-        inputs = {"t": "kill"}
         print(w.publish({"family": "deepseek_v41", "key": image_key({"world_key": wk, "rank": 0}),
                          "key_inputs": inputs, "world": 1, "plan": {}}))
     """
@@ -61,7 +62,7 @@ CHILD = textwrap.dedent(
 
 
 def _child(root: Path, wk: str, kill: str = "none", barrier: str = "none", wait: bool = True):
-    args = [sys.executable, "-c", CHILD, str(root), wk, kill, barrier]
+    args = [sys.executable, "-c", CHILD, str(root), wk, kill, barrier, json.dumps(fields(wk)["key_inputs"])]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not wait:
         return p
