@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "generate",
         "Generate text from an image with the runtime's forward.",
     ),
+    "serve": ("tfc.cli.serve_cmd", "serve", "Serve an image over an OpenAI-compatible HTTP API."),
     "engram": ("tfc.cli.engram_cmd", "engram", "Which Engram table rows a text touches."),
     "dequant": ("tfc.cli.dequant_cmd", "dequant", "One EXL3 group's dense weight from the reference decode."),
     "fixture": ("tfc.cli.fixture_cmd", "fixture", "Write a synthetic pack in the real layout."),
@@ -64,10 +65,45 @@ def _module_exists(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog='\b\nExample: tfc fixture tiny ./pack && tfc generate "$(tfc prepare ./pack)" --prompt Hello',
+)
 @click.version_option(package_name="tfc")
 def cli() -> None:
     """tfc: prepare DeepSeek-V4.1 EXL3 packs ahead of time and serve the prepared images."""
+
+
+def usage_line(error: click.ClickException) -> str:
+    """Click's own refusal (missing argument, bad value, unknown option or command) as one line."""
+    ctx = getattr(error, "ctx", None)
+    if isinstance(error, click.exceptions.NoArgsIsHelpError):
+        group = ctx.command
+        names = group.list_commands(ctx) if isinstance(group, click.Group) else []
+        message = f"missing command; one of {', '.join(names)}" if names else "missing command"
+    else:
+        message = " ".join(error.format_message().split()).rstrip(".")
+        if message[:2].istitle():  # "Missing argument" -> "missing argument", as tfc's own lines read
+            message = message[0].lower() + message[1:]
+    if ctx is not None:
+        return f"{message} (see `{ctx.command_path} --help`)"
+    if isinstance(error, click.UsageError):  # the option parser raises without a context
+        return f"{message} (see `{_command_path(sys.argv[1:])} --help`)"
+    return message
+
+
+def _command_path(args: list[str]) -> str:
+    """`tfc cache ls` from the leading command names of `args`."""
+    path, command = ["tfc"], cli
+    ctx = click.Context(cli)
+    for arg in args:
+        found = command.get_command(ctx, arg) if isinstance(command, click.Group) else None
+        if found is None:
+            break
+        path.append(arg)
+        command = found
+    return " ".join(path)
 
 
 def main() -> None:
@@ -83,7 +119,7 @@ def main() -> None:
         click.echo("tfc: aborted", err=True)
         sys.exit(130)
     except click.ClickException as error:
-        error.show()
+        click.echo(f"tfc: error: {usage_line(error)}", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         click.echo("tfc: interrupted", err=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from tfc.cli.options import example
 from tfc.errors import TfcError
 
 
@@ -27,7 +28,7 @@ def _suggest(name: str, names: list[str]) -> str:
     return f"; did you mean {', '.join(close)}?" if close else ""
 
 
-@click.command("dequant")
+@click.command("dequant", epilog=example("tfc dequant ./pack layers.0.ffn.experts.0.w1 -o w1.npy"))
 @click.argument("pack", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("group")
 @click.option(

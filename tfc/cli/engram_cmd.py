@@ -9,6 +9,7 @@ from typing import Any
 import click
 import numpy as np
 
+from tfc.cli.options import example
 from tfc.errors import TfcError
 
 
@@ -25,7 +26,9 @@ def _id_list(ctx: click.Context, param: click.Parameter, value: str | None) -> l
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
 
 
-@click.command("engram")
+@click.command(
+    "engram", epilog=example('tfc engram ./pack --text "Hello world"', "tfc engram ./pack --ids 1,2,3")
+)
 @click.argument("source", metavar="PACK_OR_IMAGE", type=click.Path(path_type=Path))
 @click.option("--text", help="Text to tokenize (no special tokens are added).")
 @click.option(
@@ -61,12 +64,29 @@ def engram(
             raise EngramCommandError(f"{source}: an image holds no tokenizer; pass --tokenizer or use --ids")
         ids = view["tokenizer"].encode(text, add_special_tokens=False).ids
     tables = view["tables"]
+    n = len(tables.token_map)
+    if text is not None:
+        _check_ids(ids, "--text", n, " (is --tokenizer this image's tokenizer?)")
+    else:
+        _check_ids(ids, "--ids", n)
+    _check_ids(lookback, "--lookback", n)
     rows = hash_ids(tables, ids, lookback)
     report = _report(view, tables, ids, lookback, rows)
     if as_json:
         click.echo(json.dumps(report))
     else:
         _print(report, view["tokenizer"])
+
+
+def _check_ids(ids: list[int], option: str, vocab: int, why: str = "") -> None:
+    """Refuse an id that is no token of the map (-1, ids past it, 2**70) before numpy sees it."""
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        shown = f"{bad:.3e}" if abs(bad) >= 10**20 else str(bad)
+        raise click.BadParameter(
+            f"token id {shown} is outside the vocabulary of the token map (0..{vocab - 1}){why}",
+            param_hint=f"'{option}'",
+        )
 
 
 def _rank_dir(path: Path) -> Path | None:

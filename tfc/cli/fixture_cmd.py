@@ -6,15 +6,17 @@ from pathlib import Path
 
 import click
 
+from tfc.cli.options import example, jobs_option, seed_option
 
-@click.group()
+
+@click.group(epilog=example("tfc fixture tiny ./tiny-pack"))
 def fixture() -> None:
     """Write a synthetic pack in the real layout."""
 
 
-@fixture.command("tiny")
+@fixture.command("tiny", epilog=example("tfc fixture tiny ./tiny-pack --seed 1"))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--seed", default=0, show_default=True, help="Seed of every random payload.")
+@seed_option("Seed of every random payload, 0 to 2**63-1.", default=0)
 def tiny(out: Path, seed: int) -> None:
     """The tiny pack (a few tens of MB): every layer mode, Engram, DSpark, all codebooks."""
     from tfc.fixtures.tiny import write_tiny
@@ -22,7 +24,7 @@ def tiny(out: Path, seed: int) -> None:
     click.echo(write_tiny(out, seed))
 
 
-@fixture.command("flash-headers")
+@fixture.command("flash-headers", epilog=example("tfc fixture flash-headers ./flash-headers"))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 def flash_headers(out: Path) -> None:
     """DeepSeek-V4.1-Flash at full geometry: real headers, payloads as holes (sparse files, ~200 GB apparent)."""
@@ -31,13 +33,13 @@ def flash_headers(out: Path) -> None:
     click.echo(write_flash_headers(out))
 
 
-@fixture.command("flash-random")
+@fixture.command("flash-random", epilog=example("tfc fixture flash-random ./flash-random --layers 4 -j 8"))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--layers", default=4, show_default=True, help="Backbone layers (at least 4; 4 makes about 22 GB)."
 )
-@click.option("--seed", default=0, show_default=True, help="Seed of every random payload.")
-@click.option("--jobs", default=8, show_default=True, help="Writer threads.")
+@seed_option("Seed of every random payload, 0 to 2**63-1.", default=0)
+@jobs_option("Writer threads.", default=8)
 def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
     """Flash geometry with fewer layers and random payloads written out: packs of tens of GB for benchmarks."""
     from tfc.fixtures.flash_random import write_flash_random

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from tfc.cli.options import device_option, example, jobs_option, seed_option
 from tfc.cli.progress import byte_bar, count_bar
 from tfc.errors import TfcError
 
@@ -16,7 +17,10 @@ class GenerateError(TfcError):
     """A generation request that cannot run (prompt, tokenizer, context, options)."""
 
 
-@click.command("generate")
+@click.command(
+    "generate",
+    epilog=example('tfc generate ~/.cache/tfc/images/263e81d431bff5c3 --prompt "Hello" --max-tokens 32'),
+)
 @click.argument("image", type=click.Path(path_type=Path))
 @click.option("--prompt", required=True, help="The prompt text.")
 @click.option(
@@ -25,17 +29,16 @@ class GenerateError(TfcError):
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0 = off.")
-@click.option("--seed", type=click.IntRange(0), help="Sampling seed (same seed, same tokens).")
+@seed_option("Sampling seed, 0 to 2**63-1 (same seed, same tokens).")
 @click.option(
     "--chat", is_flag=True, help="Apply the DeepSeek-V4.1 chat encoding (one user turn, thinking off)."
 )
 @click.option("--no-engram", is_flag=True, help="Run Engram layers without their tables (gate off).")
 @click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), default=None,
               help="A tokenizer.json to use instead of the one the image carries.")  # fmt: skip
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="auto takes CUDA when present.")  # fmt: skip
+@device_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
-@click.option("--jobs", type=click.IntRange(1), help="Upload threads (default: as `tfc load`).")
+@jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(
     image: Path,
@@ -58,8 +61,6 @@ def generate(
     The image boots as `tfc load` boots it; the model's weights come from the image only (EXL3 decoded
     to dense once); the prompt is tokenized with the tokenizer.json the image carries. Tokens print as
     they come; generation stops at EOS or --max-tokens.
-
-    Example: tfc generate ~/.cache/tfc/images/263e81d431bff5c3 --prompt "Hello" --max-tokens 32
     """
     import torch
 

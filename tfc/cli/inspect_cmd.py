@@ -7,6 +7,8 @@ import json
 
 import click
 
+from tfc.cli.options import example
+
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:,.2f} GB" if n >= 1e8 else f"{n / 1e6:,.2f} MB"
@@ -58,7 +60,7 @@ def _text(s: dict) -> str:
     return "\n".join(lines)
 
 
-@click.command()
+@click.command(epilog=example("tfc inspect ./pack --json"))
 @click.argument("pack", metavar="PACK_OR_IMAGE", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def inspect(pack: str, as_json: bool) -> None:

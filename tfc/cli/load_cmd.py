@@ -7,13 +7,14 @@ import sys
 
 import click
 
+from tfc.cli.options import device_option, example, jobs_option
 from tfc.cli.progress import byte_bar
 
 
-@click.command("load")
+@click.command("load", epilog=example("tfc load ~/.cache/tfc/images/263e81d431bff5c3 --json"))
 @click.argument("image", type=click.Path(exists=True, file_okay=False))
 @click.option("--rank", type=int, help="Rank to load (default: the folder's rank, or 0).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@device_option()
 @click.option(
     "--method",
     type=click.Choice(["auto", "mmap", "ring", "register"]),
@@ -23,20 +24,16 @@ from tfc.cli.progress import byte_bar
 )
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
-@click.option(
-    "--jobs",
-    "--threads",
-    "jobs",
-    type=click.IntRange(min=1),
-    help="Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; ring and register 8). --threads is the old spelling.",
+@jobs_option(
+    "Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; "
+    "ring and register 8).",
+    old=("--threads",),
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the phase timings as JSON.")
 def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times.
 
     This is the first half of `tfc serve`: the rank's worker boots and stops before building a model.
-
-    Example: tfc load ~/.cache/tfc/images/263e81d431bff5c3 --json
     """
     from tfc.runtime.boot.phases import phases_path, write_phases
     from tfc.runtime.worker.worker import Worker

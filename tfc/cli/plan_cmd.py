@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from tfc.cli.options import example, tp_option
+
 
 def plan_report(pack, world: int) -> dict:
     """The stable `--json` shape: per rank, per block, bytes by kind, plus totals."""
@@ -81,11 +83,9 @@ def _human(report: dict) -> None:
     console.print("bytes in decimal units; `--json` gives every count exact to the byte", style="dim")
 
 
-@click.command("plan")
+@click.command("plan", epilog=example("tfc plan ./pack --tp 4 --json"))
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8)."
-)
+@tp_option()
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(pack_path: str, world: int, as_json: bool) -> None:
     """Print every rank's bytes by kind and block, exactly what `tfc prepare` will write."""

@@ -7,6 +7,8 @@ import sys
 
 import click
 
+from tfc.cli.options import example, jobs_option, store_option, tp_option
+
 
 def _parse_ranks(text: str | None) -> list[int] | None:
     if not text:
@@ -48,20 +50,12 @@ def _progress_factory(enabled: bool):
     return factory, bars.stop
 
 
-@click.command("prepare")
+@click.command("prepare", epilog=example("tfc prepare ./pack --tp 2 --store /data/tfc-images"))
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    "root",
-    type=click.Path(file_okay=False),
-    help="Image store folder (default: $TFC_CACHE or ~/.cache/tfc/images).",
-)
-@click.option(
-    "--tp", "world", type=int, default=1, show_default=True, help="Tensor-parallel world size (1, 2, 4 or 8)."
-)
+@store_option(old=("-o", "--output"))
+@tp_option()
 @click.option("--ranks", help="Build only these ranks, e.g. 0,1 (default: every rank).")
-@click.option("--jobs", type=int, help="Parallel reads (default: twice the cores, 4..16).")
+@jobs_option("Parallel reads (default: twice the cores, 4..16).")
 @click.option(
     "--strict-identity", is_flag=True, help="Key on every payload byte of the pack, not sampled blocks."
 )
@@ -76,7 +70,7 @@ def _progress_factory(enabled: bool):
     help="Remove this key's image from the store and build it again (refused while a process holds it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def prepare(pack_path, root, world, ranks, jobs, strict_identity, engram_dir, force, as_json) -> None:
+def prepare(pack_path, store, world, ranks, jobs, strict_identity, engram_dir, force, as_json) -> None:
     """Plan and build every rank's image of PACK, or find it in the store; print where it is."""
     from tfc.cache.store import default_root
     from tfc.compiler.prepare import prepare as run_prepare
@@ -87,7 +81,7 @@ def prepare(pack_path, root, world, ranks, jobs, strict_identity, engram_dir, fo
     try:
         result = run_prepare(
             pack,
-            root or default_root(),
+            store or default_root(),
             world,
             ranks=_parse_ranks(ranks),
             jobs=jobs,

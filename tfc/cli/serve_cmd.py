@@ -8,8 +8,12 @@ from pathlib import Path
 
 import click
 
+from tfc.cli.options import device_option, example, jobs_option
 
-@click.command("serve")
+
+@click.command(
+    "serve", epilog=example("tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --port 8000 --max-seqs 16")
+)
 @click.argument("image", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -29,11 +33,11 @@ import click
               help="Requests queued beyond the free slots before 429.")  # fmt: skip
 @click.option("--prefill-chunk", type=click.IntRange(1), default=256, show_default=True,
               help="Prompt tokens a sequence prefills per step.")  # fmt: skip
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@device_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Activation dtype of the reference forward.")  # fmt: skip
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
-@click.option("--jobs", type=click.IntRange(1), help="Upload threads (default: as `tfc load`).")
+@jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--drain-s", type=click.FloatRange(0), default=20.0, show_default=True,
               help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip
 def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
@@ -43,8 +47,6 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
     /health is 200 and /v1/models lists the model. SIGTERM or SIGINT drains: new requests get 503,
     requests in flight get --drain-s seconds, a second signal cuts the drain short.
-
-    Example: tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --port 8000 --max-seqs 16
     """
     started = time.monotonic()
     from tfc.runtime.server.auth import gather_keys

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from tfc.cli.options import example, jobs_option
+
 SAMPLE_HELP = (
     "Check a sample: manifests and file sizes as always, and of each segment's n 4 MiB chunks only "
     "chunk 0, chunk n-1 and every 16th chunk (0, 16, 32, ...): segments up to 8 MiB are hashed whole, "
@@ -14,14 +16,12 @@ SAMPLE_HELP = (
 )
 
 
-@click.command("verify")
+@click.command("verify", epilog=example("tfc verify ~/.cache/tfc/images/263e81d431bff5c3 --sample"))
 @click.argument("image", type=click.Path(path_type=Path))
 @click.option("--full", "mode", flag_value="full", default=True, help="Re-hash every byte (default).")
 @click.option("--sample", "mode", flag_value="sample", help=SAMPLE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report on stdout.")
-@click.option(
-    "--jobs", "-j", type=click.IntRange(1, 1024), default=None, help="Hashing threads (default: all cores)."
-)
+@jobs_option("Hashing threads (default: all cores).")
 @click.pass_context
 def verify(ctx: click.Context, image: Path, mode: str, as_json: bool, jobs: int | None) -> int:
     """Verify IMAGE, a world folder (every rank in it) or one rank folder.
