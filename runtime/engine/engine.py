@@ -179,7 +179,7 @@ class Engine:
     def halt(self, reason: str) -> None:
         """End every queued and running request with an error event and stop the loop (at a step boundary)."""
         with self._lock:
-            self._halt_reason = reason
+            self._halt_reason = self._halt_reason or reason  # the first reason given is the one reported
             self._stop = True
             self._lock.notify()
 
@@ -264,18 +264,21 @@ class Engine:
             else:
                 self.metrics.itl.observe(now - seq.last_token)
             seq.last_token = now
-            if self._emit(seq, token):
-                done.append(seq)
-        with self._lock:
-            for seq in done:
+            last = self._emit(seq, token)
+            if last is not None:
+                done.append((seq, last, tuple(run.generated)))
+        with self._lock:  # slots are free again before a client hears that its sequence ended
+            for seq, _, _ in done:
                 if seq in self._running:
                     self._running.remove(seq)
                 self._release(seq)
             self.metrics.running.set(len(self._running))
             self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
+        for seq, last, tokens in done:
+            self._end(seq, last, tokens)
 
-    def _emit(self, seq: _Seq, token: int) -> bool:
-        """Push the new token's text; whether the sequence finished."""
+    def _emit(self, seq: _Seq, token: int) -> Event | None:
+        """Push the new token's text, or return the last event when the sequence finished."""
         r, run = seq.request, seq.run
         context = min(self.config.max_context, self.info.context)
         if token in r.stop_ids:
@@ -288,14 +291,14 @@ class Engine:
         self.metrics.generation_tokens.inc()
         if finish is None:
             seq.push(Event(text, (token,)))
-            return False
-        self._end(seq, Event(text, (token,), finish))
-        return True
+            return None
+        return Event(text, (token,), finish)
 
-    def _end(self, seq: _Seq, event: Event) -> None:
+    def _end(self, seq: _Seq, event: Event, tokens: tuple[int, ...] | None = None) -> None:
         """Send the last event with the sequence's totals; count it."""
         r = seq.request
-        tokens = tuple(seq.run.generated) if seq.run is not None else ()
+        if tokens is None:
+            tokens = tuple(seq.run.generated) if seq.run is not None else ()
         now = time.monotonic()
         usage = Usage(
             len(r.prompt), len(tokens), (seq.first_token or now) - r.arrival, now - r.arrival,

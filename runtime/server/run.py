@@ -103,7 +103,7 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.drain_s
         while self.state.inflight and time.monotonic() < deadline and not self.should_exit:
             await asyncio.sleep(0.02)
-        if self.state.inflight:
+        if self.state.inflight and not self.should_exit:
             self.state.engine.halt("the server is shutting down (drain deadline)")
             until = time.monotonic() + 2.0
             while self.state.inflight and time.monotonic() < until:

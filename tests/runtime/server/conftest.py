@@ -1,0 +1,36 @@
+"""Fixtures of the server tests: the tiny image, and one shared `tfc serve` process over it."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from support.server import ServerProcess
+
+from tfc.cli import cli
+
+
+@pytest.fixture(scope="session")
+def served_image(tiny_pack, tmp_path_factory):
+    """The tiny TP=1 image (the demo's)."""
+    store = tmp_path_factory.mktemp("serve-store")
+    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
+    assert result.exit_code == 0, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def server(served_image, tmp_path_factory):
+    """One server for a module's tests: 16 slots, keepalives every 0.2 s."""
+    log = tmp_path_factory.mktemp("serve-log") / "serve.log"
+    proc = ServerProcess(
+        served_image, "--max-seqs", "16", "--model-name", "tiny", env={"TFC_SSE_KEEPALIVE_S": "0.2"}, log=log
+    )
+    with proc:
+        yield proc
+
+
+@pytest.fixture
+def client(server):
+    """The official OpenAI client pointed at the server."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
