@@ -13,6 +13,7 @@ import numpy as np
 from tfc.compiler.convert import convert_elements
 from tfc.compiler.errors import BuildError
 from tfc.compiler.segments import HELD_ITEMSIZE, STORED_NUMPY, Copy
+from tfc.packs.files import open_fd
 
 READ_MAX = 64 << 20  # one positional read covers at most this many bytes
 READ_GAP = 1 << 20  # sources closer than this are read through rather than read twice
@@ -99,7 +100,7 @@ class Reader:
     def fd(self, path: Path) -> int:
         with self._lock:
             if path not in self._fds:
-                self._fds[path] = os.open(path, os.O_RDONLY)
+                self._fds[path] = open_fd(path, BuildError)
             return self._fds[path]
 
     def read(self, path: Path, offset: int, length: int) -> np.ndarray:

@@ -26,6 +26,7 @@ from tfc.packs.deepseek_v41_contract import (
 )
 from tfc.packs.engram_layout import SCALE_BLOCK, EngramLayout, config_field, hash_multipliers, head_shards
 from tfc.packs.errors import PackError
+from tfc.packs.files import open_fd
 
 DEFAULT_CHUNK_ROWS = 1 << 18  # 64 MiB of e4m3 bytes per read at head_dim 256
 
@@ -95,7 +96,6 @@ def asset_segments(
     pad = config_field(cfg, "engram_pad_token_id")
     image = _image_token_id(cfg)
     shards = head_shards(layout.n_cols, world)
-    arrays = {
     params = {
         "max_ngram": layout.max_ngram,
         "n_heads": layout.n_heads,
@@ -106,6 +106,7 @@ def asset_segments(
         "world": world,
         "rank": rank,
     }
+    arrays = {
         SEG_TOKEN_MAP: token_map.ids.astype("<i4"),
         SEG_MULTIPLIERS: hash_multipliers(layout.layer_ids, layout.max_ngram, token_map.size),
         SEG_PRIMES: layout.primes_array(),
@@ -251,7 +252,7 @@ def _read_chunk(seg: RowSegment, lo: int, hi: int) -> np.ndarray:
 def _pread(info: Any, rel: int, length: int) -> np.ndarray:
     buf = bytearray(length)
     view = memoryview(buf)
-    fd = os.open(info.file, os.O_RDONLY)
+    fd = open_fd(info.file, EngramTableError)
     try:
         done = 0
         while done < length:

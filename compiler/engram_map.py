@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from tfc.packs.engram_layout import EngramConfigError, config_field
 from tfc.packs.errors import PackError
+from tfc.packs.files import read_bytes
 
 SENTINEL = "\ue000"  # private-use: keeps a lone-space token from stripping to the empty string
 _WS_RUN = re.compile(r"[ \t\r\n]+")
@@ -56,14 +57,9 @@ def load_tokenizer(path: Path) -> Any:
     from tokenizers import Tokenizer
 
     path = Path(path)
+    data = read_bytes(path, MAX_TOKENIZER_BYTES, TokenizerError)  # a pipe or device refused, never read
     try:
-        size = path.stat().st_size
-    except OSError as error:
-        raise TokenizerError(f"{path}: cannot read tokenizer ({error.strerror})") from None
-    if size > MAX_TOKENIZER_BYTES:
-        raise TokenizerError(f"{path}: tokenizer.json is {size} bytes, over the {MAX_TOKENIZER_BYTES} limit")
-    try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(data.decode("utf-8"))
     except Exception as error:  # the Rust library raises a bare Exception on bad JSON
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise TokenizerError(f"{path}: not a valid tokenizer.json ({first})") from None

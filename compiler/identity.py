@@ -9,10 +9,12 @@ from pathlib import Path
 
 import blake3
 from tfc.compiler.errors import BuildError
+from tfc.packs.files import open_fd, read_bytes
 
 SAMPLE_BLOCK = 64 << 10
 SAMPLES = 8  # blocks per shard: the first, the last, and six evenly spaced between
 STRICT_READ = 64 << 20
+MAX_EXTRA_BYTES = 256 << 20  # config.json, tokenizer.json, the index: each is read whole
 
 
 def sample_offsets(data_start: int, file_size: int) -> list[int]:
@@ -38,7 +40,7 @@ def _header(fd: int, path: Path) -> bytes:
 
 
 def _shard_digest(path: Path, strict: bool) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_fd(path, BuildError)
     try:
         size = os.fstat(fd).st_size
         header = _header(fd, path)
@@ -70,7 +72,7 @@ def pack_identity(shards: list[Path], extra_files: list[Path], strict: bool = Fa
     for digest in digests:
         h.update(digest)
     for path in extra_files:
-        data = Path(path).read_bytes()
+        data = read_bytes(path, MAX_EXTRA_BYTES, BuildError)
         h.update(len(data).to_bytes(8, "little") + data)
     return {
         "digest": h.hexdigest(),

@@ -19,6 +19,7 @@ from tfc.packs.deepseek_v41_contract import FAMILY
 from tfc.packs.deepseek_v41_names import Expected, NativeSpec, expected_tensors, is_ignored
 from tfc.packs.errors import CoverageError, HeaderError, MissingTensor, PackError
 from tfc.packs.exl3_groups import Exl3Group, KindRecord
+from tfc.packs.files import open_fd
 from tfc.packs.safetensors_header import SafetensorsHeader, TensorInfo
 from tfc.packs.shards import ShardIndex, TensorTable, load_table
 
@@ -52,12 +53,12 @@ class Pack:
     headers: list[SafetensorsHeader] = field(repr=False)
     index: ShardIndex | None = field(repr=False, default=None)
 
-    @cached_property
     @property
     def family(self) -> str:
         """The model family this pack's images are planned and served as."""
         return FAMILY
 
+    @cached_property
     def tensors(self) -> dict[str, TensorInfo]:
         """Every stored tensor by name."""
         info = self.table.info
@@ -115,7 +116,7 @@ def _open(root: Path, check_markers: bool) -> Pack:
     if not root.is_dir():
         raise PackError(f"{root}: not a directory")
     config_path = root / CONFIG_NAME
-    if not config_path.is_file():
+    if not os.path.lexists(config_path):
         raise PackError(f"{root}: no {CONFIG_NAME}")
     config = load_config(config_path)
     table, headers, index = load_table(root)
@@ -154,8 +155,11 @@ def _open(root: Path, check_markers: bool) -> Pack:
     if check_markers:
         eg.check_marker_values(table, records, lambda rows: read_u32(table, rows))
     tokenizer = root / TOKENIZER_NAME
+    if os.path.lexists(tokenizer):  # present but a pipe, a device or a dangling link: refused here, by name
+        os.close(open_fd(tokenizer))
     return Pack(
-        root=root, config=config, shards=table.files, tokenizer_path=tokenizer if tokenizer.is_file() else None,
+        root=root, config=config, shards=table.files,
+        tokenizer_path=tokenizer if os.path.lexists(tokenizer) else None,
         config_path=config_path, ignored=ignored, dspark=expected.dspark, table=table, records=records,
         native_rows=native_rows, native_specs=native_specs, siblings=siblings, headers=headers, index=index,
     )  # fmt: skip
@@ -256,7 +260,7 @@ def read_u32(table: TensorTable, rows: list[int]) -> tuple[list[int], list[int]]
                 runs.append(members[start:j])
                 start = j
         runs.append(members[start:])
-        fd = os.open(table.files[fid], os.O_RDONLY)
+        fd = open_fd(table.files[fid], HeaderError)
         try:
             for run in runs:
                 lo, hi = run[0][1], run[-1][1] + 4
@@ -281,7 +285,7 @@ def read_tensor(info: TensorInfo, as_float: bool = False):
     import numpy as np
 
     out = np.empty(info.nbytes, dtype=np.uint8)
-    with open(info.file, "rb") as f:
+    with os.fdopen(open_fd(info.file, HeaderError), "rb") as f:
         f.seek(info.offset)
         got = f.readinto(memoryview(out))
     if got != info.nbytes:

@@ -13,6 +13,7 @@ from operator import mul, sub
 from pathlib import Path
 
 from tfc.packs.errors import HeaderError
+from tfc.packs.files import open_fd
 
 MAX_HEADER_BYTES = 100_000_000  # the reference parser's limit, checked before allocating
 MAX_NDIM = 8
@@ -81,8 +82,9 @@ class SafetensorsHeader:
 def read_header(path: Path | str) -> SafetensorsHeader:
     """Read and validate one file's header; only the header bytes and the file size are read."""
     path = Path(path)
+    fd = open_fd(path, HeaderError)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:

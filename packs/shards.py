@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfc.packs.errors import HeaderError, MissingTensor, PackError
+from tfc.packs.files import read_bytes
 from tfc.packs.safetensors_header import SafetensorsHeader, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -69,14 +70,10 @@ _CLOSE = re.compile(r"\s*\}\s*\}\s*")
 def read_index(root: Path) -> ShardIndex | None:
     """The index's weight_map, or None without an index; shard names must be plain *.safetensors names."""
     path = root / INDEX_NAME
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
     try:
-        if path.stat().st_size > MAX_INDEX_BYTES:
-            raise HeaderError(f"{INDEX_NAME}: larger than {MAX_INDEX_BYTES} bytes")
-        text = path.read_bytes().decode("utf-8")
-    except OSError as error:
-        raise HeaderError(f"{INDEX_NAME}: cannot read: {error.strerror or error}") from None
+        text = read_bytes(path, MAX_INDEX_BYTES, HeaderError).decode("utf-8")
     except ValueError as error:
         raise HeaderError(f"{INDEX_NAME}: not UTF-8 ({str(error)[:120]})") from None
     index = _fast_index(text) or _strict_index(text)
@@ -140,10 +137,10 @@ def _plain_shard_name(name: str) -> bool:
 
 def list_shards(root: Path) -> list[Path]:
     """Every plain *.safetensors file of the pack, by name."""
-    on_disk = sorted(
+    on_disk = sorted(  # anything but a folder: read_header refuses a pipe or a device by name
         e.name
         for e in os.scandir(root)
-        if e.name.endswith(SHARD_SUFFIX) and _plain_shard_name(e.name) and e.is_file()
+        if e.name.endswith(SHARD_SUFFIX) and _plain_shard_name(e.name) and not e.is_dir()
     )
     if not on_disk:
         raise PackError(f"{root}: no *.safetensors shards")
