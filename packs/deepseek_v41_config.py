@@ -7,8 +7,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tfc.packs import deepseek_v41_bounds as bounds
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.packs.errors import ConfigError
+from tfc.packs.files import read_bytes
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v41",)
 TEXT_MODEL_TYPES = ("deepseek_v41_text",)
@@ -167,13 +169,12 @@ _ALIASES = {"engram_pad_token_id": "engram_pad_id"}  # the HF config class's nam
 def load_config(path: Path | str) -> DeepseekV41Config:
     """Read and validate config.json (text keys nested under text_config or at the top level)."""
     path = Path(path)
+    data = read_bytes(path, MAX_CONFIG_BYTES, ConfigError)
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes")
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    except (ValueError, RecursionError) as error:
+        raw = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested more than {bounds.MAX_DEPTH} levels deep") from None
+    except ValueError as error:
         raise ConfigError(f"{path}: not valid UTF-8 JSON ({str(error)[:120]})") from None
     return config_from_dict(raw, path.name)
 
@@ -182,6 +183,7 @@ def config_from_dict(raw: Any, where: str = "config.json") -> DeepseekV41Config:
     """Build and validate the config from config.json's parsed dict."""
     if type(raw) is not dict:
         raise ConfigError(f"{where}: top level is not a JSON object")
+    bounds.check_json(raw, where)
     text = raw.get("text_config", raw)
     if type(text) is not dict:
         raise ConfigError(f"{where}: text_config is not a JSON object")
@@ -233,6 +235,8 @@ def _typed(where: str, name: str, kind: str, value: Any) -> Any:
         raise ConfigError(f"{where}: {name} = {value!r:.80} is not of type {kind}")
     if kind == "num":
         return float(value)
+    if kind in ("int", "ints"):
+        bounds.check_ints(where, name, value if kind == "ints" else (value,))
     return tuple(value) if kind in ("ints", "strs") else value
 
 
@@ -254,6 +258,7 @@ def _check(c: DeepseekV41Config, where: str) -> None:
     ):  # fmt: skip
         need(getattr(c, name) > 0, f"{name} must be positive, got {getattr(c, name)}")
     need(c.num_nextn_predict_layers >= 0, "num_nextn_predict_layers must be >= 0")
+    bounds.check_ranges(c, where)
     for name, cap in LIMITS.items():  # hostile configs: bound what sizes the expected tensor list
         need(getattr(c, name) <= cap, f"{name} {getattr(c, name)} exceeds the supported maximum {cap}")
     for name in ("hidden_size", "moe_intermediate_size", "vocab_size"):
