@@ -3,6 +3,24 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := .demo
+DEMO_PORT ?= 8765
+
+# The demo's client: wait for /health, then one chat completion with the official openai client.
+define DEMO_CLIENT
+import sys, time, urllib.request
+from openai import OpenAI
+url = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(600):
+    try:
+        if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+            break
+    except OSError:
+        time.sleep(0.1)
+reply = OpenAI(base_url=url + "/v1", api_key="demo").chat.completions.create(
+    model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
+print(f"chat: {reply.choices[0].message.content!r} ({reply.usage.completion_tokens} tokens, {reply.choices[0].finish_reason}, token_sha {reply.token_sha[:16]})")
+endef
+export DEMO_CLIENT
 
 .PHONY: demo test lint bench clean
 
@@ -27,6 +45,9 @@ demo: $(VENV)/.ready
 	$(BIN)/tfc verify $$(cat $(DEMO)/tp2.path)
 	$(BIN)/tfc load $$(cat $(DEMO)/tp1.path)
 	$(BIN)/tfc generate $$(cat $(DEMO)/tp1.path) --prompt "The model reads the prompt" --max-tokens 16
+	@echo "tfc serve on 127.0.0.1:$(DEMO_PORT), one chat request through the openai client, then SIGTERM"
+	@$(BIN)/tfc serve $$(cat $(DEMO)/tp1.path) --port $(DEMO_PORT) --model-name tiny & pid=$$!; \
+	$(BIN)/python -c "$$DEMO_CLIENT" $(DEMO_PORT); code=$$?; kill -TERM $$pid; wait $$pid; exit $$code
 
 test: $(VENV)/.ready
 	$(BIN)/python -m pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +19,13 @@ class Generation:
     tokens: list[int] = field(default_factory=list)
     finish: str = "length"  # "length" or "stop"
     logits: list[torch.Tensor] = field(default_factory=list)
+    prefill_s: float = 0.0  # start to the first token (the whole batch's prefill)
+    decode_s: float = 0.0  # first token to last token
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Decode rate after the first token: (tokens - 1) / (last token - first token), as peers report it."""
+        return (len(self.tokens) - 1) / self.decode_s if len(self.tokens) > 1 and self.decode_s > 0 else 0.0
 
     @property
     def token_sha(self) -> str:
@@ -64,6 +72,8 @@ def generate(
             position[i] += len(c)
             last[i] = logits
 
+    started = time.perf_counter()
+    first: list[float | None] = [None] * len(prompts)
     try:
         size = prefill_chunk or max(len(p) for p in prompts)
         for lo in range(0, max(len(p) for p in prompts), size):
@@ -76,6 +86,11 @@ def generate(
                 if keep_logits:
                     out[i].logits.append(last[i])
                 token = samplers[i].sample(last[i], position[i])
+                now = time.perf_counter()
+                if first[i] is None:
+                    first[i] = now
+                    out[i].prefill_s = now - started
+                out[i].decode_s = now - first[i]
                 out[i].tokens.append(token)
                 if on_token is not None:
                     on_token(i, token)

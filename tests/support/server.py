@@ -108,7 +108,11 @@ class ServerProcess:
         return ""
 
     def __enter__(self) -> ServerProcess:
-        return self.wait_ready()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -39,6 +39,7 @@ class GenerateError(TfcError):
 @device_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @jobs_option("Upload threads (default: as `tfc load`).")
+@click.option("--ignore-eos", is_flag=True, help="Do not stop at EOS (for timing a fixed number of tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(
     image: Path,
@@ -54,6 +55,7 @@ def generate(
     device: str,
     dtype: str,
     jobs: int | None,
+    ignore_eos: bool,
     as_json: bool,
 ) -> None:
     """Generate from IMAGE (a TP=1 image: rank folder or image folder) with the reference forward.
@@ -96,16 +98,23 @@ def generate(
         stream = _Stream(tok, enabled=not as_json)
         out = run(
             worker, [ids], min(max_tokens, info.context - len(ids)), params,
-            stop_ids=info.eos_ids, on_token=stream,
+            stop_ids=() if ignore_eos else info.eos_ids, on_token=stream,
         )[0]  # fmt: skip
     finally:
         worker.close()
     if as_json:
         text = tok.decode(out.tokens, skip_special_tokens=False)
         reply = {"prompt_tokens": ids, "tokens": out.tokens, "text": text, "finish": out.finish}
-        click.echo(json.dumps({**reply, "token_sha": out.token_sha}))
+        rates = {"prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
+                 "decode_tok_s": round(out.decode_tok_s, 3)}  # fmt: skip
+        click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates}))
     else:
         stream.finish()
+        click.echo(
+            f"{len(ids)} prompt tokens in {out.prefill_s:.3f} s to the first token; {len(out.tokens)} tokens, "
+            f"{out.decode_tok_s:.1f} tok/s after the first",
+            err=True,
+        )
 
 
 class _Stream:
