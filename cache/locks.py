@@ -41,7 +41,10 @@ def _open(path: Path, create: bool) -> int:
 @contextlib.contextmanager
 def exclusive(world_dir: Path):
     """Hold `<world_dir>/.lock` exclusively (blocking) for the body."""
-    fd = _open(world_dir / LOCK_NAME, create=True)
+    try:
+        fd = _open(world_dir / LOCK_NAME, create=True)
+    except OSError as error:
+        raise ImageError(f"{world_dir / LOCK_NAME}: cannot lock the image folder: {why(error)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -54,9 +57,12 @@ def building(world_dir: Path):
     """Hold `<world_dir>/.build` exclusively (blocking): one builder of a key at a time; a killed one lets go."""
     try:
         world_dir.mkdir(parents=True, exist_ok=True)
-        fd = _open(world_dir / BUILD_NAME, create=True)
     except OSError as error:
         raise ImageError(f"cannot create image folder {world_dir}: {error.strerror}") from None
+    try:
+        fd = _open(world_dir / BUILD_NAME, create=True)
+    except OSError as error:
+        raise ImageError(f"{world_dir / BUILD_NAME}: cannot lock the image folder: {why(error)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tfc.cache.errors import ImageError
 from tfc.cache.format import MANIFEST_NAME, RankManifest
+from tfc.cache.image_check import check_rank_folder
 from tfc.cache.locks import exclusive, pid_alive, remove_tree
 
 TEMP_PATTERN = re.compile(r"\.tmp-rank(\d+)-(\d+)-[0-9a-f]+")
@@ -32,8 +33,9 @@ def rename_into_place(temp: Path, dest: Path, world_key: str, root: Path) -> Non
     """Rename a finished temp folder to `dest`, or drop it where `dest` already holds the same image."""
     try:
         with exclusive(dest.parent):
-            if dest.exists():
+            if dest.exists() or dest.is_symlink():
                 try:
+                    check_rank_folder(dest)  # a linked rank folder is never taken for the published one
                     other = RankManifest.load(dest)
                 except ImageError as error:
                     raise ImageError(

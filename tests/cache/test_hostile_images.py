@@ -140,3 +140,23 @@ def test_hold_file_that_is_a_pipe(tmp_path):
         _within(10, ImageHold, world)
     info = _within(30, ImageStore(tmp_path).ls)[0]
     assert info.complete and not info.held
+
+
+def test_publish_never_takes_a_linked_rank_folder(tmp_path):
+    wk = world_key_for("publish")
+    rank0 = write_rank(tmp_path, wk, 0, random_segments(2, big=False))
+    outside = tmp_path / "outside"
+    os.rename(rank0, outside)
+    os.symlink(outside, rank0)  # the same image, linked in: `find` skips it, so prepare writes again
+    assert ImageStore(tmp_path).find(wk) is None
+    with pytest.raises(ImageError, match="symlink"):
+        write_rank(tmp_path, wk, 0, random_segments(2, big=False))
+    assert rank0.is_symlink() and not [p for p in rank0.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_lock_file_that_is_a_pipe(tmp_path):
+    wk = world_key_for("lock")
+    (tmp_path / wk[:16]).mkdir()
+    os.mkfifo(tmp_path / wk[:16] / ".lock")
+    with pytest.raises(ImageError, match=r"\.lock: cannot lock the image folder: a named pipe"):
+        _within(10, write_rank, tmp_path, wk, 0, random_segments(2, big=False))
