@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,11 @@ def tokenizer_from_file(path: Path) -> Any:
     """A `tokenizers.Tokenizer` from a tokenizer.json file."""
     from tokenizers import Tokenizer
 
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe or device would hang or never end
+            raise TokenizerError(f"{path}: not a regular file")
+    except OSError as error:
+        raise TokenizerError(f"{path}: cannot read the tokenizer ({error.strerror})") from None
     try:
         return Tokenizer.from_file(str(path))
     except Exception as error:  # the Rust library raises a bare Exception on bad files
