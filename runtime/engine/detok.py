@@ -35,16 +35,21 @@ class StopText:
 
     def _hold(self, text: str) -> int:
         """How many trailing characters to hold: a partial UTF-8 character, or a prefix of a stop string."""
-        hold = 1 if text.endswith("\ufffd") else 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:n]):
-                    hold = max(hold, n)
-                    break
-        return hold
+        return max(1 if text.endswith("\ufffd") else 0, stop_prefix(text, self.stops))
 
     def _release(self, text: str, upto: int) -> str:
         upto = max(upto, self.released)
         out = text[self.released : upto]
         self.released = upto
         return out
+
+
+def stop_prefix(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of `text` that a stop string starts with (text to hold back)."""
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:n]):
+                hold = max(hold, n)
+                break
+    return hold

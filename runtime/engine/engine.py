@@ -16,8 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.generate import token_sha
+from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.sampling import sample
@@ -153,7 +156,8 @@ class Engine:
                 )  # fmt: skip
             for r in requests:
                 queue: asyncio.Queue = asyncio.Queue()
-                seq = _Seq(r, StopText(self.tokenizer, r.stop_strings), _pusher(loop, queue))
+                reader = r.reader() if r.reader is not None else StopText(self.tokenizer, r.stop_strings)
+                seq = _Seq(r, reader, _pusher(loop, queue))
                 self._waiting.append(seq)
                 streams.append(Stream(self, seq, queue))
             self.metrics.waiting.set(len(self._waiting))
@@ -245,6 +249,10 @@ class Engine:
     def _step(self, work: list[_Seq]) -> None:
         by_slot = {s.run.slot: s for s in work}
         plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget)
+        for row in plan.rows:  # masks of the rows that sample this step are computed while the model runs
+            seq = by_slot[row.slot]
+            if seq.request.constraint is not None and seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
+                seq.request.constraint.start()
         out = self.runner.execute(plan)
         self.steps += 1
         self.metrics.iteration_tokens.observe(plan.tokens)
@@ -256,7 +264,11 @@ class Engine:
             run.fed += len(row.tokens)
             if run.prefilling:
                 continue
-            token = sample(logits, seq.request.params, seq.request.params.seed or 0, run.fed)
+            try:
+                token, logprob = self._pick(seq.request, logits, run.fed)
+            except Exception as error:  # a request's constraint failed: end that request, not the engine
+                done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
+                continue
             run.generated.append(token)
             if seq.first_token is None:
                 seq.first_token = now
@@ -264,7 +276,10 @@ class Engine:
             else:
                 self.metrics.itl.observe(now - seq.last_token)
             seq.last_token = now
-            last = self._emit(seq, token)
+            try:
+                last = self._emit(seq, token, logprob)
+            except Exception as error:  # a request's reader failed: end that request, not the engine
+                last = Event([] if seq.request.reader else "", (token,), "error", _why(error))
             if last is not None:
                 done.append((seq, last, tuple(run.generated)))
         with self._lock:  # slots are free again before a client hears that its sequence ended
@@ -277,7 +292,18 @@ class Engine:
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
 
-    def _emit(self, seq: _Seq, token: int) -> Event | None:
+    @staticmethod
+    def _pick(r: Request, logits: Any, position: int) -> tuple[int, tuple]:
+        """The next token (constraint mask applied before the sampler) and, when asked, its logprobs."""
+        logits = logits.detach().reshape(-1).to("cpu", torch.float64)
+        if r.constraint is not None:
+            logits = masked(logits, r.constraint.allowed())
+        token = sample(logits, r.params, r.params.seed or 0, position)
+        if r.constraint is not None:
+            r.constraint.advance(token)
+        return token, (token_logprob(logits, token, r.logprobs),) if r.logprobs is not None else ()
+
+    def _emit(self, seq: _Seq, token: int, logprob: tuple = ()) -> Event | None:
         """Push the new token's text, or return the last event when the sequence finished."""
         r, run = seq.request, seq.run
         context = min(self.config.max_context, self.info.context)
@@ -290,9 +316,9 @@ class Engine:
                 text, finish = text + seq.stops.flush(), "length"
         self.metrics.generation_tokens.inc()
         if finish is None:
-            seq.push(Event(text, (token,)))
+            seq.push(Event(text, (token,), logprobs=logprob))
             return None
-        return Event(text, (token,), finish)
+        return Event(text, (token,), finish, logprobs=logprob)
 
     def _end(self, seq: _Seq, event: Event, tokens: tuple[int, ...] | None = None) -> None:
         """Send the last event with the sequence's totals; count it."""
@@ -304,8 +330,14 @@ class Engine:
             len(r.prompt), len(tokens), (seq.first_token or now) - r.arrival, now - r.arrival,
             (seq.started or now) - r.arrival,
         )  # fmt: skip
-        seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage))
+        seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs))
         self.metrics.finish(event.finish, usage)
+
+
+def _why(error: Exception) -> str:
+    """One line naming an exception."""
+    line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
 def _pusher(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[Event], None]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from tfc.runtime.engine.logprobs import TokenLogprob
 from tfc.runtime.engine.sampling import SamplingParams
 
 from tfc.errors import TfcError
@@ -20,7 +23,12 @@ def next_id(prefix: str = "req") -> str:
 
 @dataclass(frozen=True)
 class Request:
-    """One sequence to generate: prompt ids, sampling, limits and stop rules (`seed` resolved by the caller)."""
+    """One sequence to generate: prompt ids, sampling, limits and stop rules (`seed` resolved by the caller).
+
+    `constraint` (a TokenConstraint) masks the logits before sampling; `logprobs` asks for each token's
+    logprob and that many alternatives (None: none); `reader` makes the object that turns generated ids into
+    released pieces (default: text with `stop_strings` held back), e.g. a chat format's reply reader.
+    """
 
     prompt: tuple[int, ...]
     params: SamplingParams
@@ -29,6 +37,9 @@ class Request:
     stop_strings: tuple[str, ...] = ()
     id: str = field(default_factory=next_id)
     arrival: float = field(default_factory=time.monotonic)
+    constraint: Any = field(default=None, compare=False)
+    logprobs: int | None = None
+    reader: Callable[[], Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -48,15 +59,17 @@ class Event:
 
     `finish` is "stop" or "length" on the last event of a sequence; `error` (with finish "error") says the
     engine could not finish it (drain deadline, engine failure). `token_ids` are the newly generated ids
-    (a stop id included); `text` never shows a stop string or a part of one.
+    (a stop id included); `text` never shows a stop string or a part of one. With a request `reader`,
+    `text` is what that reader released (a chat reply's parts) instead of a string.
     """
 
-    text: str
+    text: Any
     token_ids: tuple[int, ...]
     finish: str | None = None
     error: str | None = None
     tokens: tuple[int, ...] = ()  # all generated ids, on the last event
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per id in token_ids, when the request asked
 
 
 class PromptError(TfcError):

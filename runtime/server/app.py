@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tfc.runtime.engine.request import PromptError
+from tfc.runtime.server import chat as chats
 from tfc.runtime.server.auth import presented_key
 from tfc.runtime.server.completions import BadRequest, generation
 from tfc.runtime.server.errors import error_response
@@ -110,7 +111,7 @@ def build_app(state: ServerState) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("give exactly one of `prompt` and `messages`", "prompt")
         if body.messages is not None:
-            ids = state.chat.render([m.model_dump(exclude_none=True) for m in body.messages])
+            ids = state.chat.render(chats.messages(body), chats.options(body))
         elif body.add_special_tokens:
             ids = state.chat.encode(body.prompt, chat=False)
         else:

@@ -6,14 +6,17 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.request import Event, PromptError, Rejected, Request, next_id
 from tfc.runtime.engine.sampling import MAX_SEED, SamplingParams, _mix
+from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
 from tfc.runtime.server.errors import error_body, error_response
+from tfc.runtime.server.logprob_view import TokenNames, chat_entries, completion_logprobs
 from tfc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Sampling
 from tfc.runtime.server.state import ServerState
 
@@ -33,10 +36,30 @@ def choice_seed(seed: int | None, index: int) -> int:
     return seed if index == 0 else _mix(seed ^ index) & MAX_SEED
 
 
-def _prompts(state: ServerState, body: Any, chat: bool) -> list[tuple[int, ...]]:
-    """The prompt ids of every prompt in the body."""
-    if chat:
-        return [tuple(state.chat.render([m.model_dump(exclude_none=True) for m in body.messages]))]
+def _stops(body: Sampling) -> list[str]:
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+
+
+@dataclass
+class _Job:
+    """One generation body as it runs: its prompts, the chat plan (chat), what the reply needs to say."""
+
+    chat: bool
+    prompts: list[tuple[int, ...]]
+    n: int
+    rid: str
+    plan: Any = None
+    logprobs: bool = False
+    names: Any = None
+    max_tokens: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+
+def _prompts(state: ServerState, body: Any) -> list[tuple[int, ...]]:
+    """The prompt ids of every prompt in a completions body."""
     p = body.prompt
     if isinstance(p, str):
         return [tuple(state.chat.encode(p, chat=False))]
@@ -49,25 +72,44 @@ def _prompts(state: ServerState, body: Any, chat: bool) -> list[tuple[int, ...]]
     return [tuple(x) for x in p]
 
 
-def _requests(state: ServerState, body: Sampling, prompts: list[tuple[int, ...]]) -> list[Request]:
+def _job(state: ServerState, body: Any, chat: bool) -> _Job:
+    """Render the body's prompts (a chat body through the chat format's plan)."""
+    if chat:
+        plan = state.chat.plan(chats.messages(body), chats.options(body, tuple(_stops(body))))
+        job = _Job(True, [plan.prompt], body.n, next_id("chatcmpl"), plan, body.logprobs)
+    else:
+        job = _Job(False, _prompts(state, body), body.n, next_id("cmpl"), logprobs=body.logprobs is not None)
+    if job.logprobs:
+        job.names = TokenNames(state.tokenizer)
+    job.max_tokens = body.max_completion_tokens or body.max_tokens
+    return job
+
+
+def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
     """One engine request per (prompt, choice)."""
     info = state.engine.info
     context = min(state.engine.config.max_context, info.context)
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stops = _stops(body)
     stop_ids = set(body.stop_token_ids or [])
     if not body.ignore_eos:
         stop_ids |= set(info.eos_ids)
     top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+    if job.plan is not None:  # chat: the reply reader cuts stop strings, a constraint may hold the reply
+        stops, reader, logprobs = [], job.plan.reader, (body.top_logprobs or 0) if body.logprobs else None
+        constraints = chats.constraints(state, job.plan, body.n)
+    else:
+        reader, logprobs, constraints = None, body.logprobs, [None] * body.n
     out = []
-    for prompt in prompts:
-        limit = body.max_completion_tokens or body.max_tokens or max(1, context - len(prompt))
+    for prompt in job.prompts:
+        limit = job.max_tokens or max(1, context - len(prompt))
         for j in range(body.n):
             params = SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=top_k, min_p=body.min_p or 0.0, seed=choice_seed(body.seed, j),
             )  # fmt: skip
-            out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops)))
+            out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops),
+                               constraint=constraints[j], logprobs=logprobs, reader=reader))  # fmt: skip
     return out
 
 
@@ -85,26 +127,26 @@ async def generation(state: ServerState, body: ChatCompletionRequest | Completio
                 f"The model `{body.model}` does not exist.", 404, "model_not_found", "model"
             )
         try:
-            prompts = _prompts(state, body, chat)
-            requests = _requests(state, body, prompts)
-            streams = state.engine.submit(requests)
+            job = _job(state, body, chat)
+            streams = state.engine.submit(_requests(state, body, job))
         except BadRequest as bad:
             return error_response(bad.message, bad.status, bad.code, bad.param)
         except PromptError as bad:
             return error_response(str(bad), 400, "invalid_prompt", bad.param)
+        except chats.ConstraintError as bad:
+            return error_response(bad.message, 400, "invalid_grammar", bad.param)
         except Rejected as no:
             return error_response(no.message, no.status, no.code, no.param, no.retry_after)
         state.metrics.requests.inc()
-        kind = "chat.completion" if chat else "text_completion"
-        rid = next_id("chatcmpl" if chat else "cmpl")
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             handed_off = True
             return StreamingResponse(
-                _stream(state, streams, prompts, body.n, chat, kind, rid, include_usage),
-                media_type="text/event-stream", headers=sse.HEADERS,
-            )  # fmt: skip
-        return await _collect(state, streams, prompts, body.n, chat, kind, rid)
+                _stream(state, streams, job, include_usage),
+                media_type="text/event-stream",
+                headers=sse.HEADERS,
+            )
+        return await _collect(state, streams, job)
     finally:
         if not handed_off:
             state.inflight -= 1
@@ -120,13 +162,16 @@ def _not_ready(state: ServerState) -> JSONResponse:
     return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
 
 
-def _usage(prompts: list[tuple[int, ...]], completion: int) -> dict:
+def _usage(prompts: list[tuple[int, ...]], completion: int, reasoning: int | None = None) -> dict:
     prompt = sum(len(p) for p in prompts)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+    if reasoning is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return usage
 
 
-async def _collect(state, streams, prompts, n, chat, kind, rid) -> JSONResponse:
+async def _collect(state, streams, job: _Job) -> JSONResponse:
     """Wait for every choice; one chat.completion / text_completion object."""
     try:
         finals = await asyncio.gather(*[_drain(s) for s in streams])
@@ -134,8 +179,8 @@ async def _collect(state, streams, prompts, n, chat, kind, rid) -> JSONResponse:
         for s in streams:
             s.cancel()
         raise
-    choices = []
-    for i, (text, last) in enumerate(finals):
+    choices, reasoning = [], 0
+    for i, (pieces, logprobs, last) in enumerate(finals):
         if last.finish == "error":
             state.metrics.errors.inc()
             return error_response(last.error or "generation failed", 503 if state.status == "draining" else 500,
@@ -145,49 +190,80 @@ async def _collect(state, streams, prompts, n, chat, kind, rid) -> JSONResponse:
             "finish_reason": last.finish,
             "token_sha": token_sha(last.tokens),
         }
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+        if job.chat:
+            reply = chats.Reply()
+            reply.add(pieces)
+            choice.update(finish_reason=reply.finish_reason(last.finish), message=reply.message(),
+                          logprobs={"content": chat_entries(job.names, logprobs)} if job.logprobs else None)  # fmt: skip
+            if reply.cut_in_reasoning(last.finish):
+                choice["finish_detail"] = chats.warn_cut(
+                    job.rid, job.max_tokens or last.usage.completion_tokens
+                )
+            reasoning += reply.reasoning_tokens
         else:
-            choice.update(text=text, logprobs=None)
+            lp = completion_logprobs(job.names, logprobs) if job.logprobs else None
+            choice.update(text="".join(pieces), logprobs=lp)
         choices.append(choice)
-    completion = sum(last.usage.completion_tokens for _, last in finals)
-    reply = {"id": rid, "object": kind, "created": int(time.time()), "model": state.model_name,
-             "choices": choices, "usage": _usage(prompts, completion)}  # fmt: skip
+    completion = sum(last.usage.completion_tokens for _, _, last in finals)
+    reply = {"id": job.rid, "object": job.kind, "created": int(time.time()), "model": state.model_name,
+             "choices": choices, "usage": _usage(job.prompts, completion, reasoning if job.chat else None)}  # fmt: skip
     if len(choices) == 1:
         reply["token_sha"] = choices[0]["token_sha"]
     return JSONResponse(reply)
 
 
-async def _drain(stream) -> tuple[str, Event]:
-    parts = []
+async def _drain(stream) -> tuple[list, tuple, Event]:
+    """(the pieces of every event: strings or reply parts, every token's logprobs, the last event)."""
+    pieces, logprobs = [], []
     async for event in stream:
-        parts.append(event.text)
+        if isinstance(event.text, list):
+            pieces.extend(event.text)
+        elif event.text:
+            pieces.append(event.text)
+        logprobs.extend(event.logprobs)
         if event.finish is not None:
-            return "".join(parts), event
+            return pieces, tuple(logprobs), event
     raise RuntimeError("stream ended without a final event")
 
 
-async def _stream(state, streams, prompts, n, chat, kind, rid, include_usage) -> AsyncIterator[bytes]:
+async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[bytes]:
     """SSE frames of every choice as they come; keepalives until the first token; usage; [DONE]."""
     merged: asyncio.Queue = asyncio.Queue()
     pumps = [asyncio.create_task(_pump(i, s, merged)) for i, s in enumerate(streams)]
     created = int(time.time())
-    chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+    chunk_kind = "chat.completion.chunk" if job.chat else "text_completion"
+    replies = [chats.Reply() for _ in streams]
+    offsets = [0] * len(streams)
 
     def chunk(i: int, delta: dict | None, text: str | None, finish: str | None, **extra) -> bytes:
         choice: dict[str, Any] = {"index": i, "finish_reason": finish}
-        if chat:
+        if job.chat:
             choice["delta"] = delta or {}
         else:
             choice.update(text=text or "", logprobs=None)
-        return sse.frame({"id": rid, "object": chunk_kind, "created": created, "model": state.model_name,
+        return sse.frame({"id": job.rid, "object": chunk_kind, "created": created, "model": state.model_name,
                           "choices": [{**choice, **extra}]})  # fmt: skip
 
+    def pieces(i: int, event: Event) -> list[bytes]:
+        """The frames one event's new text (or reply parts) and logprobs make."""
+        extra = {}
+        if job.chat:
+            if job.logprobs and event.logprobs:
+                extra["logprobs"] = {"content": chat_entries(job.names, event.logprobs)}
+            deltas = replies[i].add(event.text if isinstance(event.text, list) else [])
+            if not deltas and extra:
+                deltas = [{}]
+            return [chunk(i, d, None, None, **(extra if k == 0 else {})) for k, d in enumerate(deltas)]
+        if job.logprobs and event.logprobs:
+            extra["logprobs"] = completion_logprobs(job.names, event.logprobs, offsets[i])
+        offsets[i] += len(event.text)
+        return [chunk(i, None, event.text, None, **extra)] if event.text or extra else []
+
     try:
-        if chat:
+        if job.chat:
             for i in range(len(streams)):
                 yield chunk(i, {"role": "assistant", "content": ""}, None, None)
-        open_, completion, seen_token = len(streams), 0, False
+        open_, completion, reasoning, seen_token = len(streams), 0, 0, False
         while open_:
             if not seen_token and state.keepalive_s:
                 try:
@@ -203,17 +279,24 @@ async def _stream(state, streams, prompts, n, chat, kind, rid, include_usage) ->
                 yield sse.frame(error_body(event.error or "generation failed", 500, "server_error"))
                 yield sse.DONE
                 return
-            if event.text and event.finish is None:
-                yield chunk(i, {"content": event.text}, event.text, None)
+            for frame in pieces(i, event):
+                yield frame
             if event.finish is not None:
                 open_ -= 1
                 completion += event.usage.completion_tokens
-                if event.text:
-                    yield chunk(i, {"content": event.text}, event.text, None)
-                yield chunk(i, {}, "", event.finish, token_sha=token_sha(event.tokens))
+                finish, extra = event.finish, {}
+                if job.chat:
+                    finish = replies[i].finish_reason(event.finish)
+                    reasoning += replies[i].reasoning_tokens
+                    if replies[i].cut_in_reasoning(event.finish):
+                        extra["finish_detail"] = chats.warn_cut(
+                            job.rid, job.max_tokens or event.usage.completion_tokens
+                        )
+                yield chunk(i, {}, "", finish, token_sha=token_sha(event.tokens), **extra)
         if include_usage:
-            yield sse.frame({"id": rid, "object": chunk_kind, "created": created, "model": state.model_name,
-                             "choices": [], "usage": _usage(prompts, completion)})  # fmt: skip
+            usage = _usage(job.prompts, completion, reasoning if job.chat else None)
+            yield sse.frame({"id": job.rid, "object": chunk_kind, "created": created, "model": state.model_name,
+                             "choices": [], "usage": usage})  # fmt: skip
         yield sse.DONE
     finally:
         for s in streams:

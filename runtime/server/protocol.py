@@ -8,12 +8,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 16
 MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
 
 
 class Strict(BaseModel):
     """A body whose unknown fields are a 400 naming the field."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class StreamOptions(Strict):
@@ -21,10 +22,80 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool = False
 
 
+class CalledFunction(Strict):
+    name: str
+    arguments: str | dict | None = None
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: int | None = None  # clients that send a streamed call back keep its index
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # the same, under the name vLLM moved to; both are read
+    refusal: str | None = None  # fields an OpenAI client sends back with a reply it got: accepted, unused
+    annotations: list | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
+
+
+class FunctionDefinition(Strict):
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Strict):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict | bool = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatTemplateKwargs(Strict):
+    thinking: bool | None = None
+    enable_thinking: bool | None = None  # the alias some clients send
+    reasoning_effort: Annotated[int, Field(ge=1, le=100)] | str | None = None
+
+
+class ChatRendering(Strict):
+    """The fields that decide how a conversation renders (shared by chat completions and /tokenize)."""
+
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    reasoning_effort: Annotated[int, Field(ge=1, le=100)] | str | None = None
 
 
 class Sampling(Strict):
@@ -49,16 +120,19 @@ class Sampling(Strict):
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # only 0 (off) is supported
 
 
-class ChatCompletionRequest(Sampling):
+class ChatCompletionRequest(Sampling, ChatRendering):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
 class CompletionRequest(Sampling):
     prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[Annotated[int, Field(ge=0)]]]
     echo: Literal[False] = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
-class TokenizeRequest(Strict):
+class TokenizeRequest(ChatRendering):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None

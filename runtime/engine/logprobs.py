@@ -1,0 +1,41 @@
+"""Log-probabilities of a picked token and the most likely alternatives, from the logits the sampler saw.
+
+They are the log-softmax of the step's logits after any constraint mask and before temperature or the
+top-k / min-p / top-p filters (the model's distribution over the ids the request allowed), in fp64.
+Alternatives are ordered by logprob, lower id first among equals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+MAX_TOP = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's logprob and the `top` most likely ids at its position as (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """The logprob of `token` under logits [V] (fp64 on the CPU), with the `top` best alternatives."""
+    lp = torch.log_softmax(logits.to(torch.float64), dim=0)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        k = min(top, lp.numel())
+        values, ids = torch.topk(lp, k)
+        pairs = sorted(zip(ids.tolist(), values.tolist(), strict=True), key=lambda p: (-p[1], p[0]))
+        best = tuple((i, _finite(v)) for i, v in pairs)
+    return TokenLogprob(token, _finite(float(lp[token])), best)
+
+
+def _finite(value: float) -> float:
+    """JSON has no -inf: a forbidden id's logprob is reported as -9999.0, as peers do."""
+    return value if math.isfinite(value) else -9999.0
