@@ -56,17 +56,25 @@ class Worker:
 
     def load_model(
         self, *, dtype: Any, engram: bool = True, slots: int = 256,
-        progress: Callable[[int, int], None] | None = None,
+        progress: Callable[[int, int], None] | None = None, kind: str = "auto", **options: Any,
     ) -> ModelRunner:  # fmt: skip
-        """Build the family's model runner over the booted image (timed as the boot's `model` phase)."""
-        with self.booted.phases.time("model", note=f"{self.family.name} reference forward") as ph:
+        """Build the family's model runner over the booted image (timed as the boot's `model` phase).
+
+        kind: `fast` (kernels on the arena), `reference` (dense, fp64-wide) or `auto` (fast on CUDA, else
+        reference); `options` go to the family (e.g. the fast runner's tokens_per_slot, kv_tokens, exact)."""
+        if kind == "auto":
+            kind = "fast" if self.booted.arena.device.type == "cuda" else "reference"
+        with self.booted.phases.time("model", note=f"{self.family.name} {kind} forward") as ph:
             self.runner = self.family.build_runner(
                 self.booted.image,
+                kind=kind,
+                booted=self.booted,
                 device=self.device,
                 dtype=dtype,
                 engram=engram,
                 slots=slots,
                 progress=progress,
+                **options,
             )
             ph.note += f", {self.runner.capacity.slots} slots"
         return self.runner

@@ -1,10 +1,26 @@
-"""DeepSeek-V4.1 as a family of the registry: its reference runner and its chat format."""
+"""DeepSeek-V4.1 as a family of the registry: its runners (reference, fast) and its chat format."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from tfc.packs.deepseek_v41_contract import FAMILY as NAME
 from tfc.runtime.models.dsv41.chat import Dsv41ChatFormat
 from tfc.runtime.models.dsv41.runner import build_reference
 from tfc.runtime.models.family import Family
 
-FAMILY = Family(NAME, build_reference, Dsv41ChatFormat)
+FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact")  # options only the fast runner takes
+
+
+def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **options: Any) -> Any:
+    """The runner of that kind: `fast` (kernels over the booted arena) or `reference` (dense, fp64-wide)."""
+    fast = {k: options.pop(k) for k in FAST_OPTIONS if k in options}
+    if kind == "fast":
+        from tfc.runtime.models.dsv41.fast.build import build_fast
+
+        return build_fast(booted, engram=options.get("engram", True), slots=options.get("slots", 16),
+                          progress=options.get("progress"), **fast)  # fmt: skip
+    return build_reference(opened, **options)
+
+
+FAMILY = Family(NAME, build_runner, Dsv41ChatFormat)

@@ -1,0 +1,102 @@
+"""Build the fast runner over a booted rank: weights as arena views, the ops, KV memory, rope tables, graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
+from tfc.runtime.models.dsv41.config import config_from_dict
+from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
+from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
+from tfc.runtime.models.dsv41.fast.kv_layout import PAGE_TOKENS, kv_layout
+from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
+from tfc.runtime.models.dsv41.fast.rope import RopeTables
+from tfc.runtime.models.dsv41.fast.runner import FastRunner
+from tfc.runtime.models.dsv41.fast.weights import FastWeights
+from tfc.runtime.worker.step import Capacity, ModelInfo
+
+from tfc.errors import TfcError
+
+DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
+DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
+
+
+class FastBuildError(TfcError):
+    """An image or option the fast forward cannot run."""
+
+
+def build_fast(
+    booted: Any,
+    *,
+    engram: bool = True,
+    slots: int = 16,
+    tokens_per_slot: int | None = None,
+    kv_tokens: int | None = None,
+    exact: bool = True,
+    page_tokens: int = PAGE_TOKENS,
+    context_step: int = CONTEXT_STEP,
+    ops: Any = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> FastRunner:
+    """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
+    DEFAULT_KV_TOKENS) sizes the page pool the slots share."""
+    from tfc.runtime.models.dsv41.runner import MissingEngramTables
+
+    opened, arena = booted.image, booted.arena
+    m = opened.manifest
+    if m.family != FAMILY or m.world != 1:
+        raise FastBuildError(
+            f"{opened.path}: a {m.family} TP={m.world} image; the fast forward runs TP=1 DeepSeek-V4.1"
+        )
+    meta = m.meta or {}
+    cfg = config_from_dict(meta.get("pack_config") or {}, meta.get("layer_modes"), str(opened.path))
+    if context_step % page_tokens:
+        raise FastBuildError(f"context buckets of {context_step} tokens are not whole pages of {page_tokens}")
+    dev = arena.device
+    if ops is None:
+        if dev.type == "cuda":
+            from tfc.runtime.models.dsv41.fast.ops import TritonOps
+
+            torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products stay fp32 (the mHC mix, attention)
+            torch.backends.cudnn.allow_tf32 = False
+            ops = TritonOps(dev, exact)
+        else:
+            from tfc.runtime.models.dsv41.fast.ops_reference import ReferenceOps
+
+            ops = ReferenceOps()
+    weights = FastWeights(opened, arena, cfg)
+    for layer in range(cfg.num_hidden_layers):  # checks every table's index arrays once, on the host
+        weights.experts(f"layers.{layer}")
+        if progress is not None:
+            progress(layer + 1, cfg.num_hidden_layers)
+    tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
+    buckets = context_buckets(tokens_per_slot, step=context_step)
+    kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
+    kv = KvMemory(kv_layout(cfg, MAX_ROWS, page_tokens), slots, kv_tokens,
+                  tokens_per_slot, buckets[-1], dev)  # fmt: skip
+    tables, row_lo = None, ()
+    if engram and cfg.engram_layer_ids:
+        names = [SEG_TOKEN_MAP, *(engram_rows_name(layer) for layer in cfg.engram_layer_ids)]
+        if not all(weights.has(n) for n in names):
+            raise MissingEngramTables(
+                f"{opened.path}: the model has Engram layers {list(cfg.engram_layer_ids)} but the image holds "
+                "no Engram tables; prepare it with --engram-dir, or pass --no-engram"
+            )
+        from tfc.runtime.models.dsv41.engram_hash import tables_from_segments
+
+        tables = tables_from_segments(weights.host_array)
+        row_lo = tuple(int(r[0]) for r in weights.host_array(SEG_ROW_RANGES))
+    buffers = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev)
+    forward = FastForward(
+        cfg, weights, ops, kv, RopeTables(cfg, tokens_per_slot, dev), buffers, tables is not None
+    )
+    eos = () if cfg.eos_token_id is None else (int(cfg.eos_token_id),)
+    warnings = ()
+    if cfg.engram_layer_ids and tables is None:
+        warnings = (f"--no-engram: Engram layers {list(cfg.engram_layer_ids)} run WITHOUT their memory tables "
+                    "(gate off); outputs are not the model's",)  # fmt: skip
+    info = ModelInfo(FAMILY, cfg.vocab_size, tokens_per_slot, cfg.bos_token_id, eos, warnings)
+    return FastRunner(forward, booted.graphs, tables, row_lo, info, Capacity(slots, tokens_per_slot), buckets,
+                      getattr(ops, "notes", ()))  # fmt: skip

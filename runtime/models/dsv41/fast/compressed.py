@@ -1,0 +1,101 @@
+"""The CSA2 compressed branch of one step: KV compressor, lightning indexer, candidate blocks (fixed shapes).
+
+The maths of runtime/models/dsv41/csa.py and attention.py `_compress` / `_index` in fp32. A ratio-r source
+keeps every row's projected kv / gate rows in a per-slot ring (row = position % ring) and a row that closes a
+group pools the group's r rows from it, so a group's tokens may arrive in any steps. The indexer scores a row's
+query against the index keys of the step's whole context bucket through the page table, the entries the row
+cannot see yet at -inf. Its dot products are exact: query and keys are e2m1 values times one power of two per
+32 channels, so each 32-channel partial sum is exact in fp32 whatever the summation order, and the four
+partials and the heads are summed in a fixed order; the top-k is a stable sort (ties to the lower entry).
+A row's selection thus never depends on the bucket, the other rows or the kernels cuBLAS picks.
+"""
+
+from __future__ import annotations
+
+import torch
+from tfc.packs.deepseek_v41_contract import LayerMode
+from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, rms_norm
+from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4, unpack_fp4
+from tfc.runtime.models.dsv41.fast.rope import apply_rope
+from tfc.runtime.models.dsv41.fast.step_context import StepContext
+
+NEG_INF = float("-inf")
+SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
+
+
+def compress(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -> None:
+    """A KV source: pool the groups the step's rows close, write their entries and indexer keys."""
+    cfg, w = f.cfg, f.weights
+    p = f"layers.{layer}.attn"
+    r, rv = mode.compress_ratio, sc.ratios[mode.compress_ratio]
+    latent = f.lin(x, f"{p}.compressor.wkv")
+    if r > 1:
+        pending = f.kv.pending[layer]
+        ring = pending.shape[2]
+        pending[0, sc.slots, sc.positions % ring] = latent
+        pending[1, sc.slots, sc.positions % ring] = f.lin(x, f"{p}.compressor.wgate")
+        at = (rv.group_start.unsqueeze(-1) + torch.arange(r, device=x.device)) % ring
+        slot = sc.slots.unsqueeze(-1)
+        latent = (pending[0][slot, at] * torch.softmax(pending[1][slot, at], dim=1)).sum(1)
+    latent = rms_norm(latent, w.native(f"{p}.compressor.norm.weight"), cfg.rms_norm_eps)
+    cos, sin = f.rope.rows("compress", rv.group_start.clamp_min(0))
+    f.kv.entries[layer][rv.write] = pack_fp4(apply_rope(latent, cos, sin), 16, True, f.grid)
+    if layer in f.kv.keys:
+        ik = rms_norm(
+            f.lin(latent, f"{p}.indexer.wk"), w.native(f"{p}.indexer.k_norm.weight"), cfg.rms_norm_eps
+        )
+        f.kv.keys[layer][rv.write] = pack_fp4(apply_rope(ik, cos, sin), 32, False, f.grid)
+
+
+def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Scores [R, C] = sum_h weights_h * relu(q_h . key) / sqrt(d) of FP4 queries [R, H, d] and keys [R, C, d]."""
+    rows, heads, d = q.shape
+    blocks = d // 32
+    qb = q.view(rows, heads, blocks, 32).transpose(1, 2)
+    kb = keys.view(rows, keys.shape[1], blocks, 32).permute(0, 2, 3, 1)
+    dots = fixed_sum(torch.matmul(qb, kb), 1)
+    return fixed_sum(torch.relu(dots) * d**-0.5 * weights.unsqueeze(-1), 1)
+
+
+def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int, block: int) -> torch.Tensor:
+    """Bool [R, C]: entries inside each row's best `top_blocks` blocks of `block` entries (its newest block pinned)."""
+    rows, width = scores.shape
+    padded = torch.nn.functional.pad(scores, (0, -width % block), value=NEG_INF)
+    nb = padded.shape[-1] // block
+    best = padded.view(rows, nb, block).amax(-1)
+    newest = torch.div(visible - 1, block, rounding_mode="floor").unsqueeze(-1)
+    best = best.masked_fill(torch.arange(nb, device=scores.device) == newest, float("inf"))
+    order = torch.sort(best, dim=-1, descending=True, stable=True).indices[:, : min(top_blocks, nb)]
+    keep = torch.zeros_like(best, dtype=torch.bool).scatter(-1, order, best.gather(-1, order) > NEG_INF)
+    return keep.unsqueeze(-1).expand(rows, nb, block).reshape(rows, nb * block)[:, :width]
+
+
+def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, sc: StepContext) -> None:
+    """An index source: each row's top `index_topk` visible entries of its KV source (and candidates)."""
+    cfg, w = f.cfg, f.weights
+    p = f"layers.{layer}.attn.indexer"
+    rv = sc.ratios[mode.compress_ratio]
+    rows, heads, d = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
+    cos, sin = sc.rope["compress"]
+    q = apply_rope(f.lin(q_res, f"{p}.wq_b").view(rows, heads, d), cos.unsqueeze(1), sin.unsqueeze(1))
+    q = fake_fp4(q, 32, f.grid)
+    weights = (x @ w.native(f"{p}.weights_proj.weight").T) * heads**-0.5
+    pool = f.kv.keys[mode.kv_source]
+    raw = pool.view(-1, rv.per_page, pool.shape[-1])[rv.pages].reshape(rows, rv.entries, pool.shape[-1])
+    parts = []
+    for lo in range(0, rv.entries, SCORE_CHUNK):
+        keys = unpack_fp4(raw[:, lo : lo + SCORE_CHUNK], d, 32, False, f.grid)
+        parts.append(index_scores(q, keys, weights))
+    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    entry = torch.arange(rv.entries, device=x.device)
+    scores = scores.masked_fill(entry >= rv.visible.unsqueeze(-1), NEG_INF)
+    if mode.is_candidate_source:
+        sc.candidates = candidate_mask(
+            scores, rv.visible, cfg.candidate_topk_blocks, cfg.candidate_block_size
+        )
+    elif mode.uses_candidates and sc.candidates is not None:
+        scores = scores.masked_fill(~sc.candidates, NEG_INF)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[
+        :, : min(cfg.index_topk, rv.entries)
+    ]
+    sc.selection[layer] = (order, scores.gather(-1, order) > NEG_INF)

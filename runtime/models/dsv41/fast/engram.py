@@ -1,0 +1,27 @@
+"""Fast Engram of one step: the rows the host hashed, gathered from the uploaded table shard, then the gate.
+
+The maths of runtime/models/dsv41/engram.py `engram_apply` in fp32: rows (bf16 from the e4m3 + e8m0 records,
+widened) -> engram.wkv (EXL3) -> hc keys and one value; each stream gets sigmoid(signed sqrt of its scaled
+dot with its key) times the value. The row ids come in the step's static inputs (hashed on the host over
+each slot's history while the previous step runs on the device).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Streams [R, hc, D] after Engram layer `layer` (the k-th), from global row ids [R, cols]."""
+    cfg = f.cfg
+    table, row_lo = f.weights.engram_table(layer, k)
+    rows = f.ops.engram_rows(table, ids, cfg.engram_head_dim, row_lo).float()
+    kv = f.lin(rows, f"layers.{layer}.engram.wkv")
+    r, hc, d = streams.shape
+    key, value = kv[:, : hc * d].reshape(r, hc, d), kv[:, hc * d :]
+    eps = cfg.rms_norm_eps
+    rstd = torch.rsqrt(streams.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    qk = f.weights.native(f"layers.{layer}.engram.qk")
+    dot = (streams * qk * key).sum(-1) * rstd * d**-0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(cfg.engram_gate_clamp).sqrt(), dot))
+    return streams + gate.unsqueeze(-1) * value.unsqueeze(-2)

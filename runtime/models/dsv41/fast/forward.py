@@ -1,0 +1,112 @@
+"""One fixed-shape step of the DeepSeek-V4.1 forward over static buffers: the body a graph captures.
+
+Reads the static inputs (tokens, positions, slots, Engram row ids [rows, layers, cols]), the arena's weights and
+the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor has MAX_ROWS
+rows (padding rows run on the dummy slot) and only the MoE runs the key's `rows`; otherwise the whole step
+runs the key's rows. The launch sequence depends on the key alone, so replay equals eager.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tfc.runtime.models.dsv41.config import Dsv41Config
+from tfc.runtime.models.dsv41.fast.attention import attention
+from tfc.runtime.models.dsv41.fast.engram import engram
+from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, hc_expand, hc_mix, rms_norm
+from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
+from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
+from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+from tfc.runtime.models.dsv41.fast.moe import moe
+from tfc.runtime.models.dsv41.fast.rope import RopeTables
+from tfc.runtime.models.dsv41.fast.step_context import step_context
+from tfc.runtime.models.dsv41.fast.step_plan import Tile
+from tfc.runtime.models.dsv41.fast.weights import FastWeights
+
+
+class StepBuffers:
+    """The static inputs (one int64 block) and outputs of a step, with a host twin the inputs are staged in."""
+
+    def __init__(self, vocab: int, engram_layers: int, engram_cols: int, device: torch.device) -> None:
+        rows = MAX_ROWS
+        n = 3 * rows + rows * engram_layers * engram_cols
+        self.ints = torch.zeros(n, dtype=torch.int64, device=device)
+        pin = device.type == "cuda"
+        self.host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
+        self.tokens, self.positions, self.slots = (
+            self.ints[:rows],
+            self.ints[rows : 2 * rows],
+            self.ints[2 * rows : 3 * rows],
+        )
+        self.engram = self.ints[3 * rows :].view(rows, engram_layers, engram_cols)
+        self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The device buffers (what a graph bakes in)."""
+        return [self.ints, self.logits]
+
+    def load(self, tile: Tile, engram_ids: np.ndarray | None) -> None:
+        """Stage a tile's inputs on the host and copy them in with one copy (synchronous for the host side)."""
+        h = self.host.numpy()
+        rows = MAX_ROWS
+        h[:rows], h[rows : 2 * rows], h[2 * rows : 3 * rows] = tile.tokens, tile.positions, tile.slots
+        if engram_ids is not None:
+            h[3 * rows :] = engram_ids.reshape(-1)
+        self.ints.copy_(self.host)
+
+
+class FastForward:
+    """The step body: embedding, the backbone layers, HyperHead collapse, norm, head."""
+
+    def __init__(self, cfg: Dsv41Config, weights: FastWeights, ops, kv: KvMemory, rope: RopeTables,
+                 buffers: StepBuffers, engram: bool) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.weights = weights
+        self.ops = ops
+        self.kv = kv
+        self.rope = rope
+        self.buffers = buffers
+        self.engram = engram and bool(cfg.engram_layer_ids)
+        self.grid = Fp4Grid.on(kv.device)
+        self.ratios = tuple(sorted({s.ratio for s in kv.layout.sources}))
+        self.trace: list[torch.Tensor] | None = None  # eager runs only: each layer's output streams
+        self.routes: list | None = None  # eager runs only: (layer, expert ids) of the live rows
+
+    def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x @ the EXL3 group `name`, fp32."""
+        return self.ops.linear(x, self.weights.linear(name))
+
+    def step(self, key: StepKey) -> None:
+        """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows]."""
+        cfg, b, lay = self.cfg, self.buffers, self.kv.layout
+        rows = MAX_ROWS if self.ops.exact else key.rows
+        sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
+                          lay.page_tokens, self.ratios, key.context)  # fmt: skip
+        hidden = self.weights.native("embed.weight")[b.tokens[:rows]].float()
+        streams = hidden.unsqueeze(-2).expand(-1, cfg.hc_mult, -1).contiguous()
+        pre = first_pre((rows,), cfg.hc_mult, torch.float32, hidden.device)
+        for layer in range(cfg.num_hidden_layers):
+            streams, pre = self._block(layer, streams, pre, sc, key.rows)
+        out = rms_norm(hc_collapse(streams, pre), self.weights.native("norm.weight"), cfg.rms_norm_eps)
+        b.logits[:rows].copy_(self.lin(out, "head"))
+
+    def _block(self, layer: int, streams: torch.Tensor, pre: torch.Tensor, sc, live: int):
+        cfg, w, b = self.cfg, self.weights, f"layers.{layer}"
+        mode = cfg.layer_mode(layer)
+        if mode.engram and self.engram:
+            k = cfg.engram_layer_ids.index(layer)
+            streams = engram(self, layer, k, streams, self.buffers.engram[: sc.rows, k])
+        mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters,
+               "post_alpha": cfg.hc_post_alpha}  # fmt: skip
+        a_pre, a_post, a_comb = hc_mix(streams, w.native(f"{b}.hc_attn_fn"), w.native(f"{b}.hc_attn_scale"),
+                                       w.native(f"{b}.hc_attn_base"), **mix)  # fmt: skip
+        x = rms_norm(hc_collapse(streams, pre), w.native(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
+        streams = hc_expand(attention(self, layer, mode, x, sc), streams, a_post, a_comb)
+        f_pre, f_post, f_comb = hc_mix(streams, w.native(f"{b}.hc_ffn_fn"), w.native(f"{b}.hc_ffn_scale"),
+                                       w.native(f"{b}.hc_ffn_base"), **mix)  # fmt: skip
+        x = rms_norm(hc_collapse(streams, a_pre), w.native(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
+        streams = hc_expand(moe(self, layer, x, live), streams, f_post, f_comb)
+        if self.trace is not None:
+            self.trace.append(streams.clone())
+        return streams, f_pre

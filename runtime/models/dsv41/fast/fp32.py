@@ -1,0 +1,28 @@
+"""The reference's device-agnostic maths run in fp32: its float64 wrappers (numerics.wide) taken off.
+
+rms_norm, and the mHC mix (Sinkhorn), collapse and expand are plain torch ops of fixed shape; the fast forward
+calls the very code the reference runs, only on fp32 tensors. `fixed_sum` sums along an axis by halving, an
+order that no kernel choice can change.
+"""
+
+from __future__ import annotations
+
+import torch
+from tfc.runtime.models.dsv41 import csa, mhc
+
+rms_norm = csa.rms_norm.__wrapped__
+hc_mix = mhc.hc_mix.__wrapped__
+hc_collapse = mhc.hc_collapse.__wrapped__
+hc_expand = mhc.hc_expand.__wrapped__
+first_pre = mhc.first_pre
+
+
+def fixed_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over `dim` as a tree of elementwise adds (first half + second half, an odd last one carried)."""
+    n = t.shape[dim]
+    while n > 1:
+        half = n // 2
+        pair = t.narrow(dim, 0, half) + t.narrow(dim, half, half)
+        t = pair if n % 2 == 0 else torch.cat((pair, t.narrow(dim, n - 1, 1)), dim)
+        n = t.shape[dim]
+    return t.squeeze(dim)

@@ -1,0 +1,76 @@
+"""The worker's KV memory on the device: allocated once at start, paged, never moved.
+
+Buffers (uint8 rows in the kv_rows formats unless said; slot index `slots` is the dummy slot padding rows use):
+  window      [layers, slots + 1, ring, window row]       FP8 window ring of every layer, row = position % ring
+  entries[l]  [(pages + 1) * page_tokens / r, entry row]   compressed entries of KV source l (page 0 scratch)
+  keys[l]     [(pages + 1) * page_tokens / r, key row]     its indexer keys, same addressing
+  pending[l]  [2, slots + 1, compressor ring, head_dim]    fp32 projected kv / gate rows (ratio > 1), row = position % ring
+  page_table  [slots + 1, bucket pages] int64                the host table's device copy (0 = scratch page)
+"""
+
+from __future__ import annotations
+
+import torch
+from tfc.runtime.models.dsv41.fast.kv_layout import KvLayout
+from tfc.runtime.models.dsv41.fast.kv_pages import PagePool
+
+
+class KvMemory:
+    """Device buffers of a KV layout for `slots` slots and a pool of `tokens` tokens (whole pages)."""
+
+    def __init__(self, layout: KvLayout, slots: int, tokens: int, tokens_per_slot: int, table_tokens: int,
+                 device: torch.device) -> None:  # fmt: skip
+        self.layout = layout
+        self.slots = slots
+        self.device = device
+        pages = max(1, -(-tokens // layout.page_tokens))
+        self.pool = PagePool(pages, layout.page_tokens, slots, tokens_per_slot)
+        u8 = {"dtype": torch.uint8, "device": device}
+        self.window = torch.zeros(layout.layers, slots + 1, layout.ring, layout.window_row.nbytes, **u8)
+        self.entries: dict[int, torch.Tensor] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+        self.pending: dict[int, torch.Tensor] = {}
+        for s in layout.sources:
+            rows = (pages + 1) * layout.entries_per_page(s.ratio)
+            self.entries[s.layer] = torch.zeros(rows, layout.entry_row.nbytes, **u8)
+            if s.index_keys:
+                self.keys[s.layer] = torch.zeros(rows, layout.key_row.nbytes, **u8)
+            if s.ratio > 1:
+                ring = layout.compressor_ring(s.ratio)
+                self.pending[s.layer] = torch.zeros(2, slots + 1, ring, layout.head_dim, device=device)
+        # Wide enough for the largest context bucket a step scores (columns past a slot's limit stay scratch).
+        width = max(self.pool.max_pages, -(-table_tokens // layout.page_tokens))
+        self.page_table = torch.zeros(slots + 1, width, dtype=torch.int64, device=device)
+
+    @property
+    def dummy_slot(self) -> int:
+        """The slot padding rows read and write."""
+        return self.slots
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer (what a graph bakes in)."""
+        return [
+            self.window,
+            *self.entries.values(),
+            *self.keys.values(),
+            *self.pending.values(),
+            self.page_table,
+        ]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def ensure(self, slot: int, tokens: int) -> None:
+        """Map pages for the slot's first `tokens` tokens; the device table row follows the host's."""
+        if self.pool.ensure(slot, tokens):
+            table = self.pool.table(slot)
+            self.page_table[slot, : len(table)].copy_(torch.tensor(table, dtype=torch.int64))
+
+    def release(self, slot: int) -> None:
+        """Free the slot's pages and point its table at the scratch page (its rows stay where they are)."""
+        if self.pool.table(slot):
+            self.pool.release(slot)
+            self.page_table[slot].zero_()

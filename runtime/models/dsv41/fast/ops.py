@@ -1,0 +1,122 @@
+"""The compute the fast forward hands to kernels: EXL3 products, the MoE, the Engram row gather, bf16 products.
+
+`TritonOps` runs the Triton kernels (tfc.kernels, public entry points, imported when the ops are made so the
+interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default) every launch is fixed by shapes
+and never by how many rows are live: the forward always hands the EXL3 GEMM 16 rows (padding rows included,
+so its launch never changes), and the MoE, which runs the live rows' pairs only, gets its k-splits and decode
+chosen once per table for one token's pairs (`moe_config`) instead of per call from the pair count. A row's
+bits then do not depend on its neighbours. The kernels' torch references stand in on machines without a GPU
+(ops_reference.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
+
+
+class Ops(Protocol):
+    """What the forward computes through kernels (fp32 activations in and out)."""
+
+    exact: bool
+
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """x [r, k] @ W [k, n] -> fp32 [r, n]."""
+        ...
+
+    def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+            limit: float) -> torch.Tensor:  # fmt: skip
+        """Routed experts ids [r, k] (weights [r, k]) plus the shared expert, clamped SwiGLU -> fp32 [r, D]."""
+        ...
+
+    def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
+        """bf16 [r, C * head_dim] of global table rows ids [r, C] from a shard starting at row_lo."""
+        ...
+
+    def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """a [r, k] bf16 @ w [n, k]^T bf16 -> fp32 [r, n] (products exact, fp32 sums)."""
+        ...
+
+
+def moe_config(tables: ExpertTables, topk: int, device: torch.device, interpret: bool) -> Any:
+    """The MoE launch the kernel would pick for one token, pinned (k-splits, decode) for any number of tokens."""
+    from tfc.kernels.exl3_launch import even_split, num_sms, pick_split
+    from tfc.kernels.moe_exl3 import MOE_MMA_GROUPS, MOE_MMA_GROUPS_RAGGED, MOE_MMA_WAVES, MoeConfig
+
+    w1, w3, w2 = tables.w1, tables.w3, tables.w2
+
+    def runs(t: Any) -> bool:
+        return t.codebook >= 0 and t.integer_widths
+
+    runs13, runs2 = runs(w1) and runs(w3), runs(w2)
+    uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
+    mma = 0 if interpret or not (runs13 and runs2) else MOE_MMA_GROUPS if uniform else MOE_MMA_GROUPS_RAGGED
+    bk = 16 if mma else (64 if uniform else 32) if runs13 or runs2 else 16
+    waves = MOE_MMA_WAVES[mma] if mma else 16.0 if uniform else 8.0
+    d, inter, pairs, sms = w1.k, w1.n, topk + 1, num_sms(device)
+    if mma:
+        s1 = even_split(d // 16, inter // 128 * pairs, sms, waves)
+        s2 = even_split(inter // 16, d // 128 * pairs, sms, waves)
+    else:
+        s1 = pick_split(d // 16, bk // 16, inter // 128 * pairs, sms, waves)
+        s2 = pick_split(inter // 16, bk // 16, d // 128 * pairs, sms, waves)
+    return MoeConfig(split_gate_up=s1, split_down=s2, block_k=bk, mma=mma, waves=waves)
+
+
+class TritonOps:
+    """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
+
+    def __init__(self, device: torch.device, exact: bool = True) -> None:
+        from tfc.kernels import engram_rows, exl3_gemv, moe_exl3
+        from tfc.kernels.exl3_tl import INTERPRET
+
+        self.device = device
+        self.exact = exact
+        self.interpret = INTERPRET
+        self._gemm = exl3_gemv.exl3_gemm
+        self._moe = moe_exl3.moe_exl3
+        self._moe_default = moe_exl3.MoeConfig()
+        self._gather = engram_rows.gather_rows
+        self._lut = engram_rows.bf16_lut(device)
+        self._configs: dict[int, Any] = {}
+        self.notes: list[str] = []
+        self._mm_dtype = device.type == "cuda" and self._probe_mm_dtype()
+
+    def _probe_mm_dtype(self) -> bool:
+        """Whether this torch has the bf16 x bf16 -> fp32 matmul (aten::mm.dtype) on this device."""
+        a = torch.randn(4, 64, device=self.device).bfloat16()
+        w = torch.randn(8, 64, device=self.device).bfloat16()
+        try:
+            got = torch.ops.aten.mm.dtype(a, w.t(), torch.float32)
+        except (RuntimeError, NotImplementedError):
+            self.notes.append("aten::mm.dtype unavailable: bf16 products widen their weight per call")
+            return False
+        return bool(torch.allclose(got, a.float() @ w.float().t(), rtol=1e-5, atol=1e-5))
+
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """The fused EXL3 GEMV/GEMM on the arena's trellis."""
+        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32)
+
+    def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+            limit: float) -> torch.Tensor:  # fmt: skip
+        """The MoE kernel over the block's expert tables."""
+        config = self._moe_default
+        if self.exact:
+            key = id(tables)
+            if key not in self._configs:
+                self._configs[key] = moe_config(tables, ids.shape[1], self.device, self.interpret)
+            config = self._configs[key]
+        return self._moe(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit,
+                         out_dtype=torch.float32, config=config)  # fmt: skip
+
+    def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
+        """The Engram gather kernel (e4m3 + e8m0 records -> bf16)."""
+        return self._gather(table, ids, head_dim, row_lo, lut=self._lut)
+
+    def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """cuBLAS bf16 with fp32 output, reading w as stored."""
+        if self._mm_dtype:
+            return torch.ops.aten.mm.dtype(a, w.t(), torch.float32)
+        return a.float() @ w.float().t()

@@ -1,0 +1,83 @@
+"""The kernels' torch references standing in for them where there is no GPU (CPU runs and tests of the fast forward).
+
+Same views, same maths as the kernels' references (kernels/exl3_reference.py, moe_exl3.moe_reference,
+engram_rows.gather_rows_reference), in fp32: an EXL3 group is decoded to a dense weight once, on first use
+(the CPU path only; the GPU path never decodes), and every MoE pair is its own one-row product, summed in the
+kernel's order (routed slots, then the shared expert), so a row's result never depends on the other rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
+
+
+class ReferenceOps:
+    """fp32 torch on the host over dense weights decoded from the arena's views (cached per group / entry)."""
+
+    exact = True
+
+    def __init__(self) -> None:
+        self._dense: dict[tuple[int, int], torch.Tensor] = {}
+        self.notes = ["kernels' torch references (no GPU): EXL3 groups decoded to dense on first use"]
+
+    def _decoded(self, key: tuple[int, int], trellis, suh, svh, codebook: int) -> torch.Tensor:
+        held = self._dense.get(key)
+        if held is None:
+            from tfc.kernels.exl3_reference import dequant
+
+            dense = dequant(trellis.cpu().numpy(), suh.cpu().numpy(), svh.cpu().numpy(), codebook)
+            held = self._dense[key] = torch.from_numpy(dense)
+        return held
+
+    def dense(self, lin: Exl3Linear) -> torch.Tensor:
+        """The group's dense weight [k, n] fp32."""
+        return self._decoded((lin.trellis.data_ptr(), -1), lin.trellis, lin.suh, lin.svh, lin.codebook)
+
+    def expert(self, table, e: int) -> torch.Tensor:
+        """Entry e of an expert table, dense [k, n] fp32."""
+        width, codebook = int(table.widths[e]), int(table.codebooks[e])
+        tk, tn = table.k // 16, table.n // 16
+        if table.layout == "stack":
+            trellis = table.trellis[e]
+        else:
+            start = int(table.offsets[e])
+            raw = table.trellis[start : start + tk * tn * width * 2].cpu().numpy()
+            trellis = torch.from_numpy(raw.view(np.int16).reshape(tk, tn, width))
+        return self._decoded((table.trellis.data_ptr(), e), trellis, table.suh[e], table.svh[e], codebook)
+
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """x @ W in fp32."""
+        return x.float() @ self.dense(lin)
+
+    def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+            limit: float) -> torch.Tensor:  # fmt: skip
+        """Each token's routed pairs in slot order, then the shared expert (weight 1)."""
+        shared = tables.w1.entries - 1
+        out = torch.zeros(x.shape[0], tables.w2.n)
+        for t in range(x.shape[0]):
+            row = x[t : t + 1].float()
+            pairs = [
+                (min(max(int(e), 0), shared - 1), float(w))
+                for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True)
+            ]
+            for e, w in [*pairs, (shared, 1.0)]:
+                gate = row @ self.expert(tables.w1, e)
+                up = row @ self.expert(tables.w3, e)
+                if limit > 0:
+                    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+                act = F.silu(gate) * up * w
+                out[t] += (act @ self.expert(tables.w2, e))[0]
+        return out
+
+    def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
+        """The Engram gather's reference."""
+        from tfc.kernels.engram_rows import gather_rows_reference
+
+        return gather_rows_reference(table, ids, head_dim, row_lo)
+
+    def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """bf16 products in fp32 (exact), summed in fp32."""
+        return a.float() @ w.float().t()
