@@ -7,6 +7,7 @@ overlaps the model step that runs meanwhile; `allowed()` only waits for it.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -36,7 +37,9 @@ class Grammars:
 
         with self._lock:
             if self._ll is None:
-                self._ll = llguidance.LLTokenizer(self.tokenizer.to_str(), eos_token=list(self.eos_ids))
+                self._ll = llguidance.LLTokenizer(
+                    _added_special(self.tokenizer), eos_token=list(self.eos_ids)
+                )
             return self._ll
 
     def compile(self, lark: str) -> GrammarConstraint:
@@ -52,6 +55,18 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(matcher.get_error().splitlines()[0])
         return GrammarConstraint(matcher, self.vocab_size)
+
+
+def _added_special(tokenizer: Any) -> str:
+    """The tokenizer.json with every added token marked special, so a grammar's free text never spells one.
+
+    A vocabulary may mark markup tokens (DeepSeek's `</think>`, `｜DSML｜`) as not special; a grammar must
+    still reach them only where it names them by id.
+    """
+    data = json.loads(tokenizer.to_str())
+    for token in data.get("added_tokens", []):
+        token["special"] = True
+    return json.dumps(data, ensure_ascii=False)
 
 
 class GrammarConstraint:

@@ -170,8 +170,9 @@ class ReplyReader:
             for (index, _, closed), call in zip(self.sent, parsed.calls, strict=False):
                 if index >= 0 and not closed:  # a call whose arguments were opened keeps what it has
                     out.append(CallArguments(index, call.closing()))
-            broken = self.block[parsed.error_at :].replace(MARK, DSML)
-            if parsed.error_at == 0:
+            at = parsed.error_at if parsed.calls else 0  # a block that made no call is all text again
+            broken = self.block[at:].replace(MARK, DSML)
+            if at == 0:
                 broken = self.separator + broken
             self._close_block()
             self.tools = False  # the rest of the reply is text
