@@ -40,6 +40,7 @@ def main() -> None:
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
+    from tfc.kernels import engram_rows
     from tfc.kernels.engram_rows import bf16_lut, gather_rows, gather_rows_reference
 
     device = "cpu" if args.smoke else "cuda"
@@ -64,28 +65,30 @@ def main() -> None:
     moved = positions * columns * (row_bytes + 2 * d + 8)  # read record + index, write bf16 values
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     by_block: dict[int, list[float]] = {}
-    for block_r in (4, 8, 16, 32):  # lookups per program
+    for block_r in (4, 8, 16, 32):  # lookups per program (the kernel's BLOCK_R, default 8)
+        engram_rows.BLOCK_R = block_r
         times_us = by_block.setdefault(block_r, [])
         for _ in range(args.repeats):
             rows = torch.randint(0, n_rows, (positions, columns), device=device, generator=gen) + row_lo
             for _ in range(10):
-                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, block_r=block_r)
+                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
             torch.cuda.synchronize()
             start.record()
             for _ in range(args.iters):
-                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, block_r=block_r)
+                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
             stop.record()
             torch.cuda.synchronize()
             times_us.append(start.elapsed_time(stop) * 1000 / args.iters)
     best = min(by_block, key=lambda b: statistics.median(by_block[b]))
+    engram_rows.BLOCK_R = best
     times_us = by_block[best]
     ref = gather_rows_reference(table, rows, d, row_lo=row_lo)
-    got = gather_rows(table, rows, d, row_lo=row_lo, lut=lut, block_r=best)
+    got = gather_rows(table, rows, d, row_lo=row_lo, lut=lut)
     assert same_bits(got, ref), "gather differs from the reference"
     graph = torch.cuda.CUDAGraph()  # launch overhead excluded: the runtime replays graphs
     with torch.cuda.graph(graph):
         for _ in range(args.iters):
-            gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, block_r=best)
+            gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
     graph.replay()
     torch.cuda.synchronize()
     graph_us = []

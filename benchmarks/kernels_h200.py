@@ -47,8 +47,9 @@ _import_kernels()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
-from tfc.kernels import exl3_mma_ptx  # noqa: E402
+from tfc.kernels import exl3_gemv, exl3_mma_ptx  # noqa: E402
 from tfc.kernels import exl3_reference as ref  # noqa: E402
+from tfc.kernels import moe_exl3 as moe  # noqa: E402
 from tfc.kernels.exl3_decode import exl3_decode  # noqa: E402
 from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units  # noqa: E402
 from tfc.kernels.expert_table import ExpertTable  # noqa: E402
@@ -108,13 +109,11 @@ ONE_ROW = {
     "runs_inkernel": GemmConfig(mma=0, reduce_apart=False),  # ... up to run 25: the last program sums
     # programs per SM the run decode's k-split aims for, partials summed apart (default 32 from 4 bits, else 8)
     **{f"runs_o{w}": GemmConfig(mma=0, waves=w) for w in (4, 8, 16, 64)},
-    "runs_apart32": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32),
-    "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32, waves=64),
-    "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32),
-    **{
-        f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32, waves=w)
-        for w in (64, 128)
-    },
+    # ... 32 partials loaded at a time (FLIGHT) instead of 8
+    "runs_apart32": GemmConfig(mma=0, reduce_apart=True),
+    "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, waves=64),
+    "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True),
+    **{f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, waves=w) for w in (64, 128)},
     "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
     "mma_wt_g4_mask": GemmConfig(mma=4, mma_wt=True),
 }
@@ -146,8 +145,8 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
     **{f"mma_g4_o{w}": GemmConfig(mma=4, mma_wt=False, waves=w) for w in (64, 128)},
-    # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp)
-    "apart32": GemmConfig(reduce_flight=32),
+    # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp; FLIGHT)
+    "apart32": GemmConfig(),
     "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
 }
 MOE = {
@@ -166,8 +165,8 @@ MOE = {
     **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 20, 24, 28, 32, 56, 64, 128)},
     # the k-splits up to run 27 (divisors of the k-tiles at 32 programs per SM: gate/up 1.09 waves)
     "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
-    # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)
-    **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
+    # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84; FLIGHT)
+    **{f"flight{f}": MoeConfig() for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
     "default_mask": MoeConfig(),  # states cut by shift-and-mask (set_cut)
     # the down launch's k-split alone (4 groups; the default aims both launches at 20 per SM: down split 9)
@@ -176,10 +175,20 @@ MOE = {
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
 
 
-def set_cut(vname):
-    """Variants named *_mask cut the mma decode's states by shift-and-mask (exl3_mma_ptx.BYTE_CUT off), the others
-    by byte permutes where that saves instructions: a same-run comparison of the two."""
-    exl3_mma_ptx.BYTE_CUT = not vname.endswith("_mask")
+# Variants of settings the kernels hold as module constants, not launch options: partials loaded at a time by the
+# sums of the k-split partials (exl3_gemv / moe_exl3 REDUCE_FLIGHT, default 8) ...
+FLIGHT = {"runs_apart32": 32, "runs_apart32_o64": 32, "wt_apart32": 32, "wt_apart32_o64": 32,
+          "wt_apart32_o128": 32, "apart32": 32, "flight16": 16, "flight32": 32}  # fmt: skip
+_DEFAULTS = (exl3_gemv.REDUCE_FLIGHT, moe.REDUCE_FLIGHT, exl3_mma_ptx.byte_plan)
+
+
+def set_variant(vname):
+    """Apply a variant's module constants: FLIGHT's loads in flight, and for *_mask the mma decode's states cut by
+    shift-and-mask everywhere (no byte plan) instead of by byte permutes where that saves instructions, a
+    same-run comparison of the two."""
+    exl3_gemv.REDUCE_FLIGHT = FLIGHT.get(vname, _DEFAULTS[0])
+    moe.REDUCE_FLIGHT = FLIGHT.get(vname, _DEFAULTS[1])
+    exl3_mma_ptx.byte_plan = (lambda k_bits: None) if vname.endswith("_mask") else _DEFAULTS[2]
 
 
 def log(*args):
@@ -299,7 +308,7 @@ def bench_gemm(results, copy_bw, quick, save):
                      "bf16_matmul_us": mm, "bf16_bytes": wbf.numel() * 2, "variants": {}}  # fmt: skip
             variants = ONE_ROW if rows == 1 else MANY_ROWS
             for vname, cfg in variants.items():
-                set_cut(vname)
+                set_variant(vname)
                 out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=DEV)
                 try:
                     exl3_gemm(x, tr, suh, svh, cb, config=cfg, out=out)
@@ -403,7 +412,7 @@ def bench_moe(results, copy_bw):
             for e in used:
                 nbytes += groups[p][e][0].numel() * 2 + 2 * (d + inter)
         for vname, cfg in MOE.items():
-            set_cut(vname)
+            set_variant(vname)
             out = torch.full((1, d), float("nan"), dtype=torch.float32, device=DEV)
             try:
                 moe_exl3(x, ids, wts, tables["w1"], tables["w3"], tables["w2"], config=cfg, out=out)

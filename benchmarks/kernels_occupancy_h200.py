@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels_h200 as kb
 import torch
-from tfc.kernels.exl3_gemv import GemmConfig, num_sms, pick_split
+from tfc.kernels.exl3_launch import GemmConfig, num_sms, pick_split
 from tfc.kernels.moe_exl3 import MoeConfig
 
 SHAPES = {"head_6b": (5120, 129280, 6), "wq_b_4b": (1280, 32768, 4), "wo_b_4b": (8192, 5120, 4),

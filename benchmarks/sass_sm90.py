@@ -87,12 +87,12 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
     one = not widths or len(widths) == 1  # the run decode's default shape: block_k 64, 4 tiles; ragged 32, 2
     consts = {
         "BK": 16 if groups else 64 if one else 32,
-        "PF": 4,
+        "PF": moe.PREFETCH,
         "TPE": 4 if one else 2,
         "MMA": groups,
-        "FLIGHT": 8,
+        "FLIGHT": moe.REDUCE_FLIGHT,
     }
-    consts |= {"FUSE": False, "RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
+    consts |= {"RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
     widths = widths or (width,)
     for p in projs:
         consts |= {f"W{p}": width if len(widths) == 1 else 0, f"CB{p}": 2, f"RW{p}": widths}
@@ -100,8 +100,10 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
             consts |= moe._mma_kw(SimpleNamespace(width_set=widths, codebook=2), groups, p)
     if kernel == "gate_up":
         sig["SPLIT"] = "i32"
-    sig |= {k: "constexpr" for k in consts}
     fn = moe._moe_gate_up_kernel if kernel == "gate_up" else moe._moe_down_kernel
+    # every constexpr, its default where this launch leaves it (Triton 3.9 refuses a signature without them)
+    consts = {p.name: p.default for p in fn.params if p.is_constexpr and p.name not in consts} | consts
+    sig |= {k: "constexpr" for k in consts}
     names = list(fn.arg_names)
     src = ASTSource(fn=fn, signature={k: sig[k] for k in names if k in sig},
                     constexprs={(names.index(k),): v for k, v in consts.items()})  # fmt: skip
@@ -123,11 +125,11 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "t_ptr": "*i32", "y_ptr": ptr16, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
            "stride_x": "i32", "stride_y": "i32", "kt_per_split": "i32", "W": "constexpr", "CB": "constexpr",
            "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
-           "PF": "constexpr", "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
+           "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
            "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
     consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs" or fused,
-              "USE_DOT": kind == "mma", "PF": 0, "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
+              "USE_DOT": kind == "mma", "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
               "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
     consts |= mma_asm(width, 2, rows, par, wt, fused) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
                                                                       "MMA_STEP": "", "MMA_STORES": (), "MMA_NACC": 16, "MMA_SPLIT": False}  # fmt: skip

@@ -6,17 +6,24 @@ decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for 
 decode; from 2 rows on a GPU the mma decode of exl3_mma, fp16 xh, for integer widths; otherwise the matrix
 units on fp16 xh or, without a GPU, the run decode for 2-4 rows), splits k over programs and sums the
 partials in a fixed order (deterministic): in the last program of each 128-column block to arrive, or in
-a second launch (`reduce_apart`), then applies the output Hadamard and svh.
+a second launch (`reduce_apart`), then applies the output Hadamard and svh. The launch choices and their
+defaults are exl3_launch.GemmConfig.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_mma import mma_asm, mma_partials, mma_warps, split_rows
+from tfc.kernels.exl3_launch import (
+    GemmConfig,
+    counters,
+    input_pairs,
+    num_sms,
+    pick_split,
+    resolved_for,
+)
+from tfc.kernels.exl3_mma import mma_asm, mma_partials
 from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
@@ -24,7 +31,6 @@ from tfc.kernels.exl3_tl import (
     fwht128,
     load_states,
     next_pow2,
-    prefetch_rows,
     release_fence,
     rotate_sum,
     rotated_slice,
@@ -34,25 +40,9 @@ from tfc.kernels.exl3_tl import (
 )
 
 MAX_ROWS = 16
-# Where the mma decode is not taken (the interpreter, use_dot / runs set, half-integer widths): up to this many
-# rows the run decode with fp32 FMAs is the default; above it, the matrix units. On the
-# H200 (benchmarks/kernels_h200.md, runs 6-7), with the run decode at block_k 16, two tiles, 8 programs/SM
-# and the matrix units at 4 warps, 4 programs/SM: 4 rows 23-52 us against 26-68 us at the 4-bit Flash
-# shapes; 8 rows a tie or the matrix units ahead (routed 26-29 against 31-38 us); 16 rows the run decode
-# about 2x slower (run 6).
-RUN_ROWS_MAX = 4
-# One row fuses the input rotation (each program rotates its own k rows) up to this many output columns; every
-# 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
-FUSE_MAX_COLS = 32768
-# On a GPU the mma decode is the default for integer widths from 2 rows, and at one row from this many weights
-# (wq_b, wo_b, the head; a routed expert keeps the one-row run decode). Up to WT_MAX_ROWS rows it takes the
-# decoded tile as the mma's A operand (mma_wt), 4 groups per warp from this many weights, else 1; above, x as
-# A with 4 groups above FUSE_MAX_COLS columns, 2 from this many weights, else 1 (kernels_h200.md, runs 15, 19).
-MMA_WIDE_WEIGHTS = 16 << 20
-WT_MAX_ROWS = 8
-# ... and on the head, with the weights as A, a k-split into this many programs per SM: ~4 waves of the 28
-# resident one-warp programs instead of 1.1, so the last wave's tail is short (run 20: 1 row 214 -> 193 us).
-WT_WIDE_WAVES = 128.0
+# Partials the second launch sums at a time (its warps: this / 8); more in flight measured no faster
+# (benchmarks/kernels.md).
+REDUCE_FLIGHT = 8
 
 
 @triton.jit
@@ -100,7 +90,6 @@ def _exl3_gemm_kernel(
     SPLIT,
     FUSE_ROT: tl.constexpr,
     USE_DOT: tl.constexpr,
-    PF: tl.constexpr = 0,
     RUNS: tl.constexpr = False,
     KDIM=0,
     TPE: tl.constexpr = 2,
@@ -168,10 +157,6 @@ def _exl3_gemm_kernel(
         else:
             acc2 = tl.zeros([BK, 128], dtype=tl.float32)
         for kk in range(0, kt_per_split, BK // 16):
-            if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
-                # L2 prefetch PF iterations ahead (the window gathers below then hit L2, not HBM).
-                if kk + PF * (BK // 16) < kt_per_split:
-                    prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * W)
             v = cb_decode(load_states(base, off_j, off_jp, shift), CB)
             base += step
             row0 = (kt0 + kk) * 16
@@ -248,157 +233,11 @@ def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FL
     tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    """Launch choices of the fused kernel (None = chosen from the shape by `resolved`)."""
-
-    split: int | None = None  # programs along k per 128-column block
-    block_k: int | None = None  # k rows decoded per loop iteration
-    fuse_rotation: bool | None = None  # had128(x*suh) in the main kernel (one row, n <= FUSE_MAX_COLS)
-    use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs
-    runs: bool | None = None  # integer width: 32-position runs from words loaded once (default, any rows)
-    run_tiles: int | None = None  # run decode: n-tiles each element takes in turn (1, 2 or 4)
-    prefetch: int = 0  # L2 prefetch distance in loop iterations (0 = off)
-    num_warps: int | None = None  # 1-2 on the run decode, 4 for the gather and matrix units (see resolved)
-    num_stages: int = 1
-    waves: float | None = None  # programs per SM the k-split aims for: see resolved (8 per mma group)
-    # Weights decoded into mma from registers (exl3_mma), 2 mma n-tiles per warp per group: 1, 2 or 4 groups;
-    # 0 = off; None = the default on integer widths (on a GPU; see MMA_WIDE_WEIGHTS) unless use_dot or runs is set.
-    mma: int | None = None
-    # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
-    # last program of each column block (whose rows then queue behind each other); default: the run decode at
-    # one row (a routed matrix 0.5-1.1 us faster, kernels_h200.md run 25), the mma decode from 2 rows.
-    reduce_apart: bool | None = None
-    # partials the second launch loads at a time (its warps: this / 8); its registers cost the decode nothing
-    reduce_flight: int = 8
-    # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
-    # mma per tile and half the sums at <= 8 rows; None = up to WT_MAX_ROWS rows
-    mma_wt: bool | None = None
-
-    def resolved(
-        self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
-    ) -> GemmConfig:
-        """This config with the defaults for `rows` input rows, trellis width, n = cols and k = depth filled in
-        (split: at launch); ptx: inline PTX can run (a GPU, not the interpreter)."""
-        mma = self.mma
-        wt = self.mma_wt if self.mma_wt is not None else rows <= WT_MAX_ROWS
-        if mma is None:
-            auto = ptx and width % 16 == 0 and self.use_dot is None and self.runs is None
-            auto = auto and (rows > 1 or cols * depth >= MMA_WIDE_WEIGHTS)
-            mma = mma_groups(cols, depth, wt) if auto else 0
-        if mma:  # one k-tile per step, 4 / mma warps, 8 mma programs per SM (kernels_h200.md, run 15)
-            return replace(self, mma=mma, mma_wt=wt, use_dot=True, runs=False, block_k=16, run_tiles=1,
-                           fuse_rotation=bool(self.fuse_rotation),
-                           num_warps=mma_warps(mma), waves=self.waves or mma_waves(mma, wt, cols),
-                           reduce_apart=self.reduce_apart if self.reduce_apart is not None else rows > 1)  # fmt: skip
-        runs_ok = width % 16 == 0 and self.runs is not False
-        fma_rows = rows <= RUN_ROWS_MAX and runs_ok
-        use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
-        runs = not use_dot and runs_ok
-        mp = next_pow2(rows)
-        # (block_k, tiles per element, warps, programs per SM), as measured on the H200 (kernels_h200.md).
-        if use_dot:  # 8 warps x 2/SM best up to 4 rows (run 1); 4 warps x 4/SM at 8 and 16 rows (runs 7, 9)
-            bk, tiles, warps, waves = (32, 4, 8, 2.0) if rows <= RUN_ROWS_MAX else (32, 4, 4, 4.0)
-        elif not runs:  # one row, half-integer width: the gather decode
-            bk, tiles, warps, waves = 16, 4, 4, 8.0
-        elif mp == 1:  # 4+ bits: one-warp programs, 32/SM (most warps in flight); 2-3 bits as before (run 12)
-            bk, tiles, warps, waves = (32, 4, 1, 32.0) if width >= 64 else (64, 4, 2, 8.0)
-        elif mp <= RUN_ROWS_MAX:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
-            bk, tiles, warps, waves = 16, 2, 2, 8.0
-        else:  # only when asked for (use_dot=False): fewer tiles keep the sums in registers
-            bk, tiles, warps, waves = 16, 1, 2, 4.0
-        return replace(
-            self,
-            use_dot=use_dot,
-            runs=runs,
-            block_k=self.block_k or bk,
-            run_tiles=self.run_tiles or tiles,
-            fuse_rotation=self.fuse_rotation
-            if self.fuse_rotation is not None
-            else runs and mp == 1 and cols <= FUSE_MAX_COLS,
-            num_warps=self.num_warps or warps,
-            waves=self.waves or waves,
-            mma=0,
-            mma_wt=False,
-            reduce_apart=self.reduce_apart if self.reduce_apart is not None else runs and mp == 1,
-        )
-
-
-def mma_waves(groups: int, wt: bool, cols: int) -> float:
-    """Programs per SM the mma decode's k-split aims for: 8 per group, or WT_WIDE_WAVES with the weights as A
-    above FUSE_MAX_COLS columns (the head: 1010 column blocks of one-warp programs, 28 of which fit an SM)."""
-    return WT_WIDE_WAVES if wt and cols > FUSE_MAX_COLS else 8.0 * groups
-
-
-def mma_groups(cols: int, depth: int, wt: bool = False) -> int:
-    """Default mma groups per warp: from MMA_WIDE_WEIGHTS weights 4 with weights as A, else 4 on the widest
-    matrices and 2 below; 1 on smaller matrices."""
-    wide = cols * depth >= MMA_WIDE_WEIGHTS
-    if wt:
-        return 4 if wide else 1
-    if cols > FUSE_MAX_COLS:
-        return 4
-    return 2 if wide else 1
-
-
-def input_pairs(cfg: GemmConfig, rows: int) -> bool:
-    """Whether a resolved config carries the rotated input as fp16 high / low row pairs (mma_wt, <= 4 rows)."""
-    return bool(cfg.mma) and split_rows(cfg.mma_wt, rows)
-
-
-def resolved_for(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> GemmConfig:
-    """config resolved for `rows` input rows times a trellis of this shape (tk, tn, W)."""
-    tk, tn, width = trellis_shape
-    return config.resolved(rows, width, 16 * tn, 16 * tk)
-
-
 def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
     """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and this trellis shape
     (the matrix units, except the weights-as-A mma decode's high / low input pairs)."""
     cfg = resolved_for(config, rows, trellis_shape)
     return bool(cfg.use_dot) and not input_pairs(cfg, rows)
-
-
-_COUNTERS: dict[tuple[str, int | None], list[torch.Tensor]] = {}
-_SMS: dict[int | None, int] = {}
-
-
-def counters(device: torch.device, n: int) -> torch.Tensor:
-    """A zeroed int32 arrival-counter buffer of >= n entries for `device` (kernels leave it zeroed).
-
-    Buffers are never freed (captured CUDA graphs keep their addresses); launches that run concurrently
-    on different streams must not share one.
-    """
-    key = (device.type, device.index)
-    bufs = _COUNTERS.setdefault(key, [])
-    if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
-    return bufs[-1]
-
-
-def num_sms(device: torch.device) -> int:
-    """Multiprocessor count (132 on an H200; a nominal 8 on the CPU interpreter)."""
-    if device.type != "cuda":
-        return 8
-    if device.index not in _SMS:
-        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device.index]
-
-
-def pick_split(tk: int, bkt: int, blocks: int, sms: int, waves: float = 4.0, min_iters: int = 2) -> int:
-    """Largest k-split (a divisor of the loop count) giving <= waves * sms programs, each >= min_iters."""
-    iters = tk // bkt
-    want = max(1, int(waves * sms) // blocks)
-    best = 1
-    for d in range(1, iters + 1):
-        if iters % d == 0 and d <= want and iters // d >= min(min_iters, iters):
-            best = d
-    return best
-
-
-def even_split(kt: int, blocks: int, sms: int, waves: float) -> int:
-    """k-split (any count up to kt k-tiles, shared out as evenly as they go) giving <= waves * sms programs."""
-    return max(1, min(kt, int(waves * sms) // blocks))
 
 
 def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool = False) -> torch.Tensor:
@@ -478,13 +317,12 @@ def exl3_gemm(
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(0), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
-        PF=cfg.prefetch, RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
         MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if apart:
-        flight = cfg.reduce_flight
         _reduce_kernel[(blocks, m_rows)](
-            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=flight, num_warps=max(1, flight // 8)
+            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8)
         )
     return y
 
@@ -497,8 +335,9 @@ def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "INTERPRET",
     "MAX_ROWS",
-    "RUN_ROWS_MAX",
+    "REDUCE_FLIGHT",
     "GemmConfig",
+    "counters",
     "exl3_gemm",
     "exl3_gemm_reference",
     "resolved_for",

@@ -22,9 +22,6 @@ import itertools
 from tfc.kernels.exl3_tl import CODEBOOK_BODIES
 
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
-# Cut states by byte permutes where that takes fewer instructions (byte_plan); False: shift-and-mask everywhere,
-# for same-run comparisons (benchmarks/kernels_h200.py's "_mask" variants).
-BYTE_CUT = True
 WORDS = 3  # word-offset outputs of setup_ptx (the most any width loads; unused ones are 0)
 SETUP_OUTPUTS = WORDS + 5
 
@@ -228,7 +225,7 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
     words = [[f"${2 * nacc + 4 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
     off = f"${2 * nacc + 4 + 2 * WORDS}"
     regs = ", ".join(f"u{i}" for i in range(nu))
-    plan = byte_plan(k_bits) if BYTE_CUT else None
+    plan = byte_plan(k_bits)
     xregs = "".join(f", x{i}" for i in range(len(plan or ())))
     lines = [
         f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t{xregs};",
