@@ -24,6 +24,7 @@ class Worker:
         self.booted = booted
         self.family: Family = family_for(booted.image.manifest.family, str(booted.image.path))
         self.runner: ModelRunner | None = None
+        self.kind: str | None = None  # the runner kind load_model built (fast | reference)
 
     @classmethod
     def start(
@@ -64,6 +65,7 @@ class Worker:
         reference); `options` go to the family (e.g. the fast runner's tokens_per_slot, kv_tokens, exact)."""
         if kind == "auto":
             kind = "fast" if self.booted.arena.device.type == "cuda" else "reference"
+        self.kind = kind
         with self.booted.phases.time("model", note=f"{self.family.name} {kind} forward") as ph:
             self.runner = self.family.build_runner(
                 self.booted.image,
@@ -78,6 +80,14 @@ class Worker:
             )
             ph.note += f", {self.runner.capacity.slots} slots"
         return self.runner
+
+    def warm_up(self) -> None:
+        """Capture the runner's first graphs (timed as the boot's `graphs` phase; a no-op for runners without)."""
+        warmup = getattr(self._model(), "warmup", None)
+        if warmup is not None and self.booted.graphs.enabled:
+            with self.booted.phases.time("graphs") as ph:
+                warmup()
+                ph.note = f"{self.booted.graphs.stats.captures} decode graph(s) captured"
 
     def _model(self) -> ModelRunner:
         if self.runner is None:

@@ -37,7 +37,14 @@ class GenerateError(TfcError):
 @click.option("--tokenizer", "tokenizer_path", type=click.Path(path_type=Path), default=None,
               help="A tokenizer.json to use instead of the one the image carries.")  # fmt: skip
 @device_option()
-@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
+@click.option("--reference", is_flag=True, help="Run the reference forward (dense, fp64-wide) even on a GPU.")
+@click.option("--fast", is_flag=True,
+              help="Run the fast forward even without a GPU (the kernels' torch references stand in: slow).")  # fmt: skip
+@click.option(
+    "--no-graphs", is_flag=True, help="Fast forward: run every step eagerly (same as TFC_GRAPHS=0)."
+)
+@click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
+              help="Reference forward's activations (the fast forward's are fixed: see docs/fast-forward.md).")  # fmt: skip
 @jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at EOS (for timing a fixed number of tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -53,31 +60,43 @@ def generate(
     no_engram: bool,
     tokenizer_path: Path,
     device: str,
+    reference: bool,
+    fast: bool,
+    no_graphs: bool,
     dtype: str,
     jobs: int | None,
     ignore_eos: bool,
     as_json: bool,
 ) -> None:
-    """Generate from IMAGE (a TP=1 image: rank folder or image folder) with the reference forward.
+    """Generate from IMAGE (a TP=1 image: rank folder or image folder).
 
-    The image boots as `tfc load` boots it; the model's weights come from the image only (EXL3 decoded
-    to dense once); the prompt is tokenized with the tokenizer.json the image carries. Tokens print as
-    they come; generation stops at EOS or --max-tokens.
+    The image boots as `tfc load` boots it. On a GPU the fast forward runs (EXL3 kernels on the uploaded
+    bytes, decode steps replayed from CUDA graphs); --reference, and every CPU run without --fast, runs
+    the reference forward (EXL3 decoded to dense once). The prompt is tokenized with the tokenizer.json
+    the image carries. Tokens print as they come; generation stops at EOS or --max-tokens.
     """
     import torch
 
+    from tfc.cli.load_cmd import graph_counts
     from tfc.runtime.engine.generate import generate as run
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
     from tfc.runtime.worker.worker import Worker
 
+    if reference and fast:
+        raise click.UsageError("--reference and --fast exclude each other")
+    kind = "reference" if reference else "fast" if fast else "auto"
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     bars = sys.stderr.isatty() and not as_json
     with byte_bar("upload", bars) as bar:
-        worker = Worker.start(image, device=device, graphs=False, jobs=jobs, progress=bar)
+        worker = Worker.start(
+            image, device=device, graphs=False if no_graphs else None, jobs=jobs, progress=bar
+        )
     try:
         with count_bar("decode", bars) as bar:
-            worker.load_model(dtype=getattr(torch, dtype), engram=not no_engram, slots=1, progress=bar)
+            worker.load_model(
+                dtype=getattr(torch, dtype), engram=not no_engram, slots=1, progress=bar, kind=kind
+            )
         if tokenizer_path is not None:
             tok = tokenizer_from_file(tokenizer_path)
         else:
@@ -100,19 +119,23 @@ def generate(
             worker, [ids], min(max_tokens, info.context - len(ids)), params,
             stop_ids=() if ignore_eos else info.eos_ids, on_token=stream,
         )[0]  # fmt: skip
+        graphs = graph_counts(worker.booted.graphs)
     finally:
         worker.close()
+    prefill_tok_s = len(ids) / out.prefill_s if out.prefill_s > 0 else 0.0
     if as_json:
         text = tok.decode(out.tokens, skip_special_tokens=False)
         reply = {"prompt_tokens": ids, "tokens": out.tokens, "text": text, "finish": out.finish}
         rates = {"prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
-                 "decode_tok_s": round(out.decode_tok_s, 3)}  # fmt: skip
-        click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates}))
+                 "decode_tok_s": round(out.decode_tok_s, 3), "prefill_tok_s": round(prefill_tok_s, 3)}  # fmt: skip
+        click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates, "runner": worker.kind,
+                               "graphs": graphs}))  # fmt: skip
     else:
         stream.finish()
         click.echo(
-            f"{len(ids)} prompt tokens in {out.prefill_s:.3f} s to the first token; {len(out.tokens)} tokens, "
-            f"{out.decode_tok_s:.1f} tok/s after the first",
+            f"{len(ids)} prompt tokens in {out.prefill_s:.3f} s to the first token ({prefill_tok_s:.1f} tok/s "
+            f"prefill); {len(out.tokens)} tokens, {out.decode_tok_s:.1f} tok/s decode after the first "
+            f"({worker.kind} forward; graphs: {graphs['captures']} captured, {graphs['replays']} replayed)",
             err=True,
         )
 

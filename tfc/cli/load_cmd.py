@@ -33,7 +33,8 @@ from tfc.cli.progress import byte_bar
 def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times.
 
-    This is the first half of `tfc serve`: the rank's worker boots and stops before building a model.
+    This is the first half of `tfc serve`: the rank's worker boots; on a GPU with graphs on it also builds
+    the fast forward and captures its first decode graph (phases `model` and `graphs`), then stops.
     """
     from tfc.runtime.boot.phases import phases_path, write_phases
     from tfc.runtime.worker.worker import Worker
@@ -51,6 +52,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         )
     booted = worker.booted
     try:
+        model_note = _warm_up(worker)
         m = booted.image.manifest
         extra = {
             "image": str(booted.image.path),
@@ -65,6 +67,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "chunks": len(booted.arena.chunks),
             "checks": list(booted.image.checks),
             "graphs": booted.graphs.settings.enabled,
+            "graph_counts": graph_counts(booted.graphs),
         }
         out = phases_path()
         if out is not None:
@@ -81,7 +84,35 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             rate = f"  {p.gbps:7.2f} GB/s" if p.gbps else " " * 14
             click.echo(f"  {p.name:<8} {p.seconds * 1e3:10.1f} ms{rate}  {p.note}")
         click.echo(f"  {'total':<8} {booted.phases.to_dict()['wall_ms']:10.1f} ms")
+        g = extra["graph_counts"]
+        click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
         if out is not None:
             click.echo(f"phase timings written to {out}", err=True)
     finally:
         worker.close()
+
+
+def _warm_up(worker) -> str:
+    """On a GPU with graphs on: the fast forward and its first graph; '' or why there is no model."""
+    from tfc.errors import TfcError
+
+    if worker.booted.arena.device.type != "cuda" or not worker.booted.graphs.enabled:
+        return ""
+    try:
+        worker.load_model(dtype=None, kind="fast")
+    except TfcError as error:
+        return f" (no model: {str(error).splitlines()[0]})"
+    worker.warm_up()
+    return ""
+
+
+def graph_counts(graphs) -> dict:
+    """The graph cache's counters (what a fast forward captured and replayed)."""
+    s = graphs.stats
+    return {
+        "enabled": graphs.enabled,
+        "captures": s.captures,
+        "replays": s.hits,
+        "eager": s.eager,
+        "held": s.held,
+    }

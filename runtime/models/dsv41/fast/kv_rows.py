@@ -61,7 +61,10 @@ class Fp4Grid:
         grid = torch.tensor(_E2M1, dtype=torch.float32)
         self.values = grid.to(device)
         self.odd = (torch.arange(len(_E2M1)) % 2).to(device)
-        self.table = torch.cat((grid, -grid)).to(device)  # code = magnitude index | sign << 3
+        table = torch.cat((grid, -grid))  # code = magnitude index | sign << 3
+        self.table = table.to(device)
+        byte = torch.arange(256)
+        self.pairs = torch.stack((table[byte & 15], table[byte >> 4]), dim=-1).to(device)  # byte -> its 2 values
 
     @classmethod
     def on(cls, device: torch.device) -> Fp4Grid:
@@ -130,11 +133,9 @@ def pack_fp4(x: torch.Tensor, block: int, e4m3_scale: bool, grid: Fp4Grid) -> to
 
 def unpack_fp4(rows: torch.Tensor, n: int, block: int, e4m3_scale: bool, grid: Fp4Grid) -> torch.Tensor:
     """uint8 FP4 rows -> fp32 [..., n] (the value table's product with the block scale, exact in fp32)."""
-    packed = rows[..., : n // 2].to(torch.int64)
-    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*rows.shape[:-1], n)
     sb = rows[..., n // 2 :]
     scale = sb.contiguous().view(torch.float8_e4m3fn).float() if e4m3_scale else ue8m0_values(sb)
-    q = grid.table[codes].reshape(*rows.shape[:-1], n // block, block)
+    q = grid.pairs[rows[..., : n // 2].to(torch.int64)].reshape(*rows.shape[:-1], n // block, block)
     return (q * scale.unsqueeze(-1)).reshape(*rows.shape[:-1], n)
 
 

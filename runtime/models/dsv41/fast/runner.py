@@ -76,9 +76,10 @@ class FastRunner:
         if 0 <= slot < self.capacity.slots:
             self.kv.release(slot)
 
-    def warmup(self, keys: Iterable[StepKey]) -> None:
-        """Run (and so capture) the steps of `keys` on padding rows only (the dummy slot)."""
-        for key in keys:
+    def warmup(self, keys: Iterable[StepKey] | None = None) -> None:
+        """Run (and so capture) the steps of `keys` on padding rows only (the dummy slot); by default the
+        one-row decode step of the first context bucket."""
+        for key in keys if keys is not None else (StepKey(1, self.buckets[0]),):
             zeros = np.zeros(MAX_ROWS, np.int64)
             self._launch(Tile((), key, zeros, zeros, np.full(MAX_ROWS, self.kv.dummy_slot, np.int64)))
 
