@@ -93,10 +93,10 @@ def contention(torch, files: list[Path], threads: int, piece: int) -> dict:
 
 def pin_costs(torch, nbytes: int = 256 * MIB) -> list[dict]:
     """Seconds to page-lock `nbytes` of staging: fresh pages, the same pages again, huge pages, torch."""
-    from tfc.runtime.boot import upload_files as up
+    from tfc.runtime.boot import upload_files as uf
     from tfc.runtime.boot.pages import MADV_HUGEPAGE, MADV_POPULATE_WRITE, libc
 
-    lib, reg, out = libc(), up.Registrar(), []
+    lib, reg, out = libc(), uf.Registrar(), []
     for huge in (False, True):
         flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
         addr = lib.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
@@ -106,11 +106,11 @@ def pin_costs(torch, nbytes: int = 256 * MIB) -> list[dict]:
         if lib.madvise(addr, nbytes, MADV_POPULATE_WRITE) != 0:
             ctypes.memset(addr, 0, nbytes)
         t1 = time.perf_counter()
-        reg.register(addr, nbytes, up.REGISTER_PORTABLE)
+        reg.register(addr, nbytes, uf.REGISTER_PORTABLE)
         t2 = time.perf_counter()
         reg.unregister(addr)
         t3 = time.perf_counter()
-        reg.register(addr, nbytes, up.REGISTER_PORTABLE)
+        reg.register(addr, nbytes, uf.REGISTER_PORTABLE)
         t4 = time.perf_counter()
         reg.unregister(addr)
         lib.munmap(addr, nbytes)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tfc.runtime.boot import cuda_start, staging_pool
-from tfc.runtime.boot.arena import CHUNK_BYTES, DeviceArena, plan_arena
+from tfc.runtime.boot.arena import DeviceArena, plan_arena
 from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
 from tfc.runtime.boot.upload import UploadReport, upload
@@ -62,7 +62,6 @@ def boot(
     verify: str | None = None,
     graphs: bool | None = None,
     threads: int | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[int, int], None] | None = None,
 ) -> Booted:
     """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
@@ -73,7 +72,7 @@ def boot(
     early = cuda_start.start(device)
     prefaulted = _prefault_staging(device, method, threads)
     try:
-        return _boot(path, rank, device, method, verify, graphs, threads, chunk_bytes, progress)
+        return _boot(path, rank, device, method, verify, graphs, threads, progress)
     finally:
         if prefaulted:
             staging_pool.release()
@@ -102,7 +101,6 @@ def _boot(
     verify: str | None,
     graphs: bool | None,
     threads: int | None,
-    chunk_bytes: int,
     progress: Callable[[int, int], None] | None,
 ) -> Booted:
     """boot() itself, without the staging prefault."""
@@ -118,7 +116,7 @@ def _boot(
                 verify_digests(opened, verify)
             opened.checks += (f"digests ({verify})",)
         with phases.time("alloc", note=dev) as ph:
-            arena = DeviceArena(plan_arena(opened.items(), chunk_bytes), dev)
+            arena = DeviceArena(plan_arena(opened.items()), dev)
             ph.note = f"{len(arena.chunks)} chunk(s), {arena.nbytes:,} bytes on {dev}"
         total = arena.nbytes
         done = [0]

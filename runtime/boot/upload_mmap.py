@@ -11,8 +11,9 @@ Slots are anonymous memory page-locked with cudaHostRegister, taken from the slo
 before the whole ring exists). The upload reports, summed over the threads, the seconds spent staging,
 waiting for a slot, copying and issuing. `copier="native"` (the default where it can run, WARM_NATIVE) runs
 the same loop on C threads (runtime/boot/upload_native.py) with all slots made up front: no interpreter lock
-per piece, so a ring small enough for the host's last-level cache pays. The variants measured slower are in
-benchmarks/ (boot_variants.py runs the ones boot_h200.py still times; benchmarks/boot.md has the numbers).
+per piece, so a ring small enough for the host's last-level cache pays. The options measured slower and dropped
+(per-piece prefault, one issuer thread, torch's pinned slots, ...) live on in benchmarks/boot_variants.py; the
+numbers are in benchmarks/boot.md.
 """
 
 from __future__ import annotations

@@ -230,6 +230,22 @@ def test_auto_takes_mmap_when_the_image_is_cached_and_ring_from_disk(tmp_path, m
     assert up.upload(arena, "mmap").method == "mmap"  # asked for by name: taken even when not cached
 
 
+def test_benchmark_plans_name_their_own_staging(tmp_path, variants):
+    """boot_variants.plan: the runtime's plan where a configuration names only threads, else its staging."""
+    f = tmp_path / "image.bin"
+    f.write_bytes(b"\x5a" * 4096)
+    arena = _cuda_arena(f)
+    assert variants.plan(up, arena, "mmap", {"threads": 3}) == up.plan_upload(arena, "mmap", 3)
+    ring = variants.plan(up, arena, "ring", {"threads": 16, "slot_bytes": 16 << 20, "slots_per_thread": 2})
+    assert (ring.method, ring.threads, ring.slot_bytes, ring.slots_per_thread) == ("ring", 16, 16 << 20, 2)
+    mm = variants.plan(up, arena, "mmap", {"threads": 4, "slot_bytes": 2 << 20, "copier": "python"})
+    assert mm.mmap == um.MmapStaging(4, 2 << 20) and mm.threads == 4 and mm.config == mm.mmap.describe()
+    single = variants.plan(up, arena, "mmap", {"issuer": "single", "streams": 2}).mmap
+    assert isinstance(single, variants.MmapVariant) and "by one issuer on 2 streams" in single.describe()
+    with pytest.raises(up.UploadError, match="only apply to upload method 'mmap'"):
+        variants.plan(up, arena, "register", {"prefault": "populate"})
+
+
 def test_tfc_load_offers_the_methods():
     from click.testing import CliRunner
 
