@@ -1,0 +1,205 @@
+"""The fast forward on the CPU (the kernels' torch references standing in) over the tiny image, against the reference.
+
+Tolerances: fast is fp32 throughout where the reference rounds fp64 results to fp32 per module; now and then
+a cached value lies so near an FP8 / FP4 rounding midpoint that the two land on different codes, which moves
+that layer's output by ~1e-5 of its scale. So the logits of 520 teacher-forced random positions stay within
+LOGIT_ATOL = 1e-4 (3e-4 of their spread; measured 1.3e-6 to 6.2e-6 over seeds 1 and 11) and every layer's
+streams within STREAM_RTOL = 1e-4 of their largest value (measured up to 1.4e-5, a flip in layer 0's window),
+at every layer mode; top-1 agrees at >= 99 % of the positions (measured 100 %). Exactness holds bit for bit: a token's
+logits do not depend on how its prompt was chunked, on the other sequences of its steps, or on its slot,
+and prefill gives the bits one-token decode gives.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from tfc.runtime.boot.rank import boot
+from tfc.runtime.models.dsv41.fast.build import build_fast
+from tfc.runtime.models.dsv41.reference import Dsv41Model
+from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+from tfc.runtime.worker.step import SequenceStep, StepPlan
+from tfc.runtime.worker.worker import Worker
+
+from tfc.cli import cli
+
+LOGIT_ATOL = 1e-4
+STREAM_RTOL = 1e-4
+POSITIONS = 520  # past the window (32), many compressed entries (index_topk 16), candidate blocks, page ends
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    """The tiny pack's prepared TP=1 image (with its Engram tables)."""
+    store = tmp_path_factory.mktemp("img")
+    result = CliRunner().invoke(
+        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
+    )
+    assert result.exit_code == 0, result.output
+    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def fast(image):
+    """A fast runner of 6 slots on a CPU arena (context buckets of 256 tokens keep the CPU's work small)."""
+    booted = boot(image, device="cpu")
+    yield build_fast(booted, slots=6, tokens_per_slot=1024, context_step=256, page_tokens=64)
+    booted.close()
+
+
+@pytest.fixture(scope="module")
+def reference(image):
+    """(reference model, Engram feed) over the same image."""
+    cfg, weights = load_dense_weights(image)
+    return Dsv41Model(cfg, weights), engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+
+
+def _tokens(n: int, seed: int, vocab: int = 640) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _fresh(runner, slot: int) -> None:
+    runner.release(slot)
+
+
+def test_fast_matches_the_reference_teacher_forced_at_every_layer_mode(fast, reference):
+    model, feed = reference
+    cfg = model.config
+    toks = _tokens(POSITIONS, 11)
+    layers: list[torch.Tensor] = []
+    block = model._block
+
+    def record(*args, **kwargs):
+        streams, pre = block(*args, **kwargs)
+        layers.append(streams)
+        return streams, pre
+
+    model._block = record
+    try:
+        want = model.forward([toks], [model.new_state()], [feed.rows([], toks)])[0]
+    finally:
+        del model._block
+    fast.forward.trace = []
+    try:
+        got = fast.logits_of(0, toks, 0)
+        trace = fast.forward.trace
+    finally:
+        fast.forward.trace = None
+        _fresh(fast, 0)
+    assert got.shape == want.shape == (POSITIONS, cfg.vocab_size)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
+    torch.testing.assert_close(got, want, rtol=0, atol=LOGIT_ATOL)
+    n = cfg.num_hidden_layers
+    steps = len(trace) // n
+    modes = set()
+    for layer in range(n):
+        streams = torch.cat([trace[s * n + layer] for s in range(steps)])[:POSITIONS]
+        bound = STREAM_RTOL * float(layers[layer].abs().max())
+        torch.testing.assert_close(streams, layers[layer], rtol=0, atol=bound, msg=f"layer {layer}")
+        modes.add(cfg.layer_mode(layer).mode)
+    assert modes == {"swa", "full", "reindex", "reuse"}
+    assert want.std() > 0.1
+
+
+def test_prefill_chunking_and_decode_give_the_same_bits(fast):
+    toks = _tokens(70, 5)
+    whole = fast.logits_of(1, toks, 0)
+    _fresh(fast, 1)
+    for size in (5, 16, 23):
+        parts = [fast.logits_of(1, toks[lo : lo + size], lo) for lo in range(0, len(toks), size)]
+        assert torch.equal(torch.cat(parts), whole), size
+        _fresh(fast, 1)
+    decoded = [fast.execute(StepPlan((SequenceStep(1, (t,), i),))).logits[0] for i, t in enumerate(toks)]
+    assert torch.equal(torch.stack(decoded), whole)
+    _fresh(fast, 1)
+
+
+def test_concurrent_equals_solo_in_any_slot(fast):
+    toks = _tokens(40, 7)
+    solo = fast.logits_of(2, toks, 0)
+    _fresh(fast, 2)
+    others = {s: _tokens(60, 20 + s) for s in (0, 1, 3, 5)}
+    at = dict.fromkeys(others, 0)
+    got = []
+    for i, t in enumerate(toks):
+        rows = [SequenceStep(4, (t,), i)]  # the sequence runs in another slot now
+        for s in others:
+            take = (i + s) % 4  # 0 to 3 tokens each: steps of 1 to 14 rows, prefill and decode mixed
+            if take:
+                rows.append(SequenceStep(s, tuple(others[s][at[s] : at[s] + take]), at[s]))
+                at[s] += take
+        got.append(fast.execute(StepPlan(tuple(rows))).logits[0])
+    assert torch.equal(torch.stack(got), solo)
+    for s in (*others, 4):
+        _fresh(fast, s)
+
+
+def test_released_slots_give_their_pages_back_and_run_fresh(fast):
+    free = fast.kv.pool.free_pages
+    addresses = [t.data_ptr() for t in fast.kv.tensors]
+    toks = _tokens(150, 9)
+    first = fast.execute(StepPlan((SequenceStep(3, tuple(toks), 0),))).logits[0]
+    assert fast.kv.pool.free_pages == free - 3  # 150 tokens on 64-token pages
+    fast.release(3)
+    assert fast.kv.pool.free_pages == free
+    again = fast.execute(StepPlan((SequenceStep(3, tuple(toks), 0),))).logits[0]
+    assert torch.equal(first, again)
+    assert [t.data_ptr() for t in fast.kv.tensors] == addresses
+    fast.release(3)
+
+
+def test_plans_the_runner_refuses(fast):
+    from tfc.runtime.models.dsv41.fast.runner import FastStepError
+
+    for plan, why in [
+        (StepPlan((SequenceStep(6, (1,), 0),)), "outside"),
+        (StepPlan((SequenceStep(0, (1,), 3),)), "at position 0"),
+        (StepPlan((SequenceStep(0, (1,), 0), SequenceStep(0, (2,), 1))), "twice"),
+        (StepPlan((SequenceStep(0, (640,), 0),)), "token ids"),
+        (StepPlan((SequenceStep(0, (1,) * 1025, 0),)), "1024 tokens"),
+    ]:
+        with pytest.raises(FastStepError, match=why):
+            fast.execute(plan)
+
+
+def test_worker_picks_the_runner_kind(image):
+    worker = Worker.start(image, device="cpu")
+    try:
+        worker.load_model(dtype=torch.float32, slots=2)
+        assert worker.kind == "reference"  # auto: a CPU keeps the reference
+        worker.load_model(dtype=torch.float32, slots=2, kind="fast", tokens_per_slot=512)
+        assert worker.kind == "fast" and worker.capacity.slots == 2 and worker.info.context == 512
+    finally:
+        worker.close()
+
+
+def test_generate_fast_on_the_cpu_gives_the_reference_tokens(image):
+    args = [
+        "generate",
+        str(image),
+        "--prompt",
+        "Hello there",
+        "--max-tokens",
+        "6",
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    runs = {}
+    for flag in ("--fast", "--reference"):
+        result = CliRunner().invoke(cli, [*args, flag])
+        assert result.exit_code == 0, result.output
+        runs[flag] = json.loads(result.output.strip().splitlines()[-1])
+    fast_run, ref_run = runs["--fast"], runs["--reference"]
+    assert fast_run["runner"] == "fast" and ref_run["runner"] == "reference"
+    assert fast_run["token_sha"] == ref_run["token_sha"] and len(fast_run["tokens"]) == 6
+    assert fast_run["prefill_tok_s"] > 0 and fast_run["decode_tok_s"] > 0
+    # one prefill step (the prompt fits 16 rows), then a step per token but the last: all eager on a CPU
+    assert fast_run["graphs"] == {"enabled": False, "captures": 0, "replays": 0, "eager": 6, "held": 0}
+    result = CliRunner().invoke(cli, [*args, "--fast", "--reference"])
+    assert result.exit_code == 2 and "exclude each other" in result.output
