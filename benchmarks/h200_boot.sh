@@ -11,12 +11,12 @@ source benchmarks/_h200_setup.sh
 TFC="python3 -c 'import sys; from tfc.cli import main; sys.argv[0] = \"tfc\"; main()'"
 REPO=$PWD
 echo "== gpu tests"
-[ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --ignore="$REPO/tests/test_kernels_gpu.py" \
+[ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider --ignore="$REPO/tests/kernels/test_kernels_gpu.py" \
   "$REPO/tests") 2>&1 | tail -15 | tee "$OUT/gpu_tests.txt"
 if [ "${KERNELS_S:-0}" -gt 0 ]; then
   echo "== kernel gpu tests"
   [ -n "${SKIP_TESTS:-}" ] || (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider ${KERNEL_TESTS_K:+-k "$KERNEL_TESTS_K"} \
-    "$REPO/tests/test_kernels_gpu.py") 2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.txt"
+    "$REPO/tests/kernels/test_kernels_gpu.py") 2>&1 | tail -8 | tee "$OUT/kernel_gpu_tests.txt"
   echo "== kernels"
   timeout "$KERNELS_S" python3 benchmarks/kernels_h200.py --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tee "$OUT/kernels_log.txt" \
     | tail -60
