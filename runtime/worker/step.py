@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (runtime/boot/cuda_start.py)
+    import torch
 
 
 @dataclass(frozen=True)
