@@ -42,7 +42,7 @@ ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 def tfc(*args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "tfc", *args], capture_output=True, text=True, check=True,
-                       env={**os.environ, **ENV})  # fmt: skip
+                       env={**os.environ, **ENV}, cwd=tempfile.gettempdir())  # fmt: skip
     return r.stdout.strip().splitlines()[-1]
 
 

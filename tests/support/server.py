@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +43,10 @@ class ServerProcess:
             *args,
         ]
         self._log = open(log, "w+") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        # cwd outside the checkout: `python -m tfc` there would find the source folder tfc/ before the install
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=tempfile.gettempdir()
+        )
 
     def wait_ready(self, timeout: float = 90.0) -> ServerProcess:
         """Block until /health says ready (or fail with the log)."""
@@ -63,14 +67,21 @@ class ServerProcess:
         """(status, JSON body or text, headers) of a GET."""
         return self.request("GET", path, None, headers)
 
-    def request(self, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None):
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict | None = None,
+        headers: dict | None = None,
+        timeout: float = 30,
+    ):
         """(status, JSON body or text, headers) of one HTTP request."""
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
         if isinstance(body, dict):
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, _parse(r.read()), dict(r.headers)
         except urllib.error.HTTPError as e:
             return e.code, _parse(e.read()), dict(e.headers)
