@@ -1,0 +1,96 @@
+"""The fast forward's kernel calls under the Triton CPU interpreter, on the tiny image's own arena views.
+
+`TritonOps` hands the kernels the arena's segments as they lie (EXL3 groups of every codebook, integer and
+half-rate widths, the head; a ragged expert table of mixed and half-rate widths; the Engram row shard); its
+results must match
+the kernels' torch references (`ReferenceOps`) that the CPU forward tests run on. TRITON_INTERPRET is read
+when triton and tfc.kernels are imported, so the check runs in a child process with it set, kept tiny: the
+interpreted MoE takes layer 2's table (the gather decode, seconds; the run decode of integer-width tables
+takes minutes interpreted and the GPU's mma decode cannot run there: tests/kernels covers both). Tolerances
+are the kernels' own: 16 rows go through the matrix units on fp16 rotated inputs (relative 2e-3), the MoE's
+decode in fp32 (1e-4), the gather exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tfc.cli import cli
+
+pytestmark = pytest.mark.slow
+
+CHILD = r"""
+import json, sys
+import torch
+from tfc.runtime.boot.rank import boot
+from tfc.runtime.models.dsv41.config import config_from_dict
+from tfc.runtime.models.dsv41.fast.ops import TritonOps, moe_config
+from tfc.runtime.models.dsv41.fast.ops_reference import ReferenceOps
+from tfc.runtime.models.dsv41.fast.weights import FastWeights
+from tfc.kernels.exl3_tl import INTERPRET
+
+booted = boot(sys.argv[1], device="cpu")
+meta = booted.image.manifest.meta
+cfg = config_from_dict(meta["pack_config"], meta["layer_modes"])
+w = FastWeights(booted.image, booted.arena, cfg)
+ops, ref = TritonOps(torch.device("cpu")), ReferenceOps()
+gen = torch.Generator().manual_seed(0)
+out = {"interpret": INTERPRET, "linear": {}, "moe": {}}
+for name in ("layers.0.attn.wkv", "layers.1.attn.wq_a", "layers.2.attn.wo_b", "layers.4.attn.indexer.wk", "head"):
+    lin = w.linear(name)
+    x = torch.randn(16, lin.k, generator=gen)
+    got, want = ops.linear(x, lin), ref.linear(x, lin)
+    out["linear"][name] = [float((got - want).abs().max() / want.abs().max()), lin.codebook, int(lin.trellis.shape[-1])]
+for layer in (2,):
+    tables = w.experts(f"layers.{layer}")
+    x = torch.randn(2, cfg.hidden_size, generator=gen)
+    ids = torch.stack([torch.randperm(cfg.n_routed_experts, generator=gen)[:cfg.num_experts_per_tok] for _ in range(2)])
+    wts = torch.rand(2, cfg.num_experts_per_tok, generator=gen) + 0.1
+    got, want = ops.moe(x, ids, wts, tables, cfg.swiglu_limit), ref.moe(x, ids, wts, tables, cfg.swiglu_limit)
+    cfg_moe = moe_config(tables, cfg.num_experts_per_tok, torch.device("cpu"), True)
+    out["moe"][layer] = [float((got - want).abs().max() / want.abs().max()), tables.w1.layout, cfg_moe.mma,
+                         sorted(set(tables.w1.width_set) | set(tables.w2.width_set))]
+table, lo = w.engram_table(cfg.engram_layer_ids[0], 0)
+ids = torch.randint(lo, lo + table.shape[0], (4, cfg.engram_cols), generator=gen)
+out["engram_equal"] = bool(torch.equal(ops.engram_rows(table, ids, cfg.engram_head_dim, lo),
+                                       ref.engram_rows(table, ids, cfg.engram_head_dim, lo)))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    store = tmp_path_factory.mktemp("img")
+    result = CliRunner().invoke(
+        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
+    )
+    assert result.exit_code == 0, result.output
+    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(image):
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", CHILD, str(image)], env=env, capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["interpret"]
+    widths = {v[2] for v in got["linear"].values()}
+    assert (
+        {v[1] for v in got["linear"].values()} == {0, 1, 2} and 40 in widths and 128 in widths
+    )  # codebooks, 2.5 and 8 bits
+    for name, (err, _, _) in got["linear"].items():
+        assert err < 2e-3, name
+    err, layout, mma, moe_widths = got["moe"]["2"]
+    assert (
+        layout == "ragged" and mma == 0 and 40 in moe_widths and 96 in moe_widths
+    )  # 2.5-bit routed, 6-bit shared
+    assert err < 1e-4
+    assert got["engram_equal"]
