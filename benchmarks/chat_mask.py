@@ -13,6 +13,7 @@ xgrammar is optional (install it into a separate folder and put it on PYTHONPATH
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import random
@@ -150,10 +151,8 @@ def main() -> int:
 
     versions = {}
     for name in ("llguidance", "xgrammar"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             versions[name] = version(name)
-        except PackageNotFoundError:
-            pass
     report = {"machine": f"{platform.processor() or platform.machine()}, {_cpu()}", "threads": 1,
               "vocab": tok.get_vocab_size(), "llguidance_tokenizer_setup_s": round(setup, 3),
               "versions": versions, "schemas": results}  # fmt: skip

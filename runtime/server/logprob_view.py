@@ -55,7 +55,10 @@ def completion_logprobs(names: TokenNames, logprobs: tuple[TokenLogprob, ...], o
         text = names.name(lp.token)[0]
         tokens.append(text)
         values.append(lp.logprob)
-        tops.append({names.name(t)[0]: v for t, v in lp.top})
+        top: dict[str, float] = {}
+        for t, v in lp.top:  # ids that decode to the same text keep the first (the likelier) entry
+            top.setdefault(names.name(t)[0], v)
+        tops.append(top)
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

@@ -6,7 +6,6 @@ import asyncio
 
 import pytest
 import torch
-
 from tfc.fixtures.tokenizer import build_tokenizer
 from tfc.runtime.engine.constraint import BannedTokens
 from tfc.runtime.engine.engine import Engine, EngineConfig

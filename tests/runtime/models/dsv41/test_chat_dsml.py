@@ -7,7 +7,6 @@ import logging
 
 import pytest
 from support.v41_tokenizer import v41_tokenizer
-
 from tfc.fixtures.tokenizer import build_tokenizer
 from tfc.runtime.engine.chat import CallArguments, CallStart, Content, Reasoning, ReplyEnd
 from tfc.runtime.models.dsv41.chat_reply import ReplyIds, ReplyReader
@@ -183,7 +182,7 @@ def _boundaries(tok, text: str) -> list[int]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_whole_and_at_every_split(case, tok, caplog):
-    name, text, thinking, tools, reasoning, content, calls, warns = case
+    _name, text, thinking, tools, reasoning, content, calls, warns = case
     enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
     with caplog.at_level(logging.WARNING, logger="tfc.chat"):
         whole = summary(read(tok, enc(text), thinking, tools)[0])
@@ -225,6 +224,6 @@ def test_stop_strings_cut_the_answer_not_the_reasoning(tok):
 
 def test_reasoning_tokens_are_counted(tok):
     think = tok.encode("one two three", add_special_tokens=False).ids
-    ids = think + [tok.token_to_id("</think>")] + tok.encode("answer", add_special_tokens=False).ids
+    ids = [*think, tok.token_to_id("</think>"), *tok.encode("answer", add_special_tokens=False).ids]
     end = read(tok, ids, True, False)[0][-1]
     assert end.reasoning_tokens == len(think) and not end.in_reasoning

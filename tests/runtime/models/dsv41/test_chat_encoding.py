@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from support.v41_tokenizer import v41_tokenizer
-
 from tfc.runtime.engine.chat import ChatOptions
 from tfc.runtime.models.dsv41.chat import ChatError, Dsv41ChatFormat, effort_of
 from tfc.runtime.models.dsv41.chat_encoding import TOOLS_SECTION, Encoding, render
@@ -31,7 +30,7 @@ def real():
 
 
 def test_the_tools_section_is_the_official_text():
-    assert TOOLS_SECTION == CORPUS["tools_section"]
+    assert CORPUS["tools_section"] == TOOLS_SECTION
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
