@@ -8,7 +8,7 @@ when triton and tfc.kernels are imported, so the check runs in a child process w
 interpreted MoE takes layer 2's table (the gather decode, seconds; the run decode of integer-width tables
 takes minutes interpreted and the GPU's mma decode cannot run there: tests/kernels covers both). Tolerances
 are the kernels' own: 16 rows go through the matrix units on fp16 rotated inputs (relative 2e-3), the MoE's
-decode in fp32 (1e-4), the gather exactly.
+decode in fp32 (1e-4), the gather exactly; the checks' dense decode on the device (dense_check.py) 1e-5.
 """
 
 from __future__ import annotations
@@ -60,6 +60,14 @@ table, lo = w.engram_table(cfg.engram_layer_ids[0], 0)
 ids = torch.randint(lo, lo + table.shape[0], (4, cfg.engram_cols), generator=gen)
 out["engram_equal"] = bool(torch.equal(ops.engram_rows(table, ids, cfg.engram_head_dim, lo),
                                        ref.engram_rows(table, ids, cfg.engram_head_dim, lo)))
+from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+dense, tables = DeviceDense(w), w.experts("layers.2")
+pairs = [(dense["layers.2.attn.wkv"], ref.dense(w.linear("layers.2.attn.wkv"))),
+         (dense["layers.2.ffn.experts.1.w2"], ref.expert(tables.w2, 1)),
+         (dense["layers.2.ffn.shared_experts.w1"], ref.expert(tables.w1, tables.w1.entries - 1))]
+out["dense"] = [float((a - b).abs().max() / b.abs().max()) for a, b in pairs]
+out["dense_native"] = bool(dense["layers.2.ffn.gate.bias"].data_ptr() == w.native("layers.2.ffn.gate.bias").data_ptr())
+out["dense_missing"] = "layers.2.ffn.experts.8.w1" not in dense and "layers.2.nothing" not in dense
 print(json.dumps(out))
 """
 
@@ -94,3 +102,5 @@ def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(imag
     )  # 2.5-bit routed, 6-bit shared
     assert err < 1e-4
     assert got["engram_equal"]
+    # the checks' dense decode on the device (Triton): a group, a routed and the shared expert entry
+    assert max(got["dense"]) < 1e-5 and got["dense_native"] and got["dense_missing"]
