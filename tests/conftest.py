@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
-import threading
-import time
 
 import pytest
+from support.fakes import FakeCuda
 
 
 def _has_cuda() -> bool:
@@ -59,38 +57,6 @@ def flash_headers_pack(tmp_path_factory):
     return out
 
 
-class FakeCuda:
-    """Enough of torch.cuda for the upload paths to run their control flow on the CPU."""
-
-    class Stream:
-        cuda_stream = 0
-
-        def __init__(self, device=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-    class Event:
-        def __init__(self, **flags):
-            pass
-
-        def record(self, stream=None):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def query(self):
-            return True
-
-    @staticmethod
-    def stream(s):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-
 @pytest.fixture()
 def fake_cuda(monkeypatch):
     """torch.cuda streams/events as no-ops, pinned memory as plain memory, host registrations recorded.
@@ -123,51 +89,3 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(up, "Registrar", Registrar)
     return types.SimpleNamespace(live=live, seen=seen)
-
-
-COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-ONE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-TWO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
-
-
-class FakeDriver:
-    """Copies land at once (host memory as the device); events count records and waits; copy number
-    `fail_at` returns `code`."""
-
-    def __init__(self, fail_at: int = -1, code: int = 7, delay: float = 0.0) -> None:
-        self.lock = threading.Lock()
-        self.copies, self.records, self.syncs, self.pending = 0, 0, 0, set()
-        self.reused_unsynced = 0
-        self.slot_of_event: dict[int, int] = {}
-
-        def copy(dst, src, n, stream):
-            with self.lock:
-                self.copies += 1
-                if self.copies == fail_at:
-                    return code
-            ctypes.memmove(dst, src, n)
-            if delay:
-                time.sleep(delay)
-            return 0
-
-        def record(event, stream):
-            with self.lock:
-                if event in self.pending:
-                    self.reused_unsynced += 1  # a slot rewritten before its copy was waited for
-                self.pending.add(event)
-                self.records += 1
-            return 0
-
-        def sync(event):
-            with self.lock:
-                self.pending.discard(event)
-                self.syncs += 1
-            return 0
-
-        self.fns = (COPY(copy), TWO(record), ONE(sync))
-
-    def calls(self):
-        from tfc.runtime.boot.upload_native import Driver
-
-        addr = [ctypes.cast(f, ctypes.c_void_p).value for f in self.fns]
-        return Driver(0, *addr)

@@ -12,7 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import FakeCuda
+from support.fakes import FakeCuda
 from tfc.runtime.boot import upload as up
 from tfc.runtime.boot import upload_files as uf
 from tfc.runtime.boot import upload_mmap as um
@@ -280,7 +280,7 @@ def test_native_copier_through_upload_mmap(tmp_path, fake_cuda, monkeypatch):
     import shutil
 
     import torch
-    from conftest import FakeDriver
+    from support.fakes import FakeDriver
 
     if shutil.which("cc") is None:
         pytest.skip("needs a C compiler")

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FakeDriver
+from support.fakes import FakeDriver
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 

@@ -1,0 +1,119 @@
+"""The fused Triton EXL3 GEMV/GEMM against float64 references, under the CPU interpreter (see conftest.py);
+the launch defaults the interpreter resolves (fast: no launch).
+
+Inputs are random (never zero), outputs are poisoned with NaN before every launch, and every case runs twice
+(the result must be bit-identical) and leaves the arrival counters at zero.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.exl3_inputs import random_group, seeded
+
+GEMM_CASES = [
+    # (name, width, codebook, rows, k, dtype, config kwargs); n = 256
+    ("m1_fused", 32, 2, 1, 256, "float16", {"fuse_rotation": True}),
+    ("m1_split", 48, 0, 1, 256, "bfloat16", {"fuse_rotation": False, "split": 4}),
+    # One row, integer widths: the 32-position run decode (exl3_runs) with 1, 2 and 4 tiles per element,
+    # the input rotation fused or launched apart, every codebook, widths 1, 5, 6 and 8 bits.
+    ("m1_runs_t1_w16", 16, 0, 1, 256, "float16", {"run_tiles": 1, "block_k": 32, "split": 2}),
+    ("m1_runs_t2_w80", 80, 1, 1, 256, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
+    ("m1_runs_t4_w96", 96, 0, 1, 256, "float16", {"run_tiles": 4, "block_k": 128}),
+    ("m1_runs_t4_w128", 128, 2, 1, 256, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
+    ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
+    ("m1_gather_half_rate", 40, 2, 1, 256, "float16", {"block_k": 32, "split": 2}),
+    # 2-16 rows, integer widths: the run decode with a row axis (the default up to 4 rows, asked for with
+    # use_dot=False above; rows padded to a power of two repeat the last row), 1, 2 and 4 tiles per element,
+    # every codebook, widths 2, 3, 4, 6 and 8 bits; k = 128 keeps the interpreter time down (two column
+    # blocks and the k-split still exercised).
+    ("m2_runs_t1_w32", 32, 0, 2, 128, "float16", {"run_tiles": 1, "block_k": 16, "split": 4}),
+    ("m3_runs_default_w48", 48, 1, 3, 128, "bfloat16", {}),
+    ("m4_runs_default_w64", 64, 2, 4, 128, "float16", {}),
+    (
+        "m5_runs_t4_w128",
+        128,
+        2,
+        5,
+        128,
+        "float16",
+        {"use_dot": False, "run_tiles": 4, "block_k": 64, "split": 2},
+    ),
+    ("m16_runs_w96", 96, 0, 16, 128, "bfloat16", {"use_dot": False}),
+    ("m4_dot_fused", 24, 2, 4, 256, "float16", {"fuse_rotation": True, "split": 2}),
+    ("m16_dot", 64, 1, 16, 256, "bfloat16", {"use_dot": True, "fuse_rotation": False, "split": 2}),
+    # The k-split partials summed in a second launch, one program per (column block, row) (reduce_apart, the
+    # mma decode's default from 2 rows), after the run decode and after the matrix units.
+    ("m3_runs_apart", 48, 2, 3, 128, "float16", {"split": 4, "reduce_apart": True}),
+    ("m16_dot_apart", 32, 0, 16, 256, "bfloat16", {"use_dot": True, "split": 2, "reduce_apart": True}),
+    # ... REDUCE_FLIGHT (8) partials loaded at a time: more than the split (masked), and fewer (two rounds)
+    ("m1_runs_apart_masked", 64, 2, 1, 256, "float16", {"split": 4, "reduce_apart": True}),
+    ("m2_runs_apart_rounds", 64, 0, 2, 256, "float16", {"split": 16, "block_k": 16, "reduce_apart": True}),
+]
+# Tolerances (relative Frobenius error against float64): the FMA paths (one row, and the run decode for any
+# rows) are fp32 throughout: fp32 rotated input and fp32 accumulation, so only fp32 rounding remains (measured
+# ~3e-7); the matrix-unit path rounds the rotated input to fp16 (2^-11), measured ~2e-4.
+TOL_FMA, TOL_DOT = 1e-5, 1e-3
+
+
+# Under the interpreter the run decode takes 4-30 s a case: those run in the full suite only (slow); the gather
+# decode and the matrix units take about a second and stay in the fast lane.
+FAST = {"m1_gather", "m1_gather_half_rate", "m4_dot_fused", "m16_dot", "m16_dot_apart"}
+PARAMS = [pytest.param(*c, id=c[0], marks=() if c[0] in FAST else pytest.mark.slow) for c in GEMM_CASES]
+
+
+@pytest.mark.parametrize(("name", "width", "cb", "rows", "k", "dtype", "cfg"), PARAMS)
+def test_gemm_kernel(tk, name, width, cb, rows, k, dtype, cfg):
+    import torch
+
+    g = tk.exl3_gemv
+    assert g.REDUCE_FLIGHT == 8  # the masked and two-round cases above are sized for 8
+    rng = seeded(f"gemm_{name}")
+    (tr, suh, svh, _), dense = random_group(tk.exl3_reference, rng, k, 256, width, cb)
+    x = torch.randn(rows, k).to(getattr(torch, dtype))
+    want = x.double() @ dense.double()
+    config = g.GemmConfig(**cfg)
+    outs = []
+    for _ in range(2):
+        y = torch.full((rows, 256), float("nan"), dtype=torch.float32)
+        g.exl3_gemm(x, tr, suh, svh, cb, config=config, out=y)
+        outs.append(y)
+    err = float((outs[0].double() - want).norm() / want.norm())
+    tol = TOL_DOT if g.uses_matrix_units(config, rows, tr.shape) else TOL_FMA
+    assert err < tol, (err, tol)
+    assert torch.equal(outs[0], outs[1]), "two runs of the same launch differ"
+    assert (g.counters(x.device, 1) == 0).all(), "arrival counters left non-zero"
+    if name == "m3_runs_default_w48":  # the same run with the input rotated beforehand (x_rotated)
+        y = torch.full((rows, 256), float("nan"), dtype=torch.float32)
+        g.exl3_gemm(g.rotate_input(x, suh, False), tr, suh, svh, cb, out=y, x_rotated=True)
+        assert torch.equal(y, outs[0])
+
+
+def test_gemm_defaults(tk):
+    """The launch defaults the interpreter resolves (no inline PTX there: no mma decode)."""
+    g = tk.exl3_gemv
+    d = {
+        f"{rows}_{width}": g.GemmConfig().resolved(rows, width)
+        for rows in (1, 4, 16)
+        for width in (32, 40, 64)
+    }
+    head = g.GemmConfig().resolved(1, 96, 129280)
+    # Integer widths take the run decode (fp32 FMAs) for 1 to RUN_ROWS_MAX (4) rows, two tiles per element for
+    # several rows; the matrix units above that (measured as fast at 8 rows, faster at 16, on the H200).
+    assert [(d[f"{r}_64"].runs, d[f"{r}_64"].use_dot) for r in (1, 4, 16)] == [
+        (True, False),
+        (True, False),
+        (False, True),
+    ]
+    assert [(d[f"{r}_64"].block_k, d[f"{r}_64"].run_tiles) for r in (1, 4)] == [(32, 4), (16, 2)]
+    # One row from 4 bits: one-warp programs, 32 per SM (more warps in flight); at 2-3 bits two-warp ones,
+    # 8 per SM (measured faster on the routed shapes).
+    assert (d["1_64"].num_warps, d["1_64"].waves) == (1, 32.0)
+    assert (d["1_32"].block_k, d["1_32"].num_warps, d["1_32"].waves) == (64, 2, 8.0)
+    # The input rotation is fused for one row except on very wide matrices (the head rotates once apart).
+    assert d["1_32"].fuse_rotation and not head.fuse_rotation
+    assert (d["16_64"].num_warps, d["16_64"].waves) == (4, 4.0)
+    assert d["1_64"].fuse_rotation and not d["4_64"].fuse_rotation
+    # Half-integer widths: the gather decode for one row, the matrix units for more.
+    assert not d["1_40"].runs and not d["1_40"].use_dot
+    assert not d["4_40"].runs and d["4_40"].use_dot and d["16_40"].use_dot
+    assert not any(c.mma for c in d.values())

@@ -1,0 +1,25 @@
+"""Random EXL3 inputs for the kernel tests, seeded per case so that a case sees the same inputs alone or in a run."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+
+def seeded(name: str) -> np.random.Generator:
+    """Seeds torch's generator and returns a numpy one, both from the case's name."""
+    seed = zlib.crc32(name.encode())
+    torch.manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+def random_group(ref, rng: np.random.Generator, k: int, n: int, width: int, cb: int):
+    """A random EXL3 group as torch tensors (trellis never all zero, small suh, larger svh) and its dense weight
+    from `ref` (an exl3_reference module)."""
+    trellis = rng.integers(-32768, 32768, size=(k // 16, n // 16, width), dtype=np.int16)
+    suh = (rng.standard_normal(k) * 0.05).astype(np.float16)
+    svh = (rng.standard_normal(n) * 0.5).astype(np.float16)
+    dense = torch.from_numpy(ref.dequant(trellis, suh, svh, cb))
+    return (torch.from_numpy(trellis), torch.from_numpy(suh), torch.from_numpy(svh), cb), dense
