@@ -1,4 +1,5 @@
-# Two commands set a fresh machine up: `make demo` and `make test`. Both create and use .venv.
+# Two commands set a fresh machine up: `make demo` and `make test` (`make test-fast` for the fast lane). All
+# create and use .venv.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,7 +23,7 @@ print(f"chat: {reply.choices[0].message.content!r} ({reply.usage.completion_toke
 endef
 export DEMO_CLIENT
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(VENV)/.ready: pyproject.toml
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -49,8 +50,14 @@ demo: $(VENV)/.ready
 	@$(BIN)/tfc serve $$(cat $(DEMO)/tp1.path) --port $(DEMO_PORT) --model-name tiny & pid=$$!; \
 	$(BIN)/python -c "$$DEMO_CLIENT" $(DEMO_PORT); code=$$?; kill -TERM $$pid; wait $$pid; exit $$code
 
+# The full suite (what CI runs, .ci/run). Any pytest failure fails make, exit code 5 (no tests collected) too,
+# said in one line: a run that tested nothing is not a pass.
 test: $(VENV)/.ready
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
+
+# The fast lane (about a minute on 2 cores): the suite without the tests marked @pytest.mark.slow.
+test-fast: $(VENV)/.ready
+	$(BIN)/python -m pytest -m "not slow" || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
 
 lint: $(VENV)/.ready
 	$(BIN)/ruff check .

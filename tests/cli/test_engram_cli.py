@@ -183,6 +183,7 @@ def write_engram_image(root: Path, pack: Path, world: int = 2, rank: int = 1) ->
         )
 
 
+@pytest.mark.slow
 def test_image_path_equals_pack_path(flash_pack, tmp_path):
     image = write_engram_image(tmp_path, flash_pack)
     args = ["--ids", "5,6,129264,7,8", "--lookback", "9,10", "--json"]

@@ -66,6 +66,7 @@ def _main(capsys, monkeypatch, *args: str) -> tuple[int, str]:
     return done.value.code, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generate_greedy_equals_the_reference_forward(images, tiny_pack, dense):
     from tfc.runtime.engine.generate import generate
     from tfc.runtime.models.dsv41.reference import Dsv41Model
@@ -87,6 +88,7 @@ def test_generate_greedy_equals_the_reference_forward(images, tiny_pack, dense):
     assert plain.tokens != want.tokens
 
 
+@pytest.mark.slow
 def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack, dense):
     from tfc.runtime.engine.generate import generate
     from tfc.runtime.engine.sampling import SamplingParams
@@ -121,6 +123,7 @@ def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack, dens
     assert generate(ReferenceRunner(model, feed), [ids], 5, other, stop_ids=stop)[0].tokens != first["tokens"]
 
 
+@pytest.mark.slow
 def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
     out = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "3", "--no-engram")
     assert len(out["tokens"]) == 3 or out["finish"] == "stop"
@@ -130,6 +133,7 @@ def test_no_engram_runs_an_image_without_tables(images, tiny_pack):
     assert result.exit_code == 0 and "WITHOUT their memory tables" in result.stderr
 
 
+@pytest.mark.slow
 def test_generate_reads_the_tokenizer_the_image_carries(images, tiny_pack):
     carried = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "4", "--no-engram")
     args = ["generate", str(images["bare"]), "--prompt", PROMPT, "--json", "--max-tokens", "4", "--no-engram"]

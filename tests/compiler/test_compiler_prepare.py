@@ -136,6 +136,7 @@ def _published(store: Path) -> list[Path]:
     return sorted(store.glob("*/rank*/manifest.json"))
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_leaves_no_published_image(pack_copy, tmp_path):
     store = tmp_path / "store"
     delays = [0.3, 0.6, 0.9, 1.2, 1.6]

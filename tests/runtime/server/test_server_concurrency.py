@@ -84,6 +84,7 @@ def one_slot(served_image, tmp_path_factory):
 LONG = {"model": "tiny", "prompt": "Hello", "max_tokens": 3000, "temperature": 0, "ignore_eos": True}
 
 
+@pytest.mark.slow
 def test_over_capacity_is_refused_before_the_head_and_a_disconnect_frees_the_slot(one_slot):
     conn = http.client.HTTPConnection("127.0.0.1", one_slot.port, timeout=60)
     conn.request(
@@ -106,6 +107,7 @@ def test_over_capacity_is_refused_before_the_head_and_a_disconnect_frees_the_slo
     assert health["running"] == 0 and health["waiting"] == 0
 
 
+@pytest.mark.slow
 def test_keepalives_flow_until_the_first_token(one_slot):
     events = _sse(
         one_slot.port, "/v1/completions", {**LONG, "max_tokens": 3, "stream": True, "prompt": "x " * 900}

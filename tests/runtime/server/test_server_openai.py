@@ -59,6 +59,7 @@ def test_stream_without_usage_ends_with_a_finish(client):
     assert chunks[-1].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks)
 
 
+@pytest.mark.slow
 def test_seeds_repeat_and_differ(client):
     kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 1.0, "top_p": 0.95}
     a = client.completions.create(seed=5, **kw).token_sha
@@ -79,6 +80,7 @@ def test_n_choices_each_with_their_own_seed(client):
     assert r.usage.completion_tokens == 24 and r.usage.prompt_tokens == 9
 
 
+@pytest.mark.slow
 def test_stop_string_cuts_the_text_and_never_streams_a_part(client):
     whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
     text = whole.choices[0].text

@@ -81,6 +81,7 @@ def test_health_and_metrics(server):
         assert name in text, name
 
 
+@pytest.mark.slow
 def test_api_keys(served_image, tmp_path):
     key_file = tmp_path / "keys"
     key_file.write_text("ops: k-file\n")
@@ -103,6 +104,7 @@ def test_api_keys(served_image, tmp_path):
         assert "slots" in s.get("/health", {"x-api-key": "k-opt"})[1]
 
 
+@pytest.mark.slow
 def test_boot_failure_is_one_line_and_exit_2(tmp_path):
     proc = ServerProcess(tmp_path / "no-such-image", log=tmp_path / "log")
     assert proc.proc.wait(60) == 2
@@ -110,6 +112,7 @@ def test_boot_failure_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and "no-such-image" in lines[0]
 
 
+@pytest.mark.slow
 def test_port_in_use_is_one_line(served_image, server, tmp_path):
     import subprocess
     import sys

@@ -49,6 +49,7 @@ def _run(model, feed, toks, cuts):
     return torch.cat(out)
 
 
+@pytest.mark.slow
 @DTYPES
 def test_tiny_image_one_pass_chunks_and_decode_agree(tiny, dtype):
     cfg, weights, feed = tiny
@@ -73,6 +74,7 @@ def test_dspark_blocks_are_loadable_but_not_run(tiny):
     assert not any(n.startswith("mtp.") for n in model._held)
 
 
+@pytest.mark.slow
 def test_tiny_image_greedy_64_tokens_do_not_depend_on_prefill_chunks(tiny):
     cfg, weights, feed = tiny
     model = Dsv41Model(cfg, weights)

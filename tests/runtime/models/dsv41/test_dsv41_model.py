@@ -108,6 +108,7 @@ def test_one_pass_chunks_and_decode_agree(cfg, dtype):
     assert whole.std() > 0.5  # logits of unit scale: the tolerance is meaningful
 
 
+@pytest.mark.slow
 def test_prefill_modes_give_same_greedy_64_tokens_and_logits(cfg):
     w = random_weights(cfg, seed=SEED_GREEDY)
     model, feed = Dsv41Model(cfg, w), _feed(cfg, F32)
@@ -127,6 +128,7 @@ def test_prefill_modes_give_same_greedy_64_tokens_and_logits(cfg):
     _close(whole, torch.stack(runs[0].logits), F32)
 
 
+@pytest.mark.slow
 def test_four_prompts_in_one_batch_equal_each_prompt_solo(cfg):
     w = random_weights(cfg, seed=SEED_BATCH)
     model, feed = Dsv41Model(cfg, w), _feed(cfg, F32)
@@ -140,6 +142,7 @@ def test_four_prompts_in_one_batch_equal_each_prompt_solo(cfg):
     assert len({tuple(b.tokens) for b in batch}) == 4
 
 
+@pytest.mark.slow
 def test_same_seed_same_sampled_tokens(cfg):
     w = random_weights(cfg, seed=SEED_SAMPLE)
     model, feed = Dsv41Model(cfg, w), _feed(cfg, F32)
