@@ -63,27 +63,33 @@ def messages(body: Any) -> list[dict]:
 
 
 def constraints(state: Any, plan: ChatPlan, n: int) -> list[Any]:
-    """One fresh constraint per choice (None when the plan has none)."""
+    """One fresh constraint per choice (None when the plan has none), with the server's grammar compiler."""
+    key = id(state.tokenizer)
+    if key not in _GRAMMARS:
+        _GRAMMARS[key] = Grammars(
+            state.tokenizer, state.engine.info.vocab_size, tuple(state.engine.info.eos_ids)
+        )
+    return plan_constraints(_GRAMMARS[key], plan, n)
+
+
+def plan_constraints(grammars: Grammars, plan: ChatPlan, n: int) -> list[Any]:
+    """One fresh constraint per choice for a chat plan: its grammar compiled, its banned ids."""
     if plan.grammar is None and not plan.banned:
         return [None] * n
-    vocab = state.engine.info.vocab_size
-    out = []
     grammar = None
     if plan.grammar is not None:
-        key = id(state.tokenizer)
-        if key not in _GRAMMARS:
-            _GRAMMARS[key] = Grammars(state.tokenizer, vocab, tuple(state.engine.info.eos_ids))
         try:
-            grammar = _GRAMMARS[key].compile(plan.grammar)
+            grammar = grammars.compile(plan.grammar)
         except GrammarError as error:
             raise ConstraintError(f"{plan.grammar_for}: the constraint library refused it ({error})",
                                   plan.grammar_for) from None  # fmt: skip
+    out = []
     for i in range(n):
         parts = []
         if grammar is not None:
             parts.append(grammar if i == 0 else grammar.copy())
         if plan.banned:
-            parts.append(BannedTokens(vocab, plan.banned))
+            parts.append(BannedTokens(grammars.vocab_size, plan.banned))
         out.append(parts[0] if len(parts) == 1 else AllOf(parts))
     return out
 
