@@ -81,7 +81,7 @@ class FastRunner:
         one-row decode step of the first context bucket."""
         for key in keys if keys is not None else (StepKey(1, self.buckets[0]),):
             zeros = np.zeros(MAX_ROWS, np.int64)
-            self._launch(Tile((), key, zeros, zeros, np.full(MAX_ROWS, self.kv.dummy_slot, np.int64)))
+            self.launch(Tile((), key, zeros, zeros, np.full(MAX_ROWS, self.kv.dummy_slot, np.int64)))
 
     def fill_context(self, slot: int, tokens: int) -> None:
         """Benchmarks only: make a slot hold `tokens` tokens of whatever its KV rows contain, without running them."""
@@ -119,7 +119,7 @@ class FastRunner:
     def _run(self, tile: Tile) -> torch.Tensor:
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
-        logits = self._launch(tile)
+        logits = self.launch(tile)
         for row in tile.rows:
             state = self._slots.setdefault(row.slot, _Slot())
             state.position = row.position + 1
@@ -127,9 +127,13 @@ class FastRunner:
                 state.history = [*state.history, row.token][-self._lookback() :]
         return logits
 
-    def _launch(self, tile: Tile) -> torch.Tensor:
+    def launch(self, tile: Tile) -> torch.Tensor:
+        """Run one step as it is (inputs in, graph replayed or captured, no slot bookkeeping); the static logits."""
         self.forward.buffers.load(tile, self._engram_ids(tile))
-        key = tile.key
+        return self.replay(tile.key)
+
+    def replay(self, key: StepKey) -> torch.Tensor:
+        """Run the step of `key` on the inputs already loaded (graphed when the cache may); the static logits."""
         self.graphs.run(key, lambda: self.forward.step(key), buffers=self._baked)
         return self.forward.buffers.logits
 

@@ -1,0 +1,228 @@
+"""The fast forward on a GPU: graphs, exactness, kernels' row invariance, agreement with the reference (skipped without CUDA).
+
+On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps);
+concurrent == solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for
+bit; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are;
+fast vs reference over 520 teacher-forced random positions: top-1 >= 99 % and logits within GPU_ATOL = 0.02
+(the GEMM kernel rounds its rotated input to fp16: emulating that on the CPU gave at most 2.0e-3 over three
+seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set TFC_FLASH_IMAGE to a prepared
+`tfc fixture flash-random --layers 4` image: `tfc fixture flash-random /tmp/fr --layers 4 -j 16 && tfc prepare
+/tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 4 tokens against the reference forward on
+the same weights decoded on the device, within FLASH_RTOL = 2e-2 of each one's largest value.
+Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3 minutes)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tfc.cli import cli
+
+pytestmark = pytest.mark.gpu
+
+GPU_ATOL = 0.02
+FLASH_RTOL = 2e-2
+FAST = {"slots": 16, "tokens_per_slot": 1024, "context_step": 256, "page_tokens": 64}
+
+
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    store = tmp_path_factory.mktemp("img")
+    result = CliRunner().invoke(
+        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
+    )
+    assert result.exit_code == 0, result.output
+    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _runner(image, graphs: bool, **options):
+    from tfc.runtime.boot.rank import boot
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    booted = boot(image, device="cuda", graphs=graphs)
+    return booted, build_fast(booted, **{**FAST, **options})
+
+
+@pytest.fixture(scope="module")
+def graphed(image):
+    booted, runner = _runner(image, True)
+    yield runner
+    booted.close()
+
+
+@pytest.fixture(scope="module")
+def eager(image):
+    booted, runner = _runner(image, False)
+    yield runner
+    booted.close()
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 640, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_graph_replay_equals_eager_over_64_greedy_steps(graphed, eager):
+    from tfc.runtime.engine.generate import generate
+
+    prompt = [0, *range(100, 130)]
+    runs = [generate(r, [prompt], 64, keep_logits=True)[0] for r in (eager, graphed)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 64
+    assert torch.equal(torch.stack(runs[0].logits), torch.stack(runs[1].logits))
+    stats = graphed.stats()["graphs"]
+    assert stats["captures"] >= 2 and stats["replays"] >= 60 and stats["fallbacks"] == 0
+    assert eager.stats()["graphs"]["captures"] == 0
+
+
+def test_concurrent_equals_solo_from_1_to_16_rows_in_any_slot(graphed):
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+    toks = _tokens(48, 7)
+    solo = graphed.logits_of(0, toks, 0)
+    graphed.release(0)
+    others = {s: _tokens(200, 30 + s) for s in range(1, 16) if s != 9}
+    at = dict.fromkeys(others, 0)
+    got = []
+    for i, t in enumerate(toks):
+        rows = [SequenceStep(9, (t,), i)]
+        for s in list(others)[: i % 16]:  # 1 to 16 rows a step, the others decoding or prefilling
+            take = 1 + (i + s) % 3 if s % 4 == 0 else 1
+            rows.append(SequenceStep(s, tuple(others[s][at[s] : at[s] + take]), at[s]))
+            at[s] += take
+        got.append(graphed.execute(StepPlan(tuple(rows))).logits[0])
+    assert torch.equal(torch.stack(got), solo)
+    for s in (*others, 9):
+        graphed.release(s)
+
+
+def test_prefill_in_any_chunking_equals_decode(graphed):
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+    toks = _tokens(90, 5)
+    whole = graphed.logits_of(3, toks, 0)
+    graphed.release(3)
+    for size in (1, 5, 16, 37):
+        parts = [graphed.logits_of(3, toks[lo : lo + size], lo) for lo in range(0, len(toks), size)]
+        assert torch.equal(torch.cat(parts), whole), size
+        graphed.release(3)
+    engine = graphed.execute(StepPlan((SequenceStep(3, tuple(toks), 0),))).logits[0]
+    assert torch.equal(engine, whole[-1])
+    graphed.release(3)
+
+
+def test_pinned_kernel_launches_give_a_row_the_same_bits_whatever_its_neighbours(graphed):
+    w, ops = graphed.forward.weights, graphed.forward.ops
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in ("layers.0.attn.wq_a", "layers.2.attn.wo_b", "head"):
+        lin = w.linear(name)
+        x = torch.randn(16, lin.k, device="cuda", generator=gen)
+        alone = x.clone()
+        alone[1:] = 0
+        assert torch.equal(ops.linear(x, lin)[0], ops.linear(alone, lin)[0]), name
+    cfg = graphed.forward.cfg
+    for layer in (0, 2, 4):
+        tables = w.experts(f"layers.{layer}")
+        x = torch.randn(16, cfg.hidden_size, device="cuda", generator=gen)
+        ids = torch.stack([torch.randperm(8, device="cuda", generator=gen)[:2] for _ in range(16)])
+        wts = torch.rand(16, 2, device="cuda", generator=gen) + 0.1
+        many = ops.moe(x, ids, wts, tables, cfg.swiglu_limit)
+        for rows in (1, 3, 8):
+            assert torch.equal(
+                ops.moe(x[:rows], ids[:rows], wts[:rows], tables, cfg.swiglu_limit), many[:rows]
+            )
+
+
+def test_fast_matches_the_reference_teacher_forced(graphed):
+    from tfc.runtime.models.dsv41.reference import Dsv41Model
+    from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+
+    cfg, weights = load_dense_weights(graphed.forward.weights.image.path)
+    feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+    model = Dsv41Model(cfg, weights)
+    toks = _tokens(520, 11)
+    want = model.forward([toks], [model.new_state()], [feed.rows([], toks)])[0]
+    got = graphed.logits_of(5, toks, 0).cpu()
+    graphed.release(5)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
+    torch.testing.assert_close(got, want, rtol=0, atol=GPU_ATOL)
+
+
+def test_unpinned_launches_run_and_stay_close(image, graphed):
+    booted, loose = _runner(image, True, exact=False)
+    try:
+        toks = _tokens(40, 3)
+        got = loose.logits_of(0, toks, 0)
+        want = graphed.logits_of(6, toks, 0)
+        graphed.release(6)
+        torch.testing.assert_close(got, want, rtol=0, atol=GPU_ATOL)
+    finally:
+        booted.close()
+
+
+def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
+    args = [
+        "generate",
+        str(image),
+        "--prompt",
+        "Hello there",
+        "--max-tokens",
+        "12",
+        "--device",
+        "cuda",
+        "--json",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.output.strip().splitlines()[-1])
+    assert run["runner"] == "fast" and run["graphs"]["captures"] >= 1 and run["graphs"]["replays"] >= 10
+    assert run["prefill_tok_s"] > 0 and run["decode_tok_s"] > 0
+    eager = json.loads(CliRunner().invoke(cli, [*args, "--no-graphs"]).output.strip().splitlines()[-1])
+    assert eager["token_sha"] == run["token_sha"] and eager["graphs"]["captures"] == 0
+    result = CliRunner().invoke(cli, ["load", str(image), "--device", "cuda", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["graph_counts"]["captures"] == 1
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
+)
+def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
+    from tfc.runtime.boot.rank import boot
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+    from tfc.runtime.models.dsv41.reference import Dsv41Model
+
+    booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
+    try:
+        fast = build_fast(booted, slots=1, tokens_per_slot=4096)
+        cfg = fast.forward.cfg
+        toks = [0, 17, 4242, 99]
+        fast.forward.trace = []
+        got = fast.logits_of(0, toks, 0)
+        trace, fast.forward.trace = fast.forward.trace, None
+        model = Dsv41Model(
+            cfg, DeviceDense(fast.forward.weights), dtype=torch.float32, device="cuda", engram=False
+        )
+        layers: list[torch.Tensor] = []
+        block = model._block
+
+        def record(*args, **kwargs):
+            streams, pre = block(*args, **kwargs)
+            layers.append(streams)
+            return streams, pre
+
+        model._block = record
+        want = model.forward([toks], [model.new_state()])[0]
+        for layer in range(cfg.num_hidden_layers):
+            ref = layers[layer]
+            bound = FLASH_RTOL * float(ref.abs().max())
+            torch.testing.assert_close(
+                trace[layer][: len(toks)], ref, rtol=0, atol=bound, msg=f"layer {layer}"
+            )
+        torch.testing.assert_close(got, want, rtol=0, atol=FLASH_RTOL * float(want.abs().max()))
+    finally:
+        booted.close()
