@@ -74,9 +74,11 @@ def masked(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
     """Logits [V] with every id the mask forbids set to -inf (ids past the mask too); unchanged when None."""
     if allowed is None:
         return logits
-    n = min(logits.numel(), allowed.numel())
-    keep = torch.zeros(logits.numel(), dtype=torch.bool)
-    keep[:n] = allowed[:n]
-    if not bool(keep.any()):  # a constraint that allows nothing cannot steer: leave the model be
+    if allowed.numel() != logits.numel():
+        keep = torch.zeros(logits.numel(), dtype=torch.bool)
+        n = min(logits.numel(), allowed.numel())
+        keep[:n] = allowed[:n]
+        allowed = keep
+    if not bool(allowed.any()):  # a constraint that allows nothing cannot steer: leave the model be
         return logits
-    return logits.masked_fill(~keep, float("-inf"))
+    return logits.masked_fill(~allowed, float("-inf"))

@@ -93,9 +93,11 @@ class GrammarConstraint:
             self.failed = self.failed or self.matcher.get_error()
             return None
         flags = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), bitorder="little")[: self.vocab_size]
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        mask[: flags.size] = torch.from_numpy(flags.astype(np.bool_))
-        return mask
+        if (
+            flags.size < self.vocab_size
+        ):  # a model vocabulary wider than the tokenizer's: the rest is never allowed
+            flags = np.concatenate([flags, np.zeros(self.vocab_size - flags.size, dtype=np.uint8)])
+        return torch.from_numpy(flags.view(np.bool_))
 
     def advance(self, token: int) -> None:
         if self._next is not None:  # a mask computed for a step whose pick came from elsewhere
