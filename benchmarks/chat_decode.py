@@ -97,13 +97,9 @@ async def run(args) -> dict:
 
 
 def _machine() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{platform.machine()}, {line.split(':', 1)[1].strip()}"
-    except OSError:
-        pass
-    return platform.machine()
+    from cli_flash import _cpu
+
+    return f"{platform.machine()}, {_cpu()}"
 
 
 def main() -> int:

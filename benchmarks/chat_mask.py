@@ -153,23 +153,15 @@ def main() -> int:
     for name in ("llguidance", "xgrammar"):
         with contextlib.suppress(PackageNotFoundError):
             versions[name] = version(name)
-    report = {"machine": f"{platform.processor() or platform.machine()}, {_cpu()}", "threads": 1,
+    from cli_flash import _cpu
+
+    report = {"machine": f"{platform.machine()}, {_cpu()}", "threads": 1,
               "vocab": tok.get_vocab_size(), "llguidance_tokenizer_setup_s": round(setup, 3),
               "versions": versions, "schemas": results}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -48,6 +48,19 @@ def tiny_pack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_image(tiny_pack, tmp_path_factory):
+    """The tiny pack prepared at TP=1 once per session (the demo's image; treat as read-only)."""
+    from click.testing import CliRunner
+
+    from tfc.cli import cli
+
+    store = tmp_path_factory.mktemp("tiny-store")
+    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
+    assert result.exit_code == 0, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
 def flash_headers_pack(tmp_path_factory):
     """The full-geometry DeepSeek-V4.1-Flash pack with payloads as holes (treat as read-only)."""
     from tfc.fixtures.flash_headers import write_flash_headers

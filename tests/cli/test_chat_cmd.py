@@ -8,17 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
-
-from tfc.cli import cli
 
 
-@pytest.fixture(scope="module")
-def image(tiny_pack, tmp_path_factory):
-    store = tmp_path_factory.mktemp("chat-store")
-    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
-    assert result.exit_code == 0, result.output
-    return result.output.strip().splitlines()[-1]
+@pytest.fixture
+def image(tiny_image):
+    return tiny_image
 
 
 def chat(image: str, lines: str, *args: str) -> subprocess.CompletedProcess:

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 from support.server import ServerProcess
-
-from tfc.cli import cli
 
 
 @pytest.fixture(scope="session")
-def served_image(tiny_pack, tmp_path_factory):
+def served_image(tiny_image):
     """The tiny TP=1 image (the demo's)."""
-    store = tmp_path_factory.mktemp("serve-store")
-    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
-    assert result.exit_code == 0, result.output
-    return result.output.strip().splitlines()[-1]
+    return tiny_image
 
 
 @pytest.fixture(scope="module")
