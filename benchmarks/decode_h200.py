@@ -194,29 +194,20 @@ def reference_weights(runner):
 
 def check_layers(runner) -> dict:
     """The slice's streams per layer and logits of 4 tokens against the reference on device-decoded weights."""
+    from tfc.runtime.models.dsv41.fast.dense_check import fast_layers, reference_layers
     from tfc.runtime.models.dsv41.reference import Dsv41Model
 
     toks = [0, 17, 4242 % runner.info.vocab_size, 99]
-    runner.forward.trace = []
-    got = runner.logits_of(15, toks, 0)
-    trace, runner.forward.trace = runner.forward.trace, None
-    runner.release(15)
-    cfg = runner.forward.cfg
-    model = Dsv41Model(cfg, reference_weights(runner), dtype=torch.float32, device=DEV, engram=False)
-    layers, block = [], model._block
-
-    def record(*args, **kwargs):
-        streams, pre = block(*args, **kwargs)
-        layers.append(streams)
-        return streams, pre
-
-    model._block = record
-    want = model.forward([toks], [model.new_state()])[0]
+    got, streams = fast_layers(runner, 15, toks)
+    model = Dsv41Model(
+        runner.forward.cfg, reference_weights(runner), dtype=torch.float32, device=DEV, engram=False
+    )
+    want, layers = reference_layers(model, toks)
     errs = [
-        float((trace[i][: len(toks)] - ref).abs().max() / ref.abs().max()) for i, ref in enumerate(layers)
+        float((mine - ref).abs().max() / ref.abs().max()) for mine, ref in zip(streams, layers, strict=True)
     ]
     logit = float((got - want).abs().max() / want.abs().max())
-    del model
+    del model, layers
     if DEV.type == "cuda":
         torch.cuda.empty_cache()
     # within the GPU test's 2e-2 passes; beyond 0.1 something is wrong, and nothing is timed

@@ -4,6 +4,7 @@
 EXL3 groups and expert-table entries are decoded on first use with the kernels' Triton dense decode
 (kernels/exl3_decode.py, itself tested against the numpy reference). It lets a GPU check the fast forward
 against the reference at Flash geometry, where the numpy decode would take minutes; nothing serves from it.
+`reference_layers` / `fast_layers` run one sequence through either forward keeping every layer's streams.
 """
 
 from __future__ import annotations
@@ -70,3 +71,37 @@ class DeviceDense(Mapping):
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def reference_layers(model, tokens: list[int], engram_rows=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(logits [n, V], each layer's output streams [n, hc, D]) of one fresh sequence through the reference."""
+    layers: list[torch.Tensor] = []
+    block = model._block
+
+    def record(*args, **kwargs):
+        streams, pre = block(*args, **kwargs)
+        layers.append(streams)
+        return streams, pre
+
+    model._block = record
+    try:
+        logits = model.forward([tokens], [model.new_state()], engram_rows)[0]
+    finally:
+        del model._block
+    return logits, layers
+
+
+def fast_layers(runner, slot: int, tokens: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(logits [n, V], each layer's output streams [n, hc, D]) of a fresh sequence in `slot` (released after)."""
+    forward = runner.forward
+    forward.trace = []
+    try:
+        logits = runner.logits_of(slot, tokens, 0)
+        trace = forward.trace
+    finally:
+        forward.trace = None
+        runner.release(slot)
+    n = forward.cfg.num_hidden_layers
+    steps = len(trace) // n
+    layers = [torch.cat([trace[s * n + i] for s in range(steps)])[: len(tokens)] for i in range(n)]
+    return logits, layers

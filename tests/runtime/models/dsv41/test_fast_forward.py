@@ -17,8 +17,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from support.dsv41_image import prepared_image
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
+from tfc.runtime.models.dsv41.fast.dense_check import fast_layers, reference_layers
 from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
 from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -36,12 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 @pytest.fixture(scope="module")
 def image(tiny_pack, tmp_path_factory):
     """The tiny pack's prepared TP=1 image (with its Engram tables)."""
-    store = tmp_path_factory.mktemp("img")
-    result = CliRunner().invoke(
-        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
-    )
-    assert result.exit_code == 0, result.output
-    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
 
 
 @pytest.fixture(scope="module")
@@ -63,66 +60,39 @@ def _tokens(n: int, seed: int, vocab: int = 640) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _fresh(runner, slot: int) -> None:
-    runner.release(slot)
-
-
 def test_fast_matches_the_reference_teacher_forced_at_every_layer_mode(fast, reference):
     model, feed = reference
     cfg = model.config
     toks = _tokens(POSITIONS, 11)
-    layers: list[torch.Tensor] = []
-    block = model._block
-
-    def record(*args, **kwargs):
-        streams, pre = block(*args, **kwargs)
-        layers.append(streams)
-        return streams, pre
-
-    model._block = record
-    try:
-        want = model.forward([toks], [model.new_state()], [feed.rows([], toks)])[0]
-    finally:
-        del model._block
-    fast.forward.trace = []
-    try:
-        got = fast.logits_of(0, toks, 0)
-        trace = fast.forward.trace
-    finally:
-        fast.forward.trace = None
-        _fresh(fast, 0)
+    want, layers = reference_layers(model, toks, [feed.rows([], toks)])
+    got, streams = fast_layers(fast, 0, toks)
     assert got.shape == want.shape == (POSITIONS, cfg.vocab_size)
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.99
     torch.testing.assert_close(got, want, rtol=0, atol=LOGIT_ATOL)
-    n = cfg.num_hidden_layers
-    steps = len(trace) // n
-    modes = set()
-    for layer in range(n):
-        streams = torch.cat([trace[s * n + layer] for s in range(steps)])[:POSITIONS]
-        bound = STREAM_RTOL * float(layers[layer].abs().max())
-        torch.testing.assert_close(streams, layers[layer], rtol=0, atol=bound, msg=f"layer {layer}")
-        modes.add(cfg.layer_mode(layer).mode)
-    assert modes == {"swa", "full", "reindex", "reuse"}
+    for layer, (mine, ref) in enumerate(zip(streams, layers, strict=True)):
+        bound = STREAM_RTOL * float(ref.abs().max())
+        torch.testing.assert_close(mine, ref, rtol=0, atol=bound, msg=f"layer {layer}")
+    assert {m.mode for m in cfg.modes} == {"swa", "full", "reindex", "reuse"}
     assert want.std() > 0.1
 
 
 def test_prefill_chunking_and_decode_give_the_same_bits(fast):
     toks = _tokens(70, 5)
     whole = fast.logits_of(1, toks, 0)
-    _fresh(fast, 1)
+    fast.release(1)
     for size in (5, 16, 23):
         parts = [fast.logits_of(1, toks[lo : lo + size], lo) for lo in range(0, len(toks), size)]
         assert torch.equal(torch.cat(parts), whole), size
-        _fresh(fast, 1)
+        fast.release(1)
     decoded = [fast.execute(StepPlan((SequenceStep(1, (t,), i),))).logits[0] for i, t in enumerate(toks)]
     assert torch.equal(torch.stack(decoded), whole)
-    _fresh(fast, 1)
+    fast.release(1)
 
 
 def test_concurrent_equals_solo_in_any_slot(fast):
     toks = _tokens(40, 7)
     solo = fast.logits_of(2, toks, 0)
-    _fresh(fast, 2)
+    fast.release(2)
     others = {s: _tokens(60, 20 + s) for s in (0, 1, 3, 5)}
     at = dict.fromkeys(others, 0)
     got = []
@@ -136,7 +106,7 @@ def test_concurrent_equals_solo_in_any_slot(fast):
         got.append(fast.execute(StepPlan(tuple(rows))).logits[0])
     assert torch.equal(torch.stack(got), solo)
     for s in (*others, 4):
-        _fresh(fast, s)
+        fast.release(s)
 
 
 def test_released_slots_give_their_pages_back_and_run_fresh(fast):

@@ -20,6 +20,7 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
+from support.dsv41_image import prepared_image
 
 from tfc.cli import cli
 
@@ -32,12 +33,7 @@ FAST = {"slots": 16, "tokens_per_slot": 1024, "context_step": 256, "page_tokens"
 
 @pytest.fixture(scope="module")
 def image(tiny_pack, tmp_path_factory):
-    store = tmp_path_factory.mktemp("img")
-    result = CliRunner().invoke(
-        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
-    )
-    assert result.exit_code == 0, result.output
-    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
 
 
 def _runner(image, graphs: bool, **options):
@@ -193,35 +189,21 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
 def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense, fast_layers, reference_layers
     from tfc.runtime.models.dsv41.reference import Dsv41Model
 
     booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
     try:
         fast = build_fast(booted, slots=1, tokens_per_slot=4096)
-        cfg = fast.forward.cfg
-        toks = [0, 17, 4242, 99]
-        fast.forward.trace = []
-        got = fast.logits_of(0, toks, 0)
-        trace, fast.forward.trace = fast.forward.trace, None
+        cfg, toks = fast.forward.cfg, [0, 17, 4242, 99]
+        got, streams = fast_layers(fast, 0, toks)
         model = Dsv41Model(
             cfg, DeviceDense(fast.forward.weights), dtype=torch.float32, device="cuda", engram=False
         )
-        layers: list[torch.Tensor] = []
-        block = model._block
-
-        def record(*args, **kwargs):
-            streams, pre = block(*args, **kwargs)
-            layers.append(streams)
-            return streams, pre
-
-        model._block = record
-        want = model.forward([toks], [model.new_state()])[0]
-        for layer in range(cfg.num_hidden_layers):
-            ref = layers[layer]
-            bound = FLASH_RTOL * float(ref.abs().max())
+        want, layers = reference_layers(model, toks)
+        for layer, (mine, ref) in enumerate(zip(streams, layers, strict=True)):
             torch.testing.assert_close(
-                trace[layer][: len(toks)], ref, rtol=0, atol=bound, msg=f"layer {layer}"
+                mine, ref, rtol=0, atol=FLASH_RTOL * float(ref.abs().max()), msg=f"layer {layer}"
             )
         torch.testing.assert_close(got, want, rtol=0, atol=FLASH_RTOL * float(want.abs().max()))
     finally:

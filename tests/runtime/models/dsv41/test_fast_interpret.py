@@ -19,9 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
-
-from tfc.cli import cli
+from support.dsv41_image import prepared_image
 
 pytestmark = pytest.mark.slow
 
@@ -74,12 +72,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def image(tiny_pack, tmp_path_factory):
-    store = tmp_path_factory.mktemp("img")
-    result = CliRunner().invoke(
-        cli, ["prepare", str(tiny_pack), "-o", str(store), "--engram-dir", str(tiny_pack)]
-    )
-    assert result.exit_code == 0, result.output
-    return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
 
 
 def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(image):
