@@ -18,6 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from support.dsv41_image import prepared_image
+from support.fast_steps import decode_alongside
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.dense_check import fast_layers, reference_layers
@@ -94,19 +95,9 @@ def test_concurrent_equals_solo_in_any_slot(fast):
     solo = fast.logits_of(2, toks, 0)
     fast.release(2)
     others = {s: _tokens(60, 20 + s) for s in (0, 1, 3, 5)}
-    at = dict.fromkeys(others, 0)
-    got = []
-    for i, t in enumerate(toks):
-        rows = [SequenceStep(4, (t,), i)]  # the sequence runs in another slot now
-        for s in others:
-            take = (i + s) % 4  # 0 to 3 tokens each: steps of 1 to 14 rows, prefill and decode mixed
-            if take:
-                rows.append(SequenceStep(s, tuple(others[s][at[s] : at[s] + take]), at[s]))
-                at[s] += take
-        got.append(fast.execute(StepPlan(tuple(rows))).logits[0])
-    assert torch.equal(torch.stack(got), solo)
-    for s in (*others, 4):
-        fast.release(s)
+    # 0 to 3 tokens each: steps of 1 to 14 rows, prefill and decode mixed; the sequence in another slot now
+    got = decode_alongside(fast, 4, toks, others, lambda i, s: (i + s) % 4)
+    assert torch.equal(got, solo)
 
 
 def test_released_slots_give_their_pages_back_and_run_fresh(fast):

@@ -21,6 +21,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from support.dsv41_image import prepared_image
+from support.fast_steps import decode_alongside
 
 from tfc.cli import cli
 
@@ -75,24 +76,18 @@ def test_graph_replay_equals_eager_over_64_greedy_steps(graphed, eager):
 
 
 def test_concurrent_equals_solo_from_1_to_16_rows_in_any_slot(graphed):
-    from tfc.runtime.worker.step import SequenceStep, StepPlan
-
     toks = _tokens(48, 7)
     solo = graphed.logits_of(0, toks, 0)
     graphed.release(0)
     others = {s: _tokens(200, 30 + s) for s in range(1, 16) if s != 9}
-    at = dict.fromkeys(others, 0)
-    got = []
-    for i, t in enumerate(toks):
-        rows = [SequenceStep(9, (t,), i)]
-        for s in list(others)[: i % 16]:  # 1 to 16 rows a step, the others decoding or prefilling
-            take = 1 + (i + s) % 3 if s % 4 == 0 else 1
-            rows.append(SequenceStep(s, tuple(others[s][at[s] : at[s] + take]), at[s]))
-            at[s] += take
-        got.append(graphed.execute(StepPlan(tuple(rows))).logits[0])
-    assert torch.equal(torch.stack(got), solo)
-    for s in (*others, 9):
-        graphed.release(s)
+    order = list(others)
+
+    def takes(i: int, s: int) -> int:  # the first i % 16 others join step i, a few of them prefilling
+        if order.index(s) >= i % 16:
+            return 0
+        return 1 + (i + s) % 3 if s % 4 == 0 else 1
+
+    assert torch.equal(decode_alongside(graphed, 9, toks, others, takes), solo)
 
 
 def test_prefill_in_any_chunking_equals_decode(graphed):
