@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tfc.runtime.boot.kernel_cache import use_store_cache
 from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
 from tfc.runtime.worker.step import Capacity, ModelInfo, ModelRunner, StepOutput, StepPlan
@@ -25,6 +26,7 @@ class Worker:
         self.family: Family = family_for(booted.image.manifest.family, str(booted.image.path))
         self.runner: ModelRunner | None = None
         self.kind: str | None = None  # the runner kind load_model built (fast | reference)
+        self.kernel_cache: Path | None = None  # where Triton keeps this GPU's compiled kernels (in the store)
 
     @classmethod
     def start(
@@ -66,6 +68,7 @@ class Worker:
         if kind == "auto":
             kind = "fast" if self.booted.arena.device.type == "cuda" else "reference"
         self.kind = kind
+        self.kernel_cache = use_store_cache(self.booted.image.path, self.device)
         with self.booted.phases.time("model", note=f"{self.family.name} {kind} forward") as ph:
             self.runner = self.family.build_runner(
                 self.booted.image,
