@@ -51,9 +51,9 @@ def build_image(tmp: Path) -> str:
     return tfc("prepare", str(tmp / "pack"), "--tp", "1", "--store", str(tmp / "store"))
 
 
-def generate_rate(image: str, tokens: int) -> dict:
+def generate_rate(image: str, tokens: int, device: str = "cpu") -> dict:
     out = json.loads(tfc("generate", image, "--prompt", PROMPT, "--max-tokens", str(tokens), "--ignore-eos",
-                         "--device", "cpu", "--json"))  # fmt: skip
+                         "--device", device, "--json"))  # fmt: skip
     return {"decode_tok_s": out["decode_tok_s"], "tokens": len(out["tokens"]), "token_sha": out["token_sha"]}
 
 
@@ -98,9 +98,9 @@ def level(client, streams: int, reqs: int, tokens: int) -> dict:
     return out
 
 
-def ready_time(image: str) -> float:
+def ready_time(image: str, device: str = "cpu") -> float:
     started = time.perf_counter()
-    proc = ServerProcess(image, "--model-name", "tiny", env=ENV)
+    proc = ServerProcess(image, "--model-name", "tiny", env=ENV, device=device)
     try:
         proc.wait_ready(300)
         return time.perf_counter() - started
@@ -116,18 +116,26 @@ def main() -> None:
     ap.add_argument("--reqs-per", type=int, default=16)
     ap.add_argument("--level-tokens", type=int, default=24)
     ap.add_argument("--ready-reps", type=int, default=3)
+    ap.add_argument("--image", help="serve this prepared image instead of building the tiny one")
+    ap.add_argument("--device", default="cpu", help="cpu (the reference forward) or cuda (the fast forward)")
+    ap.add_argument("--no-levels", action="store_true", help="skip the 1/4/16-stream levels")
     args = ap.parse_args()
     from openai import OpenAI
 
     with tempfile.TemporaryDirectory() as tmp:
-        image = build_image(Path(tmp))
+        image = args.image or build_image(Path(tmp))
         result: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
-                        "image": "tfc fixture tiny, TP=1", "generate": [], "http": []}  # fmt: skip
-        with ServerProcess(image, "--model-name", "tiny", "--max-seqs", "16", env=ENV) as server:
+                        "image": args.image or "tfc fixture tiny, TP=1", "device": args.device,
+                        "generate": [], "http": []}  # fmt: skip
+        if args.device != "cpu":  # the first start compiles the kernels into the store; time the restarts
+            result["first_start_s"] = ready_time(image, args.device)
+        with ServerProcess(
+            image, "--model-name", "tiny", "--max-seqs", "16", env=ENV, device=args.device
+        ) as server:
             client = OpenAI(base_url=server.url + "/v1", api_key="bench", max_retries=0, timeout=600)
             stream_one(client, 4)  # warm the route
             for _ in range(args.reps):
-                result["generate"].append(generate_rate(image, args.tokens))
+                result["generate"].append(generate_rate(image, args.tokens, args.device))
                 result["http"].append(stream_one(client, args.tokens))
             result["levels"] = [
                 level(client, c, max(c, args.reqs_per), args.level_tokens) for c in (1, 4, 16)

@@ -25,7 +25,14 @@ def free_port() -> int:
 class ServerProcess:
     """`tfc serve IMAGE` in a child process; `url`, `get`, `stop`; the log is kept for failures."""
 
-    def __init__(self, image: str | Path, *args: str, env: dict | None = None, log: Path | None = None):
+    def __init__(
+        self,
+        image: str | Path,
+        *args: str,
+        env: dict | None = None,
+        log: Path | None = None,
+        device: str = "cpu",
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
