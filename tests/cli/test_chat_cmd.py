@@ -21,6 +21,7 @@ def chat(image: str, lines: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, input=lines, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_each_line_gets_a_reply_and_the_conversation_is_kept(image):
     out = chat(image, "Hello\n\n/reset\nHello\n/exit\nnot read\n", "--max-tokens", "5", "--temperature", "0")
     assert out.returncode == 0, out.stderr
@@ -29,6 +30,7 @@ def test_each_line_gets_a_reply_and_the_conversation_is_kept(image):
     assert replies[0] == replies[1]  # after /reset the same greedy reply
 
 
+@pytest.mark.slow
 def test_a_required_tool_call_prints_as_json(image, tmp_path):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}]  # fmt: skip

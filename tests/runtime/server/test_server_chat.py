@@ -80,6 +80,7 @@ def _schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
 
 
+@pytest.mark.slow
 def test_json_schema_holds_a_random_model_every_time(client):
     def one(i: int):
         schema = SCHEMAS[i % len(SCHEMAS)]
@@ -95,6 +96,7 @@ def test_json_schema_holds_a_random_model_every_time(client):
         assert valid(json.loads(choice.message.content), schema), choice.message.content
 
 
+@pytest.mark.slow
 def test_json_object_and_a_streamed_schema(client):
     r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, temperature=0.7, seed=3,
                                        response_format={"type": "json_object"})  # fmt: skip
@@ -120,6 +122,7 @@ def _check_call(call, tools: list[dict]) -> None:
     assert valid(json.loads(call.function.arguments), fns[call.function.name]["parameters"])
 
 
+@pytest.mark.slow
 def test_tool_choice_required_always_yields_a_parseable_call(client):
     def one(i: int):
         return client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, PING], tool_choice="required",
@@ -135,6 +138,7 @@ def test_tool_choice_required_always_yields_a_parseable_call(client):
             _check_call(call, [WEATHER, PING])
 
 
+@pytest.mark.slow
 def test_a_named_tool_choice_streams_arguments_that_join_into_its_json(client):
     kw = {"model": "tiny", "messages": USER, "tools": [WEATHER, PING], "max_tokens": 96, "temperature": 1.0,
           "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
@@ -152,6 +156,7 @@ def test_a_named_tool_choice_streams_arguments_that_join_into_its_json(client):
         assert chunks[-1].choices[0].token_sha == whole.choices[0].token_sha
 
 
+@pytest.mark.slow
 def test_tool_choice_none_and_auto_never_leak_markup(client):
     for choice in ("none", "auto"):
         for seed in range(1):
@@ -162,6 +167,7 @@ def test_tool_choice_none_and_auto_never_leak_markup(client):
                 assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_a_tool_round_trip_renders(client, server):
     msgs = [*USER, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
@@ -173,6 +179,7 @@ def test_a_tool_round_trip_renders(client, server):
     assert status == 200 and body["count"] == r.usage.prompt_tokens
 
 
+@pytest.mark.slow
 def test_thinking_cut_by_max_tokens_says_so(client):
     kw = {"model": "tiny", "messages": USER, "max_tokens": 6, "temperature": 0,
           "extra_body": {"chat_template_kwargs": {"thinking": True}}}  # fmt: skip
@@ -191,6 +198,7 @@ def test_thinking_cut_by_max_tokens_says_so(client):
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 6
 
 
+@pytest.mark.slow
 def test_tokenize_gives_the_ids_the_model_sees(client, server):
     body = {"messages": USER, "tools": [WEATHER], "chat_template_kwargs": {"enable_thinking": True},
             "reasoning_effort": "max", "response_format": {"type": "json_object"}}  # fmt: skip
