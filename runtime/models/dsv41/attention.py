@@ -10,7 +10,9 @@ Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`Deepseek
     o     = rope^-1(o)  (removes the query rotation carried by V's rope slice)
     y     = concat_g(o[heads of group g] @ wo_a.slice.g) @ wo_b
 rope is the `compress` table on layers with compress_ratio > 0 and `main` on the others. The layer computes
-in float64 (runtime/models/dsv41/numerics.py); its result and the state it keeps take x's dtype.
+in float64 (runtime/models/dsv41/numerics.py); its result and the state it keeps take x's dtype. Heads are
+attended one wo_a group at a time (a TP rank holds whole groups); wo_b's 128-row block products are summed
+as fixed-point integers, added across ranks by the shard.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from tfc.runtime.models.dsv41.csa import (
     topk_bias,
     visible,
 )
-from tfc.runtime.models.dsv41.numerics import WIDE, linear, wide
+from tfc.runtime.models.dsv41.numerics import WIDE, column_linear, fixed_sum, linear, row_partials, wide
 from tfc.runtime.models.dsv41.quant import fake_quant_fp4, fake_quant_fp8
 from tfc.runtime.models.dsv41.rope import Rope, apply_rope
+from tfc.runtime.models.dsv41.shard import Shard
 from tfc.runtime.models.dsv41.state import SequenceState, WindowRing, new_compressor
 
 Getter = Callable[[str], torch.Tensor]
@@ -82,19 +85,22 @@ def attention(
     cfg: Dsv41Config,
     get: Getter,
     rope: Rope,
+    shard: Shard | None = None,
 ) -> torch.Tensor:
     """One attention layer on flat tokens x [T, D] at positions [T]; updates each segment's state.
 
     Computes in float64; the result, the window ring and the compressor state take x's dtype."""
     p = f"layers.{mode.layer}.attn"
-    eps, heads, hd = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.head_dim
+    shard = shard or Shard()
+    eps, hd = cfg.rms_norm_eps, cfg.head_dim
+    groups, per = shard.local_groups(cfg.o_groups), cfg.num_attention_heads // cfg.o_groups
     act, x = x.dtype, x.to(WIDE)
     cos, sin = (
         t.to(WIDE) for t in rope.cos_sin(positions, "compress" if mode.compress_ratio else "main", act)
     )
     q_res = rms_norm(linear(x, get(f"{p}.wq_a")), get(f"{p}.q_norm.weight"), eps)
     q = apply_rope(
-        linear(q_res, get(f"{p}.wq_b")).unflatten(-1, (heads, hd)), cos.unsqueeze(-2), sin.unsqueeze(-2)
+        column_linear(q_res, get(f"{p}.wq_b")).unflatten(-1, (-1, hd)), cos.unsqueeze(-2), sin.unsqueeze(-2)
     )
     kv = fake_quant_fp8(
         apply_rope(rms_norm(linear(x, get(f"{p}.wkv")), get(f"{p}.kv_norm.weight"), eps), cos, sin), 32
@@ -124,16 +130,18 @@ def attention(
             if mode.is_index_source:
                 _index(seg, ctx, mode, cfg, get)
             compressed, bias = seg.shared.get("compress_kv"), seg.shared.get("topk_bias")
-        out[rows] = attend(
-            q[rows], keys, key_pos, positions[rows], cfg.sliding_window, sinks, compressed, bias
-        )
+        for j in range(len(groups)):  # one group at a time: the same call at every TP world
+            h = slice(j * per, (j + 1) * per)
+            out[rows, h] = attend(
+                q[rows, h].contiguous(), keys, key_pos, positions[rows], cfg.sliding_window, sinks[h],
+                compressed, bias,
+            )  # fmt: skip
     out = apply_rope(out, cos.unsqueeze(-2), sin.unsqueeze(-2), inverse=True)
-    per = heads // cfg.o_groups
-    groups = [
-        linear(out[:, g * per : (g + 1) * per].flatten(1), get(f"{p}.wo_a.slice.{g}"))
-        for g in range(cfg.o_groups)
+    mixed = [
+        linear(out[:, j * per : (j + 1) * per].flatten(1), get(f"{p}.wo_a.slice.{g}"))
+        for j, g in enumerate(groups)
     ]
-    return linear(torch.cat(groups, dim=-1), get(f"{p}.wo_b")).to(act)
+    return shard.reduce(fixed_sum(row_partials(torch.cat(mixed, dim=-1), get(f"{p}.wo_b")))).to(act)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class EngramFeed:
     """Table rows of each new chunk: token ids -> hasher row ids -> gathered rows, per Engram layer.
 
     `hash_rows(ids, lookback)` returns int64 row ids [n, layers, cols] (e.g. runtime.engram_hash.hash_ids);
-    `gather(k, row_ids [n, cols])` returns the k-th Engram layer's rows [n, cols, head_dim].
+    `gather(k, row_ids [n, c])` returns the k-th Engram layer's rows [n, c, head_dim]. A TP rank's feed
+    gathers only its columns `cols` = [start, stop) (its table shard holds only their rows).
     """
 
     def __init__(
@@ -63,14 +64,18 @@ class EngramFeed:
         max_ngram: int,
         hash_rows: Callable[[Sequence[int], Sequence[int]], np.ndarray],
         gather: Callable[[int, torch.Tensor], torch.Tensor],
+        cols: tuple[int, int] | None = None,
     ) -> None:
         self.layer_ids = layer_ids
         self.max_ngram = max_ngram
         self.hash_rows = hash_rows
         self.gather = gather
+        self.cols = cols
 
     def rows(self, previous: Sequence[int], ids: Sequence[int]) -> dict[int, torch.Tensor]:
         """Rows of `ids`, which follow the sequence's earlier tokens `previous`, for each Engram layer."""
         back = list(previous)[len(previous) - min(len(previous), self.max_ngram - 1) :]
         row_ids = torch.as_tensor(np.asarray(self.hash_rows(list(ids), back), dtype=np.int64))
+        if self.cols is not None:
+            row_ids = row_ids[..., self.cols[0] : self.cols[1]]
         return {layer: self.gather(k, row_ids[:, k]) for k, layer in enumerate(self.layer_ids)}

@@ -10,6 +10,8 @@ Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`Deepseek
     y = sum_e expert_e(x) + shared(x)
 
 Weights are dense [in, out] (w1, w3: [D, I]; w2: [I, D]); router weight [E, D] and bias [E] as stored.
+At TP=N a rank holds every expert's columns of I (w1, w3) and the same rows of w2: the experts' and the
+shared expert's 128-row block products are summed as fixed-point integers and `reduce` adds the ranks'.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from tfc.runtime.models.dsv41.numerics import wide
+from tfc.runtime.models.dsv41.numerics import column_linear, fixed_sum, from_fixed, row_partials, wide
 
 
 @wide
@@ -41,7 +43,6 @@ def route(
     return weights * scaling, ids
 
 
-@wide
 def swiglu(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -50,16 +51,16 @@ def swiglu(
     limit: float,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One clamped SwiGLU expert; `weight` [T, 1] scales the activation before the down projection."""
-    gate = x @ w1
-    up = x @ w3
+    """One clamped SwiGLU expert as a fixed-point sum int64 [2, T, D]; `weight` [T, 1] scales the activation."""
+    gate = column_linear(x, w1)
+    up = column_linear(x, w3)
     if limit > 0:
         up = up.clamp(-limit, limit)
         gate = gate.clamp(max=limit)
     act = F.silu(gate) * up
     if weight is not None:
         act = act * weight
-    return act @ w2
+    return fixed_sum(row_partials(act, w2))
 
 
 @wide
@@ -73,6 +74,7 @@ def moe(
     limit: float,
     normalise: bool = True,
     shared: bool = True,
+    reduce: Callable[[torch.Tensor], torch.Tensor] = from_fixed,
 ) -> torch.Tensor:
     """The MoE block on tokens x [T, D]; `get(name)` returns dense weights by their pack name."""
     weights, ids = route(
@@ -80,13 +82,13 @@ def moe(
     )
     if weights.shape[-1] and int(ids.max()) >= n_experts:
         raise ValueError(f"{prefix}: router picked expert {int(ids.max())} of {n_experts}")
-    out = torch.zeros_like(x)
+    acc = torch.zeros(2, *x.shape, dtype=torch.int64, device=x.device)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
         p = f"{prefix}.experts.{e}"
         y = swiglu(x[tok], get(f"{p}.w1"), get(f"{p}.w3"), get(f"{p}.w2"), limit, weights[tok, slot, None])
-        out.index_add_(0, tok, y)
+        acc.index_add_(1, tok, y)
     if shared:
         p = f"{prefix}.shared_experts"
-        out = out + swiglu(x, get(f"{p}.w1"), get(f"{p}.w3"), get(f"{p}.w2"), limit)
-    return out
+        acc += swiglu(x, get(f"{p}.w1"), get(f"{p}.w3"), get(f"{p}.w2"), limit)
+    return reduce(acc)

@@ -58,3 +58,81 @@ def wide(fn: Callable[P, R]) -> Callable[P, R]:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w (w dense [in, out]), summed in float64, in x's dtype."""
     return x @ w
+
+
+# -- tensor-parallel exactness (docs/parallel.md): the same bits at TP=1, 2, 4 and 8 ---------------------------
+
+BLOCK = 128  # TP splits fall on 128-value blocks (the EXL3 Hadamard blocks)
+FIXED_HI = 2.0**32  # a fixed-point value is hi * 2**-32 + lo * 2**-64, hi and lo int64 words
+FIXED_RANGE = 2.0**20  # |partial| bound: 2**20 * 2**32 leaves room to add 2**11 such partials in an int64
+
+
+class FixedPointRange(ValueError):
+    """A row-parallel partial sum outside the fixed-point range (or not finite)."""
+
+
+def _blocks(extent: int) -> list[tuple[int, int]]:
+    """[start, stop) of each 128-value block of a dimension (the last one short when it does not divide)."""
+    return [(lo, min(lo + BLOCK, extent)) for lo in range(0, extent, BLOCK)]
+
+
+def _block_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b[i] for every block i of b [nb, k, n] (a [m, k] or [nb, m, k]), each block one GEMM of one shape.
+
+    MKL runs a batched matmul as one GEMM per batch element (tests check that a sub-batch gives the same bits);
+    cuBLAS may pick another algorithm for another batch count, so on CUDA the blocks run one call each."""
+    if not a.is_cuda:
+        return torch.matmul(a, b)
+    return torch.stack([(a if a.dim() == 2 else a[i]) @ b[i] for i in range(b.shape[0])])
+
+
+@wide
+def column_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w (w [in, out]) one 128-column block at a time, in float64: any 128-aligned column range of w gives
+    the bits the whole w gives for those columns (one GEMM's bits depend on its width)."""
+    k, n = w.shape
+    full = n - n % BLOCK
+    out = []
+    if full:
+        wb = w[:, :full].reshape(k, full // BLOCK, BLOCK).transpose(0, 1).contiguous()  # [nb, k, 128]
+        out.append(_block_matmul(x, wb).transpose(0, 1).reshape(x.shape[0], full))
+    if n > full:
+        out.append(x @ w[:, full:].contiguous())
+    return torch.cat(out, dim=-1) if len(out) > 1 else out[0]
+
+
+def row_partials(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    """The float64 products x[:, b] @ w[b] of every 128-row block b of w [in, out]: what a TP split adds."""
+    x, w = x.to(WIDE), w.to(WIDE)
+    k, n = w.shape
+    full = k - k % BLOCK
+    out = []
+    if full:
+        xb = x[:, :full].reshape(x.shape[0], full // BLOCK, BLOCK).transpose(0, 1).contiguous()
+        out.extend(_block_matmul(xb, w[:full].reshape(full // BLOCK, BLOCK, n)).unbind(0))
+    if k > full:
+        out.append(x[:, full:].contiguous() @ w[full:].contiguous())
+    return out
+
+
+def to_fixed(p: torch.Tensor) -> torch.Tensor:
+    """int64 [2, *p.shape]: p (float64) rounded to a multiple of 2**-64, as hi * 2**-32 + lo * 2**-64, lo in [0, 2**32]."""
+    if p.numel() and not bool((p.abs() < FIXED_RANGE).all()):
+        raise FixedPointRange(
+            f"a row-parallel partial sum is outside +-2**20 (max {float(p.abs().max()):.3g})"
+        )
+    a = p * FIXED_HI  # exact: a power-of-two scale
+    hi = torch.floor(a)
+    lo = torch.round((a - hi) * FIXED_HI)  # a - hi is exact in [0, 1)
+    return torch.stack((hi, lo)).to(torch.int64)
+
+
+def from_fixed(acc: torch.Tensor) -> torch.Tensor:
+    """The float64 value of a fixed-point sum int64 [2, ...] (carries normalised first; one rounding)."""
+    hi, lo = acc[0] + torch.div(acc[1], 1 << 32, rounding_mode="floor"), torch.remainder(acc[1], 1 << 32)
+    return hi.to(WIDE) / FIXED_HI + lo.to(WIDE) / (FIXED_HI * FIXED_HI)
+
+
+def fixed_sum(partials: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [2, ...]: the exact sum of the partials' fixed-point values (any grouping, any order: the same bits)."""
+    return torch.stack([to_fixed(p) for p in partials]).sum(0)

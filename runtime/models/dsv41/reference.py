@@ -20,6 +20,10 @@ Top-k ties (router, indexer, candidate blocks) go to the lower index.
 Numerics: activations (streams, module outputs, caches, logits) are in `dtype`; every module computes in
 float64 and rounds its result to `dtype` (runtime/models/dsv41/numerics.py), so an fp32 token's bits do not depend
 on the batch or on chunking (the FP8/FP4 cache quantisers would amplify fp32 summation-order noise).
+
+Tensor parallelism (`shard`, runtime/models/dsv41/shard.py): a rank holds its heads, wo_a groups, expert and
+vocabulary columns; column-parallel linears run one 128-column block at a time and row-parallel ones (wo_b,
+w2) sum 128-row block products as fixed-point integers, so a TP=N rank computes the TP=1 bits by construction.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from tfc.runtime.models.dsv41.csa import rms_norm
 from tfc.runtime.models.dsv41.engram import engram_apply, engram_qk
 from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse, hc_expand, hc_mix
 from tfc.runtime.models.dsv41.moe import moe
-from tfc.runtime.models.dsv41.numerics import linear
+from tfc.runtime.models.dsv41.numerics import column_linear
 from tfc.runtime.models.dsv41.rope import build_rope
+from tfc.runtime.models.dsv41.shard import Shard
 from tfc.runtime.models.dsv41.state import SequenceState
 
 from tfc.errors import TfcError
@@ -59,8 +64,10 @@ class Dsv41Model:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         engram: bool = True,
+        shard: Shard | None = None,
     ) -> None:
         self.config = config
+        self.shard = shard or Shard()
         self.dtype = dtype
         self.device = torch.device(device)
         self.engram = engram and bool(config.engram_layer_ids)
@@ -116,7 +123,7 @@ class Dsv41Model:
                 for s in segments
             ]
         )
-        hidden = self.get("embed.weight")[flat]
+        hidden = self.shard.embed(self.get("embed.weight"), flat)
         streams = hidden.unsqueeze(-2).expand(-1, cfg.hc_mult, -1).contiguous()
         pre = first_pre((flat.numel(),), cfg.hc_mult, self.dtype, self.device)
         for layer in range(cfg.num_hidden_layers):
@@ -124,9 +131,11 @@ class Dsv41Model:
         out = rms_norm(hc_collapse(streams, pre), self.get("norm.weight"), cfg.rms_norm_eps)
         if last_only:
             out = out[[s.end - 1 for s in segments]]
-            logits = list(linear(out, self.get("head")).unsqueeze(1).unbind(0))
+        logits = self.shard.gather_last(column_linear(out, self.get("head")), self.shard.vocab)
+        if last_only:
+            logits = list(logits.unsqueeze(1).unbind(0))
         else:
-            logits = list(linear(out, self.get("head")).split([s.end - s.start for s in segments]))
+            logits = list(logits.split([s.end - s.start for s in segments]))
         for seg, chunk in zip(segments, ids, strict=True):
             seg.state.position += chunk.numel()
             seg.state.tokens.extend(chunk.tolist())
@@ -151,7 +160,7 @@ class Dsv41Model:
             streams, get(f"{b}.hc_attn_fn"), get(f"{b}.hc_attn_scale"), get(f"{b}.hc_attn_base"), **mix
         )
         x = rms_norm(hc_collapse(streams, pre), get(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
-        y = attention(x, positions, segments, mode, cfg, get, self.rope)
+        y = attention(x, positions, segments, mode, cfg, get, self.rope, self.shard)
         streams = hc_expand(y, streams, a_post, a_comb)
         f_pre, f_post, f_comb = hc_mix(
             streams, get(f"{b}.hc_ffn_fn"), get(f"{b}.hc_ffn_scale"), get(f"{b}.hc_ffn_base"), **mix
@@ -167,6 +176,7 @@ class Dsv41Model:
             cfg.swiglu_limit,
             cfg.norm_topk_prob,
             shared=cfg.n_shared_experts > 0,
+            reduce=self.shard.reduce,
         )
         return hc_expand(y, streams, f_post, f_comb), f_pre
 

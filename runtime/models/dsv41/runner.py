@@ -45,9 +45,23 @@ class ReferenceRunner:
         chunks = [list(row.tokens) for row in plan.rows]
         rows = None
         if self.feed is not None:
-            rows = [self.feed.rows(s.tokens, c) for s, c in zip(states, chunks, strict=True)]
+            rows = self._all_columns(
+                [self.feed.rows(s.tokens, c) for s, c in zip(states, chunks, strict=True)]
+            )
         out = self.model.forward(chunks, states, rows, last_only=True)
         return StepOutput(tuple(o[0] for o in out))
+
+    def _all_columns(self, rows: list[dict[int, torch.Tensor]]) -> list[dict[int, torch.Tensor]]:
+        """Each sequence's Engram rows of every column: a TP rank's own columns, all-gathered in one call."""
+        shard = self.model.shard
+        if shard.world == 1:
+            return rows
+        layers = self.feed.layer_ids
+        sizes = [next(iter(r.values())).shape[0] for r in rows]
+        mine = torch.cat([torch.stack([r[layer] for layer in layers], 1) for r in rows])  # [n, L, cols, hd]
+        mine = mine.to(self.model.device)  # the collectives' device (NCCL takes CUDA tensors only)
+        every = shard.gather_last(mine.transpose(-1, -2), shard.engram_cols).transpose(-1, -2)
+        return [{layer: part[:, k] for k, layer in enumerate(layers)} for part in every.split(sizes)]
 
     def release(self, slot: int) -> None:
         """Drop a slot's state (a no-op for a slot never used)."""
@@ -68,22 +82,27 @@ class ReferenceRunner:
 
 def build_reference(
     opened: Any, *, device: str, dtype: torch.dtype, engram: bool, slots: int,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, comm: Any = None,
 ) -> ReferenceRunner:  # fmt: skip
-    """The reference runner over an opened TP=1 image: weights decoded to dense once, `progress(done, total)`."""
+    """The reference runner over an opened rank image (`comm`: its world's collectives; none at TP=1):
+    weights decoded to dense once, `progress(done, total)`."""
+    from tfc.runtime.models.dsv41.shard import shard_of
     from tfc.runtime.models.dsv41.weights import dense_from_opened, engram_feed
+    from tfc.runtime.parallel.comm import SOLO
 
     cfg, weights = dense_from_opened(opened)
+    shard = shard_of(opened.manifest, cfg, weights, comm or SOLO, device)
     feed = None
     if cfg.engram_layer_ids and engram:
-        feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
+        cols = shard.engram_cols[shard.rank] if shard.engram_cols else None
+        feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim, cols)
         if feed is None:
             raise MissingEngramTables(
                 f"{opened.path}: the model has Engram layers {list(cfg.engram_layer_ids)} but the image holds "
                 "no Engram tables; prepare it with --engram-dir, or pass --no-engram"
             )
     try:
-        model = Dsv41Model(cfg, weights, dtype=dtype, device=device, engram=feed is not None)
+        model = Dsv41Model(cfg, weights, dtype=dtype, device=device, engram=feed is not None, shard=shard)
     except (RuntimeError, ValueError) as error:
         raise StepError(f"device {device!r}: {str(error).splitlines()[0]}") from None
     names = [n for n in weights if not n.startswith("mtp.")]  # DSpark blocks stay undecoded

@@ -1,4 +1,4 @@
-"""Dense weights of a DeepSeek-V4.1 TP=1 image for the reference forward: natives as stored, EXL3 decoded to [in, out].
+"""Dense weights of a DeepSeek-V4.1 rank image for the reference forward: natives as stored, EXL3 decoded to [in, out].
 
 Segments read (compiler lowering, contracts "Expert tables"): natives (`native.v1`) by pack name; EXL3
 groups `<name>.trellis|suh|svh` (codebook from the plan's attrs) decoded with the kernels' numpy reference
@@ -6,6 +6,8 @@ decode; expert tables `<block>.ffn.experts.<p>.*` (stack or ragged, E routed ent
 expert) decoded per entry into `<block>.ffn.experts.<e>.<p>` and `<block>.ffn.shared_experts.<p>`;
 Engram hash assets and row shards (`engram.rows.e4m3e8m0.v1`) for an `EngramFeed`. Decoding is lazy:
 a name is decoded when the forward first reads it (DSpark blocks stay loadable, never decoded).
+A TP=N rank's image holds its slices (column, row and vocabulary splits on 128-value blocks); each
+128 x 128 tile decodes on its own, so a rank's slice has the bits of the same columns decoded at TP=1.
 """
 
 from __future__ import annotations
@@ -91,21 +93,17 @@ class ImageWeights(Mapping):
 
     def _group(self, base: str) -> torch.Tensor:
         from tfc.kernels.exl3_codebook import CODEBOOKS
-        from tfc.kernels.exl3_reference import dequant
 
         attrs = self._attrs.get(f"{base}.trellis", {})
         codebook = attrs.get("codebook")
         if codebook not in CODEBOOKS:
             raise WeightLoadError(f"{self._where}: plan gives {base} no known codebook ({codebook!r})")
         trellis = self.array(f"{base}.trellis")
-        dense = dequant(
+        return dequant_tiles(
             trellis, self.array(f"{base}.suh"), self.array(f"{base}.svh"), CODEBOOKS.index(codebook)
         )
-        return torch.from_numpy(dense)
 
     def _expert(self, base: str, e: int) -> torch.Tensor:
-        from tfc.kernels.exl3_reference import dequant
-
         suh, svh = self.array(f"{base}.suh")[e], self.array(f"{base}.svh")[e]
         k, n = suh.shape[0], svh.shape[0]
         width = int(self.array(f"{base}.widths")[e])
@@ -120,16 +118,34 @@ class ImageWeights(Mapping):
             if start < 0 or start + size > blob.shape[0]:
                 raise WeightLoadError(f"{self._where}: {base} entry {e} runs past its table")
             trellis = blob[start : start + size].view(np.int16).reshape(k // 16, n // 16, width)
-        return torch.from_numpy(dequant(trellis, suh, svh, codebook))
+        return dequant_tiles(trellis, suh, svh, codebook)
+
+
+def dequant_tiles(trellis: np.ndarray, suh: np.ndarray, svh: np.ndarray, codebook: int) -> torch.Tensor:
+    """W [k, n] float32 = diag(suh) Hk W-hat Hn diag(svh), steps 7-8 in fp32 one 128 x 128 tile at a time."""
+    from tfc.kernels.exl3_reference import decode_rotated
+    from tfc.kernels.hadamard import BLOCK, hadamard128
+
+    what = torch.from_numpy(decode_rotated(trellis, codebook).astype(np.float32))
+    k, n = what.shape
+    if k % BLOCK or n % BLOCK or suh.shape != (k,) or svh.shape != (n,):
+        raise WeightLoadError(
+            f"trellis {trellis.shape} with suh {suh.shape}, svh {svh.shape}: not 128-value blocks"
+        )
+    h = torch.from_numpy(hadamard128("float32"))
+    tiles = what.reshape(k // BLOCK, BLOCK, n // BLOCK, BLOCK).transpose(1, 2).contiguous()
+    tiles = torch.matmul(torch.matmul(h, tiles), h)  # per tile: H tile H (every tile one same-shape GEMM)
+    dense = tiles.transpose(1, 2).reshape(k, n)
+    dense *= torch.from_numpy(suh.astype(np.float32))[:, None]
+    dense *= torch.from_numpy(svh.astype(np.float32))[None, :]
+    return dense
 
 
 def dense_from_opened(opened: Any) -> tuple[Dsv41Config, ImageWeights]:
-    """(model config with its recorded layer modes, lazily decoded weights) of an opened TP=1 image."""
+    """(model config with its recorded layer modes, lazily decoded weights) of an opened rank image."""
     m = opened.manifest
     if m.family != FAMILY:
         raise WeightLoadError(f"{opened.path}: an image of family {m.family!r}, not DeepSeek-V4.1 ({FAMILY})")
-    if m.world != 1:
-        raise WeightLoadError(f"{opened.path}: a TP={m.world} image; the reference forward runs TP=1 images")
     meta = m.meta or {}
     config = meta.get("pack_config")
     if not isinstance(config, dict):
@@ -158,8 +174,10 @@ def load_dense_weights(image_path: str | Path) -> tuple[Dsv41Config, ImageWeight
     return cfg, weights
 
 
-def engram_feed(weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int) -> EngramFeed | None:
-    """The image's Engram hasher and row shards as a feed, or None when the image holds no tables."""
+def engram_feed(
+    weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int, cols: tuple[int, int] | None = None
+) -> EngramFeed | None:
+    """The image's Engram hasher and row shards as a feed (a TP rank's: its `cols`), or None without tables."""
     from tfc.kernels.engram_rows import decode_rows_reference
     from tfc.runtime.models.dsv41.engram_hash import hash_ids, tables_from_segments
 
@@ -178,4 +196,6 @@ def engram_feed(weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int
             raise WeightLoadError(f"Engram rows of layer {layer_ids[k]} fall outside this image's shard")
         return decode_rows_reference(records[k][local], head_dim).float()
 
-    return EngramFeed(layer_ids, tables.max_ngram, lambda ids, back: hash_ids(tables, ids, back), gather)
+    return EngramFeed(
+        layer_ids, tables.max_ngram, lambda ids, back: hash_ids(tables, ids, back), gather, cols
+    )

@@ -1,0 +1,1 @@
+"""Tensor parallelism: launch ranks, process groups, step broadcast, settings agreement, fail-fast."""
