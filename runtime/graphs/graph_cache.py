@@ -122,6 +122,15 @@ def local_agree(verdict: int) -> int:
     return verdict
 
 
+# This process's rank world (runtime/parallel/world.py sets it when the world forms): its agreement and gather.
+_WORLD: dict[str, Callable[..., Any] | None] = {"agree": None, "gather": None}
+
+
+def use_world(agree: Callable[[int], int], gather: Callable[[str], list[str]]) -> None:
+    """Route every GraphCache's agreement, and the settings check, through this process's rank world."""
+    _WORLD["agree"], _WORLD["gather"] = agree, gather
+
+
 def always_room() -> bool:
     """A memory floor that is never reached."""
     return True
@@ -155,14 +164,14 @@ class GraphCache:
         settings: GraphSettings | None = None,
         backend: CaptureBackend | None = None,
         room: Callable[[], bool] = always_room,
-        agree: Callable[[int], int] = local_agree,
+        agree: Callable[[int], int] | None = None,
     ) -> None:
         self.settings = settings or GraphSettings()
         if self.settings.enabled and backend is None:
             backend = CudaGraphBackend(warmup=self.settings.warmup)
         self._backend = backend
         self._room = room
-        self._agree = agree
+        self._agree = agree or _WORLD["agree"] or local_agree  # the rank world's, once one has formed
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._failed: set[Hashable] = set()
         self._off = not self.settings.enabled
@@ -331,26 +340,27 @@ def cuda_room(floor_bytes: int, device: Any = None) -> Callable[[], bool]:
 
 
 def dist_agree(group: Any = None) -> Callable[[int], int]:
-    """An `agree` hook: AND of every rank's int verdict by an all-reduce (MIN) outside any capture."""
+    """An `agree` hook: AND of every rank's int32 verdict by an all-gather (serving.md section 6), outside any capture."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return local_agree
     device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
-    buf = torch.zeros(1, dtype=torch.int32, device=device)
+    mine = torch.zeros(1, dtype=torch.int32, device=device)
+    every = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(dist.get_world_size(group))]
 
     def agree(verdict: int) -> int:
-        buf.fill_(int(verdict))
-        dist.all_reduce(buf, op=dist.ReduceOp.MIN, group=group)
-        return int(buf.item())
+        mine.fill_(1 if verdict else 0)
+        dist.all_gather(every, mine, group=group)
+        return int(min(int(v.item()) for v in every))
 
     return agree
 
 
 def check_same_settings(settings: GraphSettings, gather: Callable[[str], list[str]] | None = None) -> None:
     """Refuse to run when another rank's graph settings differ (`gather` defaults to all_gather_object)."""
-    digests = (gather or _dist_gather)(settings.digest())
+    digests = (gather or _WORLD["gather"] or _dist_gather)(settings.digest())
     if len(set(digests)) > 1:
         raise GraphSettingsError(
             f"graph settings differ between ranks (digests {sorted(set(digests))}); start every rank "

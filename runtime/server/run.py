@@ -116,8 +116,11 @@ def say(line: str) -> None:
     print(f"tfc serve: {line}", file=sys.stderr, flush=True)
 
 
-def serve(options: ServeOptions, keys: ApiKeys, started: float) -> int:
-    """Listen, boot, serve until a signal; the exit code (0 after a drain, 2 when the boot failed)."""
+def serve(options: ServeOptions, keys: ApiKeys, started: float, world: Any = None) -> int:
+    """Listen, boot, serve until a signal; the exit code (0 after a drain, 2 when the boot failed).
+
+    In a TP world (rank 0 of `world`) every step goes to every rank; a lost rank ends the requests in
+    flight with an error and the process with 70 a second later; a clean stop lets the other ranks exit 0."""
     sock = listen(options.host, options.port)
     if not is_loopback(options.host) and not keys.enabled:
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it")
@@ -128,7 +131,10 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float) -> int:
         timeout_keep_alive=5,
     )  # fmt: skip
     server = DrainingServer(config, state, options.drain_s)
-    booted: dict[str, Any] = {}
+    booted: dict[str, Any] = {"world": world}
+    if world is not None:
+        world.fail_grace = 1.0  # time for the error events and 5xx replies to reach the clients
+        world.on_fail(lambda why: _world_lost(state, why))
     thread = threading.Thread(
         target=_boot, args=(options, state, booted, started, lambda: setattr(server, "should_exit", True)),
         name="tfc-boot", daemon=True,
@@ -139,6 +145,8 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float) -> int:
     finally:
         if state.engine is not None:
             state.engine.close()
+        if booted.get("leader") is not None:
+            booted["leader"].stop()  # every other rank exits 0
         worker = booted.get("worker")
         if worker is not None:
             worker.close()
@@ -147,6 +155,38 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float) -> int:
         return 2
     say("stopped")
     return 0
+
+
+def _world_lost(state: ServerState, why: str) -> None:
+    """A rank of the world is lost: /health fails, new requests get 503, the engine's requests end in errors."""
+    state.failure, state.status = f"the rank world is lost: {why}", "failed"
+    if state.engine is not None:
+        state.engine.fatal = state.engine.fatal or state.failure
+
+
+def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], Any]]:
+    """(this rank's booted worker, the call that loads its model); rank and device from the world, if any."""
+    import torch
+    from tfc.runtime.parallel.session import model_options
+    from tfc.runtime.worker.worker import Worker
+
+    rank, device = (None, options.device) if world is None else (world.rank, world.device)
+    worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
+    return worker, lambda: worker.load_model(
+        dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world)
+    )
+
+
+def follow(options: ServeOptions, world: Any) -> None:
+    """A rank but 0 of a served world: boot, load, run rank 0's steps until it stops the world (exit 0)."""
+    from tfc.runtime.parallel.session import lead_or_follow
+
+    worker, load = _start_worker(options, world)
+    try:
+        load()
+        lead_or_follow(world, worker)
+    finally:
+        worker.close()
 
 
 def _boot(
@@ -164,21 +204,19 @@ def _boot(
 
 
 def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: float) -> None:
-    import torch
     from tfc.runtime.engine.engine import Engine, EngineConfig
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.tokenizer import image_tokenizer
+    from tfc.runtime.parallel.session import lead_or_follow
     from tfc.runtime.worker.step import SequenceStep, StepPlan
-    from tfc.runtime.worker.worker import Worker
 
-    worker = out["worker"] = Worker.start(
-        options.image, device=options.device, graphs=options.graphs, jobs=options.jobs
-    )
+    worker, load = _start_worker(options, out["world"])
+    out["worker"] = worker
     for p in worker.booted.phases.phases:
         say(f"boot {p.name:<8} {p.seconds * 1e3:9.1f} ms  {p.note}")
     with worker.booted.phases.time("tokenizer"):
         tokenizer = image_tokenizer(worker.booted.image, str(options.image))
-    runner = worker.load_model(dtype=getattr(torch, options.dtype), slots=options.max_seqs)
+    runner = load()
     model_phase = worker.booted.phases.phases[-1]
     say(f"boot {model_phase.name:<8} {model_phase.seconds * 1e3:9.1f} ms  {model_phase.note}")
     context = min(options.max_context or runner.info.context, runner.info.context)
@@ -187,11 +225,14 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     config = EngineConfig(
         max_seqs=slots, max_context=context, chunk=options.chunk, max_waiting=options.max_waiting
     )
-    engine = Engine(worker, tokenizer, config, metrics)
+    steps = worker  # what the engine drives: the worker, or in a TP world rank 0's Leader of every rank
+    if out["world"] is not None:
+        steps = out["leader"] = lead_or_follow(out["world"], worker)
+    engine = Engine(steps, tokenizer, config, metrics)
     with worker.booted.phases.time("warmup", note="one step of one token") as ph:
         first = runner.info.bos_id if runner.info.bos_id is not None else 0
-        worker.execute(StepPlan((SequenceStep(0, (first,), 0),)))
-        worker.release(0)
+        steps.execute(StepPlan((SequenceStep(0, (first,), 0),)))
+        steps.release(0)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
     for note in runner.info.warnings:
         say(f"warning: {note}")

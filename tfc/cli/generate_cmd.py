@@ -10,6 +10,7 @@ import click
 
 from tfc.cli.options import device_option, example, jobs_option, seed_option
 from tfc.cli.progress import byte_bar, count_bar
+from tfc.cli.world_cmd import launch_if_world
 from tfc.errors import TfcError
 
 
@@ -68,35 +69,44 @@ def generate(
     ignore_eos: bool,
     as_json: bool,
 ) -> None:
-    """Generate from IMAGE (a TP=1 image: rank folder or image folder).
+    """Generate from IMAGE (an image folder, or a TP=1 rank folder).
 
     The image boots as `tfc load` boots it. On a GPU the fast forward runs (EXL3 kernels on the uploaded
     bytes, decode steps replayed from CUDA graphs); --reference, and every CPU run without --fast, runs
     the reference forward (EXL3 decoded to dense once). The prompt is tokenized with the tokenizer.json
-    the image carries. Tokens print as they come; generation stops at EOS or --max-tokens.
+    the image carries. Tokens print as they come; generation stops at EOS or --max-tokens. An image
+    prepared with --tp N runs as N rank processes on this host (reference forward; or joins the ranks
+    torchrun's variables name) and prints what TP=1 prints (docs/parallel.md).
     """
+    if reference and fast:
+        raise click.UsageError("--reference and --fast exclude each other")
+    launch_if_world(click.get_current_context(), image, refuse=("--fast",) if fast else ())
     import torch
 
     from tfc.cli.load_cmd import graph_counts
     from tfc.runtime.engine.generate import generate as run
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
+    from tfc.runtime.parallel.session import join_world, lead_or_follow, model_options
     from tfc.runtime.worker.worker import Worker
 
-    if reference and fast:
-        raise click.UsageError("--reference and --fast exclude each other")
+    graphs_on = False if no_graphs else None
+    world = join_world("generate", image, device, graphs_on, dtype=dtype, engram=not no_engram, slots=1)
     kind = "reference" if reference else "fast" if fast else "auto"
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    bars = sys.stderr.isatty() and not as_json
+    bars = sys.stderr.isatty() and not as_json and (world is None or world.rank == 0)
+    rank, where = (None, device) if world is None else (world.rank, world.device)
     with byte_bar("upload", bars) as bar:
-        worker = Worker.start(
-            image, device=device, graphs=False if no_graphs else None, jobs=jobs, progress=bar
-        )
+        worker = Worker.start(image, rank=rank, device=where, graphs=graphs_on, jobs=jobs, progress=bar)
+    runner = worker
     try:
         with count_bar("decode", bars) as bar:
             worker.load_model(
-                dtype=getattr(torch, dtype), engram=not no_engram, slots=1, progress=bar, kind=kind
-            )
+                dtype=getattr(torch, dtype), engram=not no_engram, slots=1, progress=bar,
+                **({"kind": kind} | model_options(world)),
+            )  # fmt: skip
+        if world is not None:
+            runner = lead_or_follow(world, worker)
         if tokenizer_path is not None:
             tok = tokenizer_from_file(tokenizer_path)
         else:
@@ -116,12 +126,15 @@ def generate(
             )
         stream = _Stream(tok, enabled=not as_json)
         out = run(
-            worker, [ids], min(max_tokens, info.context - len(ids)), params,
+            runner, [ids], min(max_tokens, info.context - len(ids)), params,
             stop_ids=() if ignore_eos else info.eos_ids, on_token=stream,
         )[0]  # fmt: skip
         graphs = graph_counts(worker.booted.graphs)
     finally:
+        if runner is not worker:
+            runner.stop()  # every other rank exits 0
         worker.close()
+    tp = {} if runner is worker else {"tp": runner.costs()}
     prefill_tok_s = len(ids) / out.prefill_s if out.prefill_s > 0 else 0.0
     if as_json:
         text = tok.decode(out.tokens, skip_special_tokens=False)
@@ -129,7 +142,7 @@ def generate(
         rates = {"prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
                  "decode_tok_s": round(out.decode_tok_s, 3), "prefill_tok_s": round(prefill_tok_s, 3)}  # fmt: skip
         click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates, "runner": worker.kind,
-                               "graphs": graphs}))  # fmt: skip
+                               "graphs": graphs, **tp}))  # fmt: skip
     else:
         stream.finish()
         click.echo(

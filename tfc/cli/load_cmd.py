@@ -9,6 +9,7 @@ import click
 
 from tfc.cli.options import device_option, example, jobs_option
 from tfc.cli.progress import byte_bar
+from tfc.cli.world_cmd import launch_if_world
 
 
 @click.command("load", epilog=example("tfc load ~/.cache/tfc/images/263e81d431bff5c3 --json"))
@@ -34,25 +35,43 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     """Open IMAGE (a rank or image folder), upload it to the device, capture graphs, print phase times.
 
     This is the first half of `tfc serve`: the rank's worker boots; on a GPU with graphs on it also builds
-    the fast forward and captures its first decode graph (phases `model` and `graphs`), then stops.
+    the fast forward and captures its first decode graph (phases `model` and `graphs`), then stops. An image
+    prepared with --tp N (and no --rank) boots all N ranks at once, one process each, and reports each.
     """
+    from tfc.runtime.parallel.env import since_launch
+
+    started = since_launch()  # before torch is imported: what the rest costs is the boot's
+    if rank is None:
+        launch_if_world(click.get_current_context(), image)
     from tfc.runtime.boot.phases import phases_path, write_phases
+    from tfc.runtime.parallel.session import join_world, lead_or_follow
     from tfc.runtime.worker.worker import Worker
 
-    with byte_bar("upload", sys.stderr.isatty() and not as_json) as update:
+    graphs_on = False if no_graphs else None
+    world = None if rank is not None else join_world("load", image, device, graphs_on, verify=verify)
+    joined = since_launch() if world is not None else None
+    with byte_bar(
+        "upload", sys.stderr.isatty() and not as_json and (world is None or world.rank == 0)
+    ) as update:
         worker = Worker.start(
             image,
-            rank=rank,
-            device=device,
+            rank=rank if world is None else world.rank,
+            device=device if world is None else world.device,
             method=method,
             verify="full" if verify else None,
-            graphs=False if no_graphs else None,
+            graphs=graphs_on,
             jobs=jobs,
             progress=update,
         )
     booted = worker.booted
+    leader = None
     try:
-        model_note = _warm_up(worker)
+        model_note = _warm_up(worker) if world is None else ""
+        resident = {"rank": booted.image.manifest.rank, "started_s": started, "joined_s": joined,
+                    "resident_s": since_launch(), "wall_ms": booted.phases.to_dict()["wall_ms"]}  # fmt: skip
+        ranks = [resident] if world is None else world.gather_objects(resident)
+        if world is not None:
+            leader = lead_or_follow(world, worker)  # the other ranks exit 0 once rank 0 has reported
         m = booted.image.manifest
         extra = {
             "image": str(booted.image.path),
@@ -68,7 +87,13 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "checks": list(booted.image.checks),
             "graphs": booted.graphs.settings.enabled,
             "graph_counts": graph_counts(booted.graphs),
+            "started_s": started,
+            "resident_s": resident["resident_s"],
         }
+        if world is not None:
+            extra["ranks"] = ranks
+            extra["settings_digest"] = world.settings_digest
+            extra["world_resident_s"] = _latest(ranks)
         out = phases_path()
         if out is not None:
             write_phases(booted.phases, out, **extra)
@@ -86,10 +111,23 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         click.echo(f"  {'total':<8} {booted.phases.to_dict()['wall_ms']:10.1f} ms")
         g = extra["graph_counts"]
         click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
+        if world is not None:
+            own = ", ".join(f"rank {r['rank']} {r['wall_ms'] / 1e3:.2f} s" for r in ranks)
+            when = extra["world_resident_s"]
+            after = f" {when:.2f} s after launch" if when is not None else ""
+            click.echo(f"TP={m.world}: every rank resident{after} (own boots: {own})")
         if out is not None:
             click.echo(f"phase timings written to {out}", err=True)
     finally:
+        if leader is not None:
+            leader.stop()  # every other rank exits 0
         worker.close()
+
+
+def _latest(ranks: list[dict]) -> float | None:
+    """When the last rank became resident (seconds after launch), if the launch time is known."""
+    times = [r["resident_s"] for r in ranks]
+    return None if None in times else max(times)
 
 
 def _warm_up(worker) -> str:

@@ -1,4 +1,4 @@
-"""`tfc serve IMAGE`: the OpenAI-compatible HTTP server over one image's worker."""
+"""`tfc serve IMAGE`: the OpenAI-compatible HTTP server over one image's worker (every rank's, at TP=N)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tfc.cli.options import device_option, example, jobs_option
+from tfc.cli.world_cmd import launch_if_world
 
 
 @click.command(
@@ -42,15 +43,17 @@ from tfc.cli.options import device_option, example, jobs_option
               help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip
 def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
           device, dtype, no_graphs, jobs, drain_s) -> None:  # fmt: skip
-    """Serve IMAGE (a TP=1 image: rank folder or image folder) over an OpenAI-compatible HTTP API.
+    """Serve IMAGE (an image folder, or a TP=1 rank folder) over an OpenAI-compatible HTTP API.
 
     The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
     /health is 200 and /v1/models lists the model. SIGTERM or SIGINT drains: new requests get 503,
     requests in flight get --drain-s seconds, a second signal cuts the drain short.
     """
     started = time.monotonic()
+    launch_if_world(click.get_current_context(), image)
+    from tfc.runtime.parallel.session import join_world
     from tfc.runtime.server.auth import gather_keys
-    from tfc.runtime.server.run import ServeOptions
+    from tfc.runtime.server.run import ServeOptions, follow
     from tfc.runtime.server.run import serve as run
 
     keys = gather_keys(api_keys, api_key_file)
@@ -59,6 +62,11 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
         device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
         max_waiting=max_waiting,
     )  # fmt: skip
-    code = run(options, keys, started)
+    world = join_world(
+        "serve", image, device, not no_graphs, dtype=dtype, slots=max_seqs, context=max_context
+    )
+    if world is not None and world.rank != 0:
+        follow(options, world)  # rank 0 serves HTTP; this rank runs its steps until it stops the world
+    code = run(options, keys, started, world)
     if code:
         sys.exit(code)
