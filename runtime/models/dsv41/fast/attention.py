@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.compressed import compress, index
-from tfc.runtime.models.dsv41.fast.fp32 import rms_norm
+from tfc.runtime.models.dsv41.fast.fp32 import plain_rms_norm, rms_norm
+from tfc.runtime.models.dsv41.fast.fusion import fused
 from tfc.runtime.models.dsv41.fast.kv_rows import pack_fp8, unpack_fp4, unpack_fp8
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
@@ -28,32 +29,58 @@ def attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sinks: torc
     return torch.bmm(probs, values)
 
 
+@fused
+def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rows [R, heads * d] as heads [R, heads, d], their rope slice rotated."""
+    return apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+@fused
+def window_rows(
+    y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """The FP8 window rows of the K=V latents: pack(rope(kv_norm(y)))."""
+    return pack_fp8(apply_rope(plain_rms_norm(y, weight, eps), cos, sin))
+
+
+@fused
+def attend_rows(
+    q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None
+) -> torch.Tensor:
+    """Each row's window keys (and selected entries) read back and attended; the query's rotation taken off."""
+    hd = q.shape[-1]
+    keys = unpack_fp8(ring[read], hd)
+    if entries is not None:
+        keys = torch.cat((keys, unpack_fp4(entries[at], hd, 16, True, grid)), dim=1)
+        valid = torch.cat((valid, ok), dim=1)
+    out = attend(q, keys, valid, sinks)
+    return apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+
+
 def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -> torch.Tensor:
     """One attention layer on the step's rows x [R, D]; writes its window rows (and, on full layers, entries)."""
     cfg, w = f.cfg, f.weights
     p = f"layers.{layer}.attn"
-    rows, heads, hd, eps = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+    rows, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
     cos, sin = sc.rope["compress" if mode.compress_ratio else "main"]
     q_res = rms_norm(f.lin(x, f"{p}.wq_a"), w.native(f"{p}.q_norm.weight"), eps)
-    q = apply_rope(f.lin(q_res, f"{p}.wq_b").view(rows, heads, hd), cos.unsqueeze(1), sin.unsqueeze(1))
-    kv = apply_rope(rms_norm(f.lin(x, f"{p}.wkv"), w.native(f"{p}.kv_norm.weight"), eps), cos, sin)
+    q = rope_heads(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin)
     ring = f.kv.window[layer].view(-1, f.kv.window.shape[-1])
-    ring[sc.ring_write] = pack_fp8(kv)
+    ring[sc.ring_write] = window_rows(f.lin(x, f"{p}.wkv"), w.native(f"{p}.kv_norm.weight"), eps, cos, sin)
     if mode.mode == "full":
         compress(f, layer, mode, x, sc)
     if mode.is_index_source:
         index(f, layer, mode, x, q_res, sc)
-    keys, valid = unpack_fp8(ring[sc.window_read], hd), sc.window_valid
+    compressed = {}
     if mode.compress_ratio:
         picked, ok = sc.selection[mode.index_source]
-        rows_at = sc.ratios[mode.compress_ratio].addr(picked)
-        entries = unpack_fp4(f.kv.entries[mode.kv_source][rows_at], hd, 16, True, f.grid)
-        keys, valid = torch.cat((keys, entries), dim=1), torch.cat((valid, ok), dim=1)
-    out = attend(q, keys, valid, w.native(f"{p}.attn_sink"))
-    out = apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+        at = sc.ratios[mode.compress_ratio].addr(picked)
+        compressed = {"entries": f.kv.entries[mode.kv_source], "at": at, "ok": ok, "grid": f.grid}
+    sinks = w.native(f"{p}.attn_sink")
+    out = attend_rows(q, ring, sc.window_read, sc.window_valid, sinks, cos, sin, **compressed)
     per = heads // cfg.o_groups
     groups = [
-        f.lin(out[:, g * per : (g + 1) * per].reshape(rows, per * hd), f"{p}.wo_a.slice.{g}")
+        f.lin(out[:, g * per : (g + 1) * per].reshape(rows, -1), f"{p}.wo_a.slice.{g}")
         for g in range(cfg.o_groups)
     ]
     return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
 from tfc.runtime.models.dsv41.config import config_from_dict
+from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
 from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
 from tfc.runtime.models.dsv41.fast.kv_layout import PAGE_TOKENS, kv_layout
@@ -38,10 +39,12 @@ def build_fast(
     page_tokens: int = PAGE_TOKENS,
     context_step: int = CONTEXT_STEP,
     ops: Any = None,
+    fuse: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> FastRunner:
     """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
-    DEFAULT_KV_TOKENS) sizes the page pool the slots share."""
+    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
+    compiles the small-op stages (fusion.py)."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -55,6 +58,9 @@ def build_fast(
     if context_step % page_tokens:
         raise FastBuildError(f"context buckets of {context_step} tokens are not whole pages of {page_tokens}")
     dev = arena.device
+    if fuse is None:
+        fuse = fusion.wanted(dev.type)
+    fusion.enable(fuse)
     if ops is None:
         if dev.type == "cuda":
             from tfc.runtime.models.dsv41.fast.ops import TritonOps

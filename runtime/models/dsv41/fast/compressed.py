@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
-from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, rms_norm
+from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
+from tfc.runtime.models.dsv41.fast.fusion import fused
 from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
@@ -23,11 +24,36 @@ NEG_INF = float("-inf")
 SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
 
 
+@fused
+def pooled(
+    pending: torch.Tensor, slot: torch.Tensor, at: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The normalised latents of the groups at ring rows at [R, r]: softmax(gate)-weighted sums of their kv rows."""
+    return plain_rms_norm(
+        (pending[0][slot, at] * torch.softmax(pending[1][slot, at], dim=1)).sum(1), weight, eps
+    )
+
+
+@fused
+def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
+    """The FP4 entry rows of normalised latents: pack(rope(latent)) with e4m3 scales per 16."""
+    return pack_fp4(apply_rope(latent, cos, sin), 16, True, grid)
+
+
+@fused
+def key_rows(
+    y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, grid
+) -> torch.Tensor:
+    """The FP4 indexer key rows: pack(rope(k_norm(y))) with UE8M0 scales per 32."""
+    return pack_fp4(apply_rope(plain_rms_norm(y, weight, eps), cos, sin), 32, False, grid)
+
+
 def compress(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -> None:
     """A KV source: pool the groups the step's rows close, write their entries and indexer keys."""
     cfg, w = f.cfg, f.weights
-    p = f"layers.{layer}.attn"
+    p, eps = f"layers.{layer}.attn", cfg.rms_norm_eps
     r, rv = mode.compress_ratio, sc.ratios[mode.compress_ratio]
+    norm = w.native(f"{p}.compressor.norm.weight")
     latent = f.lin(x, f"{p}.compressor.wkv")
     if r > 1:
         pending = f.kv.pending[layer]
@@ -35,16 +61,16 @@ def compress(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -
         pending[0, sc.slots, sc.positions % ring] = latent
         pending[1, sc.slots, sc.positions % ring] = f.lin(x, f"{p}.compressor.wgate")
         at = (rv.group_start.unsqueeze(-1) + torch.arange(r, device=x.device)) % ring
-        slot = sc.slots.unsqueeze(-1)
-        latent = (pending[0][slot, at] * torch.softmax(pending[1][slot, at], dim=1)).sum(1)
-    latent = rms_norm(latent, w.native(f"{p}.compressor.norm.weight"), cfg.rms_norm_eps)
+        latent = pooled(pending, sc.slots.unsqueeze(-1), at, norm, eps)
+    else:
+        latent = rms_norm(latent, norm, eps)
     cos, sin = f.rope.rows("compress", rv.group_start.clamp_min(0))
-    f.kv.entries[layer][rv.write] = pack_fp4(apply_rope(latent, cos, sin), 16, True, f.grid)
+    f.kv.entries[layer][rv.write] = entry_rows(latent, cos, sin, f.grid)
     if layer in f.kv.keys:
-        ik = rms_norm(
-            f.lin(latent, f"{p}.indexer.wk"), w.native(f"{p}.indexer.k_norm.weight"), cfg.rms_norm_eps
+        ik = f.lin(latent, f"{p}.indexer.wk")
+        f.kv.keys[layer][rv.write] = key_rows(
+            ik, w.native(f"{p}.indexer.k_norm.weight"), eps, cos, sin, f.grid
         )
-        f.kv.keys[layer][rv.write] = pack_fp4(apply_rope(ik, cos, sin), 32, False, f.grid)
 
 
 def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -70,32 +96,53 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int,
     return keep.unsqueeze(-1).expand(rows, nb, block).reshape(rows, nb * block)[:, :width]
 
 
+@fused
+def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
+    """The indexer's FP4 queries [R, heads, d]: fake-quantised rope(y)."""
+    q = apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
+    return fake_fp4(q, 32, grid)
+
+
+@fused
+def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
+    """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
+    return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
+
+
+@fused
+def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
+           block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""
+    entry = torch.arange(scores.shape[-1], device=scores.device)
+    scores = scores.masked_fill(entry >= visible.unsqueeze(-1), NEG_INF)
+    made = None
+    if make_candidates:
+        made = candidate_mask(scores, visible, top_blocks, block)
+    elif candidates is not None:
+        scores = scores.masked_fill(~candidates, NEG_INF)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+    return order, scores.gather(-1, order) > NEG_INF, made
+
+
 def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, sc: StepContext) -> None:
     """An index source: each row's top `index_topk` visible entries of its KV source (and candidates)."""
     cfg, w = f.cfg, f.weights
     p = f"layers.{layer}.attn.indexer"
     rv = sc.ratios[mode.compress_ratio]
-    rows, heads, d = x.shape[0], cfg.index_n_heads, cfg.index_head_dim
+    rows, heads = x.shape[0], cfg.index_n_heads
     cos, sin = sc.rope["compress"]
-    q = apply_rope(f.lin(q_res, f"{p}.wq_b").view(rows, heads, d), cos.unsqueeze(1), sin.unsqueeze(1))
-    q = fake_fp4(q, 32, f.grid)
+    q = index_query(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin, f.grid)
     weights = (x @ w.native(f"{p}.weights_proj.weight").T) * heads**-0.5
     pool = f.kv.keys[mode.kv_source]
     raw = pool.view(-1, rv.per_page, pool.shape[-1])[rv.pages].reshape(rows, rv.entries, pool.shape[-1])
-    parts = []
-    for lo in range(0, rv.entries, SCORE_CHUNK):
-        keys = unpack_fp4(raw[:, lo : lo + SCORE_CHUNK], d, 32, False, f.grid)
-        parts.append(index_scores(q, keys, weights))
-    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
-    entry = torch.arange(rv.entries, device=x.device)
-    scores = scores.masked_fill(entry >= rv.visible.unsqueeze(-1), NEG_INF)
-    if mode.is_candidate_source:
-        sc.candidates = candidate_mask(
-            scores, rv.visible, cfg.candidate_topk_blocks, cfg.candidate_block_size
-        )
-    elif mode.uses_candidates and sc.candidates is not None:
-        scores = scores.masked_fill(~sc.candidates, NEG_INF)
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[
-        :, : min(cfg.index_topk, rv.entries)
+    parts = [
+        chunk_scores(raw[:, lo : lo + SCORE_CHUNK], q, weights, f.grid)
+        for lo in range(0, rv.entries, SCORE_CHUNK)
     ]
-    sc.selection[layer] = (order, scores.gather(-1, order) > NEG_INF)
+    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    candidates = sc.candidates if mode.uses_candidates else None
+    order, ok, made = select(scores, rv.visible, min(cfg.index_topk, rv.entries), candidates,
+                             cfg.candidate_topk_blocks, cfg.candidate_block_size, mode.is_candidate_source)  # fmt: skip
+    if mode.is_candidate_source:
+        sc.candidates = made
+    sc.selection[layer] = (order, ok)

@@ -9,6 +9,20 @@ each slot's history while the previous step runs on the device).
 from __future__ import annotations
 
 import torch
+from tfc.runtime.models.dsv41.fast.fusion import fused
+
+
+@fused
+def engram_gate(
+    streams: torch.Tensor, kv: torch.Tensor, qk: torch.Tensor, eps: float, clamp: float
+) -> torch.Tensor:
+    """Streams [R, hc, D] plus each one's gated share of the value, from kv [R, (hc + 1) * D]."""
+    r, hc, d = streams.shape
+    key, value = kv[:, : hc * d].reshape(r, hc, d), kv[:, hc * d :]
+    rstd = torch.rsqrt(streams.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
+    dot = (streams * qk * key).sum(-1) * rstd * d**-0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(clamp).sqrt(), dot))
+    return streams + gate.unsqueeze(-1) * value.unsqueeze(-2)
 
 
 def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -17,11 +31,5 @@ def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> t
     table, row_lo = f.weights.engram_table(layer, k)
     rows = f.ops.engram_rows(table, ids, cfg.engram_head_dim, row_lo).float()
     kv = f.lin(rows, f"layers.{layer}.engram.wkv")
-    r, hc, d = streams.shape
-    key, value = kv[:, : hc * d].reshape(r, hc, d), kv[:, hc * d :]
-    eps = cfg.rms_norm_eps
-    rstd = torch.rsqrt(streams.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
     qk = f.weights.native(f"layers.{layer}.engram.qk")
-    dot = (streams * qk * key).sum(-1) * rstd * d**-0.5
-    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(cfg.engram_gate_clamp).sqrt(), dot))
-    return streams + gate.unsqueeze(-1) * value.unsqueeze(-2)
+    return engram_gate(streams, kv, qk, cfg.rms_norm_eps, cfg.engram_gate_clamp)

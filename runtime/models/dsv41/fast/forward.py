@@ -13,7 +13,7 @@ import torch
 from tfc.runtime.models.dsv41.config import Dsv41Config
 from tfc.runtime.models.dsv41.fast.attention import attention
 from tfc.runtime.models.dsv41.fast.engram import engram
-from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, hc_expand, hc_mix, rms_norm
+from tfc.runtime.models.dsv41.fast.fp32 import collapse_norm, first_pre, hc_expand, hc_mix
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
@@ -88,7 +88,7 @@ class FastForward:
         pre = first_pre((rows,), cfg.hc_mult, torch.float32, hidden.device)
         for layer in range(cfg.num_hidden_layers):
             streams, pre = self._block(layer, streams, pre, sc, key.rows)
-        out = rms_norm(hc_collapse(streams, pre), self.weights.native("norm.weight"), cfg.rms_norm_eps)
+        out = collapse_norm(streams, pre, self.weights.native("norm.weight"), cfg.rms_norm_eps)
         b.logits[:rows].copy_(self.lin(out, "head"))
 
     def _block(self, layer: int, streams: torch.Tensor, pre: torch.Tensor, sc, live: int):
@@ -101,11 +101,11 @@ class FastForward:
                "post_alpha": cfg.hc_post_alpha}  # fmt: skip
         a_pre, a_post, a_comb = hc_mix(streams, w.native(f"{b}.hc_attn_fn"), w.native(f"{b}.hc_attn_scale"),
                                        w.native(f"{b}.hc_attn_base"), **mix)  # fmt: skip
-        x = rms_norm(hc_collapse(streams, pre), w.native(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
+        x = collapse_norm(streams, pre, w.native(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
         streams = hc_expand(attention(self, layer, mode, x, sc), streams, a_post, a_comb)
         f_pre, f_post, f_comb = hc_mix(streams, w.native(f"{b}.hc_ffn_fn"), w.native(f"{b}.hc_ffn_scale"),
                                        w.native(f"{b}.hc_ffn_base"), **mix)  # fmt: skip
-        x = rms_norm(hc_collapse(streams, a_pre), w.native(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
+        x = collapse_norm(streams, a_pre, w.native(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
         streams = hc_expand(moe(self, layer, x, live), streams, f_post, f_comb)
         if self.trace is not None:
             self.trace.append(streams.clone())

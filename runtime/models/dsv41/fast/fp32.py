@@ -1,20 +1,28 @@
 """The reference's device-agnostic maths run in fp32: its float64 wrappers (numerics.wide) taken off.
 
 rms_norm, and the mHC mix (Sinkhorn), collapse and expand are plain torch ops of fixed shape; the fast forward
-calls the very code the reference runs, only on fp32 tensors. `fixed_sum` sums along an axis by halving, an
-order that no kernel choice can change.
+calls the very code the reference runs, only on fp32 tensors (as fused stages on a GPU: fusion.py).
+`fixed_sum` sums along an axis by halving, an order that no kernel choice can change.
 """
 
 from __future__ import annotations
 
 import torch
 from tfc.runtime.models.dsv41 import csa, mhc
+from tfc.runtime.models.dsv41.fast.fusion import fused
 
-rms_norm = csa.rms_norm.__wrapped__
-hc_mix = mhc.hc_mix.__wrapped__
+plain_rms_norm = csa.rms_norm.__wrapped__
+rms_norm = fused(plain_rms_norm)
+hc_mix = fused(mhc.hc_mix.__wrapped__)
+hc_expand = fused(mhc.hc_expand.__wrapped__)
 hc_collapse = mhc.hc_collapse.__wrapped__
-hc_expand = mhc.hc_expand.__wrapped__
 first_pre = mhc.first_pre
+
+
+@fused
+def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(sum_i pre_i * stream_i): a site's input."""
+    return plain_rms_norm(hc_collapse(streams, pre), weight, eps)
 
 
 def fixed_sum(t: torch.Tensor, dim: int) -> torch.Tensor:

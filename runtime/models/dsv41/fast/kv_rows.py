@@ -64,7 +64,9 @@ class Fp4Grid:
         table = torch.cat((grid, -grid))  # code = magnitude index | sign << 3
         self.table = table.to(device)
         byte = torch.arange(256)
-        self.pairs = torch.stack((table[byte & 15], table[byte >> 4]), dim=-1).to(device)  # byte -> its 2 values
+        self.pairs = torch.stack((table[byte & 15], table[byte >> 4]), dim=-1).to(
+            device
+        )  # byte -> its 2 values
 
     @classmethod
     def on(cls, device: torch.device) -> Fp4Grid:

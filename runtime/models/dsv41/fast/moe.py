@@ -11,29 +11,37 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from tfc.runtime.models.dsv41.fast.fusion import fused
 
 
-def router_logits(ops, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [R, D] fp32 @ weight [E, D]^T in fp32 accuracy, reading the weight as stored."""
-    if weight.dtype == torch.float32:
-        return x @ weight.T
-    hi = x.to(weight.dtype)
-    mid = (x - hi.float()).to(weight.dtype)
-    lo = (x - hi.float() - mid.float()).to(weight.dtype)
-    rows = x.shape[0]
-    prod = ops.mm_bf16(torch.cat((hi, mid, lo)), weight)
-    return (prod[:rows] + prod[rows : 2 * rows]) + prod[2 * rows :]
+@fused
+def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[3R, D]: x as three parts in `dtype` (hi, mid, lo) whose sum is x to within fp32 rounding."""
+    hi = x.to(dtype)
+    mid = (x - hi.float()).to(dtype)
+    lo = (x - hi.float() - mid.float()).to(dtype)
+    return torch.cat((hi, mid, lo))
 
 
-def route(ops, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
-          normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(weights [R, k], expert ids [R, k]) of the rows x [R, D]."""
-    scores = F.softplus(router_logits(ops, x, weight)).sqrt()
+@fused
+def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scaling: float, normalise: bool):
+    """(weights [R, k], expert ids [R, k]) from the logits [R, E], or the three parts' products [3R, E] (split)."""
+    rows = prod.shape[0] // 3
+    logits = (prod[:rows] + prod[rows : 2 * rows]) + prod[2 * rows :] if split else prod
+    scores = F.softplus(logits).sqrt()
     ids = torch.sort(scores + bias, dim=-1, descending=True, stable=True).indices[..., :top_k]
     picked = scores.gather(-1, ids)
     if normalise and top_k > 1:
         picked = picked / (picked.sum(-1, keepdim=True) + 1e-20)
     return picked * scaling, ids
+
+
+def route(ops, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
+          normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(weights [R, k], expert ids [R, k]) of the rows x [R, D] (an fp32 router weight: one fp32 product)."""
+    if weight.dtype == torch.float32:
+        return pick(x @ weight.T, False, bias, top_k, scaling, normalise)
+    return pick(ops.mm_bf16(split3(x, weight.dtype), weight), True, bias, top_k, scaling, normalise)
 
 
 def moe(f, layer: int, x: torch.Tensor, live: int) -> torch.Tensor:

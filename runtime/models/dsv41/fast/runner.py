@@ -90,8 +90,10 @@ class FastRunner:
 
     def stats(self) -> dict:
         """Graph cache counters and KV memory figures."""
+        from tfc.runtime.models.dsv41.fast.fusion import NOTES
+
         g = self.graphs.stats
-        return {"graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
+        return {"notes": [*self.notes, *NOTES],"graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
                            "eager": g.eager, "held": g.held, "fallbacks": g.fallbacks, "evictions": g.evictions},
                 "kv": {"bytes": self.kv.nbytes, "bytes_per_token": self.kv.layout.bytes_per_token,
                        "bytes_per_slot": self.kv.layout.bytes_per_slot, "free_pages": self.kv.pool.free_pages}}  # fmt: skip

@@ -1,0 +1,64 @@
+"""The fast forward's small-op stages fused on a GPU: each `@fused` function runs torch.compile'd (a few Triton
+kernels where eager launches dozens: the mHC's Sinkhorn alone is ~120 per site), or as written.
+
+Off by default and on the CPU; `build_fast` turns it on for a CUDA arena unless TFC_COMPILE=0. A stage compiles
+the first time it runs (the eager warm-up before a graph capture), once per input shape (dynamic=False: a
+step's shapes depend on its key only); one that fails to compile runs eagerly from then on, named in `NOTES`.
+Compiled and eager code may round differently, so graph == eager holds because both run the same one.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+_STATE = {"on": False}
+NOTES: list[str] = []
+
+
+def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
+    """Whether stages should compile on this device (CUDA, unless TFC_COMPILE=0)."""
+    env = os.environ if env is None else env
+    return device_type == "cuda" and env.get("TFC_COMPILE", "1").strip().lower() not in (
+        "0",
+        "off",
+        "false",
+        "no",
+    )
+
+
+def enable(on: bool) -> None:
+    """Turn compiled stages on or off for the process (they are module-level functions)."""
+    if on and not _STATE["on"]:
+        import torch._dynamo
+
+        for name in ("recompile_limit", "cache_size_limit"):  # one entry per context bucket a stage meets
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
+    _STATE["on"] = on
+
+
+def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn, run compiled while fusion is on."""
+    held: dict[str, Any] = {}
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not _STATE["on"] or held.get("failed"):
+            return fn(*args, **kwargs)
+        if "compiled" not in held:
+            import torch
+
+            held["compiled"] = torch.compile(fn, dynamic=False, fullgraph=True)
+        try:
+            return held["compiled"](*args, **kwargs)
+        except Exception as error:  # a stage dynamo or inductor cannot take: eager from now on
+            held["failed"] = True
+            NOTES.append(
+                f"{fn.__qualname__} runs eagerly: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            )
+            return fn(*args, **kwargs)
+
+    return run
