@@ -120,8 +120,13 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
         made = candidate_mask(scores, visible, top_blocks, block)
     elif candidates is not None:
         scores = scores.masked_fill(~candidates, NEG_INF)
+    if (
+        scores.shape[-1] < k
+    ):  # always k picks (the rest not real), so attention's width never follows the bucket
+        scores = torch.nn.functional.pad(scores, (0, k - scores.shape[-1]), value=NEG_INF)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
-    return order, scores.gather(-1, order) > NEG_INF, made
+    ok = scores.gather(-1, order) > NEG_INF
+    return torch.where(ok, order, torch.zeros_like(order)), ok, made
 
 
 def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, sc: StepContext) -> None:
@@ -141,7 +146,7 @@ def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, 
     ]
     scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
     candidates = sc.candidates if mode.uses_candidates else None
-    order, ok, made = select(scores, rv.visible, min(cfg.index_topk, rv.entries), candidates,
+    order, ok, made = select(scores, rv.visible, cfg.index_topk, candidates,
                              cfg.candidate_topk_blocks, cfg.candidate_block_size, mode.is_candidate_source)  # fmt: skip
     if mode.is_candidate_source:
         sc.candidates = made

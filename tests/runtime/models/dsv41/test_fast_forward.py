@@ -100,6 +100,22 @@ def test_concurrent_equals_solo_in_any_slot(fast):
     assert torch.equal(got, solo)
 
 
+def test_a_row_does_not_depend_on_its_steps_context_bucket(image):
+    # buckets of 16 tokens: at ratio 2 a small bucket holds fewer entries (8) than index_topk (16)
+    booted = boot(image, device="cpu")
+    try:
+        runner = build_fast(booted, slots=3, tokens_per_slot=512, context_step=16, page_tokens=16)
+        toks = _tokens(30, 13)
+        solo = runner.logits_of(0, toks, 0)
+        runner.release(0)
+        # the other sequence prefills 150 tokens in the first step, then decodes: its steps' buckets are ~160
+        other = {1: _tokens(200, 14)}
+        got = decode_alongside(runner, 2, toks, other, lambda i, s: 150 if i == 0 else 1)
+        assert torch.equal(got, solo)
+    finally:
+        booted.close()
+
+
 def test_released_slots_give_their_pages_back_and_run_fresh(fast):
     free = fast.kv.pool.free_pages
     addresses = [t.data_ptr() for t in fast.kv.tensors]
