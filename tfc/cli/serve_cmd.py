@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     """
     started = time.monotonic()
     launch_if_world(click.get_current_context(), image)
+    early = _early_cuda(device)  # the server's modules import torch: start CUDA beside that import
     from tfc.runtime.parallel.session import join_world
     from tfc.runtime.server.auth import gather_keys
     from tfc.runtime.server.run import ServeOptions, follow
@@ -67,6 +69,20 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     )
     if world is not None and world.rank != 0:
         follow(options, world)  # rank 0 serves HTTP; this rank runs its steps until it stops the world
-    code = run(options, keys, started, world)
+    try:
+        code = run(options, keys, started, world)
+    finally:
+        if early is not None:
+            early.release()
     if code:
         sys.exit(code)
+
+
+def _early_cuda(device: str):
+    """Start this rank's CUDA context on a thread (runtime/boot/cuda_start.py), or None off CUDA."""
+    from tfc.runtime.boot import cuda_start
+
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and device in ("auto", "cuda") and cuda_start.uses_cuda(device):
+        device = f"cuda:{local}"
+    return cuda_start.start(device)

@@ -9,7 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "module", ["tfc.runtime.worker.worker", "tfc.runtime.worker.step", "tfc.cli.load_cmd", "tfc.cli.generate_cmd",
+    "module", ["tfc.runtime.worker.worker", "tfc.runtime.worker.step", "tfc.cli.load_cmd", "tfc.cli.generate_cmd", "tfc.cli.serve_cmd",
                "tfc.runtime.boot.rank"],
 )  # fmt: skip
 def test_importing_a_booting_command_imports_no_torch(module):
