@@ -337,7 +337,8 @@ def run(args) -> None:
         res["prefill"] = table
 
     part("prefill", prefill)
-    res["graphs"] = runner.stats()["graphs"]
+    stats = runner.stats()
+    res["graphs"], res["notes"] = stats["graphs"], stats["notes"]
     save()
 
 

@@ -9,7 +9,8 @@ seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set TFC_F
 `tfc fixture flash-random --layers 4` image: `tfc fixture flash-random /tmp/fr --layers 4 -j 16 && tfc prepare
 /tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 4 tokens against the reference forward on
 the same weights decoded on the device, within FLASH_RTOL = 2e-2 of each one's largest value.
-Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3 minutes)
+Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3-6 minutes;
+TFC_COMPILE=0 runs the small-op stages uncompiled)
 """
 
 from __future__ import annotations
