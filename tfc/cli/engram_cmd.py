@@ -140,12 +140,8 @@ def _open_pack(path: Path) -> dict[str, Any]:
 def _open_image(rank_dir: Path, tokenizer: Path | None) -> dict[str, Any]:
     """Hash tables read from an image's host-side Engram segments (never recomputed)."""
     from tfc.cache.reader import open_rank
-    from tfc.runtime.models.dsv41.engram_hash import (
-        SEG_LAYER_IDS,
-        SEG_TOKEN_MAP,
-        params_of,
-        tables_from_segments,
-    )
+    from tfc.packs.deepseek_v41_contract import SEG_LAYER_IDS
+    from tfc.runtime.models.dsv41.engram_hash import SEG_TOKEN_MAP, params_of, tables_from_segments
 
     image = open_rank(rank_dir)
     if SEG_TOKEN_MAP not in image.segments:

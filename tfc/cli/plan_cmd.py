@@ -12,12 +12,13 @@ from tfc.cli.options import example, tp_option
 
 def plan_report(pack, world: int) -> dict:
     """The stable `--json` shape: per rank, per block, bytes by kind, plus totals."""
-    from tfc.compiler.dsv41_plan import plan_rank
+    from tfc.compiler.family import planner_for
     from tfc.compiler.segments import KINDS
 
+    planner = planner_for(pack.family)
     ranks = []
     for rank in range(world):
-        plan = plan_rank(pack, world, rank, with_copies=False)
+        plan = planner.plan_rank(pack, world, rank, with_copies=False)
         blocks = plan.bytes_by_block()
         layers = []
         for index in range(pack.config.num_blocks):

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 from tfc.packs.deepseek_v41_contract import (
     ENGRAM_PARAMS,
-    SEG_LAYER_IDS,  # noqa: F401  (re-exported: `tfc engram` imports it from here)
     SEG_MULTIPLIERS,
     SEG_OFFSETS,
     SEG_PARAMS,
