@@ -9,22 +9,10 @@ from pathlib import Path
 
 from tfc.cache.errors import ImageError
 
+from tfc.files import file_kind
+
 # O_NONBLOCK: opening a named pipe returns at once instead of waiting for a writer (then fstat refuses it).
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISLNK, "a symbolic link"),
-)
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file is, in words ("a named pipe", "a character device", ...)."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def not_regular(path: Path, mode: int) -> OSError:

@@ -8,21 +8,12 @@ from pathlib import Path
 
 from tfc.packs.errors import PackError
 
+from tfc.files import file_kind
+
 # O_NONBLOCK: a named pipe opens at once instead of waiting for a writer (fstat then refuses it).
 # Links are followed: packs are often snapshots whose files link into a download cache.
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def kind(mode: int) -> str:
-    """What a file that is not regular is, in words."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+kind = file_kind  # what a file that is not regular is, in words
 
 
 def open_fd(path: Path | str, error: type[Exception] = PackError) -> int:
