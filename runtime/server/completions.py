@@ -85,6 +85,11 @@ def _job(state: ServerState, body: Any, chat: bool) -> _Job:
     return job
 
 
+def _prepare(state: ServerState, body: Any, chat: bool) -> tuple[_Job, list[Request]]:
+    job = _job(state, body, chat)
+    return job, _requests(state, body, job)
+
+
 def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
     """One engine request per (prompt, choice)."""
     info = state.engine.info
@@ -126,9 +131,9 @@ async def generation(state: ServerState, body: ChatCompletionRequest | Completio
             return error_response(
                 f"The model `{body.model}` does not exist.", 404, "model_not_found", "model"
             )
-        try:
-            job = _job(state, body, chat)
-            streams = state.engine.submit(_requests(state, body, job))
+        try:  # rendering and grammar compiling run off the event loop (a first grammar builds its token trie)
+            job, requests = await asyncio.to_thread(_prepare, state, body, chat)
+            streams = state.engine.submit(requests)
         except BadRequest as bad:
             return error_response(bad.message, bad.status, bad.code, bad.param)
         except PromptError as bad:

@@ -128,8 +128,8 @@ def test_tool_choice_required_always_yields_a_parseable_call(client):
         return client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, PING], tool_choice="required",
                                               max_tokens=96, temperature=1.0, seed=100 + i)  # fmt: skip
 
-    with ThreadPoolExecutor(4) as pool:
-        replies = list(pool.map(one, range(8)))
+    with ThreadPoolExecutor(3) as pool:
+        replies = list(pool.map(one, range(6)))
     for r in replies:
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
