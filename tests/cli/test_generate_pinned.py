@@ -21,12 +21,9 @@ SEEDED = [230, 222, 591, 466, 566, 346, 149, 498, 510, 52, 81, 425, 82, 213, 146
 CHAT = [459, 294, 99, 563, 313, 93, 7, 165]
 
 
-@pytest.fixture(scope="module")
-def image(tiny_pack, tmp_path_factory):
-    store = tmp_path_factory.mktemp("pinned")
-    result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "1", "-o", str(store)])
-    assert result.exit_code == 0, result.output
-    return result.output.strip().splitlines()[-1]
+@pytest.fixture
+def image(tiny_image):
+    return tiny_image
 
 
 def _run(image: str, *args: str) -> dict:
