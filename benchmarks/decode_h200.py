@@ -264,6 +264,11 @@ def run(args) -> None:
             runner.forward.step(tile.key)  # eager, same static inputs (every write is idempotent)
             eq[rows] = bool(torch.equal(a, runner.forward.buffers.logits[:rows]))
         res["checks"] = {"graph_equals_eager": eq, "reference": check_layers(runner)}
+        if not res["checks"]["reference"]["pass"]:  # where the difference comes from: each kernel call alone
+            from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
+
+            res["checks"]["kernel_errors"] = {f"L{layer} {k}": v for layer in (0, 2)
+                                              for k, v in kernel_errors(runner, layer).items()}  # fmt: skip
         if not all(eq.values()) or res["checks"]["reference"]["blocking"]:
             raise RuntimeError(f"checks failed: {res['checks']}")
 

@@ -105,3 +105,72 @@ def fast_layers(runner, slot: int, tokens: list[int]) -> tuple[torch.Tensor, lis
     steps = len(trace) // n
     layers = [torch.cat([trace[s * n + i] for s in range(steps)])[: len(tokens)] for i in range(n)]
     return logits, layers
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).abs().max() / want.double().abs().max())
+
+
+def kernel_errors(runner, layer: int, rows: int = 16, numpy_max: int = 50_000_000) -> dict[str, float]:
+    """Relative errors of one layer's kernel calls (and the head's) on random inputs, to localise a disagreement:
+    each EXL3 group's product against x @ its device-decoded weight ("gemm"), the device decode against the numpy
+    reference decode for groups of at most `numpy_max` weights ("decode"), the MoE against the SwiGLU of the
+    decoded entries in fp64, one routed and the shared entry's decode, the router's bf16 product against fp64."""
+    from tfc.kernels.exl3_reference import dequant
+    from tfc.runtime.models.dsv41.fast.moe import split3
+
+    w, ops, cfg = runner.forward.weights, runner.forward.ops, runner.forward.cfg
+    dense, dev = DeviceDense(w), w.arena.device
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def numpy_dense(trellis, suh, svh, codebook: int) -> torch.Tensor:
+        return torch.from_numpy(
+            dequant(trellis.cpu().numpy(), suh.cpu().numpy(), svh.cpu().numpy(), codebook)
+        )
+
+    out: dict[str, float] = {}
+    groups = sorted({s.name[: -len(".trellis")] for s in w.image.manifest.segments
+                     if s.name.startswith(f"layers.{layer}.") and s.name.endswith(".trellis") and ".experts." not in s.name})  # fmt: skip
+    for name in [*groups, "head"]:
+        lin = w.linear(name)
+        x = torch.randn(rows, lin.k, device=dev, generator=gen)
+        out[f"gemm {name}"] = _rel(ops.linear(x, lin), x.double() @ dense[name].double())
+        if lin.k * lin.n <= numpy_max:
+            out[f"decode {name}"] = _rel(
+                dense[name].cpu(), numpy_dense(lin.trellis, lin.suh, lin.svh, lin.codebook)
+            )
+        del dense._held[name]
+    p = f"layers.{layer}.ffn"
+    tables = w.experts(f"layers.{layer}")
+    k = cfg.num_experts_per_tok
+    x = torch.randn(1, cfg.hidden_size, device=dev, generator=gen)
+    ids = torch.randperm(cfg.n_routed_experts, device=dev, generator=gen)[:k].unsqueeze(0)
+    wts = torch.rand(1, k, device=dev, generator=gen) + 0.1
+    want = torch.zeros(1, cfg.hidden_size, dtype=torch.float64, device=dev)
+    for e, weight in [*zip(ids[0].tolist(), wts[0].tolist(), strict=True), (None, 1.0)]:
+        q = f"{p}.shared_experts" if e is None else f"{p}.experts.{e}"
+        xd = x.double()
+        gate = (xd @ dense[f"{q}.w1"].double()).clamp(max=cfg.swiglu_limit)
+        up = (xd @ dense[f"{q}.w3"].double()).clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
+        want += (torch.nn.functional.silu(gate) * up * weight) @ dense[f"{q}.w2"].double()
+    out["moe"] = _rel(ops.moe(x, ids, wts, tables, cfg.swiglu_limit), want)
+    for label, e in (("routed", int(ids[0, 0])), ("shared", tables.w1.entries - 1)):
+        name = f"{p}.shared_experts.w2" if label == "shared" else f"{p}.experts.{e}.w2"
+        t = tables.w2
+        width, tk, tn = int(t.widths[e]), t.k // 16, t.n // 16
+        if t.layout == "stack":
+            trellis = t.trellis[e]
+        else:
+            start = int(t.offsets[e])
+            trellis = t.trellis[start : start + tk * tn * width * 2].view(torch.int16).view(tk, tn, width)
+        out[f"decode {label} w2"] = _rel(
+            dense[name].cpu(), numpy_dense(trellis, t.suh[e], t.svh[e], int(t.codebooks[e]))
+        )
+    gate_w = w.native(f"{p}.gate.weight")
+    x = torch.randn(rows, cfg.hidden_size, device=dev, generator=gen)
+    if gate_w.dtype != torch.float32:
+        prod = ops.mm_bf16(split3(x, gate_w.dtype), gate_w)
+        out["router"] = _rel(
+            (prod[:rows] + prod[rows : 2 * rows]) + prod[2 * rows :], x.double() @ gate_w.double().T
+        )
+    return out

@@ -204,3 +204,24 @@ def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
         torch.testing.assert_close(got, want, rtol=0, atol=FLASH_RTOL * float(want.abs().max()))
     finally:
         booted.close()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
+)
+def test_flash_slice_kernel_calls_match_the_decoded_weights():
+    # localises a Flash-geometry disagreement: each kernel call of layers 0 and 2 (and the head) on random
+    # inputs against its device-decoded weights, and that decode against the numpy reference
+    from tfc.runtime.boot.rank import boot
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
+
+    booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
+    try:
+        fast = build_fast(booted, slots=1, tokens_per_slot=4096)
+        errs = {f"L{layer} {k}": v for layer in (0, 2) for k, v in kernel_errors(fast, layer).items()}
+    finally:
+        booted.close()
+    bad = {k: v for k, v in errs.items()
+           if v > {"gemm": 2e-3, "decode": 1e-5, "moe": 1e-4, "router": 1e-5}[k.split()[1]]}  # fmt: skip
+    assert not bad, f"off: {bad}; all: {errs}"

@@ -66,6 +66,9 @@ pairs = [(dense["layers.2.attn.wkv"], ref.dense(w.linear("layers.2.attn.wkv"))),
 out["dense"] = [float((a - b).abs().max() / b.abs().max()) for a, b in pairs]
 out["dense_native"] = bool(dense["layers.2.ffn.gate.bias"].data_ptr() == w.native("layers.2.ffn.gate.bias").data_ptr())
 out["dense_missing"] = "layers.2.ffn.experts.8.w1" not in dense and "layers.2.nothing" not in dense
+from types import SimpleNamespace
+from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
+out["kernel_errors"] = kernel_errors(SimpleNamespace(forward=SimpleNamespace(weights=w, ops=ops, cfg=cfg)), 2)
 print(json.dumps(out))
 """
 
@@ -97,3 +100,13 @@ def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(imag
     assert got["engram_equal"]
     # the checks' dense decode on the device (Triton): a group, a routed and the shared expert entry
     assert max(got["dense"]) < 1e-5 and got["dense_native"] and got["dense_missing"]
+    # the GPU runs' localising diagnostic, on layer 2 (compressor, indexer, Engram wkv, wo_a groups) and the head
+    errs = got["kernel_errors"]
+    assert (
+        sum(k.startswith("gemm ") for k in errs) == 14  # 13 groups (4 wo_a) + the head
+        and "gemm head" in errs
+        and "decode layers.2.attn.wkv" in errs
+    )
+    assert all(v < 2e-3 for k, v in errs.items() if k.startswith("gemm ")), errs
+    assert all(v < 1e-5 for k, v in errs.items() if k.startswith("decode ")), errs
+    assert errs["moe"] < 1e-4 and errs["router"] < 1e-5, errs
