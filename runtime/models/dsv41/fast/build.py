@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,10 @@ def build_fast(
             torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products stay fp32 (the mHC mix, attention)
             torch.backends.cudnn.allow_tf32 = False
             ops = TritonOps(dev, exact)
+            if os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "0") not in ("", "0"):
+                ops.notes.append(
+                    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE is set: fp32 products run as TF32 (unset it)"
+                )
         else:
             from tfc.runtime.models.dsv41.fast.ops_reference import ReferenceOps
 
