@@ -269,7 +269,7 @@ def run(args) -> None:
 
             res["checks"]["kernel_errors"] = {f"L{layer} {k}": v for layer in (0, 2)
                                               for k, v in kernel_errors(runner, layer).items()}  # fmt: skip
-        if not all(eq.values()) or res["checks"]["reference"]["blocking"]:
+        if not all(eq.values()) or (res["checks"]["reference"]["blocking"] and not args.time_anyway):
             raise RuntimeError(f"checks failed: {res['checks']}")
 
     part("checks", checks)
@@ -402,6 +402,8 @@ def main() -> None:
         "--budget-s", type=float, default=420, help="parts starting after this many seconds are skipped"
     )
     ap.add_argument("--quick", action="store_true", help="prefill of 2k tokens only")
+    ap.add_argument("--time-anyway", action="store_true",
+                    help="time even when the reference check is off by more than 0.1 (graph == eager must hold)")  # fmt: skip
     ap.add_argument(
         "--dry", action="store_true", help="CPU smoke on --image (the tiny image): no GPU, small sizes"
     )
