@@ -29,8 +29,8 @@ class StopText:
                 return self._release(text, len(text)), True
         return self._release(text, len(text) - self._hold(text)), False
 
-    def flush(self) -> str:
-        """All text not yet released (at the end of a sequence)."""
+    def flush(self, cut: bool = False) -> str:
+        """All text not yet released (at the end of a sequence; `cut`, the token limit ended it, changes nothing here)."""
         return self._release(self.text, len(self.text))
 
     def _hold(self, text: str) -> int:

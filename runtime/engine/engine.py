@@ -313,7 +313,7 @@ class Engine:
             text, hit = seq.stops.add(token)
             finish = "stop" if hit else None
             if finish is None and (len(run.generated) >= r.max_tokens or run.fed + 1 >= context):
-                text, finish = text + seq.stops.flush(), "length"
+                text, finish = text + seq.stops.flush(cut=True), "length"
         self.metrics.generation_tokens.inc()
         if finish is None:
             seq.push(Event(text, (token,), logprobs=logprob))

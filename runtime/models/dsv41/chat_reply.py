@@ -72,10 +72,13 @@ class ReplyReader:
             out.append(self._end())
         return out, self.done
 
-    def flush(self) -> list:
-        """Everything still held (an open block is closed as broken) and the ReplyEnd."""
+    def flush(self, cut: bool = False) -> list:
+        """Everything still held and the ReplyEnd; an open block is closed as broken, or with `cut` (the reply
+        ran out of tokens) its complete calls are kept and its unfinished tag dropped, never shown as text."""
         out: list = []
         self._text(self._decode(), out)
+        if self.block is not None and cut:
+            self._cut_block(out)
         if self.block is not None:
             self._progress(out, final=True)
         self._release(out, everything=True)
@@ -178,6 +181,15 @@ class ReplyReader:
             self.tools = False  # the rest of the reply is text
             self.held += broken
             self._release(out)
+
+    def _cut_block(self, out: list) -> None:
+        """End a calls block the token limit cut off: opened calls close with what they have, the rest is dropped."""
+        parsed = parse_block(self.block, final=False)
+        for (index, _, closed), call in zip(self.sent, parsed.calls, strict=False):
+            if index >= 0 and not closed:
+                out.append(CallArguments(index, call.closing()))
+        log.warning("a tool-call block cut off by max_tokens: its unfinished markup was dropped")
+        self._close_block()
 
     def _close_block(self) -> None:
         self.calls += sum(1 for index, _, _ in self.sent if index >= 0)
