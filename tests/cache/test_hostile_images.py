@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import socket
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from support.hang import within as _within
 from test_cache_helpers import random_segments, world_key_for, write_rank, write_world
 from tfc.cache.errors import ImageError
 from tfc.cache.files import open_read, open_regular
@@ -19,31 +18,6 @@ from tfc.cache.format import RankManifest, root_digest_of
 from tfc.cache.locks import HOLD_NAME, ImageHold
 from tfc.cache.manifest_parse import MAX_DEPTH, manifest_from_bytes
 from tfc.cache.store import ImageStore
-
-
-def _within(seconds: float, fn, *args):
-    """fn(*args), or a failure (not a hang) when it blocks; a pipe it waits on is then opened to free it."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as error:  # handed to the test thread
-            out["error"] = error
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for a in args:
-            p = Path(a) / "manifest.json" if Path(a).is_dir() else Path(a)
-            if p.is_fifo():
-                with contextlib.suppress(OSError):
-                    os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"{getattr(fn, '__name__', fn)} blocked on {args}")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def _nested(rank_dir: Path, depth: int) -> bytes:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import threading
 from pathlib import Path
 
 import pytest
+from support.hang import within as _within
 from tfc.compiler.engram_map import TokenizerError, load_tokenizer
 from tfc.compiler.errors import BuildError
 from tfc.compiler.identity import pack_identity
@@ -17,30 +16,6 @@ from tfc.packs.errors import ConfigError, HeaderError, PackError
 from tfc.packs.files import open_fd, read_bytes
 from tfc.packs.safetensors_header import read_header
 from tfc.packs.shards import read_index
-
-
-def _within(seconds: float, fn, *args):
-    """fn(*args), or a failure (not a hang) when it blocks: a pipe it waits on is then opened to free it."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = fn(*args)
-        except BaseException as error:  # handed to the test thread
-            out["error"] = error
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        for a in args:
-            if isinstance(a, Path) and a.is_fifo():
-                with contextlib.suppress(OSError):
-                    os.close(os.open(a, os.O_WRONLY | os.O_NONBLOCK))
-        pytest.fail(f"{getattr(fn, '__name__', fn)} blocked on {args}")
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 @pytest.fixture
