@@ -71,6 +71,12 @@ class Dsv41Config:
     bos_token_id: int | None
     eos_token_id: int | None
     pad_token_id: int | None
+    dspark_block_size: int = 0  # DSpark drafter (mtp.* blocks); 0 when the model has none
+    dspark_noise_token_id: int | None = None
+    dspark_target_layer_ids: tuple[int, ...] = ()
+    dspark_markov_rank: int = 0
+    dspark_n_routed_experts: int = 0
+    dspark_num_experts_per_tok: int = 0
     modes: tuple[LayerMode, ...] = field(default=(), compare=False)
 
     @property
@@ -126,6 +132,9 @@ _DEFAULTS: dict[str, Any] = {
     "num_nextn_predict_layers": 0,
     "scoring_func": "sqrtsoftplus",
     "topk_method": "noaux_tc",
+    "dspark_block_size": 0,
+    "dspark_noise_token_id": None,
+    "dspark_markov_rank": 0,
 }
 
 
@@ -155,6 +164,12 @@ def config_from_dict(raw: Mapping[str, Any], layer_modes: Any, where: str = "con
         bos_token_id=raw.get("bos_token_id", text.get("bos_token_id")),
         eos_token_id=_first(raw.get("eos_token_id", text.get("eos_token_id"))),
         pad_token_id=raw.get("pad_token_id", text.get("pad_token_id")),
+        dspark_target_layer_ids=tuple(int(i) for i in text.get("dspark_target_layer_ids") or ()),
+        # The drafter's MoE has its own sizes; a config without them falls back to the backbone's.
+        dspark_n_routed_experts=int(text.get("dspark_n_routed_experts") or values["n_routed_experts"]),
+        dspark_num_experts_per_tok=int(
+            text.get("dspark_num_experts_per_tok") or values["num_experts_per_tok"]
+        ),
     )
     cfg = Dsv41Config(**values)
     _validate(cfg)
@@ -180,6 +195,12 @@ def _validate(c: Dsv41Config) -> None:
     for i in c.engram_layer_ids:
         if not 0 <= i < n:
             raise Dsv41ConfigError(f"Engram layer {i} is not a backbone layer")
+    if any(not 0 <= i < n for i in c.dspark_target_layer_ids):
+        raise Dsv41ConfigError(
+            f"dspark_target_layer_ids {list(c.dspark_target_layer_ids)} must lie below {n}"
+        )
+    if c.dspark_num_experts_per_tok > c.dspark_n_routed_experts:
+        raise Dsv41ConfigError("dspark_num_experts_per_tok exceeds dspark_n_routed_experts")
 
 
 _RECORD: dict[str, tuple[type, ...]] = {

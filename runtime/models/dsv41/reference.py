@@ -11,7 +11,9 @@ Reference: huggingface/transformers deepseek_v41 modeling at 0a2080b4 (`Deepseek
 Weights: a mapping from the pack's native names to tensors. EXL3 linears come decoded to dense
 [in, out] under their group name (e.g. `layers.3.attn.wq_a`, `head`); natives as stored (norms
 `.weight` [n], router `ffn.gate.weight` [E, D], `embed.weight` [V, D], mHC `hc_*`). DSpark blocks (`mtp.*`)
-may be present; this forward does not run them. Activations in `dtype` (fp32 by default) on `device`.
+may be present; this forward does not run them (runtime/models/dsv41/dspark.py does), but `capture` hands
+out what they read: the mean over the hc streams entering each listed block, after its Engram (docs/drafting.md).
+Activations in `dtype` (fp32 by default) on `device`.
 
 Decisions where sources differ: no `hc_head_*` HyperHead (HF V4.1 and the TensorFold V4.1 loader have
 none; exllamav3's V4.1 carries the previous `pre` to its head): such tensors are ignored if present.
@@ -29,6 +31,7 @@ w2) sum 128-row block products as fixed-point integers, so a TP=N rank computes 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import overload
 
 import torch
 from tfc.runtime.models.dsv41.attention import Segment, attention
@@ -37,7 +40,7 @@ from tfc.runtime.models.dsv41.csa import rms_norm
 from tfc.runtime.models.dsv41.engram import engram_apply, engram_qk
 from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse, hc_expand, hc_mix
 from tfc.runtime.models.dsv41.moe import moe
-from tfc.runtime.models.dsv41.numerics import column_linear
+from tfc.runtime.models.dsv41.numerics import WIDE, column_linear
 from tfc.runtime.models.dsv41.rope import build_rope
 from tfc.runtime.models.dsv41.shard import Shard
 from tfc.runtime.models.dsv41.state import SequenceState
@@ -95,20 +98,48 @@ class Dsv41Model:
         """An empty state for one new sequence."""
         return SequenceState()
 
+    @overload
     def forward(
         self,
         tokens: Sequence[Sequence[int] | torch.Tensor],
         states: Sequence[SequenceState],
         engram_rows: Sequence[Mapping[int, torch.Tensor]] | None = None,
         last_only: bool = False,
-    ) -> list[torch.Tensor]:
+        capture: None = None,
+    ) -> list[torch.Tensor]: ...
+
+    @overload
+    def forward(
+        self,
+        tokens: Sequence[Sequence[int] | torch.Tensor],
+        states: Sequence[SequenceState],
+        engram_rows: Sequence[Mapping[int, torch.Tensor]] | None = None,
+        last_only: bool = False,
+        *,
+        capture: Sequence[int],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]: ...
+
+    def forward(
+        self,
+        tokens: Sequence[Sequence[int] | torch.Tensor],
+        states: Sequence[SequenceState],
+        engram_rows: Sequence[Mapping[int, torch.Tensor]] | None = None,
+        last_only: bool = False,
+        capture: Sequence[int] | None = None,
+    ) -> list[torch.Tensor] | tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Logits [n_i, V] (or [1, V] with last_only) of each sequence's new tokens; advances the states.
 
         engram_rows[i][layer] holds the looked-up table rows [n_i, cols, head_dim] of sequence i's new tokens.
+        With `capture` (backbone layer ids, e.g. config.dspark_target_layer_ids) it returns (logits, hidden):
+        hidden[i] [n_i (or 1), len(capture) * D] concatenates, in `capture` order, the mean of the hc streams
+        entering each listed layer (after its Engram) - what the DSpark drafter reads. Logits are unchanged.
         """
         cfg = self.config
         if len(tokens) != len(states):
             raise ValueError(f"{len(tokens)} token chunks for {len(states)} states")
+        taps: dict[int, list[torch.Tensor]] = {int(layer): [] for layer in capture or ()}
+        if any(not 0 <= layer < cfg.num_hidden_layers for layer in taps):
+            raise ValueError(f"capture layers {list(taps)} must lie in [0, {cfg.num_hidden_layers})")
         ids = [torch.as_tensor(t, dtype=torch.long).reshape(-1).to(self.device) for t in tokens]
         segments, start = [], 0
         for chunk, state in zip(ids, states, strict=True):
@@ -127,19 +158,28 @@ class Dsv41Model:
         streams = hidden.unsqueeze(-2).expand(-1, cfg.hc_mult, -1).contiguous()
         pre = first_pre((flat.numel(),), cfg.hc_mult, self.dtype, self.device)
         for layer in range(cfg.num_hidden_layers):
-            streams, pre = self._block(layer, streams, pre, positions, segments, engram_rows)
+            streams, pre = self._block(layer, streams, pre, positions, segments, engram_rows, taps.get(layer))
         out = rms_norm(hc_collapse(streams, pre), self.get("norm.weight"), cfg.rms_norm_eps)
+        last = [s.end - 1 for s in segments]
         if last_only:
-            out = out[[s.end - 1 for s in segments]]
-        logits = self.shard.gather_last(column_linear(out, self.get("head")), self.shard.vocab)
-        if last_only:
-            logits = list(logits.unsqueeze(1).unbind(0))
-        else:
-            logits = list(logits.split([s.end - s.start for s in segments]))
+            out = out[last]
+        head_rows = self.shard.gather_last(column_linear(out, self.get("head")), self.shard.vocab)
+        logits = self._per_sequence(head_rows, segments, last_only)
         for seg, chunk in zip(segments, ids, strict=True):
             seg.state.position += chunk.numel()
             seg.state.tokens.extend(chunk.tolist())
-        return logits
+        if capture is None:
+            return logits
+        parts = [t for layer in capture for t in taps[int(layer)]]
+        hidden = torch.cat(parts, dim=-1) if parts else streams.new_empty(streams.shape[0], 0)
+        return logits, self._per_sequence(hidden[last] if last_only else hidden, segments, last_only)
+
+    @staticmethod
+    def _per_sequence(rows: torch.Tensor, segments: list[Segment], last_only: bool) -> list[torch.Tensor]:
+        """Flat per-token rows [T, ...] (or one per sequence) split into each sequence's part."""
+        if last_only:
+            return list(rows.unsqueeze(1).unbind(0))
+        return list(rows.split([s.end - s.start for s in segments]))
 
     def _block(
         self,
@@ -149,11 +189,14 @@ class Dsv41Model:
         positions: torch.Tensor,
         segments: list[Segment],
         engram_rows: Sequence[Mapping[int, torch.Tensor]] | None,
+        tap: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, get, b = self.config, self.get, f"layers.{layer}"
         mode = cfg.layer_mode(layer)
         if mode.engram and self.engram:
             streams = self._engram(layer, streams, segments, engram_rows)
+        if tap is not None:
+            tap.append(streams.to(WIDE).mean(-2).to(streams.dtype))
         mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters}
         mix["post_alpha"] = cfg.hc_post_alpha
         a_pre, a_post, a_comb = hc_mix(
