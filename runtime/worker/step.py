@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (runtime/boot/cuda_start.py)
     import torch
@@ -70,3 +70,41 @@ class ModelRunner(Protocol):
     def release(self, slot: int) -> None:
         """Forget a slot's state so a new sequence can take it."""
         ...
+
+
+class Snapshot(Protocol):
+    """A runner's self-contained copy of one slot's state at its position (what a prefix cache keeps)."""
+
+    nbytes: int
+
+    def to_host(self) -> Snapshot:
+        """The same state in host memory (page-locked when it came from a GPU)."""
+        ...
+
+    def to_bytes(self) -> bytes:
+        """The state as bytes the runner's `load_snapshot` reads back."""
+        ...
+
+
+class SnapshotRunner(Protocol):
+    """The optional methods of a runner whose slots can be saved and restored (a prefix cache needs them)."""
+
+    def snapshot(self, slot: int) -> Snapshot:
+        """A copy of a slot's state; the slot keeps running unchanged."""
+        ...
+
+    def restore(self, slot: int, snapshot: Snapshot) -> None:
+        """Put a snapshot's state into a slot (the snapshot stays valid and unchanged)."""
+        ...
+
+    def load_snapshot(self, data: bytes) -> Snapshot:
+        """The snapshot `Snapshot.to_bytes` wrote (a typed error for bytes it cannot read)."""
+        ...
+
+
+def snapshot_runner(runner: Any) -> SnapshotRunner | None:
+    """The runner itself when it can snapshot its slots, else None (`can_snapshot` False says no)."""
+    if getattr(runner, "can_snapshot", True) is False:
+        return None
+    names = ("snapshot", "restore", "load_snapshot")
+    return runner if all(callable(getattr(runner, n, None)) for n in names) else None

@@ -9,13 +9,26 @@ from typing import Any
 from tfc.runtime.boot.kernel_cache import use_store_cache
 from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
-from tfc.runtime.worker.step import Capacity, ModelInfo, ModelRunner, StepOutput, StepPlan
+from tfc.runtime.worker.step import (
+    Capacity,
+    ModelInfo,
+    ModelRunner,
+    Snapshot,
+    SnapshotRunner,
+    StepOutput,
+    StepPlan,
+    snapshot_runner,
+)
 
 from tfc.errors import TfcError
 
 
 class NoModel(TfcError):
     """A step asked of a worker that was booted without a model runner."""
+
+
+class NoSnapshots(TfcError):
+    """A snapshot asked of a worker whose runner cannot save its slots."""
 
 
 class Worker:
@@ -115,6 +128,29 @@ class Worker:
     def release(self, slot: int) -> None:
         """Free a slot for the next sequence."""
         self._model().release(slot)
+
+    @property
+    def can_snapshot(self) -> bool:
+        """Whether the runner can snapshot and restore its slots (the prefix cache needs it)."""
+        return snapshot_runner(self._model()) is not None
+
+    def _snapshots(self) -> SnapshotRunner:
+        runner = snapshot_runner(self._model())
+        if runner is None:
+            raise NoSnapshots(f"{self.booted.image.path}: the {self.kind} runner cannot snapshot its slots")
+        return runner
+
+    def snapshot(self, slot: int) -> Snapshot:
+        """A copy of a slot's state."""
+        return self._snapshots().snapshot(slot)
+
+    def restore(self, slot: int, snapshot: Snapshot) -> None:
+        """Put a snapshot's state into a slot."""
+        self._snapshots().restore(slot, snapshot)
+
+    def load_snapshot(self, data: bytes) -> Snapshot:
+        """A snapshot from its bytes."""
+        return self._snapshots().load_snapshot(data)
 
     def chat_format(self, tokenizer: Any) -> Any:
         """The family's chat format over a tokenizer."""

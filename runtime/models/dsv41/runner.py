@@ -10,6 +10,7 @@ from tfc.packs.deepseek_v41_contract import FAMILY
 from tfc.runtime.models.dsv41.engram import EngramFeed
 from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.state import SequenceState
+from tfc.runtime.models.dsv41.state_io import StateSnapshot, state_from_bytes
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
 
 from tfc.errors import TfcError
@@ -66,6 +67,23 @@ class ReferenceRunner:
     def release(self, slot: int) -> None:
         """Drop a slot's state (a no-op for a slot never used)."""
         self._states.pop(slot, None)
+
+    def snapshot(self, slot: int) -> StateSnapshot:
+        """A deep copy of a slot's state at its position (the prefix cache keeps it)."""
+        state = self._states.get(slot)
+        if state is None:
+            raise StepError(f"slot {slot} holds no sequence to snapshot")
+        return StateSnapshot.of(state.clone())
+
+    def restore(self, slot: int, snapshot: StateSnapshot) -> None:
+        """Replace a slot's state by a copy of a snapshot's, on this runner's device."""
+        if not 0 <= slot < self.capacity.slots:
+            raise StepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
+        self._states[slot] = snapshot.state.clone(self.model.device)
+
+    def load_snapshot(self, data: bytes) -> StateSnapshot:
+        """A snapshot from its bytes (StateFormatError for bytes that are not one)."""
+        return StateSnapshot.of(state_from_bytes(data))
 
     def _state(self, slot: int, position: int) -> SequenceState:
         if not 0 <= slot < self.capacity.slots:

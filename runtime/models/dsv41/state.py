@@ -43,6 +43,17 @@ class GrowRows:
         """The rows so far [count, width] (a view: read it before the next append)."""
         return self._data[: self.count]
 
+    @classmethod
+    def of(cls, rows: torch.Tensor) -> GrowRows:
+        """A buffer holding exactly `rows` [n, width] (not copied)."""
+        grown = cls(rows.shape[1], rows.dtype, rows.device)
+        grown._data, grown.count = rows, rows.shape[0]
+        return grown
+
+    def clone(self, device: torch.device | str | None = None, pin: bool = False) -> GrowRows:
+        """A copy of the rows so far on `device` (default: where they are), with no spare capacity."""
+        return GrowRows.of(_copy(self.view(), device, pin))
+
 
 class WindowRing:
     """The last `window` K=V latents of one layer, slot = position % window."""
@@ -56,6 +67,17 @@ class WindowRing:
         first = max(0, start - (self.window - 1))
         positions = torch.arange(first, start, device=self.keys.device)
         return self.keys[positions % self.window], positions
+
+    @classmethod
+    def of(cls, keys: torch.Tensor) -> WindowRing:
+        """A ring over `keys` [window, width] (not copied)."""
+        ring = cls.__new__(cls)
+        ring.window, ring.keys = keys.shape[0], keys
+        return ring
+
+    def clone(self, device: torch.device | str | None = None, pin: bool = False) -> WindowRing:
+        """A copy of the ring on `device` (default: where it is)."""
+        return WindowRing.of(_copy(self.keys, device, pin))
 
     def write(self, start: int, keys: torch.Tensor) -> None:
         """Store a chunk's latents [n, width] for positions start..start+n-1 (only the last `window` stay)."""
@@ -80,6 +102,20 @@ class CompressorState:
         """Groups emitted so far; group g covers positions g*ratio .. g*ratio+ratio-1."""
         return self.entries.count
 
+    def clone(self, device: torch.device | str | None = None, pin: bool = False) -> CompressorState:
+        """A copy of the buffer and entries on `device` (default: where they are)."""
+        gate = None if self.pending_gate is None else _copy(self.pending_gate, device, pin)
+        keys = None if self.index_keys is None else self.index_keys.clone(device, pin)
+        return CompressorState(
+            self.ratio, _copy(self.pending_kv, device, pin), gate, self.entries.clone(device, pin), keys
+        )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors it holds (rows so far only)."""
+        held = [self.pending_kv, self.entries.view()]
+        held += [] if self.pending_gate is None else [self.pending_gate]
+        return held + ([] if self.index_keys is None else [self.index_keys.view()])
+
 
 @dataclass
 class SequenceState:
@@ -89,6 +125,28 @@ class SequenceState:
     windows: dict[int, WindowRing] = field(default_factory=dict)
     compressors: dict[int, CompressorState] = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)  # token ids so far (Engram look-back, generation)
+
+    def clone(self, device: torch.device | str | None = None, pin: bool = False) -> SequenceState:
+        """A deep copy on `device` (default: where each tensor is; `pin`: page-locked host memory)."""
+        return SequenceState(
+            self.position,
+            {layer: ring.clone(device, pin) for layer, ring in self.windows.items()},
+            {layer: c.clone(device, pin) for layer, c in self.compressors.items()},
+            list(self.tokens),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its tensors (rows in use) and token ids (8 each)."""
+        held = [ring.keys for ring in self.windows.values()]
+        held += [t for c in self.compressors.values() for t in c.tensors()]
+        return sum(t.numel() * t.element_size() for t in held) + 8 * len(self.tokens)
+
+
+def _copy(t: torch.Tensor, device: torch.device | str | None, pin: bool) -> torch.Tensor:
+    """A copy of `t` on `device` (default: its own), in page-locked memory when `pin` and on the host."""
+    out = t.to(device or t.device, copy=True)
+    return out.pin_memory() if pin and out.device.type == "cpu" else out
 
 
 def new_compressor(
