@@ -3,6 +3,9 @@
 The engine never touches a tensor beyond handing logits to the sampler: the worker (or any runner with
 `execute`, `release`, `info` and `capacity`) does the model. Admission is decided in `submit`, before a
 reply's first byte: a request that can never fit is a 400, a full queue a 429, a draining engine a 503.
+With a prefix cache (a runner that can also `snapshot` and `restore` its slots), an admitted prompt resumes
+from its longest cached prefix, and states are offered to the cache at every `chunk` boundary and at the end
+of each prompt and reply.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
+from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings, open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.sampling import sample
 from tfc.runtime.engine.scheduler import Running, plan_step
@@ -36,6 +40,7 @@ class EngineConfig:
     chunk: int = 256  # prefill chunk, tokens
     max_waiting: int = 64  # queued requests before 429
     retry_after_s: int = 1
+    prefix: PrefixSettings | None = None  # the prefix cache's tiers (None: no prefix cache)
 
     @property
     def budget(self) -> int:
@@ -56,6 +61,8 @@ class _Seq:
     last_token: float | None = None
     started: float | None = None
     ids_out: list[int] = field(default_factory=list)
+    chain: PrefixChain | None = None  # the digests of what it fed, with a prefix cache
+    cached: int = 0  # prompt tokens restored from the prefix cache
 
 
 class Stream:
@@ -100,6 +107,7 @@ class Engine:
         self.draining = False
         self.fatal: str | None = None
         self.steps = 0
+        self.prefix, self.prefix_note = open_prefix_cache(runner, config.prefix, config.chunk, self.metrics)
         self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
 
     @property
@@ -192,6 +200,19 @@ class Engine:
         self.halt("the server is shutting down")
         if self._thread.is_alive():
             self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._close_prefix()
+
+    def _close_prefix(self) -> None:
+        if self.prefix is not None:
+            self.prefix.close()
+
+    def prefix_stats(self) -> dict:
+        """Whether the prefix cache is on (and why not), with its entries, hits and tiers when it is."""
+        out: dict[str, Any] = {"on": self.prefix is not None, "note": self.prefix_note}
+        if self.prefix is not None:
+            out.update(self.prefix.stats())
+        return out
 
     # -- the step loop (engine thread) ---------------------------------------------------------------------
 
@@ -204,8 +225,10 @@ class Engine:
                     if self._stop:
                         break
                     self._reap()
-                    self._admit()
+                    admitted = self._admit()
                     work = list(self._running)
+                if admitted and self.prefix is not None:
+                    self._resume(admitted)
                 if work:
                     self._step(work)
         except Exception as error:  # the model failed: no request can finish any more
@@ -216,6 +239,7 @@ class Engine:
                 self._end(seq, Event("", (), "error", self._halt_reason or "stopped"))
             self._running.clear()
             self._waiting.clear()
+        self._close_prefix()
 
     def _reap(self) -> None:
         """Drop cancelled sequences (under the lock), freeing their slots."""
@@ -229,16 +253,38 @@ class Engine:
         self.metrics.running.set(len(self._running))
         self.metrics.waiting.set(len(self._waiting))
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[_Seq]:
+        admitted = []
         while self._waiting and self._free:
             seq = self._waiting.popleft()
             seq.run = Running(self._free.pop(), seq.request.prompt)
             seq.started = time.monotonic()
             self._running.append(seq)
+            admitted.append(seq)
             self.metrics.queue_time.observe(seq.started - seq.request.arrival)
         self.metrics.running.set(len(self._running))
         self.metrics.waiting.set(len(self._waiting))
         self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
+        return admitted
+
+    def _resume(self, seqs: list[_Seq]) -> None:
+        """Look every new prompt up first (each pins what it found), then restore each into its slot."""
+        leases = [(seq, self.prefix.lease(seq.request.prompt)) for seq in seqs]
+        try:
+            for seq, lease in leases:
+                seq.chain = lease.chain
+                if lease.entry is not None:
+                    seq.run.fed = seq.cached = self.prefix.resume(lease, seq.run.slot, self.runner)
+        finally:
+            for _, lease in leases:
+                self.prefix.release(lease)
+
+    def _offer(self, seq: _Seq, ended: bool) -> None:
+        """Offer a sequence's state to the prefix cache at a chunk boundary, its prompt's end or its end."""
+        run, chain = seq.run, seq.chain
+        chain.extend(run.fed_since(len(chain)))
+        if ended or run.fed % self.config.chunk == 0 or run.fed == len(run.prompt):
+            self.prefix.offer(chain, run.fed, run.slot, self.runner)
 
     def _release(self, seq: _Seq) -> None:
         if seq.run is not None:
@@ -282,6 +328,12 @@ class Engine:
                 last = Event([] if seq.request.reader else "", (token,), "error", _why(error))
             if last is not None:
                 done.append((seq, last, tuple(run.generated)))
+        if self.prefix is not None:
+            ended = {id(seq) for seq, _, _ in done}
+            for row in plan.rows:
+                seq = by_slot[row.slot]
+                if seq.chain is not None:
+                    self._offer(seq, id(seq) in ended)
         with self._lock:  # slots are free again before a client hears that its sequence ended
             for seq, _, _ in done:
                 if seq in self._running:
@@ -328,10 +380,10 @@ class Engine:
         now = time.monotonic()
         usage = Usage(
             len(r.prompt), len(tokens), (seq.first_token or now) - r.arrival, now - r.arrival,
-            (seq.started or now) - r.arrival,
+            (seq.started or now) - r.arrival, seq.cached,
         )  # fmt: skip
+        self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
         seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs))
-        self.metrics.finish(event.finish, usage)
 
 
 def _why(error: Exception) -> str:

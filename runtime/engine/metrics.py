@@ -22,8 +22,9 @@ class EngineMetrics:
             m = Counter(f"tfc:{name}", doc, lab + (labels or []), registry=reg)
             return m if labels else m.labels(model)
 
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(f"tfc:{name}", doc, lab, registry=reg).labels(model)
+        def gauge(name: str, doc: str, labels: list[str] | None = None) -> Any:
+            m = Gauge(f"tfc:{name}", doc, lab + (labels or []), registry=reg)
+            return m if labels else m.labels(model)
 
         def histogram(name: str, doc: str, buckets: tuple) -> Any:
             return Histogram(f"tfc:{name}", doc, lab, buckets=buckets, registry=reg).labels(model)
@@ -38,7 +39,25 @@ class EngineMetrics:
         self.prompt_tokens = counter("prompt_tokens", "prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "tokens generated")
         self.cached_tokens = counter(
-            "cached_tokens", "prompt tokens served from a prefix cache (none kept yet)"
+            "cached_tokens", "prompt tokens of finished requests restored from the prefix cache"
+        )
+        self.prefix_queries = counter("prefix_cache_queries", "prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("prefix_cache_hits", "prompt tokens restored from the prefix cache")
+        self.prefix_tier_hits = counter(
+            "prefix_cache_tier_hits", "requests resumed from the prefix cache, by the tier that held the state",
+            ["tier"],
+        )  # fmt: skip
+        self.prefix_evictions = counter(
+            "prefix_cache_evictions",
+            "entries pushed out of a prefix-cache tier (to the next or gone)",
+            ["tier"],
+        )
+        self.prefix_damaged = counter(
+            "prefix_cache_damaged", "disk entries refused because their digest or form did not check"
+        )
+        self.prefix_bytes = gauge("prefix_cache_bytes", "bytes held by each prefix-cache tier", ["tier"])
+        self.prefix_entries = gauge(
+            "prefix_cache_entries", "entries held by each prefix-cache tier", ["tier"]
         )
         self.running = gauge("num_requests_running", "requests holding a slot")
         self.waiting = gauge("num_requests_waiting", "requests queued for a slot")
@@ -63,6 +82,7 @@ class EngineMetrics:
             return
         self._success.labels(self.model, reason or "unknown").inc()
         self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
         self.e2e.observe(usage.e2e_s)
 
     def boot_phases(self, phases: dict[str, float]) -> None:

@@ -51,6 +51,7 @@ class Usage:
     ttft_s: float
     e2e_s: float
     queue_s: float
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 Prefill chunks start at multiples of `chunk` tokens from the sequence's start, whatever else shares the
 step, so a sequence is always prefilled in the same pieces: its state does not depend on the traffic
-around it. A step holds every decoding sequence (one row each) and then whole chunks of prefilling
-sequences, oldest first, while the step stays within `budget` tokens; a step with no decode rows always
-takes the oldest chunk, so a prompt larger than the budget still makes progress.
+around it. A prompt resumed from the prefix cache starts mid-chunk and runs to the next multiple, so its
+later chunks are a fresh prompt's. A step holds every decoding sequence (one row each) and then whole
+chunks of prefilling sequences, oldest first, while the step stays within `budget` tokens; a step with no
+decode rows always takes the oldest chunk, so a prompt larger than the budget still makes progress.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ class Running:
     prompt: tuple[int, ...]
     generated: list[int] = field(default_factory=list)
     fed: int = 0  # tokens the worker has seen (the position of the next one fed)
+
+    def fed_since(self, start: int) -> tuple[int, ...]:
+        """The ids the worker saw from position `start` to `fed` (prompt, then generated)."""
+        p = len(self.prompt)
+        head = self.prompt[start : self.fed] if start < p else ()
+        return head + tuple(self.generated[max(start, p) - p : max(self.fed - p, 0)])
 
     @property
     def prefilling(self) -> bool:
