@@ -192,27 +192,18 @@ def reference_weights(runner):
     return DeviceDense(runner.forward.weights)
 
 
-def check_layers(runner) -> dict:
-    """The slice's streams per layer and logits of 4 tokens against the reference on device-decoded weights."""
-    from tfc.runtime.models.dsv41.fast.dense_check import fast_layers, reference_layers
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
+def check_layers(runner, loose) -> dict:
+    """The slice's streams per layer and logits of 8 tokens against the reference on device-decoded weights."""
+    from tfc.runtime.models.dsv41.fast.dense_check import agreement
 
-    toks = [0, 17, 4242 % runner.info.vocab_size, 99]
-    got, streams = fast_layers(runner, 15, toks)
-    model = Dsv41Model(
-        runner.forward.cfg, reference_weights(runner), dtype=torch.float32, device=DEV, engram=False
-    )
-    want, layers = reference_layers(model, toks)
-    errs = [
-        float((mine - ref).abs().max() / ref.abs().max()) for mine, ref in zip(streams, layers, strict=True)
-    ]
-    logit = float((got - want).abs().max() / want.abs().max())
-    del model, layers
+    vocab = runner.info.vocab_size
+    toks = [t % vocab for t in (0, 17, 4242, 99, 123, 5000, 77, 31000)]
+    res = agreement(runner, loose, toks, reference_weights(runner))
     if DEV.type == "cuda":
         torch.cuda.empty_cache()
-    # within the GPU test's 2e-2 passes; beyond 0.1 something is wrong, and nothing is timed
-    worst = max(*errs, logit)
-    return {"layer_rel_err": errs, "logit_rel_err": logit, "pass": worst < 2e-2, "blocking": worst > 0.1}
+    # beyond 0.1 of the reference (relative L2) at any layer something is wrong, and nothing is timed
+    res["blocking"] = max(res["fast_vs_reference"]) > 0.1
+    return res
 
 
 def run(args) -> None:
@@ -263,7 +254,7 @@ def run(args) -> None:
             a = runner.launch(tile)[:rows].clone()
             runner.forward.step(tile.key)  # eager, same static inputs (every write is idempotent)
             eq[rows] = bool(torch.equal(a, runner.forward.buffers.logits[:rows]))
-        res["checks"] = {"graph_equals_eager": eq, "reference": check_layers(runner)}
+        res["checks"] = {"graph_equals_eager": eq, "reference": check_layers(runner, loose)}
         if not res["checks"]["reference"]["pass"]:  # where the difference comes from: each kernel call alone
             from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
 

@@ -44,8 +44,7 @@ def main() -> None:
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
     from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense, fast_layers, reference_layers
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
+    from tfc.runtime.models.dsv41.fast.dense_check import agreement
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True)
@@ -71,25 +70,13 @@ def main() -> None:
         print(f"[{time.time() - t0:6.1f} s] {name}: {res['parts'][name][:300]}", flush=True)
 
     booted = boot(args.image, device="cuda")
-    fast = build_fast(booted, slots=2, tokens_per_slot=4096, engram=False)
+    fast = build_fast(booted, slots=16, tokens_per_slot=8192, engram=False)
     loose = build_fast(SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings())),
-                       slots=2, tokens_per_slot=4096, exact=False, engram=False)  # fmt: skip
+                       slots=16, tokens_per_slot=8192, exact=False, engram=False)  # fmt: skip
     res["notes"] = list(fast.stats()["notes"])
 
     def layers():
-        got, streams = fast_layers(fast, 0, TOKENS)
-        got_l, streams_l = fast_layers(loose, 0, TOKENS)
-        model = Dsv41Model(fast.forward.cfg, DeviceDense(fast.forward.weights), dtype=torch.float32, device=DEV,
-                           engram=False)  # fmt: skip
-        want, ref = reference_layers(model, TOKENS)
-        res["layers"] = {
-            "fast_vs_reference": [rel(a, b) for a, b in zip(streams, ref, strict=True)] + [rel(got, want)],
-            "loose_vs_reference": [rel(a, b) for a, b in zip(streams_l, ref, strict=True)]
-            + [rel(got_l, want)],
-            "fast_vs_loose": [rel(a, b) for a, b in zip(streams, streams_l, strict=True)] + [rel(got, got_l)],
-            "argmax_equal": [int(a) == int(b) for a, b in zip(got.argmax(-1), want.argmax(-1), strict=True)],
-            "note": "per layer (streams), last entry the logits; max abs error over the reference's max abs",
-        }
+        res["layers"] = agreement(fast, loose, TOKENS)
 
     def router():
         from tfc.runtime.models.dsv41.fast.moe import split3

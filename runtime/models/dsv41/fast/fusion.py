@@ -4,7 +4,10 @@ kernels where eager launches dozens: the mHC's Sinkhorn alone is ~120 per site),
 Off by default and on the CPU; `build_fast` turns it on for a CUDA arena unless TFC_COMPILE=0. A stage compiles
 the first time it runs (the eager warm-up before a graph capture), once per input shape (dynamic=False: a
 step's shapes depend on its key only); one that fails to compile runs eagerly from then on, named in `NOTES`.
-Compiled and eager code may round differently, so graph == eager holds because both run the same one.
+Compiled and eager code may round differently, so graph == eager holds because both run the same one; but a
+cast is a cast: inductor keeps every dtype round trip as eager rounds it (`emulate_precision_casts`), since
+without it a fused `x.to(bf16).float()` stays x and the router's three-part split of x collapses to its first
+part (the router's product then carries bf16 error, enough to flip expert picks).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ def enable(on: bool) -> None:
     """Turn compiled stages on or off for the process (they are module-level functions)."""
     if on and not _STATE["on"]:
         import torch._dynamo
+        import torch._inductor.config
+
+        torch._inductor.config.emulate_precision_casts = True
 
         for name in ("recompile_limit", "cache_size_limit"):  # one entry per context bucket a stage meets
             if hasattr(torch._dynamo.config, name):

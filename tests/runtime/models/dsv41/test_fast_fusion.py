@@ -42,3 +42,13 @@ def test_stages_run_as_written_while_off():
         return x + 1
 
     assert torch.equal(stage(torch.zeros(2)), torch.ones(2)) and calls == [1]
+
+
+def test_a_compiled_stage_rounds_at_its_casts_like_eager(fusion_on):
+    # the router's split of x into three bf16 parts: fused without emulated casts, hi.float() stays x, mid and lo
+    # come out zero and the parts sum to bf16(x) (7.8e-3 off on this input)
+    from tfc.runtime.models.dsv41.fast.moe import split3
+
+    x = torch.randn(16, 512, generator=torch.Generator().manual_seed(0))
+    parts = split3(x, torch.bfloat16).float()
+    assert torch.equal((parts[:16] + parts[16:32]) + parts[32:], x)

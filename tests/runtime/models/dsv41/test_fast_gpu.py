@@ -7,8 +7,10 @@ fast vs reference over 520 teacher-forced random positions: top-1 >= 99 % and lo
 (the GEMM kernel rounds its rotated input to fp16: emulating that on the CPU gave at most 2.0e-3 over three
 seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set TFC_FLASH_IMAGE to a prepared
 `tfc fixture flash-random --layers 4` image: `tfc fixture flash-random /tmp/fr --layers 4 -j 16 && tfc prepare
-/tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 4 tokens against the reference forward on
-the same weights decoded on the device, within FLASH_RTOL = 2e-2 of each one's largest value.
+/tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 8 tokens against the reference forward on
+the same weights decoded on the device, in relative L2, within 1e-2 or twice the distance between two valid
+bf16 orders of the fast forward (dense_check.agreement says why), top-1 equal on >= 6 of 8; and each kernel
+call of two layers alone against its decoded weights.
 Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3-6 minutes;
 TFC_COMPILE=0 runs the small-op stages uncompiled)
 """
@@ -29,7 +31,7 @@ from tfc.cli import cli
 pytestmark = pytest.mark.gpu
 
 GPU_ATOL = 0.02
-FLASH_RTOL = 2e-2
+FLASH_TOKENS = [0, 17, 4242, 99, 123, 5000, 77, 31000]
 FAST = {"slots": 16, "tokens_per_slot": 1024, "context_step": 256, "page_tokens": 64}
 
 
@@ -183,27 +185,22 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
     not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
 def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
+    from types import SimpleNamespace
+
     from tfc.runtime.boot.rank import boot
+    from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
     from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense, fast_layers, reference_layers
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
+    from tfc.runtime.models.dsv41.fast.dense_check import agreement
 
     booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
     try:
-        fast = build_fast(booted, slots=1, tokens_per_slot=4096)
-        cfg, toks = fast.forward.cfg, [0, 17, 4242, 99]
-        got, streams = fast_layers(fast, 0, toks)
-        model = Dsv41Model(
-            cfg, DeviceDense(fast.forward.weights), dtype=torch.float32, device="cuda", engram=False
-        )
-        want, layers = reference_layers(model, toks)
-        for layer, (mine, ref) in enumerate(zip(streams, layers, strict=True)):
-            torch.testing.assert_close(
-                mine, ref, rtol=0, atol=FLASH_RTOL * float(ref.abs().max()), msg=f"layer {layer}"
-            )
-        torch.testing.assert_close(got, want, rtol=0, atol=FLASH_RTOL * float(want.abs().max()))
+        fast = build_fast(booted, slots=1, tokens_per_slot=4096, engram=False)
+        own = SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings()))
+        loose = build_fast(own, slots=1, tokens_per_slot=4096, exact=False, engram=False)
+        res = agreement(fast, loose, FLASH_TOKENS)
     finally:
         booted.close()
+    assert res["pass"] and res["top1_equal"] >= 0.75, res
 
 
 @pytest.mark.skipif(
