@@ -144,4 +144,7 @@ def _health(state: ServerState) -> dict:
         running, waiting = state.engine.counts()
         out.update(running=running, waiting=waiting, slots=state.engine.slots, context_length=_context(state),
                    steps=state.engine.steps, boot_s=state.boot_s)  # fmt: skip
+        prefix = getattr(state.engine, "prefix_stats", None)
+        if prefix is not None:
+            out["prefix_cache"] = prefix()
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,10 +167,16 @@ def _not_ready(state: ServerState) -> JSONResponse:
     return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
 
 
-def _usage(prompts: list[tuple[int, ...]], completion: int, reasoning: int | None = None) -> dict:
+def _usage(
+    prompts: list[tuple[int, ...]], completion: int, reasoning: int | None = None, cached: Sequence[int] = ()
+) -> dict:
+    """The usage object; `cached` holds each choice's prompt tokens restored from the prefix cache."""
     prompt = sum(len(p) for p in prompts)
+    n = max(1, len(cached) // max(1, len(prompts)))  # choices per prompt, in prompt order
+    # a prompt counts once in prompt_tokens, so once here too: as the most any of its choices restored
+    hit = sum(max(cached[i : i + n]) for i in range(0, len(cached), n))
     usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
+             "prompt_tokens_details": {"cached_tokens": hit}}  # fmt: skip
     if reasoning is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return usage
@@ -210,8 +216,10 @@ async def _collect(state, streams, job: _Job) -> JSONResponse:
             choice.update(text="".join(pieces), logprobs=lp)
         choices.append(choice)
     completion = sum(last.usage.completion_tokens for _, _, last in finals)
+    cached = [last.usage.cached_tokens for _, _, last in finals]
+    usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached)
     reply = {"id": job.rid, "object": job.kind, "created": int(time.time()), "model": state.model_name,
-             "choices": choices, "usage": _usage(job.prompts, completion, reasoning if job.chat else None)}  # fmt: skip
+             "choices": choices, "usage": usage}  # fmt: skip
     if len(choices) == 1:
         reply["token_sha"] = choices[0]["token_sha"]
     return JSONResponse(reply)
@@ -269,6 +277,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
             for i in range(len(streams)):
                 yield chunk(i, {"role": "assistant", "content": ""}, None, None)
         open_, completion, reasoning, seen_token = len(streams), 0, 0, False
+        cached = [0] * len(streams)
         while open_:
             if not seen_token and state.keepalive_s:
                 try:
@@ -289,6 +298,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
             if event.finish is not None:
                 open_ -= 1
                 completion += event.usage.completion_tokens
+                cached[i] = event.usage.cached_tokens
                 finish, extra = event.finish, {}
                 if job.chat:
                     finish = replies[i].finish_reason(event.finish)
@@ -299,7 +309,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
                         )
                 yield chunk(i, {}, "", finish, token_sha=token_sha(event.tokens), **extra)
         if include_usage:
-            usage = _usage(job.prompts, completion, reasoning if job.chat else None)
+            usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached)
             yield sse.frame({"id": job.rid, "object": chunk_kind, "created": created, "model": state.model_name,
                              "choices": [], "usage": usage})  # fmt: skip
         yield sse.DONE

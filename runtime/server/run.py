@@ -42,6 +42,11 @@ class ServeOptions:
     drain_s: float = 20.0
     chunk: int = 256
     max_waiting: int = 64
+    prefix_cache: bool = True
+    prefix_cache_gib: float = 1.0
+    host_cache_gib: float = 0.0
+    disk_cache: Path | None = None
+    disk_cache_gib: float = 16.0
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -206,6 +211,7 @@ def _boot(
 def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: float) -> None:
     from tfc.runtime.engine.engine import Engine, EngineConfig
     from tfc.runtime.engine.metrics import EngineMetrics
+    from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer
     from tfc.runtime.parallel.session import lead_or_follow
     from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -222,8 +228,18 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     context = min(options.max_context or runner.info.context, runner.info.context)
     slots = min(options.max_seqs, runner.capacity.slots)
     metrics = EngineMetrics(state.model_name)
+    prefix = None
+    if options.prefix_cache:
+        prefix = PrefixSettings(
+            int(options.prefix_cache_gib * GIB), int(options.host_cache_gib * GIB), options.disk_cache,
+            int(options.disk_cache_gib * GIB),
+        )  # fmt: skip
     config = EngineConfig(
-        max_seqs=slots, max_context=context, chunk=options.chunk, max_waiting=options.max_waiting
+        max_seqs=slots,
+        max_context=context,
+        chunk=options.chunk,
+        max_waiting=options.max_waiting,
+        prefix=prefix,
     )
     steps = worker  # what the engine drives: the worker, or in a TP world rank 0's Leader of every rank
     if out["world"] is not None:
@@ -234,6 +250,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         steps.execute(StepPlan((SequenceStep(0, (first,), 0),)))
         steps.release(0)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
+    say(engine.prefix_note)
     for note in runner.info.warnings:
         say(f"warning: {note}")
     metrics.boot_phases({p.name: p.seconds for p in worker.booted.phases.phases})

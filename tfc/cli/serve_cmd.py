@@ -14,7 +14,11 @@ from tfc.cli.world_cmd import launch_if_world
 
 
 @click.command(
-    "serve", epilog=example("tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --port 8000 --max-seqs 16")
+    "serve",
+    epilog=example(
+        "tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --port 8000 --max-seqs 16",
+        "tfc serve ~/.cache/tfc/images/263e81d431bff5c3 --host-cache-gib 8 --disk-cache /var/cache/tfc-prefix",
+    ),
 )
 @click.argument("image", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -42,8 +46,19 @@ from tfc.cli.world_cmd import launch_if_world
 @jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--drain-s", type=click.FloatRange(0), default=20.0, show_default=True,
               help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="Resume prompts from the saved states of earlier ones (where the runner can snapshot).")  # fmt: skip
+@click.option("--prefix-cache-gib", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="Prefix-cache states kept where the model runs (GiB).")  # fmt: skip
+@click.option("--host-cache-gib", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Host memory (pinned on CUDA) for states pushed out of --prefix-cache-gib (GiB).")  # fmt: skip
+@click.option("--disk-cache", type=click.Path(path_type=Path),
+              help="A folder for states pushed out of memory (digested files, removed when the server stops).")  # fmt: skip
+@click.option("--disk-cache-gib", type=click.FloatRange(0), default=16.0, show_default=True,
+              help="Bytes --disk-cache may hold (GiB).")  # fmt: skip
 def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
-          device, dtype, no_graphs, jobs, drain_s) -> None:  # fmt: skip
+          device, dtype, no_graphs, jobs, drain_s, prefix_cache, prefix_cache_gib, host_cache_gib, disk_cache,
+          disk_cache_gib) -> None:  # fmt: skip
     """Serve IMAGE (an image folder, or a TP=1 rank folder) over an OpenAI-compatible HTTP API.
 
     The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
@@ -51,6 +66,8 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     requests in flight get --drain-s seconds, a second signal cuts the drain short.
     """
     started = time.monotonic()
+    if disk_cache is not None and disk_cache.exists() and not disk_cache.is_dir():
+        raise click.BadParameter(f"{disk_cache} is not a folder", param_hint="'--disk-cache'")
     launch_if_world(click.get_current_context(), image)
     early = _early_cuda(device)  # the server's modules import torch: start CUDA beside that import
     from tfc.runtime.parallel.session import join_world
@@ -62,7 +79,8 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     options = ServeOptions(
         image=image, host=host, port=port, model_name=model_name, max_seqs=max_seqs, max_context=max_context,
         device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
-        max_waiting=max_waiting,
+        max_waiting=max_waiting, prefix_cache=prefix_cache, prefix_cache_gib=prefix_cache_gib,
+        host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib,
     )  # fmt: skip
     world = join_world(
         "serve", image, device, not no_graphs, dtype=dtype, slots=max_seqs, context=max_context
