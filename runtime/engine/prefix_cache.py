@@ -112,12 +112,7 @@ class PrefixCache:
                 if snapshot is not None:
                     runner.restore(slot, snapshot)
                     self._count_hit(entry.tier.name, entry.tokens)
-                    if entry.tier is self.tiers[0]:
-                        entry.tier.touch(entry)
-                    else:
-                        entry.tier.take(entry)
-                        if not self._place(entry, runner.snapshot(slot), 0):
-                            self._forget(entry)
+                    self._move_up(entry, snapshot, slot, runner)
                     return entry.tokens
                 self._unpin(entry)
                 lease.entry = self._pin(self._longest(lease.chain, lease.limit))
@@ -173,15 +168,30 @@ class PrefixCache:
     def _place(self, entry: Entry, snapshot: Any, level: int) -> bool:
         """Put a snapshot in the first tier from `level` down that can make room for it (False: none can)."""
         for i in range(level, len(self.tiers)):
-            tier = self.tiers[i]
-            size = tier.size(snapshot)
-            if size <= tier.budget and self._make_room(i, size) and tier.put(entry, snapshot):
-                return True
+            victims = self._victims(i, self.tiers[i].size(snapshot))
+            if victims is not None:
+                self._evict(i, victims)
+                if self.tiers[i].put(entry, snapshot):
+                    return True
         return False
 
-    def _make_room(self, level: int, size: int) -> bool:
-        """Move least recently used, unpinned entries of a tier to the next until `size` more bytes fit."""
+    def _move_up(self, entry: Entry, fetched: Any, slot: int, runner: Any) -> None:
+        """Move a hit from below the device tier to the highest tier that can make room (else just use it)."""
+        old = entry.tier
+        for i in range(self.tiers.index(old)):
+            victims = self._victims(i, self.tiers[i].size(fetched))
+            if victims is not None:
+                old.take(entry)  # first: the entries it pushes down may need its room
+                self._evict(i, victims)
+                self.tiers[i].put(entry, runner.snapshot(slot) if i == 0 else fetched)
+                return
+        old.touch(entry)
+
+    def _victims(self, level: int, size: int) -> list[Entry] | None:
+        """The least recently used unpinned entries of a tier whose room `size` more bytes need (None: too few)."""
         tier = self.tiers[level]
+        if size > tier.budget:
+            return None
         need = tier.used + size - tier.budget
         victims, freed = [], 0
         for entry, held in tier.oldest():
@@ -190,15 +200,17 @@ class PrefixCache:
             if not entry.pins:
                 victims.append(entry)
                 freed += held
-        if freed < need:
-            return False
+        return victims if freed >= need else None
+
+    def _evict(self, level: int, victims: list[Entry]) -> None:
+        """Move entries out of a tier into the next that can take them (out of the last: gone)."""
+        tier = self.tiers[level]
         for entry in victims:
             snapshot = tier.take(entry)
             if self.metrics is not None:
                 self.metrics.prefix_evictions.labels(self.metrics.model, tier.name).inc()
             if snapshot is None or not self._place(entry, snapshot, level + 1):
                 self._forget(entry)
-        return True
 
     def _forget(self, entry: Entry) -> None:
         """Drop an entry from the index (and from its tier, if it still has one)."""

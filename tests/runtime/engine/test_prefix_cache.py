@@ -149,6 +149,7 @@ def test_the_disk_tier_round_trips_and_refuses_a_damaged_entry(tmp_path):
     files = sorted(tmp_path.glob("*.tfcprefix"))
     assert len(files) == len(disk) == 3 and disk.used == sum(f.stat().st_size for f in files)
     assert _resume(cache, runner, IDS[:9]) == 8 and runner.slots[0] == IDS[:8]
+    assert len(disk) == 3  # no tier above can take it: it stays where it is
     twelve = tmp_path / f"{PrefixChain(4, IDS).key(12).hex()}.tfcprefix"
     raw = bytearray(twelve.read_bytes())
     raw[-2] ^= 0x01  # one flipped bit in the payload
@@ -157,6 +158,19 @@ def test_the_disk_tier_round_trips_and_refuses_a_damaged_entry(tmp_path):
     assert _resume(cache, runner, IDS[:20]) == 8  # refused: the next longest prefix instead
     assert runner.restored == [IDS[:8]] and not twelve.exists()
     assert cache.stats()["damaged"] == 1 and cache.stats()["entries"] == 2
+
+
+def test_a_disk_hit_comes_back_to_memory(tmp_path):
+    runner = SlotRunner()
+    host = MemoryTier("host", SIZE, lambda s: s.to_host())
+    disk = DiskTier(tmp_path, 100 * SIZE, runner.load_snapshot)
+    cache = PrefixCache(4, [MemoryTier("device", 0), host, disk])
+    for n in (4, 8):
+        _offer(cache, runner, IDS, n)
+    assert [e.tokens for e, _ in disk.oldest()] == [4] and len(host) == 1
+    assert _resume(cache, runner, IDS[:5]) == 4 and runner.slots[0] == IDS[:4]
+    assert [e.tokens for e, _ in host.oldest()] == [4] and [e.tokens for e, _ in disk.oldest()] == [8]
+    assert len(list(tmp_path.glob("*.tfcprefix"))) == 1
 
 
 @pytest.mark.parametrize("damage", ["truncated", "swapped", "foreign"])
