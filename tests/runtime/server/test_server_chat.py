@@ -98,17 +98,18 @@ def test_json_schema_holds_a_random_model_every_time(client):
 
 @pytest.mark.slow
 def test_json_object_and_a_streamed_schema(client):
-    r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=200, temperature=0.7, seed=3,
-                                       response_format={"type": "json_object"})  # fmt: skip
+    kw = {"model": "tiny", "messages": USER, "max_tokens": 120, "temperature": 1.0, "seed": 11,
+          "response_format": _schema_format(SCHEMAS[1])}  # fmt: skip
+    with ThreadPoolExecutor(3) as pool:  # the three replies side by side: one batch's steps, not three
+        loose = pool.submit(client.chat.completions.create, model="tiny", messages=USER, max_tokens=64,
+                            temperature=0.7, seed=3, response_format={"type": "json_object"})  # fmt: skip
+        streamed = pool.submit(lambda: list(client.chat.completions.create(stream=True, **kw)))
+        whole, r, chunks = client.chat.completions.create(**kw), loose.result(), streamed.result()
     text = r.choices[0].message.content
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
     else:
         assert text.startswith("{")
-    kw = {"model": "tiny", "messages": USER, "max_tokens": 120, "temperature": 1.0, "seed": 11,
-          "response_format": _schema_format(SCHEMAS[1])}  # fmt: skip
-    whole = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(stream=True, **kw))
     assert (
         "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         == whole.choices[0].message.content
@@ -128,7 +129,7 @@ def test_tool_choice_required_always_yields_a_parseable_call(client):
         return client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, PING], tool_choice="required",
                                               max_tokens=96, temperature=1.0, seed=100 + i)  # fmt: skip
 
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(6) as pool:
         replies = list(pool.map(one, range(6)))
     for r in replies:
         choice = r.choices[0]
@@ -142,12 +143,14 @@ def test_tool_choice_required_always_yields_a_parseable_call(client):
 def test_a_named_tool_choice_streams_arguments_that_join_into_its_json(client):
     kw = {"model": "tiny", "messages": USER, "tools": [WEATHER, PING], "max_tokens": 96, "temperature": 1.0,
           "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}  # fmt: skip
-    for seed in range(2):
-        whole = client.chat.completions.create(seed=seed, **kw)
+    with ThreadPoolExecutor(4) as pool:  # both seeds, whole and streamed, side by side
+        wholes = [pool.submit(client.chat.completions.create, seed=seed, **kw) for seed in range(2)]
+        streams = [pool.submit(lambda s: list(client.chat.completions.create(seed=s, stream=True, **kw)), seed)
+                   for seed in range(2)]  # fmt: skip
+    for whole, chunks in zip((f.result() for f in wholes), (f.result() for f in streams), strict=True):
         (call,) = whole.choices[0].message.tool_calls
         assert call.function.name == "get_weather"
         _check_call(call, [WEATHER])
-        chunks = list(client.chat.completions.create(seed=seed, stream=True, **kw))
         deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
         assert deltas[0].id and deltas[0].function.name == "get_weather" and len(deltas) >= 2
         assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
@@ -158,13 +161,16 @@ def test_a_named_tool_choice_streams_arguments_that_join_into_its_json(client):
 
 @pytest.mark.slow
 def test_tool_choice_none_and_auto_never_leak_markup(client):
-    for choice in ("none", "auto"):
-        for seed in range(1):
-            r = client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER], tool_choice=choice,
-                                               max_tokens=24, temperature=1.0, seed=seed)  # fmt: skip
-            assert "｜DSML｜ calls" not in (r.choices[0].message.content or "")
-            if choice == "none":
-                assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "length"
+    def one(choice: str):
+        return client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER], tool_choice=choice,
+                                              max_tokens=24, temperature=1.0, seed=0)  # fmt: skip
+
+    with ThreadPoolExecutor(2) as pool:
+        replies = dict(zip(("none", "auto"), pool.map(one, ("none", "auto")), strict=True))
+    for choice, r in replies.items():
+        assert "｜DSML｜ calls" not in (r.choices[0].message.content or "")
+        if choice == "none":
+            assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "length"
 
 
 @pytest.mark.slow
