@@ -6,7 +6,6 @@ import asyncio
 import http.client
 import json
 import signal
-import threading
 import time
 
 import pytest
@@ -59,31 +58,48 @@ def test_drain_refuses_new_work_and_ends_what_outlives_the_deadline(served_image
         assert s.proc.wait(20) == 0
 
 
+def _boot_statuses(s: ServerProcess) -> list[tuple[int, str]]:
+    """/health's (status, "status") from the first answer to the first 200; requests while 503 are checked."""
+    seen, deadline = [], time.monotonic() + 90
+    while True:
+        assert s.proc.poll() is None and time.monotonic() < deadline, s.output()
+        try:
+            status, body, _headers = s.get("/health")
+        except OSError:
+            time.sleep(0.01)
+            continue
+        seen.append((status, body["status"] if isinstance(body, dict) else body))
+        if status == 503:
+            code, reply, h = s.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+            assert code == 200 or (code == 503 and reply["error"]["code"] == "booting" and "retry-after" in h)
+        if status == 200:
+            return seen
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
-def test_drain_lets_a_request_in_flight_finish(served_image, tmp_path):
-    with ServerProcess(served_image, "--model-name", "tiny", "--drain-s", "30", log=tmp_path / "log") as s:
-        conn, r = _open_stream(s.port, {**LONG, "max_tokens": 40})
+def test_booting_then_a_drain_lets_one_finish_and_a_second_signal_cuts_it_short(served_image, tmp_path):
+    """/health is 503 "booting" until ready; a drain lets a request in flight finish; a second signal ends it."""
+    s = ServerProcess(served_image, "--model-name", "tiny", "--drain-s", "60", log=tmp_path / "log")
+    try:
+        seen = _boot_statuses(s)
+        assert (503, "booting") in seen and seen[-1] == (200, "ready")
+        short_conn, short = _open_stream(s.port, {**LONG, "max_tokens": 40})
+        long_conn, long = _open_stream(s.port, LONG)
         s.signal(signal.SIGTERM)
-        tail = _rest(r)
-        conn.close()
+        tail = _rest(short)  # the drain lets it finish
+        short_conn.close()
         assert tail[-1] == b"data: [DONE]"
         finals = [json.loads(t[6:]) for t in tail[:-1] if t.startswith(b"data: {")]
         assert finals[-1]["choices"][0]["finish_reason"] == "length"
-        assert s.proc.wait(20) == 0
-
-
-@pytest.mark.slow
-def test_a_second_signal_cuts_the_drain_short(served_image, tmp_path):
-    with ServerProcess(served_image, "--model-name", "tiny", "--drain-s", "60", log=tmp_path / "log") as s:
-        conn, r = _open_stream(s.port, LONG)
-        s.signal(signal.SIGTERM)
-        time.sleep(0.3)
         started = time.monotonic()
-        s.signal(signal.SIGINT)
-        tail = _rest(r)
-        conn.close()
+        s.signal(signal.SIGINT)  # the long one would outlive the 60 s drain: a second signal cuts it
+        tail = _rest(long)
+        long_conn.close()
         assert tail[-1] == b"data: [DONE]" and b"drain cut short" in tail[-2]
         assert s.proc.wait(20) == 0 and time.monotonic() - started < 10
+    finally:
+        s.stop()
 
 
 class _Engine:
@@ -114,29 +130,3 @@ def test_a_request_is_counted_before_the_drain_flag_is_read():
     reply = asyncio.run(generation(state, CompletionRequest(prompt="x"), chat=False))
     assert seen == [1] and reply.status_code == 503 and state.inflight == 0
     assert json.loads(reply.body)["error"]["code"] == "server_restarting"
-
-
-@pytest.mark.slow
-def test_health_says_booting_until_ready(served_image, tmp_path):
-    """/health is 503 "booting" while the worker boots, then 200; requests meanwhile get 503 + Retry-After."""
-    s = ServerProcess(served_image, "--model-name", "tiny", log=tmp_path / "log")
-    seen, stop = [], threading.Event()
-    try:
-        while not stop.is_set():
-            try:
-                status, body, _headers = s.get("/health")
-            except OSError:
-                time.sleep(0.01)
-                continue
-            seen.append((status, body["status"] if isinstance(body, dict) else body))
-            if status == 503:
-                code, reply, h = s.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
-                assert code == 200 or (
-                    code == 503 and reply["error"]["code"] == "booting" and "retry-after" in h
-                )
-            if status == 200:
-                break
-            time.sleep(0.02)
-    finally:
-        s.stop()
-    assert (503, "booting") in seen and seen[-1] == (200, "ready")
