@@ -225,3 +225,14 @@ def test_a_runner_that_cannot_snapshot_runs_with_the_cache_off_and_says_so():
     assert open_prefix_cache(SlotRunner(), None, 8) == (None, "prefix cache off")
     cache, note = open_prefix_cache(SlotRunner(), PrefixSettings(host_bytes=1 << 20), 8)
     assert [t.name for t in cache.tiers] == ["device", "host"] and note.startswith("prefix cache on")
+
+
+def test_a_worker_says_whether_its_runner_can_snapshot():
+    from tfc.runtime.worker.worker import Worker
+
+    worker = Worker.__new__(Worker)  # no boot: only the runner matters here
+    worker.runner = NoSnapshots()
+    assert not worker.can_snapshot and snapshot_runner(worker) is None
+    assert open_prefix_cache(worker, PrefixSettings(), 8)[0] is None
+    worker.runner = SlotRunner()
+    assert worker.can_snapshot and snapshot_runner(worker) is worker
