@@ -83,14 +83,15 @@ def test_health_and_metrics(server):
 
 @pytest.mark.slow
 def test_api_keys(served_image, tmp_path):
-    key_file = tmp_path / "keys"
-    key_file.write_text("ops: k-file\n")
-    os.chmod(key_file, 0o644)
-    proc = ServerProcess(served_image, "--api-key-file", str(key_file), log=tmp_path / "log")
-    assert proc.proc.wait(60) == 2 and "chmod 600" in proc.output()
-    os.chmod(key_file, stat.S_IRUSR | stat.S_IWUSR)
+    open_file, key_file = tmp_path / "open-keys", tmp_path / "keys"
+    for path, mode in ((open_file, 0o644), (key_file, stat.S_IRUSR | stat.S_IWUSR)):
+        path.write_text("ops: k-file\n")
+        os.chmod(path, mode)
+    # a key file others can read is refused at boot: that server fails while the next one boots
+    proc = ServerProcess(served_image, "--api-key-file", str(open_file), log=tmp_path / "log")
     with ServerProcess(served_image, "--api-key", "k-opt", "--api-key-file", str(key_file), "--model-name", "tiny",
                        env={"TFC_API_KEY": "k-env1,k-env2"}, log=tmp_path / "log2") as s:  # fmt: skip
+        assert proc.proc.wait(60) == 2 and "chmod 600" in proc.output()
         status, reply, headers = s.request("POST", "/v1/completions", OK)
         assert status == 401 and headers["www-authenticate"].startswith("Bearer")
         assert reply["error"]["type"] == "authentication_error"
