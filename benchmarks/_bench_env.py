@@ -23,3 +23,40 @@ def ensure_tfc() -> None:
         sys.modules[name] = module
         if "." in name:
             setattr(sys.modules["tfc"], name.split(".", 1)[1], module)
+
+
+class Parts:
+    """A benchmark's named parts: each timed, a failure kept as its traceback's tail, the JSON rewritten after
+    each, parts that would start past `budget_s` skipped."""
+
+    def __init__(self, res: dict, out: Path, budget_s: float = float("inf")) -> None:
+        import time
+
+        self.res, self.out, self.budget_s, self.t0 = res, out, budget_s, time.time()
+        res.setdefault("parts", {})
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        """Rewrite the JSON with the wall time so far."""
+        import json
+        import time
+
+        self.res["wall_s"] = round(time.time() - self.t0, 1)
+        self.out.write_text(json.dumps(self.res, indent=1))
+
+    def __call__(self, name: str, fn) -> None:
+        import time
+        import traceback
+
+        parts = self.res["parts"]
+        if time.time() - self.t0 > self.budget_s:
+            parts[name] = "skipped: past --budget-s"
+        else:
+            started = time.time()
+            try:
+                fn()
+                parts[name] = f"{time.time() - started:.1f} s"
+            except Exception:
+                parts[name] = "failed: " + traceback.format_exc()[-1500:]
+        self.save()
+        print(f"[{time.time() - self.t0:6.1f} s] {name}: {parts[name][:300]}", flush=True)

@@ -22,18 +22,16 @@ efficiency (floor / measured) the slice's layers reached, plus the measured head
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc
+from _bench_env import Parts, ensure_tfc
 
 ensure_tfc()
 
@@ -213,26 +211,8 @@ def run(args) -> None:
 
     res: dict = {"device": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (--dry)", "torch": torch.__version__, "python": platform.python_version(),
                  "references": REFS, "parts": {}}  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-
-    def save() -> None:
-        res["wall_s"] = round(time.time() - t0, 1)
-        out.write_text(json.dumps(res, indent=1))
-
-    def part(name: str, fn) -> None:
-        if time.time() - t0 > args.budget_s:
-            res["parts"][name] = "skipped: past --budget-s"
-        else:
-            started = time.time()
-            try:
-                fn()
-                res["parts"][name] = f"{time.time() - started:.1f} s"
-            except Exception:
-                res["parts"][name] = "failed: " + traceback.format_exc()[-1500:]
-        save()
-        print(f"[{time.time() - t0:6.1f} s] {name}: {res['parts'][name][:200]}", flush=True)
+    part = Parts(res, Path(args.out), args.budget_s)
+    save = part.save
 
     image = Path(args.image) if args.image else None
     if image is None:

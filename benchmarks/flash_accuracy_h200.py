@@ -18,15 +18,12 @@ Parts (the JSON is rewritten after each):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc
+from _bench_env import Parts, ensure_tfc
 
 ensure_tfc()
 
@@ -56,18 +53,7 @@ def main() -> None:
         "tokens": TOKENS,
         "parts": {},
     }
-    out = Path(args.out)
-    t0 = time.time()
-
-    def part(name, fn):
-        started = time.time()
-        try:
-            fn()
-            res["parts"][name] = f"{time.time() - started:.1f} s"
-        except Exception:
-            res["parts"][name] = "failed: " + traceback.format_exc()[-1500:]
-        out.write_text(json.dumps(res, indent=1))
-        print(f"[{time.time() - t0:6.1f} s] {name}: {res['parts'][name][:300]}", flush=True)
+    part = Parts(res, Path(args.out))
 
     booted = boot(args.image, device="cuda")
     fast = build_fast(booted, slots=16, tokens_per_slot=8192, engram=False)
@@ -138,8 +124,7 @@ def main() -> None:
     torch.cuda.empty_cache()
     part("router", router)
     part("profile", profile)
-    res["wall_s"] = round(time.time() - t0, 1)
-    out.write_text(json.dumps(res, indent=1))
+    part.save()
 
 
 if __name__ == "__main__":
