@@ -1,4 +1,4 @@
-"""Fixtures of the server tests: the tiny image, and one shared `tfc serve` process over it."""
+"""Fixtures of the server tests: the tiny image, and one `tfc serve` process over it that they all share."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ def served_image(tiny_image):
     return tiny_image
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(served_image, tmp_path_factory):
-    """One server for a module's tests: 16 slots, keepalives every 0.2 s."""
+    """One server for every test here that needs no flags of its own: 16 slots, keepalives every 0.2 s."""
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
     proc = ServerProcess(
         served_image, "--max-seqs", "16", "--model-name", "tiny", env={"TFC_SSE_KEEPALIVE_S": "0.2"}, log=log

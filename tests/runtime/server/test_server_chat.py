@@ -129,7 +129,7 @@ def test_tool_choice_required_always_yields_a_parseable_call(client):
         return client.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER, PING], tool_choice="required",
                                               max_tokens=96, temperature=1.0, seed=100 + i)  # fmt: skip
 
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(3) as pool:  # a second wave resumes the long tools prompt from the prefix cache
         replies = list(pool.map(one, range(6)))
     for r in replies:
         choice = r.choices[0]
