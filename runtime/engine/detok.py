@@ -73,6 +73,7 @@ class StopText:
         self.tail = ""
 
     def _text(self, lo: int, hi: int) -> str:
+        """The text of ids[lo:hi] decoded alone."""
         return self.tokenizer.decode(self.ids[lo:hi], skip_special_tokens=True) if hi > lo else ""
 
     def _hold(self, text: str) -> int:
