@@ -5,7 +5,7 @@ groups `<name>.trellis|suh|svh` (codebook from the plan's attrs) decoded with th
 decode; expert tables `<block>.ffn.experts.<p>.*` (stack or ragged, E routed entries then the shared
 expert) decoded per entry into `<block>.ffn.experts.<e>.<p>` and `<block>.ffn.shared_experts.<p>`;
 Engram hash assets and row shards (`engram.rows.e4m3e8m0.v1`) for an `EngramFeed`. Decoding is lazy:
-a name is decoded when the forward first reads it (DSpark blocks stay loadable, never decoded).
+a name is decoded when a forward first reads it (DSpark blocks `mtp.*` only when the drafter runs).
 A TP=N rank's image holds its slices (column, row and vocabulary splits on 128-value blocks); each
 128 x 128 tile decodes on its own, so a rank's slice has the bits of the same columns decoded at TP=1.
 """
