@@ -1,32 +1,23 @@
 """Snapshots of a sequence's state for the engine's prefix cache: a self-contained copy, its host copy, its bytes.
 
-The byte form, strict on the way back in (a damaged or foreign file is refused, never half-read):
-  magic b"TFCSEQ1\\n" | u64 little-endian header length | header (UTF-8 JSON) | payload
-  header: {"position": P, "ratios": {layer: ratio}, "tensors": [{"name", "dtype", "shape", "offset", "nbytes"}]}
-  tensors, little-endian, packed in header order from payload offset 0:
+The byte form (runtime/models/snapshot_bytes.py, strict on the way back in), magic b"TFCSEQ1\\n":
+  header: {"position": P, "ratios": {layer: ratio}, "tensors": [...]}, the tensors in this order:
     tokens (int64 [P]), window.L [window, width], pending_kv.L, pending_gate.L (ratio > 1), entries.L,
     index_keys.L (an index source only) — every tensor but tokens is 2-D.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import struct
-import sys
 from dataclasses import dataclass
 
 import torch
 from tfc.runtime.models.dsv41.state import CompressorState, GrowRows, SequenceState, WindowRing
+from tfc.runtime.models.snapshot_bytes import pack, unpack
 
 from tfc.errors import TfcError
 
 MAGIC = b"TFCSEQ1\n"
-MAX_HEADER = 1 << 24
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64,
-}  # fmt: skip
-NAMES = {dtype: name for name, dtype in DTYPES.items()}
 _NAME = re.compile(r"(tokens)|(window|pending_kv|pending_gate|entries|index_keys)\.(\d{1,4})")
 
 
@@ -71,83 +62,35 @@ def _tensors(state: SequenceState) -> list[tuple[str, torch.Tensor]]:
 
 def state_to_bytes(state: SequenceState) -> bytes:
     """A sequence state as bytes (module docstring)."""
-    if sys.byteorder != "little":
-        raise StateFormatError("state snapshots are written on little-endian machines only")
-    specs, blobs, offset = [], [], 0
-    for name, t in _tensors(state):
-        blob = t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-        specs.append({"name": name, "dtype": NAMES[t.dtype], "shape": list(t.shape), "offset": offset,
-                      "nbytes": len(blob)})  # fmt: skip
-        blobs.append(blob)
-        offset += len(blob)
     ratios = {str(layer): c.ratio for layer, c in state.compressors.items()}
-    header = json.dumps({"position": state.position, "ratios": ratios, "tensors": specs}).encode()
-    return b"".join([MAGIC, struct.pack("<Q", len(header)), header, *blobs])
+    return pack(MAGIC, {"position": state.position, "ratios": ratios}, _tensors(state), StateFormatError)
 
 
 def state_from_bytes(data: bytes) -> SequenceState:
     """The sequence state `state_to_bytes` wrote, in host memory; StateFormatError for anything else."""
-    header, payload = _split(data)
-    position, ratios, specs = _fields(header)
-    tensors, end = {}, 0
-    for spec in specs:
-        name, t = _tensor(spec, payload, end)
-        if name in tensors:
-            raise StateFormatError(f"tensor {name!r} appears twice")
-        tensors[name] = t
-        end += spec["nbytes"]
-    if end != len(payload):
-        raise StateFormatError(f"{len(payload) - end} payload bytes follow the last tensor")
+    header, tensors = unpack(MAGIC, data, _dims, StateFormatError)
+    position, ratios = _fields(header)
     return _assemble(position, ratios, tensors)
 
 
-def _split(data: bytes) -> tuple[dict, memoryview]:
-    if len(data) < len(MAGIC) + 8 or data[: len(MAGIC)] != MAGIC:
-        raise StateFormatError("not a sequence-state snapshot (bad magic)")
-    (size,) = struct.unpack_from("<Q", data, len(MAGIC))
-    start = len(MAGIC) + 8
-    if size > MAX_HEADER or start + size > len(data):
-        raise StateFormatError(f"header length {size} does not fit the {len(data)}-byte snapshot")
-    try:
-        header = json.loads(bytes(data[start : start + size]))
-    except ValueError:
-        raise StateFormatError("the header is not JSON") from None
-    if not isinstance(header, dict):
-        raise StateFormatError("the header is not a JSON object")
-    return header, memoryview(data)[start + size :]
+def _dims(name: str) -> int | None:
+    if not _NAME.fullmatch(name):
+        return None
+    return 1 if name == "tokens" else 2
 
 
-def _fields(header: dict) -> tuple[int, dict[int, int], list[dict]]:
-    position, ratios, specs = header.get("position"), header.get("ratios"), header.get("tensors")
+def _fields(header: dict) -> tuple[int, dict[int, int]]:
+    position, ratios = header.get("position"), header.get("ratios")
     if type(position) is not int or position < 0:
         raise StateFormatError(f"bad position {position!r}")
-    if not isinstance(ratios, dict) or not isinstance(specs, list):
-        raise StateFormatError("the header lacks its ratios or tensors")
+    if not isinstance(ratios, dict):
+        raise StateFormatError("the header lacks its ratios")
     out = {}
     for layer, ratio in ratios.items():
         if not layer.isdigit() or type(ratio) is not int or not 1 <= ratio <= 1024:
             raise StateFormatError(f"bad compress ratio {ratio!r} for layer {layer!r}")
         out[int(layer)] = ratio
-    return position, out, specs
-
-
-def _tensor(spec: object, payload: memoryview, offset: int) -> tuple[str, torch.Tensor]:
-    if not isinstance(spec, dict):
-        raise StateFormatError("a tensor entry is not an object")
-    name, dtype, shape = spec.get("name"), DTYPES.get(spec.get("dtype")), spec.get("shape")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise StateFormatError(f"unknown tensor {name!r}")
-    if dtype is None or not isinstance(shape, list) or len(shape) != (1 if name == "tokens" else 2):
-        raise StateFormatError(f"tensor {name!r}: bad dtype or shape")
-    if any(type(d) is not int or d < 0 for d in shape):
-        raise StateFormatError(f"tensor {name!r}: bad shape {shape}")
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
-    if spec.get("offset") != offset or spec.get("nbytes") != nbytes or offset + nbytes > len(payload):
-        raise StateFormatError(f"tensor {name!r}: its bytes are not where the header says")
-    if nbytes == 0:
-        return name, torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(payload[offset : offset + nbytes]), dtype=torch.uint8)
-    return name, raw.view(dtype).reshape(shape)
+    return position, out
 
 
 def _assemble(position: int, ratios: dict[int, int], tensors: dict[str, torch.Tensor]) -> SequenceState:
