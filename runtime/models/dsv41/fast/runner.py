@@ -76,6 +76,31 @@ class FastRunner:
         if 0 <= slot < self.capacity.slots:
             self.kv.release(slot)
 
+    def snapshot(self, slot: int):
+        """A copy of a slot's KV rows, position and Engram look-back (the prefix cache's entry)."""
+        from tfc.runtime.models.dsv41.fast.kv_snapshot import snapshot
+
+        state = self._slots.get(slot)
+        if state is None:
+            raise FastStepError(f"slot {slot} holds no sequence to snapshot")
+        return snapshot(self.kv, slot, state.position, tuple(state.history))
+
+    def restore(self, slot: int, snap) -> None:
+        """Put a snapshot's rows into a slot: fresh pages for its position, its rings and entries written back."""
+        from tfc.runtime.models.dsv41.fast.kv_snapshot import restore
+
+        if not 0 <= slot < self.capacity.slots:
+            raise FastStepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
+        self._slots.pop(slot, None)
+        restore(self.kv, slot, snap)
+        self._slots[slot] = _Slot(snap.position, list(snap.history))
+
+    def load_snapshot(self, data: bytes):
+        """A snapshot from its bytes (KvSnapshotError for bytes that do not fit this KV layout)."""
+        from tfc.runtime.models.dsv41.fast.kv_snapshot import load
+
+        return load(self.kv, data)
+
     def warmup(self, keys: Iterable[StepKey] | None = None) -> None:
         """Run (and so capture) the steps of `keys` on padding rows only (the dummy slot); by default the
         one-row decode step of the first context bucket."""

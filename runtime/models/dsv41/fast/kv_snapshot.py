@@ -1,0 +1,138 @@
+"""Snapshots of one fast-runner slot for the prefix cache: its KV rows copied out of the shared buffers and back.
+
+A slot's state is its window rings (every layer's `ring` rows, whatever positions they hold: reads mask by
+position), each ratio > 1 source's compressor ring, the compressed entries and indexer keys of its complete
+groups (gathered from its pages), its position and Engram look-back. A snapshot copies them out (a device copy
+on the GPU: ~1.8 KB a token of paged rows plus ~3.4 MB of rings at Flash size), `restore` maps fresh pages for
+the position and writes them back: nothing in the buffers moves, so graphs stay valid. Byte form: magic
+b"TFCKV1\\n" (runtime/models/snapshot_bytes.py), header {"position", "history", "ring", "sources"}, tensors
+window [layers, ring, row], pending.L [2, ring_L, head_dim] fp32, entries.L / keys.L [groups, row].
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
+from tfc.runtime.models.snapshot_bytes import pack, unpack
+
+from tfc.errors import TfcError
+
+MAGIC = b"TFCKV1\n"
+_NAME = re.compile(r"window|(pending|entries|keys)\.(\d{1,4})")
+
+
+class KvSnapshotError(TfcError):
+    """Bytes that are not a fast-runner slot snapshot of this model's KV layout."""
+
+
+@dataclass(frozen=True)
+class KvSnapshot:
+    """One slot's KV rows at a position, self-contained (device or host memory)."""
+
+    position: int
+    history: tuple[int, ...]
+    window: torch.Tensor  # [layers, ring, row] uint8
+    pending: dict[int, torch.Tensor]  # [2, ring_l, head_dim] fp32
+    entries: dict[int, torch.Tensor]  # [position // ratio, row] uint8
+    keys: dict[int, torch.Tensor]
+
+    @property
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor with its byte-form name."""
+        named = [("window", self.window)]
+        named += [(f"pending.{layer}", t) for layer, t in sorted(self.pending.items())]
+        named += [(f"entries.{layer}", t) for layer, t in sorted(self.entries.items())]
+        named += [(f"keys.{layer}", t) for layer, t in sorted(self.keys.items())]
+        return named
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the snapshot holds."""
+        return sum(t.numel() * t.element_size() for _, t in self.tensors)
+
+    def to_host(self) -> KvSnapshot:
+        """The same rows in host memory (page-locked when they were on a GPU)."""
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            return t.to("cpu").pin_memory() if t.device.type == "cuda" else t.clone()
+
+        return KvSnapshot(
+            self.position, self.history, host(self.window),
+            *({k: host(t) for k, t in d.items()} for d in (self.pending, self.entries, self.keys)),
+        )  # fmt: skip
+
+    def to_bytes(self) -> bytes:
+        """The byte form (module docstring)."""
+        fields = {"position": self.position, "history": list(self.history), "ring": self.window.shape[1]}
+        return pack(MAGIC, fields, self.tensors, KvSnapshotError)
+
+
+def _entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
+    """Row ids (in the entry / key buffers) of a slot's first `groups` entries of a ratio-`ratio` source."""
+    per = kv.layout.entries_per_page(ratio)
+    pages = torch.tensor(kv.pool.table(slot), dtype=torch.int64, device=kv.device)
+    e = torch.arange(groups, device=kv.device)
+    return pages[e // per] * per + e % per
+
+
+def snapshot(kv: KvMemory, slot: int, position: int, history: tuple[int, ...]) -> KvSnapshot:
+    """A copy of a slot's KV rows at `position` (the slot keeps running unchanged)."""
+    entries, keys = {}, {}
+    for s in kv.layout.sources:
+        rows = _entry_rows(kv, slot, s.ratio, position // s.ratio)
+        entries[s.layer] = kv.entries[s.layer][rows]
+        if s.index_keys:
+            keys[s.layer] = kv.keys[s.layer][rows]
+    pending = {layer: t[:, slot].clone() for layer, t in kv.pending.items()}
+    return KvSnapshot(position, tuple(history), kv.window[:, slot].clone(), pending, entries, keys)
+
+
+def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
+    """Map pages for the snapshot's position in a (released) slot and write its rows back."""
+    kv.release(slot)
+    kv.ensure(slot, max(1, snap.position))
+    kv.window[:, slot].copy_(snap.window)
+    for layer, t in snap.pending.items():
+        kv.pending[layer][:, slot].copy_(t)
+    for s in kv.layout.sources:
+        rows = _entry_rows(kv, slot, s.ratio, snap.position // s.ratio)
+        kv.entries[s.layer][rows] = snap.entries[s.layer].to(kv.device)
+        if s.index_keys:
+            kv.keys[s.layer][rows] = snap.keys[s.layer].to(kv.device)
+
+
+def _dims(name: str) -> int | None:
+    if not _NAME.fullmatch(name):
+        return None
+    return 3 if name == "window" or name.startswith("pending.") else 2
+
+
+def load(kv: KvMemory, data: bytes) -> KvSnapshot:
+    """The snapshot `KvSnapshot.to_bytes` wrote, checked against this KV layout; KvSnapshotError otherwise."""
+    header, tensors = unpack(MAGIC, data, _dims, KvSnapshotError)
+    position, history = header.get("position"), header.get("history")
+    if type(position) is not int or not 0 <= position <= kv.pool.tokens_per_slot:
+        raise KvSnapshotError(f"bad position {position!r}")
+    if not isinstance(history, list) or any(type(t) is not int or t < 0 for t in history):
+        raise KvSnapshotError("bad Engram look-back")
+    want = {"window": (tuple(kv.window[:, 0].shape), torch.uint8)}
+    for layer, t in kv.pending.items():
+        want[f"pending.{layer}"] = (tuple(t[:, 0].shape), t.dtype)
+    for s in kv.layout.sources:
+        width = kv.layout.entry_row.nbytes
+        want[f"entries.{s.layer}"] = ((position // s.ratio, width), torch.uint8)
+        if s.index_keys:
+            want[f"keys.{s.layer}"] = ((position // s.ratio, kv.layout.key_row.nbytes), torch.uint8)
+    got = {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
+    if got != want:
+        raise KvSnapshotError(
+            f"tensors {sorted(got)} do not fit this model's KV layout at position {position}"
+        )
+    pick = {kind: {int(n.split(".")[1]): t for n, t in tensors.items() if n.startswith(kind + ".")}
+            for kind in ("pending", "entries", "keys")}  # fmt: skip
+    return KvSnapshot(
+        position, tuple(history), tensors["window"], pick["pending"], pick["entries"], pick["keys"]
+    )
