@@ -66,3 +66,43 @@ def test_damaged_snapshot_bytes_are_refused(fast):
     for bad in (data[:-1], b"x" + data[1:], data[:40]):
         with pytest.raises(KvSnapshotError):
             fast.load_snapshot(bad)
+
+
+@pytest.mark.parametrize("tier", ["device", "host", "disk"])
+def test_the_engine_resumes_a_prompt_on_the_fast_runner_as_fresh(fast, tiny_image, tmp_path, tier):
+    import asyncio
+
+    from tfc.runtime.engine.engine import Engine, EngineConfig
+    from tfc.runtime.engine.generate import token_sha
+    from tfc.runtime.engine.prefix_cache import PrefixSettings
+    from tfc.runtime.engine.request import Request
+    from tfc.runtime.engine.sampling import SamplingParams
+    from tfc.runtime.engine.tokenizer import image_tokenizer
+
+    tokenizer = image_tokenizer(fast.forward.weights.image, str(tiny_image))
+    settings = {"device": PrefixSettings(), "host": PrefixSettings(device_bytes=0, host_bytes=1 << 30),
+                "disk": PrefixSettings(device_bytes=0, host_bytes=0, disk=tmp_path / "disk")}  # fmt: skip
+
+    def run(prefix, prompts):
+        engine = Engine(fast, tokenizer, EngineConfig(max_seqs=4, max_context=512, chunk=16, prefix=prefix))
+        engine.start()
+
+        async def go():
+            out = []
+            for p in prompts:  # one after another: the second finds the first's states
+                (stream,) = engine.submit([Request(tuple(p), SamplingParams(temperature=1.0, seed=3), 4)])
+                async for event in stream:
+                    if event.finish:
+                        out.append(event)
+            return out
+
+        try:
+            return asyncio.run(go())
+        finally:
+            engine.close()
+
+    (fresh,) = run(None, [PROMPT[:60]])
+    first, resumed = run(settings[tier], [PROMPT[:41], PROMPT[:60]])
+    assert first.usage.cached_tokens == 0 and resumed.usage.cached_tokens == 41
+    assert token_sha(resumed.tokens) == token_sha(fresh.tokens)
+    assert fast.kv.pool.free_pages == fast.kv.pool.pages
