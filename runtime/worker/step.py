@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -11,11 +12,17 @@ if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (
 
 @dataclass(frozen=True)
 class SequenceStep:
-    """One sequence's share of a step: its slot, its new tokens (a prefill chunk or one decode token), the first's position."""
+    """One sequence's share of a step: its slot, its new tokens (a prefill chunk or one decode token), the first's position.
+
+    `verify`: the tokens are a draft-verify row (the last token, then drafts): the logits of every row come
+    back and the runner can `rollback` the slot to any position inside it. `drafting`: the sequence drafts,
+    so the runner keeps what its drafter needs of these rows once they are committed."""
 
     slot: int
     tokens: tuple[int, ...]
     position: int
+    verify: bool = False
+    drafting: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """The last-position logits [V] of each planned sequence, in plan order."""
+    """The last-position logits [V] of each planned sequence, in plan order ([n, V], every row, for a verify row)."""
 
     logits: tuple[torch.Tensor, ...]
 
@@ -107,4 +114,29 @@ def snapshot_runner(runner: Any) -> SnapshotRunner | None:
     if getattr(runner, "can_snapshot", True) is False:
         return None
     names = ("snapshot", "restore", "load_snapshot")
+    return runner if all(callable(getattr(runner, n, None)) for n in names) else None
+
+
+class DraftRunner(Protocol):
+    """The optional methods of a runner that drafts tokens and verifies them in one step (speculative decoding)."""
+
+    draft_block: int  # the most tokens one draft proposes
+
+    def draft(
+        self, slot: int, last_token: int, k: int, choose: Callable[[int, torch.Tensor], int] | None = None
+    ) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` (sampled, not yet fed) in a slot; `choose(i, logits)` picks
+        draft i from the drafter's logits (default: the highest)."""
+        ...
+
+    def rollback(self, slot: int, position: int) -> None:
+        """After a verify row, keep the slot's rows before `position` only: the state of a sequence fed that far."""
+        ...
+
+
+def draft_runner(runner: Any) -> DraftRunner | None:
+    """The runner itself when it can draft (`can_draft` True and the methods), else None."""
+    if getattr(runner, "can_draft", False) is not True:
+        return None
+    names = ("draft", "rollback")
     return runner if all(callable(getattr(runner, n, None)) for n in names) else None

@@ -11,12 +11,14 @@ from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
 from tfc.runtime.worker.step import (
     Capacity,
+    DraftRunner,
     ModelInfo,
     ModelRunner,
     Snapshot,
     SnapshotRunner,
     StepOutput,
     StepPlan,
+    draft_runner,
     snapshot_runner,
 )
 
@@ -29,6 +31,10 @@ class NoModel(TfcError):
 
 class NoSnapshots(TfcError):
     """A snapshot asked of a worker whose runner cannot save its slots."""
+
+
+class NoDrafter(TfcError):
+    """A draft asked of a worker whose runner cannot draft."""
 
 
 class Worker:
@@ -151,6 +157,39 @@ class Worker:
     def load_snapshot(self, data: bytes) -> Snapshot:
         """A snapshot from its bytes."""
         return self._snapshots().load_snapshot(data)
+
+    @property
+    def can_draft(self) -> bool:
+        """Whether the runner drafts tokens and verifies them in one step (speculative decoding)."""
+        return draft_runner(self._model()) is not None
+
+    @property
+    def draft_note(self) -> str:
+        """Why the runner cannot draft (empty when it can)."""
+        if self.can_draft:
+            return ""
+        return getattr(self._model(), "draft_note", "") or f"the {self.kind} forward has no drafter yet"
+
+    @property
+    def draft_block(self) -> int:
+        """The most tokens one draft proposes (0 when the runner cannot draft)."""
+        return self._drafts().draft_block if self.can_draft else 0
+
+    def _drafts(self) -> DraftRunner:
+        runner = draft_runner(self._model())
+        if runner is None:
+            raise NoDrafter(
+                f"{self.booted.image.path}: the {self.kind} runner cannot draft ({self.draft_note})"
+            )
+        return runner
+
+    def draft(self, slot: int, last_token: int, k: int, choose: Callable | None = None) -> tuple[int, ...]:
+        """Up to k draft tokens after `last_token` in a slot."""
+        return self._drafts().draft(slot, last_token, k, choose)
+
+    def rollback(self, slot: int, position: int) -> None:
+        """Keep a slot's rows before `position` after a verify step."""
+        self._drafts().rollback(slot, position)
 
     def chat_format(self, tokenizer: Any) -> Any:
         """The family's chat format over a tokenizer."""

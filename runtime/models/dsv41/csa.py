@@ -49,9 +49,7 @@ def compress(
     cannot change a latent); the pooling runs in the rows' own dtype."""
     ratio, work = state.ratio, kv.dtype
     first = state.groups * ratio
-    kv = torch.cat((state.pending_kv, kv.to(state.pending_kv.dtype)))
-    if gate is not None:
-        gate = torch.cat((state.pending_gate, gate.to(state.pending_gate.dtype)))
+    kv, gate = state.join(kv, gate)
     usable = kv.shape[0] // ratio * ratio
     state.pending_kv = kv[usable:]
     if gate is not None:

@@ -148,7 +148,7 @@ class DsparkDrafter:
         if not 0 <= last_token < cfg.vocab_size:
             raise DraftError(f"last token {last_token} is outside the vocabulary [0, {cfg.vocab_size})")
         self.observe(state, target_hidden)
-        if state.position == 0:
+        if state.position == state.start:
             raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
         device, dtype = self.model.device, self.model.dtype
         start, n = state.position, self.block_size
@@ -158,7 +158,9 @@ class DsparkDrafter:
         streams = self.model.shard.embed(get("embed.weight"), ids).unsqueeze(-2).expand(-1, cfg.hc_mult, -1)
         streams, pre = streams.contiguous(), first_pre((n,), cfg.hc_mult, dtype, device)
         for j in range(len(self.blocks)):
-            streams, pre = self._block(j, streams, pre, positions, context(state.windows[j], start))
+            streams, pre = self._block(
+                j, streams, pre, positions, context(state.windows[j], start, state.start)
+            )
         x = hc_collapse(streams, pre)
         base = column_linear(rms_norm(x, get(self._names["norm.weight"]), cfg.rms_norm_eps), get("head"))
         tokens, logits, confidence = [int(last_token)], [], []

@@ -1,4 +1,10 @@
-"""The DeepSeek-V4.1 reference runner: step plans over the reference forward, one sequence state per slot."""
+"""The DeepSeek-V4.1 reference runner: step plans over the reference forward, one sequence state per slot.
+
+With a drafter (the DSpark blocks, runtime/models/dsv41/drafting.py) it also drafts: a verify row is marked
+before its forward (runtime/models/dsv41/state.py `mark`), and `rollback` cuts the rows the engine rejected,
+so a slot is always in the state of a sequence fed only what was committed. Rows of a verify step reach the
+drafter once committed; a verify step never rolled back is committed whole by the slot's next call.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,11 @@ from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY
+from tfc.runtime.models.dsv41.drafting import Choose, DsparkSlots, SlotDrafter
+from tfc.runtime.models.dsv41.dspark import DraftError, DsparkDrafter
 from tfc.runtime.models.dsv41.engram import EngramFeed
-from tfc.runtime.models.dsv41.reference import Dsv41Model
-from tfc.runtime.models.dsv41.state import SequenceState
+from tfc.runtime.models.dsv41.reference import Dsv41Model, MissingWeight
+from tfc.runtime.models.dsv41.state import Mark, SequenceState
 from tfc.runtime.models.dsv41.state_io import StateSnapshot, state_from_bytes
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
 
@@ -23,7 +31,10 @@ class StepError(TfcError):
 class ReferenceRunner:
     """Runs step plans through `Dsv41Model`; Engram rows come from the feed, hashed over each slot's history."""
 
-    def __init__(self, model: Dsv41Model, feed: EngramFeed | None = None, slots: int = 256) -> None:
+    def __init__(
+        self, model: Dsv41Model, feed: EngramFeed | None = None, slots: int = 256,
+        drafter: SlotDrafter | None = None, draft_note: str = "this runner was built without a drafter",
+    ) -> None:  # fmt: skip
         cfg = model.config
         self.model = model
         self.feed = feed if model.engram else None
@@ -39,9 +50,27 @@ class ReferenceRunner:
         )
         self.capacity = Capacity(slots, cfg.max_position_embeddings)
         self._states: dict[int, SequenceState] = {}
+        self.drafter = drafter  # a test may put a stand-in here (drafting.SlotDrafter)
+        self.draft_note = draft_note  # why it cannot draft, when it cannot
+        self._marks: dict[int, tuple[Mark, torch.Tensor | None]] = {}  # slot -> its open verify step
+
+    @property
+    def can_draft(self) -> bool:
+        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
+        return self.drafter is not None
+
+    @property
+    def draft_block(self) -> int:
+        """The most tokens one draft proposes (its rows and the last token fit the window)."""
+        if self.drafter is None:
+            return 0
+        return min(self.drafter.block_size, self.model.config.sliding_window - 1)
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Each planned sequence's next tokens in one batched forward; the last-position logits of each."""
+        """Each planned sequence's next tokens in one batched forward; the last-position logits of each
+        (every row's for a verify row)."""
+        for row in plan.rows:
+            self._settle(row.slot)
         states = [self._state(row.slot, row.position) for row in plan.rows]
         chunks = [list(row.tokens) for row in plan.rows]
         rows = None
@@ -49,8 +78,66 @@ class ReferenceRunner:
             rows = self._all_columns(
                 [self.feed.rows(s.tokens, c) for s, c in zip(states, chunks, strict=True)]
             )
-        out = self.model.forward(chunks, states, rows, last_only=True)
-        return StepOutput(tuple(o[0] for o in out))
+        layers = None
+        if self.drafter is not None and self.drafter.target_layers and any(r.drafting for r in plan.rows):
+            layers = self.drafter.target_layers
+        marks = {}
+        for row, state in zip(plan.rows, states, strict=True):
+            if row.verify:
+                if len(row.tokens) > self.draft_block + 1 or state.position == 0:
+                    raise StepError(f"slot {row.slot}: a verify row of {len(row.tokens)} tokens at position "
+                                    f"{state.position} (at most {self.draft_block + 1}, after a prefill)")  # fmt: skip
+                marks[row.slot] = state.mark(len(row.tokens))
+        whole = layers is not None or bool(marks)
+        if layers is None:
+            out, hidden = self.model.forward(chunks, states, rows, last_only=not whole), None
+        else:
+            out, hidden = self.model.forward(chunks, states, rows, last_only=False, capture=layers)
+        for i, row in enumerate(plan.rows):
+            kept = hidden[i] if hidden is not None and row.drafting else None
+            if row.verify:
+                self._marks[row.slot] = (marks[row.slot], kept)
+            elif kept is not None:
+                self.drafter.commit(row.slot, row.position, kept)
+        return StepOutput(tuple(o if r.verify else o[-1] for o, r in zip(out, plan.rows, strict=True)))
+
+    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet)."""
+        if self.drafter is None:
+            raise StepError(f"this runner cannot draft ({self.draft_note})")
+        state = self._states.get(slot)
+        if state is None:
+            raise StepError(f"slot {slot} holds no sequence to draft for")
+        self._settle(slot)
+        k = min(k, self.draft_block)
+        if k < 1:
+            return ()
+        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
+        tokens = tuple(int(t) for t in self.drafter.propose(slot, state.tokens, last_token, k, pick))[:k]
+        if any(not 0 <= t < self.info.vocab_size for t in tokens):
+            raise StepError(
+                f"slot {slot}: a draft {tokens} outside the vocabulary [0, {self.info.vocab_size})"
+            )
+        return tokens
+
+    def rollback(self, slot: int, position: int) -> None:
+        """Keep the rows of a slot's last verify step before `position`; the drafter gets those rows."""
+        entry = self._marks.get(slot)
+        if entry is None:
+            raise StepError(f"slot {slot} has no verify step to roll back")
+        mark, hidden = entry
+        try:
+            self._states[slot].truncate(mark, position)  # checks before it changes anything
+        except ValueError as error:
+            raise StepError(f"slot {slot}: {error}") from None
+        del self._marks[slot]
+        if hidden is not None and position > mark.position:
+            self.drafter.commit(slot, mark.position, hidden[: position - mark.position])
+
+    def _settle(self, slot: int) -> None:
+        """Commit a verify step the engine did not roll back: every row it fed."""
+        if slot in self._marks:
+            self.rollback(slot, self._states[slot].position)
 
     def _all_columns(self, rows: list[dict[int, torch.Tensor]]) -> list[dict[int, torch.Tensor]]:
         """Each sequence's Engram rows of every column: a TP rank's own columns, all-gathered in one call."""
@@ -67,18 +154,24 @@ class ReferenceRunner:
     def release(self, slot: int) -> None:
         """Drop a slot's state (a no-op for a slot never used)."""
         self._states.pop(slot, None)
+        self._marks.pop(slot, None)
+        if self.drafter is not None:
+            self.drafter.release(slot)
 
     def snapshot(self, slot: int) -> StateSnapshot:
-        """A deep copy of a slot's state at its position (the prefix cache keeps it)."""
+        """A deep copy of a slot's state at its position (the prefix cache keeps it); never mid-verify."""
         state = self._states.get(slot)
         if state is None:
             raise StepError(f"slot {slot} holds no sequence to snapshot")
+        if slot in self._marks:
+            raise StepError(f"slot {slot} holds rows not verified yet: roll it back before a snapshot")
         return StateSnapshot.of(state.clone())
 
     def restore(self, slot: int, snapshot: StateSnapshot) -> None:
-        """Replace a slot's state by a copy of a snapshot's, on this runner's device."""
+        """Replace a slot's state by a copy of a snapshot's, on this runner's device (its drafter starts over)."""
         if not 0 <= slot < self.capacity.slots:
             raise StepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
+        self.release(slot)
         self._states[slot] = snapshot.state.clone(self.model.device)
 
     def load_snapshot(self, data: bytes) -> StateSnapshot:
@@ -128,7 +221,16 @@ def build_reference(
         weights[name]
         if progress is not None:
             progress(i + 1, len(names))
-    return ReferenceRunner(model, feed, slots)
+    drafter, note = _drafter(model)
+    return ReferenceRunner(model, feed, slots, drafter, note)
+
+
+def _drafter(model: Dsv41Model) -> tuple[SlotDrafter | None, str]:
+    """The DSpark drafter over the model's mtp blocks (decoded when first drafted), or None and why not."""
+    try:
+        return DsparkSlots(DsparkDrafter(model)), ""
+    except (DraftError, MissingWeight) as error:
+        return None, str(error).splitlines()[0]
 
 
 class MissingEngramTables(TfcError):

@@ -8,6 +8,11 @@ What a layer keeps, by mode (spec/deepseek_v41.md section 2):
   reindex / reuse        nothing more: they read their source's entries through the forward's shared state
 Chunked prefill then one-token decode computes exactly what one whole pass computes, because a group's
 pending rows and the window carry across calls (reference: HF deepseek_v41 `DeepseekV41CSACache`).
+
+A draft-verify step feeds rows it may take back: `mark(rows)` before that forward keeps what the rows will
+overwrite (the ring slots, the compressors' group counts and, through `join`, the rows each group was pooled
+from), and `truncate(mark, position)` afterwards leaves exactly the state of a sequence that was only ever fed
+up to `position`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ class GrowRows:
     def view(self) -> torch.Tensor:
         """The rows so far [count, width] (a view: read it before the next append)."""
         return self._data[: self.count]
+
+    def truncate(self, count: int) -> None:
+        """Forget every row from `count` on (the next append writes over them)."""
+        if not 0 <= count <= self.count:
+            raise ValueError(f"cannot truncate {self.count} rows to {count}")
+        self.count = count
 
     @classmethod
     def of(cls, rows: torch.Tensor) -> GrowRows:
@@ -96,6 +107,16 @@ class CompressorState:
     pending_gate: torch.Tensor | None  # same for the gate (ratio > 1 only)
     entries: GrowRows  # rotated, FP4-quantised compressed KV [groups, head_dim]
     index_keys: GrowRows | None  # rotated, FP4-quantised indexer keys [groups, index_head_dim]
+    journal: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None  # rows `join` saw since a mark
+
+    def join(self, kv: torch.Tensor, gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The pending rows followed by a chunk's new rows, in the state's dtype (kept while a mark is open)."""
+        kv = torch.cat((self.pending_kv, kv.to(self.pending_kv.dtype)))
+        if gate is not None:
+            gate = torch.cat((self.pending_gate, gate.to(self.pending_gate.dtype)))
+        if self.journal is not None:
+            self.journal.append((kv, gate))
+        return kv, gate
 
     @property
     def groups(self) -> int:
@@ -118,6 +139,16 @@ class CompressorState:
 
 
 @dataclass
+class Mark:
+    """What a forward of `rows` rows from `position` overwrites: enough to cut any of those rows off again."""
+
+    position: int
+    rows: int
+    rings: dict[int, torch.Tensor]  # layer -> its ring slots of positions position .. position+rows-1, before
+    groups: dict[int, int]  # KV-source layer -> groups emitted before
+
+
+@dataclass
 class SequenceState:
     """Everything one sequence carries between forward calls."""
 
@@ -135,12 +166,60 @@ class SequenceState:
             list(self.tokens),
         )
 
+    def mark(self, rows: int) -> Mark:
+        """Keep what the next forward of `rows` rows will overwrite (a state that has run once, rows <= window)."""
+        if self.position == 0 or not self.windows:
+            raise ValueError("a mark needs a state that has run at least one forward")
+        saved = {}
+        for layer, ring in self.windows.items():
+            if rows > ring.window:
+                raise ValueError(f"{rows} rows to take back exceed the {ring.window}-slot window")
+            saved[layer] = ring.keys[_slots(self.position, rows, ring)].clone()
+        for c in self.compressors.values():
+            c.journal = []
+        groups = {layer: c.groups for layer, c in self.compressors.items()}
+        return Mark(self.position, rows, saved, groups)
+
+    def truncate(self, mark: Mark, position: int) -> None:
+        """Cut the rows the marked forward fed from `position` on; close the mark (position at its end: keep all)."""
+        keep = position - mark.position
+        if self.position != mark.position + mark.rows or not 0 <= keep <= mark.rows:
+            raise ValueError(
+                f"a state at {self.position} marked at {mark.position} for {mark.rows} rows cannot go to {position}"
+            )
+        for layer, ring in self.windows.items():
+            ring.keys[_slots(mark.position, mark.rows, ring)[keep:]] = mark.rings[layer][keep:]
+        for layer, c in self.compressors.items():
+            journal, c.journal = c.journal, None
+            if keep == mark.rows:
+                continue
+            if journal is None or len(journal) != 1:
+                raise ValueError(
+                    f"layer {layer}: the marked forward fed its compressor {len(journal or ())} times"
+                )
+            kv, gate = journal[0]
+            rows = kv.shape[0] - mark.rows + keep  # pending at the mark, then the rows kept
+            whole = rows // c.ratio
+            c.entries.truncate(mark.groups[layer] + whole)
+            if c.index_keys is not None:
+                c.index_keys.truncate(mark.groups[layer] + whole)
+            c.pending_kv = kv[whole * c.ratio : rows].clone()
+            if gate is not None:
+                c.pending_gate = gate[whole * c.ratio : rows].clone()
+        del self.tokens[position:]
+        self.position = position
+
     @property
     def nbytes(self) -> int:
         """Bytes of its tensors (rows in use) and token ids (8 each)."""
         held = [ring.keys for ring in self.windows.values()]
         held += [t for c in self.compressors.values() for t in c.tensors()]
         return sum(t.numel() * t.element_size() for t in held) + 8 * len(self.tokens)
+
+
+def _slots(position: int, rows: int, ring: WindowRing) -> torch.Tensor:
+    """A ring's slots of positions position .. position+rows-1."""
+    return torch.arange(position, position + rows, device=ring.keys.device) % ring.window
 
 
 def _copy(t: torch.Tensor, device: torch.device | str | None, pin: bool) -> torch.Tensor:
