@@ -46,7 +46,7 @@ class ServerProcess:
             "--port",
             str(self.port),
             "--device",
-            "cpu",
+            device,
             *args,
         ]
         self._log = open(log, "w+") if log else subprocess.DEVNULL  # noqa: SIM115
