@@ -1,0 +1,140 @@
+"""Prefix cache: TTFT of a long conversation's next turn, cached against uncached, and a host-tier restore's rate.
+
+    python benchmarks/prefix_cache.py --out benchmarks/results/serve/prefix_cache_cpu.json
+    python3 benchmarks/prefix_cache.py --image IMG/rank0 --device cuda --tokens 16000 --out $OUT/prefix.json
+
+Part `ttft` (through `tfc serve` and the official openai client, token-id prompts so turn 2 extends turn 1's
+ids exactly): two servers side by side, `--no-prefix-cache` and the cache's device tier. Each rep sends turn 1
+(`--tokens` ids, a rep-unique start) to the caching server, then turn 2 (turn 1's ids and 64 new ones: the
+next message of the conversation) to both, streamed, max_tokens 1: TTFT = request sent -> first chunk. Both servers must return the same token
+(resumed == fresh). Part `restore` (in process, one Worker): a slot fed `--tokens` ids, its snapshot's host
+copy restored into another slot, timed (median), against the host-to-device copy of as many bytes from pinned
+memory (CUDA; on the CPU a host memcpy of them, which says little). The tiny image's context is 4,096 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_cpu import ENV, build_image  # noqa: E402
+from support.server import ServerProcess  # noqa: E402
+
+NEW = 64
+
+
+def ids(n: int, seed: int, vocab: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(n)]
+
+
+def first_token(client, prompt: list[int]) -> dict:
+    sent = time.perf_counter()
+    first, sha, cached = None, None, None
+    for chunk in client.completions.create(model="m", prompt=prompt, max_tokens=1, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):  # fmt: skip
+        if first is None and chunk.choices:
+            first = time.perf_counter()
+        if chunk.choices and chunk.choices[0].finish_reason:
+            sha = getattr(chunk.choices[0], "token_sha", None)
+        if chunk.usage:
+            details = chunk.usage.prompt_tokens_details
+            cached = details.cached_tokens if details else 0
+    return {"ttft_s": first - sent, "cached_tokens": cached, "token_sha": sha}
+
+
+def ttft(image: str, device: str, tokens: int, reps: int, vocab: int) -> dict:
+    from openai import OpenAI
+
+    rows = []
+    common = ("--model-name", "m", "--max-seqs", "2")
+    with ServerProcess(image, *common, "--no-prefix-cache", env=ENV, device=device) as plain, \
+            ServerProcess(image, *common, "--prefix-cache-gib", "8", env=ENV, device=device) as caching:  # fmt: skip
+        fresh = OpenAI(base_url=plain.url + "/v1", api_key="b", max_retries=0, timeout=900)
+        cached = OpenAI(base_url=caching.url + "/v1", api_key="b", max_retries=0, timeout=900)
+        first_token(fresh, [1, 2, 3])
+        first_token(cached, [1, 2, 3])
+        for rep in range(reps):
+            turn1 = ids(tokens, 100 + rep, vocab)
+            first_token(cached, turn1)
+            turn2 = turn1 + ids(NEW, 200 + rep, vocab)
+            a, b = first_token(fresh, turn2), first_token(cached, turn2)
+            rows.append({"prompt_tokens": len(turn2), "uncached_ttft_s": a["ttft_s"], "cached_ttft_s": b["ttft_s"],
+                         "cached_tokens": b["cached_tokens"], "same_token": a["token_sha"] == b["token_sha"]})  # fmt: skip
+    u = statistics.median(r["uncached_ttft_s"] for r in rows)
+    c = statistics.median(r["cached_ttft_s"] for r in rows)
+    return {"reps": rows, "uncached_ttft_median_s": u, "cached_ttft_median_s": c, "speedup": u / c}
+
+
+def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) -> dict:
+    import torch
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+    from tfc.runtime.worker.worker import Worker
+
+    w = Worker.start(image, device=device, graphs=False)
+    try:
+        w.load_model(dtype=torch.float32, slots=2, tokens_per_slot=tokens + 64)
+        prompt, step = ids(tokens, 7, vocab), 256
+        for lo in range(0, tokens, step):
+            w.execute(StepPlan((SequenceStep(0, tuple(prompt[lo : lo + step]), lo),)))
+        host = w.snapshot(0).to_host()
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        times = []
+        for _ in range(reps):
+            sync()
+            t = time.perf_counter()
+            w.restore(1, host)
+            sync()
+            times.append(time.perf_counter() - t)
+        src = torch.empty(host.nbytes, dtype=torch.uint8).pin_memory() if device == "cuda" else torch.empty(
+            host.nbytes, dtype=torch.uint8)  # fmt: skip
+        dst = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
+        floor = []
+        for _ in range(reps):
+            sync()
+            t = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            sync()
+            floor.append(time.perf_counter() - t)
+        r, f = statistics.median(times), statistics.median(floor)
+        return {"runner": w.kind, "bytes": host.nbytes, "restore_s": r, "restore_gb_s": host.nbytes / r / 1e9,
+                "copy_floor_gb_s": host.nbytes / f / 1e9, "ratio_to_floor": f / r,
+                "floor": "pinned host -> device copy" if device == "cuda" else "host memcpy (CPU run)"}  # fmt: skip
+    finally:
+        w.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--image", help="a prepared image's rank folder (default: build the tiny one)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokens", type=int, default=3500, help="turn 1's prompt ids")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--vocab", type=int, default=600, help="ids are drawn from [1, vocab)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        image = args.image or build_image(Path(tmp))
+        res: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
+                     "image": args.image or "tfc fixture tiny, TP=1", "device": args.device, "tokens": args.tokens}  # fmt: skip
+        res["ttft"] = ttft(image, args.device, args.tokens, args.reps, args.vocab)
+        res["restore"] = restore_rate(image, args.device, args.tokens, args.reps, args.vocab)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: res[k] for k in ("ttft", "restore")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
