@@ -9,7 +9,8 @@ Order: the HBM copy rate and the bf16 tensor-core peak; checks, which must pass 
 (graph replay == eager bit for bit at 1, 4 and 16 rows; every layer's streams and the logits of 4 tokens
 against the reference forward on the same weights decoded on the device); decode steps at 1, 4 and 16 rows,
 context 4k, graphed, with the pinned (exact) launches and with each shape's own launches; the projection to
-the whole model; prefill of 2k and 16k-token prompts. The JSON is rewritten after every part.
+the whole model; verify windows (1-6 consecutive rows of one sequence, the draft-verify step of issue #24)
+against the 1-row step; prefill of 2k and 16k-token prompts. The JSON is rewritten after every part.
 
 Byte floor of a step: every byte it must read once at the copy rate: each layer's non-expert segments
 (attention EXL3 groups, norms, mHC, router, indexer), the distinct experts its live rows picked (trellis and
@@ -39,6 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROWS = (1, 4, 16)
+VERIFY = (1, 2, 3, 4, 5, 6)  # rows of a DSpark verify window: the last token and up to 5 drafts
 CONTEXT = 4096
 PREFILL = (2048, 16384)
 REFS = {"analytic_limit_gb_per_token": 7.5, "analytic_limit_tok_s": 570, "tensorfold_2x_gb10_decode_tok_s": 90,
@@ -282,6 +284,26 @@ def run(args) -> None:
         res["decode"] = table
 
     part("decode", decode)
+
+    def verify() -> None:
+        """A draft-verify window: w consecutive rows of one sequence at context 4k, graphed, against w = 1."""
+        from tfc.runtime.models.dsv41.fast.step_plan import TileRow, make_tile
+
+        table = {}
+        for w in VERIFY:
+            runner.kv.ensure(0, CONTEXT + w)
+            rows = [TileRow(0, (7919 * i + 11) % runner.info.vocab_size, CONTEXT - 1 + i) for i in range(w)]
+            tile = make_tile(rows, runner.kv.dummy_slot, runner.buckets)
+            runner.launch(tile)
+            table[w] = {"step_s": timed(lambda t=tile: runner.replay(t.key))}
+        one = table[VERIFY[0]]["step_s"]
+        for w, row in table.items():
+            row["vs_one_row"] = row["step_s"] / one
+            row["per_extra_row_s"] = (row["step_s"] - one) / max(1, w - 1)
+        runner.kv.release(0)
+        res["verify"] = table
+
+    part("verify", verify)
 
     def prefill() -> None:
         from tfc.runtime.worker.step import SequenceStep, StepPlan
