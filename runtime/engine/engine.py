@@ -5,7 +5,9 @@ The engine never touches a tensor beyond handing logits to the sampler: the work
 reply's first byte: a request that can never fit is a 400, a full queue a 429, a draining engine a 503.
 With a prefix cache (a runner that can also `snapshot` and `restore` its slots), an admitted prompt resumes
 from its longest cached prefix, and states are offered to the cache at every `chunk` boundary and at the end
-of each prompt and reply.
+of each prompt and reply. With a runner that drafts, a decoding sequence drafts tokens and verifies them in one
+step (runtime/engine/drafting.py), emitting exactly the tokens serial decoding would; states are offered only
+after the rejected rows were rolled back.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.detok import StopText
+from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
@@ -29,6 +32,7 @@ from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings, open_pr
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.sampling import sample
 from tfc.runtime.engine.scheduler import Running, plan_step
+from tfc.runtime.worker.step import SequenceStep
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,12 @@ class EngineConfig:
     max_waiting: int = 64  # queued requests before 429
     retry_after_s: int = 1
     prefix: PrefixSettings | None = None  # the prefix cache's tiers (None: no prefix cache)
+    draft: bool = True  # draft and verify where the runner can
+    draft_off: str = "--no-draft"  # why, when `draft` is False
 
-    @property
-    def budget(self) -> int:
-        """Tokens a step may hold: one chunk beside every decoding row."""
-        return self.chunk + self.max_seqs
+    def budget(self, draft: int = 0) -> int:
+        """Tokens a step may hold: one chunk beside every decoding row (each with up to `draft` drafts)."""
+        return self.chunk + self.max_seqs * (1 + draft)
 
 
 @dataclass
@@ -63,6 +68,7 @@ class _Seq:
     ids_out: list[int] = field(default_factory=list)
     chain: PrefixChain | None = None  # the digests of what it fed, with a prefix cache
     cached: int = 0  # prompt tokens restored from the prefix cache
+    drafted: DraftCounts = field(default_factory=DraftCounts)
 
 
 class Stream:
@@ -108,6 +114,8 @@ class Engine:
         self.fatal: str | None = None
         self.steps = 0
         self.prefix, self.prefix_note = open_prefix_cache(runner, config.prefix, config.chunk, self.metrics)
+        self.drafts, self.draft_note = open_drafting(runner, config.draft, config.draft_off)
+        self.drafted = DraftCounts()
         self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
 
     @property
@@ -214,6 +222,10 @@ class Engine:
             out.update(self.prefix.stats())
         return out
 
+    def draft_stats(self) -> dict:
+        """Whether drafting is on (and why not), with the rounds, drafted and accepted tokens so far."""
+        return {"on": self.drafts is not None, "note": self.draft_note, **self.drafted.as_dict()}
+
     # -- the step loop (engine thread) ---------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -257,7 +269,8 @@ class Engine:
         admitted = []
         while self._waiting and self._free:
             seq = self._waiting.popleft()
-            seq.run = Running(self._free.pop(), seq.request.prompt)
+            drafting = self.drafts is not None and seq.request.draft
+            seq.run = Running(self._free.pop(), seq.request.prompt, drafting=drafting)
             seq.started = time.monotonic()
             self._running.append(seq)
             admitted.append(seq)
@@ -294,7 +307,9 @@ class Engine:
 
     def _step(self, work: list[_Seq]) -> None:
         by_slot = {s.run.slot: s for s in work}
-        plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget)
+        self._propose(work)
+        block = self.drafts.draft_block if self.drafts is not None else 0
+        plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget(block))
         for row in plan.rows:  # masks of the rows that sample this step are computed while the model runs
             seq = by_slot[row.slot]
             if seq.request.constraint is not None and seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
@@ -303,32 +318,16 @@ class Engine:
         self.steps += 1
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
-        done = []
+        done: list[tuple[_Seq, Event, tuple[int, ...]]] = []
         for row, logits in zip(plan.rows, out.logits, strict=True):
             seq = by_slot[row.slot]
-            run = seq.run
-            run.fed += len(row.tokens)
-            if run.prefilling:
+            if row.verify:
+                self._verify(seq, row, logits, now, done)
                 continue
-            try:
-                token, logprob = self._pick(seq.request, logits, run.fed)
-            except Exception as error:  # a request's constraint failed: end that request, not the engine
-                done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
-                continue
-            run.generated.append(token)
-            if seq.first_token is None:
-                seq.first_token = now
-                self.metrics.ttft.observe(now - seq.request.arrival)
-            else:
-                self.metrics.itl.observe(now - seq.last_token)
-            seq.last_token = now
-            try:
-                last = self._emit(seq, token, logprob)
-            except Exception as error:  # a request's reader failed: end that request, not the engine
-                last = Event([] if seq.request.reader else "", (token,), "error", _why(error))
-            if last is not None:
-                done.append((seq, last, tuple(run.generated)))
-        if self.prefix is not None:
+            seq.run.fed += len(row.tokens)
+            if not seq.run.prefilling:
+                self._next(seq, logits, now, done)
+        if self.prefix is not None:  # after every rollback: a state is offered only with committed rows
             ended = {id(seq) for seq, _, _ in done}
             for row in plan.rows:
                 seq = by_slot[row.slot]
@@ -343,6 +342,66 @@ class Engine:
             self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
+
+    def _propose(self, work: list[_Seq]) -> None:
+        """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""
+        for seq in work:
+            seq.run.draft = ()
+        if self.drafts is None:
+            return
+        try:
+            propose(
+                self.drafts,
+                [(s.run, s.request) for s in work],
+                min(self.config.max_context, self.info.context),
+            )
+        except Exception as error:  # the drafter failed: decode serially from here on, and say so
+            self.drafts, self.draft_note = None, f"drafting off: a draft failed ({_why(error)})"
+            for seq in work:
+                seq.run.draft = ()
+
+    def _verify(self, seq: _Seq, row: SequenceStep, logits: Any, now: float, done: list) -> None:
+        """Sample the verify rows in order as serial decoding would; keep the drafts it agrees with, roll back."""
+        run, draft = seq.run, row.tokens[1:]
+        accepted = 0
+        for i in range(len(row.tokens)):
+            run.fed = row.position + i + 1
+            before = len(run.generated)
+            going = self._next(seq, logits[i], now, done)
+            hit = i < len(draft) and len(run.generated) > before and run.generated[-1] == draft[i]
+            accepted += hit
+            if not going or not hit:
+                break
+        self.runner.rollback(run.slot, run.fed)
+        for counts in (seq.drafted, self.drafted):
+            counts.add(len(draft), accepted)
+        self.metrics.drafts.inc()
+        self.metrics.draft_tokens.inc(len(draft))
+        self.metrics.accepted_tokens.inc(accepted)
+
+    def _next(self, seq: _Seq, logits: Any, now: float, done: list) -> bool:
+        """Sample and emit the token at `run.fed`; False (and the sequence in `done`) when it ended."""
+        run = seq.run
+        try:
+            token, logprob = self._pick(seq.request, logits, run.fed)
+        except Exception as error:  # a request's constraint failed: end that request, not the engine
+            done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
+            return False
+        run.generated.append(token)
+        if seq.first_token is None:
+            seq.first_token = now
+            self.metrics.ttft.observe(now - seq.request.arrival)
+        else:
+            self.metrics.itl.observe(now - seq.last_token)
+        seq.last_token = now
+        try:
+            last = self._emit(seq, token, logprob)
+        except Exception as error:  # a request's reader failed: end that request, not the engine
+            last = Event([] if seq.request.reader else "", (token,), "error", _why(error))
+        if last is None:
+            return True
+        done.append((seq, last, tuple(run.generated)))
+        return False
 
     @staticmethod
     def _pick(r: Request, logits: Any, position: int) -> tuple[int, tuple]:
@@ -380,7 +439,7 @@ class Engine:
         now = time.monotonic()
         usage = Usage(
             len(r.prompt), len(tokens), (seq.first_token or now) - r.arrival, now - r.arrival,
-            (seq.started or now) - r.arrival, seq.cached,
+            (seq.started or now) - r.arrival, seq.cached, **seq.drafted.as_dict(),
         )  # fmt: skip
         self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
         seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs))

@@ -1,4 +1,9 @@
-"""Batched generation over a model runner or worker: chunked prefill, then one token a step per sequence."""
+"""Batched generation over a model runner or worker: chunked prefill, then one token a step per sequence.
+
+Where the runner drafts (and `draft` is on), a step feeds each sequence its last token and a draft, samples
+every row as the serial loop samples that position and keeps the drafts that match: the same tokens, in
+fewer steps (runtime/engine/drafting.py).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from tfc.runtime.engine.drafting import DraftCounts, chooser
 from tfc.runtime.engine.sampling import Sampler, SamplingParams
-from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan
+from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan, draft_runner
 
 
 @dataclass
@@ -21,6 +27,7 @@ class Generation:
     logits: list[torch.Tensor] = field(default_factory=list)
     prefill_s: float = 0.0  # start to the first token (the whole batch's prefill)
     decode_s: float = 0.0  # first token to last token
+    drafted: DraftCounts = field(default_factory=DraftCounts)  # draft-verify rounds and their tokens
 
     @property
     def decode_tok_s(self) -> float:
@@ -48,11 +55,13 @@ def generate(
     prefill_chunk: int = 0,
     keep_logits: bool = False,
     on_token: Callable[[int, int], None] | None = None,
+    draft: bool = True,
 ) -> list[Generation]:
     """Generate up to `max_new_tokens` per prompt, all prompts in one batch; `on_token(i, token)` streams.
 
     Prompt i runs in slot i. `prefill_chunk` > 0 prefills in chunks of that many tokens (0 = whole prompts
-    in one step). Slots are released when generation ends.
+    in one step). `draft`: draft and verify where the runner can (the tokens are the same). Slots are
+    released when generation ends.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -60,48 +69,84 @@ def generate(
         raise ValueError(f"{len(prompts)} prompts for {runner.capacity.slots} slots")
     plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
     samplers = [Sampler(p) for p in plist]
+    drafts = draft_runner(runner) if draft else None
     out = [Generation() for _ in prompts]
     position = [0] * len(prompts)
     last: list[torch.Tensor | None] = [None] * len(prompts)
-
-    def run(todo: list[int], chunks: list[Sequence[int]]) -> None:
-        plan = StepPlan(
-            tuple(SequenceStep(i, tuple(c), position[i]) for i, c in zip(todo, chunks, strict=True))
-        )
-        for i, c, logits in zip(todo, chunks, runner.execute(plan).logits, strict=True):
-            position[i] += len(c)
-            last[i] = logits
-
     started = time.perf_counter()
     first: list[float | None] = [None] * len(prompts)
+
+    def step(rows: list[SequenceStep]) -> tuple[torch.Tensor, ...]:
+        return runner.execute(StepPlan(tuple(rows))).logits
+
+    def emit(i: int, logits: torch.Tensor, token: int) -> bool:
+        """Record sequence i's next token; whether it goes on."""
+        if keep_logits:
+            out[i].logits.append(logits)
+        now = time.perf_counter()
+        if first[i] is None:
+            first[i] = now
+            out[i].prefill_s = now - started
+        out[i].decode_s = now - first[i]
+        out[i].tokens.append(token)
+        if on_token is not None:
+            on_token(i, token)
+        if token in stop_ids:
+            out[i].finish = "stop"
+            return False
+        return len(out[i].tokens) < max_new_tokens
+
+    def verify(i: int, rows: torch.Tensor, tokens: tuple[int, ...]) -> bool:
+        """Emit the drafts serial sampling agrees with, roll back the rest; whether sequence i goes on."""
+        p, going, kept = position[i], True, 0
+        while kept < len(tokens) - 1 and going:
+            token = samplers[i].sample(rows[kept], p + kept + 1)
+            if token != tokens[kept + 1]:
+                break
+            going = emit(i, rows[kept], token)
+            kept += 1
+        drafts.rollback(i, p + kept + 1)
+        out[i].drafted.add(len(tokens) - 1, kept)
+        position[i], last[i] = p + kept + 1, rows[kept]  # the next sample from rows[kept] is the bonus
+        return going
+
     try:
         size = prefill_chunk or max(len(p) for p in prompts)
         for lo in range(0, max(len(p) for p in prompts), size):
             todo = [i for i, p in enumerate(prompts) if lo < len(p)]
-            run(todo, [prompts[i][lo : lo + size] for i in todo])
+            chunks = [tuple(prompts[i][lo : lo + size]) for i in todo]
+            rows = [
+                SequenceStep(i, c, position[i], drafting=drafts is not None)
+                for i, c in zip(todo, chunks, strict=True)
+            ]
+            for i, c, logits in zip(todo, chunks, step(rows), strict=True):
+                position[i] += len(c)
+                last[i] = logits
         live = list(range(len(prompts)))
-        for _ in range(max_new_tokens):
-            nxt = []
+        while live:
+            rows = []
             for i in live:
-                if keep_logits:
-                    out[i].logits.append(last[i])
                 token = samplers[i].sample(last[i], position[i])
-                now = time.perf_counter()
-                if first[i] is None:
-                    first[i] = now
-                    out[i].prefill_s = now - started
-                out[i].decode_s = now - first[i]
-                out[i].tokens.append(token)
-                if on_token is not None:
-                    on_token(i, token)
-                if token in stop_ids:
-                    out[i].finish = "stop"
-                elif len(out[i].tokens) < max_new_tokens:
-                    nxt.append(i)
-            live = nxt
-            if not live:
+                if emit(i, last[i], token):
+                    tail = ()
+                    if drafts is not None:
+                        room = runner.capacity.tokens_per_slot - 2 - position[i]
+                        k = min(drafts.draft_block, max_new_tokens - len(out[i].tokens) - 1, room)
+                        choose = chooser(samplers[i].params, samplers[i].seed, position[i] + 1)
+                        tail = drafts.draft(i, token, k, choose) if k > 0 else ()
+                    tokens = (token, *tail)
+                    rows.append(SequenceStep(i, tokens, position[i], bool(tail), drafts is not None))
+            if not rows:
                 break
-            run(live, [[out[i].tokens[-1]] for i in live])
+            live = []
+            for row, logits in zip(rows, step(rows), strict=True):
+                if row.verify:
+                    going = verify(row.slot, logits, row.tokens)
+                else:
+                    position[row.slot] += 1
+                    last[row.slot], going = logits, True
+                if going:
+                    live.append(row.slot)
     finally:
         for i in range(len(prompts)):
             runner.release(i)

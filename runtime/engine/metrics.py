@@ -59,6 +59,11 @@ class EngineMetrics:
         self.prefix_entries = gauge(
             "prefix_cache_entries", "entries held by each prefix-cache tier", ["tier"]
         )
+        self.drafts = counter("spec_decode_num_drafts", "draft-verify rounds")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "tokens drafted")
+        self.accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "drafted tokens the main model agreed with (and emitted)"
+        )
         self.running = gauge("num_requests_running", "requests holding a slot")
         self.waiting = gauge("num_requests_waiting", "requests queued for a slot")
         self.kv_usage = gauge("kv_cache_usage_perc", "fraction of sequence slots in use")

@@ -40,6 +40,7 @@ class Request:
     constraint: Any = field(default=None, compare=False)
     logprobs: int | None = None
     reader: Callable[[], Any] | None = field(default=None, compare=False)
+    draft: bool = True  # draft tokens and verify them in one step where the engine drafts (same tokens)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Usage:
     e2e_s: float
     queue_s: float
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
+    drafts: int = 0  # draft-verify rounds
+    draft_tokens: int = 0  # tokens those rounds drafted
+    accepted_tokens: int = 0  # drafted tokens emitted as drafted
 
 
 @dataclass(frozen=True)

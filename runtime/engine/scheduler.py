@@ -5,7 +5,8 @@ step, so a sequence is always prefilled in the same pieces: its state does not d
 around it. A prompt resumed from the prefix cache starts mid-chunk and runs to the next multiple, so its
 later chunks are a fresh prompt's. A step holds every decoding sequence (one row each) and then whole
 chunks of prefilling sequences, oldest first, while the step stays within `budget` tokens; a step with no
-decode rows always takes the oldest chunk, so a prompt larger than the budget still makes progress.
+decode rows always takes the oldest chunk, so a prompt larger than the budget still makes progress. A
+decoding sequence with a draft gets one verify row, its last token then the draft (runtime/engine/drafting.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Running:
     prompt: tuple[int, ...]
     generated: list[int] = field(default_factory=list)
     fed: int = 0  # tokens the worker has seen (the position of the next one fed)
+    drafting: bool = False  # it drafts: the runner keeps what its drafter needs of its rows
+    draft: tuple[int, ...] = ()  # the tokens drafted to follow its last token this step
 
     def fed_since(self, start: int) -> tuple[int, ...]:
         """The ids the worker saw from position `start` to `fed` (prompt, then generated)."""
@@ -44,13 +47,17 @@ class Running:
 
 def plan_step(running: Sequence[Running], chunk: int, budget: int) -> StepPlan:
     """The rows of the next step, in the order of `running` (decode rows first, then prefill chunks)."""
-    rows = [SequenceStep(r.slot, (r.generated[-1],), r.fed) for r in running if not r.prefilling]
-    used = len(rows)
+    rows = [
+        SequenceStep(r.slot, (r.generated[-1], *r.draft), r.fed, bool(r.draft), r.drafting)
+        for r in running
+        if not r.prefilling
+    ]
+    used = sum(len(row.tokens) for row in rows)
     for r in running:
         if r.prefilling:
             piece = r.next_chunk(chunk)
             if rows and used + len(piece) > budget:
                 continue
-            rows.append(SequenceStep(r.slot, piece, r.fed))
+            rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting))
             used += len(piece)
     return StepPlan(tuple(rows))

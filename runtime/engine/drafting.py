@@ -1,0 +1,74 @@
+"""The engine's draft-verify round: whether a runner drafts, how many tokens a sequence drafts, the counts.
+
+A decoding sequence that drafts gets one verify row [last token, d1 .. dk] at its position p. After the step,
+row i is sampled exactly as serial decoding samples the token at position p+i+1 (the sampler is keyed by seed
+and position, runtime/engine/sampling.py; the constraint mask is the one after the tokens emitted before it),
+and draft d(i+1) is accepted iff it equals that sample. The first sample that differs is emitted too (the
+bonus) and the round ends there, as it does at a stop or a finish; the runner then keeps the rows that were
+committed. So drafted output equals serial output token for token, greedy or sampled; this is not the
+min(1, p/q) rule, which keeps only the distribution (docs/drafting.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from tfc.runtime.engine.sampling import SamplingParams, sample
+from tfc.runtime.engine.scheduler import Running
+from tfc.runtime.worker.step import DraftRunner, draft_runner
+
+
+@dataclass
+class DraftCounts:
+    """Draft-verify rounds, the tokens they proposed and how many of those were emitted as proposed."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    def add(self, drafted: int, accepted: int) -> None:
+        """Count one round."""
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by name."""
+        return asdict(self)
+
+
+def open_drafting(runner: Any, on: bool, off: str) -> tuple[DraftRunner | None, str]:
+    """The runner's drafting (None when off) and the line that says so; `off` says why `on` is False."""
+    if not on:
+        return None, f"drafting off: {off}"
+    drafts = draft_runner(runner)
+    if drafts is None:
+        why = getattr(runner, "draft_note", "") or "the runner has no drafter"
+        return None, f"drafting off: {why}"
+    return drafts, f"drafting on: up to {drafts.draft_block} tokens a round, verified in one step"
+
+
+def draft_length(run: Running, max_tokens: int, context: int, block: int) -> int:
+    """Tokens a decoding sequence may draft: a round emits at most k+1 tokens, its rows stay in the context."""
+    left = max_tokens - len(run.generated) - 1
+    room = context - 2 - run.fed  # the last row's token must still be one serial decoding would emit
+    return max(0, min(block, left, room))
+
+
+def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, torch.Tensor], int]:
+    """Draft i (at position + i) picked from the drafter's logits by the request's own keyed sampler."""
+    return lambda i, logits: sample(logits, params, seed, position + i)
+
+
+def propose(drafts: DraftRunner, work: Sequence[tuple[Running, Any]], context: int) -> None:
+    """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request)."""
+    for run, r in work:
+        if run.prefilling or not run.drafting:
+            continue
+        k = draft_length(run, r.max_tokens, context, drafts.draft_block)
+        if k > 0:
+            choose = chooser(r.params, r.params.seed or 0, run.fed + 1)
+            run.draft = drafts.draft(run.slot, run.generated[-1], k, choose)
