@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import torch
 from tfc.runtime.models.dsv41.attention import attend
+from tfc.runtime.models.dsv41.block import mhc_block
 from tfc.runtime.models.dsv41.csa import rms_norm
 from tfc.runtime.models.dsv41.dspark_state import DraftState, context
-from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse, hc_expand, hc_mix
-from tfc.runtime.models.dsv41.moe import moe
+from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse
 from tfc.runtime.models.dsv41.numerics import WIDE, column_linear, fixed_sum, linear, row_partials, wide
 from tfc.runtime.models.dsv41.quant import fake_quant_fp8
 from tfc.runtime.models.dsv41.reference import Dsv41Model, MissingWeight
@@ -188,31 +188,11 @@ class DsparkDrafter:
         self, j: int, streams: torch.Tensor, pre: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """DSpark block j on the draft rows: the backbone's mHC block with the drafter's attention and MoE."""
-        cfg, get, b = self.config, self.model.get, self.blocks[j]
-        mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters}
-        mix["post_alpha"] = cfg.hc_post_alpha
-        a_pre, a_post, a_comb = hc_mix(
-            streams, get(f"{b}.hc_attn_fn"), get(f"{b}.hc_attn_scale"), get(f"{b}.hc_attn_base"), **mix
-        )
-        x = rms_norm(hc_collapse(streams, pre), get(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
-        streams = hc_expand(self._attention(j, x, positions, ctx), streams, a_post, a_comb)
-        f_pre, f_post, f_comb = hc_mix(
-            streams, get(f"{b}.hc_ffn_fn"), get(f"{b}.hc_ffn_scale"), get(f"{b}.hc_ffn_base"), **mix
-        )
-        x = rms_norm(hc_collapse(streams, a_pre), get(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
-        y = moe(
-            x,
-            get,
-            f"{b}.ffn",
-            cfg.dspark_n_routed_experts,
-            cfg.dspark_num_experts_per_tok,
-            cfg.routed_scaling_factor,
-            cfg.swiglu_limit,
-            cfg.norm_topk_prob,
-            shared=cfg.n_shared_experts > 0,
-            reduce=self.model.shard.reduce,
-        )
-        return hc_expand(y, streams, f_post, f_comb), f_pre
+        cfg = self.config
+        return mhc_block(
+            cfg, self.model.get, self.blocks[j], streams, pre, lambda x: self._attention(j, x, positions, ctx),
+            cfg.dspark_n_routed_experts, cfg.dspark_num_experts_per_tok, self.model.shard.reduce,
+        )  # fmt: skip
 
     def _attention(self, j: int, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """Block j's attention of the draft rows x [B, D] over its context keys ctx [c, head_dim] and their own."""

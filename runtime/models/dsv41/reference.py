@@ -35,11 +35,11 @@ from typing import overload
 
 import torch
 from tfc.runtime.models.dsv41.attention import Segment, attention
+from tfc.runtime.models.dsv41.block import mhc_block
 from tfc.runtime.models.dsv41.config import Dsv41Config
 from tfc.runtime.models.dsv41.csa import rms_norm
 from tfc.runtime.models.dsv41.engram import engram_apply, engram_qk
-from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse, hc_expand, hc_mix
-from tfc.runtime.models.dsv41.moe import moe
+from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse
 from tfc.runtime.models.dsv41.numerics import WIDE, column_linear
 from tfc.runtime.models.dsv41.rope import build_rope
 from tfc.runtime.models.dsv41.shard import Shard
@@ -197,31 +197,10 @@ class Dsv41Model:
             streams = self._engram(layer, streams, segments, engram_rows)
         if tap is not None:
             tap.append(streams.to(WIDE).mean(-2).to(streams.dtype))
-        mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters}
-        mix["post_alpha"] = cfg.hc_post_alpha
-        a_pre, a_post, a_comb = hc_mix(
-            streams, get(f"{b}.hc_attn_fn"), get(f"{b}.hc_attn_scale"), get(f"{b}.hc_attn_base"), **mix
-        )
-        x = rms_norm(hc_collapse(streams, pre), get(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
-        y = attention(x, positions, segments, mode, cfg, get, self.rope, self.shard)
-        streams = hc_expand(y, streams, a_post, a_comb)
-        f_pre, f_post, f_comb = hc_mix(
-            streams, get(f"{b}.hc_ffn_fn"), get(f"{b}.hc_ffn_scale"), get(f"{b}.hc_ffn_base"), **mix
-        )
-        x = rms_norm(hc_collapse(streams, a_pre), get(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
-        y = moe(
-            x,
-            get,
-            f"{b}.ffn",
-            cfg.n_routed_experts,
-            cfg.num_experts_per_tok,
-            cfg.routed_scaling_factor,
-            cfg.swiglu_limit,
-            cfg.norm_topk_prob,
-            shared=cfg.n_shared_experts > 0,
-            reduce=self.shard.reduce,
-        )
-        return hc_expand(y, streams, f_post, f_comb), f_pre
+        return mhc_block(
+            cfg, get, b, streams, pre, lambda x: attention(x, positions, segments, mode, cfg, get, self.rope, self.shard),
+            cfg.n_routed_experts, cfg.num_experts_per_tok, self.shard.reduce,
+        )  # fmt: skip
 
     def _engram(
         self,
