@@ -147,4 +147,7 @@ def _health(state: ServerState) -> dict:
         prefix = getattr(state.engine, "prefix_stats", None)
         if prefix is not None:
             out["prefix_cache"] = prefix()
+        drafting = getattr(state.engine, "draft_stats", None)
+        if drafting is not None:
+            out["drafting"] = drafting()
     return out

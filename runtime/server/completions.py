@@ -114,7 +114,7 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
                 top_k=top_k, min_p=body.min_p or 0.0, seed=choice_seed(body.seed, j),
             )  # fmt: skip
             out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops),
-                               constraint=constraints[j], logprobs=logprobs, reader=reader))  # fmt: skip
+                               constraint=constraints[j], logprobs=logprobs, reader=reader, draft=body.draft))  # fmt: skip
     return out
 
 
@@ -167,10 +167,15 @@ def _not_ready(state: ServerState) -> JSONResponse:
     return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
 
 
+DRAFT_COUNTS = ("drafts", "draft_tokens", "accepted_tokens")
+
+
 def _usage(
-    prompts: list[tuple[int, ...]], completion: int, reasoning: int | None = None, cached: Sequence[int] = ()
-) -> dict:
-    """The usage object; `cached` holds each choice's prompt tokens restored from the prefix cache."""
+    prompts: list[tuple[int, ...]], completion: int, reasoning: int | None = None, cached: Sequence[int] = (),
+    drafted: Sequence[Any] = (),
+) -> dict:  # fmt: skip
+    """The usage object; `cached` holds each choice's prompt tokens restored from the prefix cache, `drafted`
+    each choice's engine Usage (its draft-verify counts go in `tfc_draft`, a field OpenAI clients ignore)."""
     prompt = sum(len(p) for p in prompts)
     n = max(1, len(cached) // max(1, len(prompts)))  # choices per prompt, in prompt order
     # a prompt counts once in prompt_tokens, so once here too: as the most any of its choices restored
@@ -179,6 +184,7 @@ def _usage(
              "prompt_tokens_details": {"cached_tokens": hit}}  # fmt: skip
     if reasoning is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    usage["tfc_draft"] = {k: sum(getattr(u, k) for u in drafted) for k in DRAFT_COUNTS}
     return usage
 
 
@@ -217,7 +223,8 @@ async def _collect(state, streams, job: _Job) -> JSONResponse:
         choices.append(choice)
     completion = sum(last.usage.completion_tokens for _, _, last in finals)
     cached = [last.usage.cached_tokens for _, _, last in finals]
-    usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached)
+    drafted = [last.usage for _, _, last in finals]
+    usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached, drafted)
     reply = {"id": job.rid, "object": job.kind, "created": int(time.time()), "model": state.model_name,
              "choices": choices, "usage": usage}  # fmt: skip
     if len(choices) == 1:
@@ -277,7 +284,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
             for i in range(len(streams)):
                 yield chunk(i, {"role": "assistant", "content": ""}, None, None)
         open_, completion, reasoning, seen_token = len(streams), 0, 0, False
-        cached = [0] * len(streams)
+        cached, drafted = [0] * len(streams), []
         while open_:
             if not seen_token and state.keepalive_s:
                 try:
@@ -299,6 +306,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
                 open_ -= 1
                 completion += event.usage.completion_tokens
                 cached[i] = event.usage.cached_tokens
+                drafted.append(event.usage)
                 finish, extra = event.finish, {}
                 if job.chat:
                     finish = replies[i].finish_reason(event.finish)
@@ -309,7 +317,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
                         )
                 yield chunk(i, {}, "", finish, token_sha=token_sha(event.tokens), **extra)
         if include_usage:
-            usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached)
+            usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached, drafted)
             yield sse.frame({"id": job.rid, "object": chunk_kind, "created": created, "model": state.model_name,
                              "choices": [], "usage": usage})  # fmt: skip
         yield sse.DONE

@@ -118,6 +118,7 @@ class Sampling(Strict):
     user: str | None = None
     presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # only 0 (off) is supported
     frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # only 0 (off) is supported
+    draft: bool = True  # tfc: draft and verify where the server drafts (false: one token a step; same tokens)
 
 
 class ChatCompletionRequest(Sampling, ChatRendering):

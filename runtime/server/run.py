@@ -47,6 +47,7 @@ class ServeOptions:
     host_cache_gib: float = 0.0
     disk_cache: Path | None = None
     disk_cache_gib: float = 16.0
+    draft: bool = True
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -240,6 +241,8 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         chunk=options.chunk,
         max_waiting=options.max_waiting,
         prefix=prefix,
+        draft=options.draft and out["world"] is None,
+        draft_off="--no-draft" if not options.draft else "TP>1: the DSpark drafter runs at TP=1 only",
     )
     steps = worker  # what the engine drives: the worker, or in a TP world rank 0's Leader of every rank
     if out["world"] is not None:
@@ -251,6 +254,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         steps.release(0)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
     say(engine.prefix_note)
+    say(engine.draft_note)
     for note in runner.info.warnings:
         say(f"warning: {note}")
     metrics.boot_phases({p.name: p.seconds for p in worker.booted.phases.phases})

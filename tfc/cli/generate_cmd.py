@@ -48,6 +48,9 @@ class GenerateError(TfcError):
               help="Reference forward's activations (the fast forward's are fixed: see docs/fast-forward.md).")  # fmt: skip
 @jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at EOS (for timing a fixed number of tokens).")
+@click.option("--draft/--no-draft", default=True, show_default=True,
+              help="Draft tokens with the model's DSpark blocks and verify them in one step, where the runner can "
+                   "(the same tokens as without).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 def generate(
     image: Path,
@@ -67,6 +70,7 @@ def generate(
     dtype: str,
     jobs: int | None,
     ignore_eos: bool,
+    draft: bool,
     as_json: bool,
 ) -> None:
     """Generate from IMAGE (an image folder, or a TP=1 rank folder).
@@ -125,10 +129,12 @@ def generate(
                 f"{tokenizer_path}: token ids past the model's vocabulary ({info.vocab_size})"
             )
         stream = _Stream(tok, enabled=not as_json)
+        drafting = _drafting(runner, worker, draft)
         out = run(
             runner, [ids], min(max_tokens, info.context - len(ids)), params,
-            stop_ids=() if ignore_eos else info.eos_ids, on_token=stream,
+            stop_ids=() if ignore_eos else info.eos_ids, on_token=stream, draft=drafting["on"],
         )[0]  # fmt: skip
+        drafting.update(out.drafted.as_dict())
         graphs = graph_counts(worker.booted.graphs)
     finally:
         if runner is not worker:
@@ -142,7 +148,7 @@ def generate(
         rates = {"prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
                  "decode_tok_s": round(out.decode_tok_s, 3), "prefill_tok_s": round(prefill_tok_s, 3)}  # fmt: skip
         click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates, "runner": worker.kind,
-                               "graphs": graphs, **tp}))  # fmt: skip
+                               "graphs": graphs, "drafting": drafting, **tp}))  # fmt: skip
     else:
         stream.finish()
         click.echo(
@@ -151,6 +157,20 @@ def generate(
             f"({worker.kind} forward; graphs: {graphs['captures']} captured, {graphs['replays']} replayed)",
             err=True,
         )
+        if drafting["on"]:
+            click.echo(f"drafting: {drafting['accepted_tokens']} of {drafting['draft_tokens']} drafted tokens "
+                       f"accepted in {drafting['drafts']} rounds", err=True)  # fmt: skip
+        else:
+            click.echo(f"drafting off: {drafting['note']}", err=True)
+
+
+def _drafting(runner, worker, wanted: bool) -> dict:
+    """Whether generation drafts, and why not when it does not."""
+    if not wanted:
+        return {"on": False, "note": "--no-draft"}
+    if runner is not worker:
+        return {"on": False, "note": "TP>1: the DSpark drafter runs at TP=1 only"}
+    return {"on": worker.can_draft, "note": worker.draft_note}
 
 
 class _Stream:

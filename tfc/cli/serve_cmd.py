@@ -56,9 +56,12 @@ from tfc.cli.world_cmd import launch_if_world
               help="A folder for states pushed out of memory (digested files, removed when the server stops).")  # fmt: skip
 @click.option("--disk-cache-gib", type=click.FloatRange(0), default=16.0, show_default=True,
               help="Bytes --disk-cache may hold (GiB).")  # fmt: skip
+@click.option("--draft/--no-draft", default=True, show_default=True,
+              help="Draft tokens with the model's DSpark blocks and verify them in one step, where the runner can "
+                   "(same tokens as without; a request's \"draft\": false turns it off for that request).")  # fmt: skip
 def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
           device, dtype, no_graphs, jobs, drain_s, prefix_cache, prefix_cache_gib, host_cache_gib, disk_cache,
-          disk_cache_gib) -> None:  # fmt: skip
+          disk_cache_gib, draft) -> None:  # fmt: skip
     """Serve IMAGE (an image folder, or a TP=1 rank folder) over an OpenAI-compatible HTTP API.
 
     The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
@@ -80,7 +83,7 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
         image=image, host=host, port=port, model_name=model_name, max_seqs=max_seqs, max_context=max_context,
         device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
         max_waiting=max_waiting, prefix_cache=prefix_cache, prefix_cache_gib=prefix_cache_gib,
-        host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib,
+        host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib, draft=draft,
     )  # fmt: skip
     world = join_world(
         "serve", image, device, not no_graphs, dtype=dtype, slots=max_seqs, context=max_context

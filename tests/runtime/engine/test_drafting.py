@@ -205,3 +205,23 @@ def test_generate_drafted_equals_serial_solo_and_sixteen_at_once(worker, drafter
         assert all(torch.equal(a, b) for a, b in zip(got.logits, want.logits, strict=True))
     assert script.proposed and sum(g.drafted.accepted_tokens for g in drafted) > 0
     assert all(g.drafted.drafts == 0 for g in plain)
+
+
+def test_tfc_generate_drafts_by_default_and_no_draft_gives_the_same_tokens(tiny_image):
+    import json
+
+    from click.testing import CliRunner
+
+    from tfc.cli import cli
+
+    def run(*flags: str) -> dict:
+        args = ["generate", tiny_image, "--json", "--device", "cpu", "--prompt", "Hello", "--max-tokens", "8"]
+        result = CliRunner().invoke(cli, [*args, "--temperature", "0.8", "--seed", "3", *flags])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1])
+
+    drafted, serial = run(), run("--no-draft")
+    assert drafted["tokens"] == serial["tokens"] and drafted["token_sha"] == serial["token_sha"]
+    assert drafted["drafting"]["on"] and drafted["drafting"]["drafts"] > 0
+    assert serial["drafting"] == {"on": False, "note": "--no-draft", "drafts": 0, "draft_tokens": 0,
+                                  "accepted_tokens": 0}  # fmt: skip
