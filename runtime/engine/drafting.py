@@ -66,7 +66,7 @@ def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, 
 def propose(drafts: DraftRunner, work: Sequence[tuple[Running, Any]], context: int) -> None:
     """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request)."""
     for run, r in work:
-        if run.prefilling or not run.drafting:
+        if run.prefilling or not run.drafting or not run.backoff.ready():
             continue
         k = draft_length(run, r.max_tokens, context, drafts.draft_block)
         if k > 0:

@@ -13,85 +13,25 @@ after the rejected rows were rolled back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
+from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
-from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings, open_prefix_cache
+from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.sampling import sample
 from tfc.runtime.engine.scheduler import Running, plan_step
 from tfc.runtime.worker.step import SequenceStep
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Slots and context the engine admits against, and how steps are cut."""
-
-    max_seqs: int
-    max_context: int
-    chunk: int = 256  # prefill chunk, tokens
-    max_waiting: int = 64  # queued requests before 429
-    retry_after_s: int = 1
-    prefix: PrefixSettings | None = None  # the prefix cache's tiers (None: no prefix cache)
-    draft: bool = True  # draft and verify where the runner can
-    draft_off: str = "--no-draft"  # why, when `draft` is False
-
-    def budget(self, draft: int = 0) -> int:
-        """Tokens a step may hold: one chunk beside every decoding row (each with up to `draft` drafts)."""
-        return self.chunk + self.max_seqs * (1 + draft)
-
-
-@dataclass
-class _Seq:
-    """A request's life in the engine: its request, stop text, the queue its events go to, timings."""
-
-    request: Request
-    stops: StopText
-    push: Callable[[Event], None]
-    run: Running | None = None
-    cancelled: bool = False
-    first_token: float | None = None
-    last_token: float | None = None
-    started: float | None = None
-    ids_out: list[int] = field(default_factory=list)
-    chain: PrefixChain | None = None  # the digests of what it fed, with a prefix cache
-    cached: int = 0  # prompt tokens restored from the prefix cache
-    drafted: DraftCounts = field(default_factory=DraftCounts)
-
-
-class Stream:
-    """The consumer's end of one request: iterate events until one has `finish` set; `cancel` frees its slot."""
-
-    def __init__(self, engine: Engine, seq: _Seq, queue: asyncio.Queue) -> None:
-        self._engine, self._seq, self._queue = engine, seq, queue
-        self.id = seq.request.id
-
-    def __aiter__(self) -> Stream:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self._queue is None:
-            raise StopAsyncIteration
-        event = await self._queue.get()
-        if event.finish is not None:
-            self._queue = None
-        return event
-
-    def cancel(self) -> None:
-        """Stop generating for this request (a no-op once it finished)."""
-        self._engine._cancel(self._seq)
 
 
 class Engine:
@@ -105,8 +45,8 @@ class Engine:
         self.info = runner.info
         slots = min(config.max_seqs, runner.capacity.slots)
         self._free = list(range(slots))[::-1]
-        self._waiting: deque[_Seq] = deque()
-        self._running: list[_Seq] = []
+        self._waiting: deque[EngineSeq] = deque()
+        self._running: list[EngineSeq] = []
         self._lock = threading.Condition()
         self._stop = False
         self._halt_reason: str | None = None
@@ -173,14 +113,14 @@ class Engine:
             for r in requests:
                 queue: asyncio.Queue = asyncio.Queue()
                 reader = r.reader() if r.reader is not None else StopText(self.tokenizer, r.stop_strings)
-                seq = _Seq(r, reader, _pusher(loop, queue))
+                seq = EngineSeq(r, reader, pusher(loop, queue))
                 self._waiting.append(seq)
                 streams.append(Stream(self, seq, queue))
             self.metrics.waiting.set(len(self._waiting))
             self._lock.notify()
         return streams
 
-    def _cancel(self, seq: _Seq) -> None:
+    def _cancel(self, seq: EngineSeq) -> None:
         with self._lock:
             seq.cancelled = True
             self._lock.notify()
@@ -265,7 +205,7 @@ class Engine:
         self.metrics.running.set(len(self._running))
         self.metrics.waiting.set(len(self._waiting))
 
-    def _admit(self) -> list[_Seq]:
+    def _admit(self) -> list[EngineSeq]:
         admitted = []
         while self._waiting and self._free:
             seq = self._waiting.popleft()
@@ -280,7 +220,7 @@ class Engine:
         self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
         return admitted
 
-    def _resume(self, seqs: list[_Seq]) -> None:
+    def _resume(self, seqs: list[EngineSeq]) -> None:
         """Look every new prompt up first (each pins what it found), then restore each into its slot."""
         leases = [(seq, self.prefix.lease(seq.request.prompt)) for seq in seqs]
         try:
@@ -292,20 +232,20 @@ class Engine:
             for _, lease in leases:
                 self.prefix.release(lease)
 
-    def _offer(self, seq: _Seq, ended: bool) -> None:
+    def _offer(self, seq: EngineSeq, ended: bool) -> None:
         """Offer a sequence's state to the prefix cache at a chunk boundary, its prompt's end or its end."""
         run, chain = seq.run, seq.chain
         chain.extend(run.fed_since(len(chain)))
         if ended or run.fed % self.config.chunk == 0 or run.fed == len(run.prompt):
             self.prefix.offer(chain, run.fed, run.slot, self.runner)
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: EngineSeq) -> None:
         if seq.run is not None:
             self.runner.release(seq.run.slot)
             self._free.append(seq.run.slot)
             seq.run = None
 
-    def _step(self, work: list[_Seq]) -> None:
+    def _step(self, work: list[EngineSeq]) -> None:
         by_slot = {s.run.slot: s for s in work}
         self._propose(work)
         block = self.drafts.draft_block if self.drafts is not None else 0
@@ -318,7 +258,7 @@ class Engine:
         self.steps += 1
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
-        done: list[tuple[_Seq, Event, tuple[int, ...]]] = []
+        done: list[tuple[EngineSeq, Event, tuple[int, ...]]] = []
         for row, logits in zip(plan.rows, out.logits, strict=True):
             seq = by_slot[row.slot]
             if row.verify:
@@ -343,7 +283,7 @@ class Engine:
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
 
-    def _propose(self, work: list[_Seq]) -> None:
+    def _propose(self, work: list[EngineSeq]) -> None:
         """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""
         for seq in work:
             seq.run.draft = ()
@@ -360,7 +300,7 @@ class Engine:
             for seq in work:
                 seq.run.draft = ()
 
-    def _verify(self, seq: _Seq, row: SequenceStep, logits: Any, now: float, done: list) -> None:
+    def _verify(self, seq: EngineSeq, row: SequenceStep, logits: Any, now: float, done: list) -> None:
         """Sample the verify rows in order as serial decoding would; keep the drafts it agrees with, roll back."""
         run, draft = seq.run, row.tokens[1:]
         accepted = 0
@@ -373,13 +313,14 @@ class Engine:
             if not going or not hit:
                 break
         self.runner.rollback(run.slot, run.fed)
+        run.backoff.after(accepted)
         for counts in (seq.drafted, self.drafted):
             counts.add(len(draft), accepted)
         self.metrics.drafts.inc()
         self.metrics.draft_tokens.inc(len(draft))
         self.metrics.accepted_tokens.inc(accepted)
 
-    def _next(self, seq: _Seq, logits: Any, now: float, done: list) -> bool:
+    def _next(self, seq: EngineSeq, logits: Any, now: float, done: list) -> bool:
         """Sample and emit the token at `run.fed`; False (and the sequence in `done`) when it ended."""
         run = seq.run
         try:
@@ -414,7 +355,7 @@ class Engine:
             r.constraint.advance(token)
         return token, (token_logprob(logits, token, r.logprobs),) if r.logprobs is not None else ()
 
-    def _emit(self, seq: _Seq, token: int, logprob: tuple = ()) -> Event | None:
+    def _emit(self, seq: EngineSeq, token: int, logprob: tuple = ()) -> Event | None:
         """Push the new token's text, or return the last event when the sequence finished."""
         r, run = seq.request, seq.run
         context = min(self.config.max_context, self.info.context)
@@ -431,7 +372,7 @@ class Engine:
             return None
         return Event(text, (token,), finish, logprobs=logprob)
 
-    def _end(self, seq: _Seq, event: Event, tokens: tuple[int, ...] | None = None) -> None:
+    def _end(self, seq: EngineSeq, event: Event, tokens: tuple[int, ...] | None = None) -> None:
         """Send the last event with the sequence's totals; count it."""
         r = seq.request
         if tokens is None:
@@ -449,16 +390,6 @@ def _why(error: Exception) -> str:
     """One line naming an exception."""
     line = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {line}" if line else type(error).__name__
-
-
-def _pusher(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[Event], None]:
-    """A thread-safe put into an asyncio queue that tolerates a closed loop."""
-
-    def push(event: Event) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-
-    return push
 
 
 __all__ = ["Engine", "EngineConfig", "Stream", "token_sha"]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from tfc.runtime.engine.draft_backoff import DraftBackoff
 from tfc.runtime.engine.drafting import DraftCounts, chooser
 from tfc.runtime.engine.sampling import Sampler, SamplingParams
 from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan, draft_runner
@@ -71,6 +72,7 @@ def generate(
     samplers = [Sampler(p) for p in plist]
     drafts = draft_runner(runner) if draft else None
     out = [Generation() for _ in prompts]
+    backoff = [DraftBackoff() for _ in prompts]
     position = [0] * len(prompts)
     last: list[torch.Tensor | None] = [None] * len(prompts)
     started = time.perf_counter()
@@ -106,6 +108,7 @@ def generate(
             going = emit(i, rows[kept], token)
             kept += 1
         drafts.rollback(i, p + kept + 1)
+        backoff[i].after(kept)
         out[i].drafted.add(len(tokens) - 1, kept)
         position[i], last[i] = p + kept + 1, rows[kept]  # the next sample from rows[kept] is the bonus
         return going
@@ -129,7 +132,7 @@ def generate(
                 token = samplers[i].sample(last[i], position[i])
                 if emit(i, last[i], token):
                     tail = ()
-                    if drafts is not None:
+                    if drafts is not None and backoff[i].ready():
                         room = runner.capacity.tokens_per_slot - 2 - position[i]
                         k = min(drafts.draft_block, max_new_tokens - len(out[i].tokens) - 1, room)
                         choose = chooser(samplers[i].params, samplers[i].seed, position[i] + 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tfc.runtime.engine.draft_backoff import DraftBackoff
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
@@ -27,6 +28,7 @@ class Running:
     fed: int = 0  # tokens the worker has seen (the position of the next one fed)
     drafting: bool = False  # it drafts: the runner keeps what its drafter needs of its rows
     draft: tuple[int, ...] = ()  # the tokens drafted to follow its last token this step
+    backoff: DraftBackoff = field(default_factory=DraftBackoff)  # when it drafts next
 
     def fed_since(self, start: int) -> tuple[int, ...]:
         """The ids the worker saw from position `start` to `fed` (prompt, then generated)."""
