@@ -93,7 +93,9 @@ class TritonOps:
         try:
             got = torch.ops.aten.mm.dtype(a, w.t(), torch.float32)
         except Exception as error:  # absent, or not for this dtype / device: fall back
-            self.notes.append(f"aten::mm.dtype unavailable ({type(error).__name__}): bf16 products widen per call")
+            self.notes.append(
+                f"aten::mm.dtype unavailable ({type(error).__name__}): bf16 products widen per call"
+            )
             return False
         want = a.double() @ w.double().t()
         err = float((got.double() - want).abs().max() / want.abs().max())
