@@ -82,14 +82,16 @@ def _schema_format(schema: dict) -> dict:
 
 @pytest.mark.slow
 def test_json_schema_holds_a_random_model_every_time(client):
+    # serial ("draft": false): drafting under a grammar is test_drafting's and test_server_draft's; here the
+    # reference runner's per-sequence DSpark passes would add a quarter to the suite's longest test
     def one(i: int):
         schema = SCHEMAS[i % len(SCHEMAS)]
         r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=120, temperature=1.0, seed=i,
-                                           response_format=_schema_format(schema))  # fmt: skip
+                                           response_format=_schema_format(schema), extra_body={"draft": False})  # fmt: skip
         return schema, r
 
     with ThreadPoolExecutor(16) as pool:
-        replies = list(pool.map(one, range(100)))
+        replies = list(pool.map(one, range(64)))
     for schema, r in replies:
         choice = r.choices[0]
         assert choice.finish_reason == "stop", choice
