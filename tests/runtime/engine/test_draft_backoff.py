@@ -46,19 +46,8 @@ class Scripted:
         pass
 
 
-@pytest.fixture(scope="module")
-def worker(tiny_image):
-    from tfc.runtime.worker.worker import Worker
-
-    w = Worker.start(tiny_image, device="cpu", graphs=False)
-    w.load_model(dtype=torch.float32, slots=2)
-    yield w
-    w.close()
-
-
 def test_a_drafter_that_never_agrees_costs_few_rounds(worker):
     (serial,) = generate(worker.runner, [PROMPT], GEN, SamplingParams(), draft=False)
-    dspark = worker.runner.drafter
     try:
         for wrong, most in ((True, 7), (False, GEN // 5)):
             worker.runner.drafter = script = Scripted(PROMPT + tuple(serial.tokens), wrong)
@@ -66,4 +55,4 @@ def test_a_drafter_that_never_agrees_costs_few_rounds(worker):
             assert token_sha(got.tokens) == token_sha(serial.tokens)
             assert script.proposed <= most and got.drafted.drafts == script.proposed
     finally:
-        worker.runner.drafter = dspark
+        worker.runner.drafter = worker.dspark

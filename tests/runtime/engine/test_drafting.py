@@ -63,19 +63,6 @@ class Scripted:
         pass
 
 
-@pytest.fixture(scope="module")
-def worker(tiny_image):
-    from tfc.runtime.engine.tokenizer import image_tokenizer
-    from tfc.runtime.worker.worker import Worker
-
-    w = Worker.start(tiny_image, device="cpu", graphs=False)
-    w.load_model(dtype=torch.float32, slots=16)
-    w.tokenizer = image_tokenizer(w.booted.image, str(tiny_image))
-    w.dspark = w.runner.drafter
-    yield w
-    w.close()
-
-
 @pytest.fixture
 def drafter(worker):
     """Put a drafter into the runner's hook for one test (the DSpark one comes back after)."""

@@ -42,18 +42,6 @@ TIERS = {
 CASES = [("device", b) for b in BOUNDARIES] + [(t, b) for t in ("host", "disk") for b in ("group", "wrapped")]
 
 
-@pytest.fixture(scope="module")
-def worker(tiny_image):
-    from tfc.runtime.engine.tokenizer import image_tokenizer
-    from tfc.runtime.worker.worker import Worker
-
-    w = Worker.start(tiny_image, device="cpu", graphs=False)
-    w.load_model(dtype=torch.float32, slots=4)
-    w.tokenizer = image_tokenizer(w.booted.image, str(tiny_image))
-    yield w
-    w.close()
-
-
 def _engine(runner, prefix: PrefixSettings | None, tokenizer) -> Engine:
     engine = Engine(runner, tokenizer, EngineConfig(max_seqs=4, max_context=512, chunk=CHUNK, prefix=prefix))
     engine.start()
