@@ -51,10 +51,11 @@ def open_drafting(runner: Any, on: bool, off: str) -> tuple[DraftRunner | None, 
     return drafts, f"drafting on: up to {drafts.draft_block} tokens a round, verified in one step"
 
 
-def draft_length(run: Running, max_tokens: int, context: int, block: int) -> int:
-    """Tokens a decoding sequence may draft: a round emits at most k+1 tokens, its rows stay in the context."""
-    left = max_tokens - len(run.generated) - 1
-    room = context - 2 - run.fed  # the last row's token must still be one serial decoding would emit
+def draft_length(generated: int, fed: int, max_tokens: int, context: int, block: int) -> int:
+    """Tokens a decoding sequence may draft (`generated` ids so far, the last not yet fed; `fed` fed): a round
+    emits at most k+1 tokens, and its rows stay inside the context."""
+    left = max_tokens - generated - 1
+    room = context - 2 - fed  # the last row's token must still be one serial decoding would emit
     return max(0, min(block, left, room))
 
 
@@ -68,7 +69,7 @@ def propose(drafts: DraftRunner, work: Sequence[tuple[Running, Any]], context: i
     for run, r in work:
         if run.prefilling or not run.drafting or not run.backoff.ready():
             continue
-        k = draft_length(run, r.max_tokens, context, drafts.draft_block)
+        k = draft_length(len(run.generated), run.fed, r.max_tokens, context, drafts.draft_block)
         if k > 0:
             choose = chooser(r.params, r.params.seed or 0, run.fed + 1)
             run.draft = drafts.draft(run.slot, run.generated[-1], k, choose)

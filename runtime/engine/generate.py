@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 from tfc.runtime.engine.draft_backoff import DraftBackoff
-from tfc.runtime.engine.drafting import DraftCounts, chooser
+from tfc.runtime.engine.drafting import DraftCounts, chooser, draft_length
 from tfc.runtime.engine.sampling import Sampler, SamplingParams
 from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan, draft_runner
 
@@ -133,8 +133,8 @@ def generate(
                 if emit(i, last[i], token):
                     tail = ()
                     if drafts is not None and backoff[i].ready():
-                        room = runner.capacity.tokens_per_slot - 2 - position[i]
-                        k = min(drafts.draft_block, max_new_tokens - len(out[i].tokens) - 1, room)
+                        k = draft_length(len(out[i].tokens), position[i], max_new_tokens,
+                                         runner.capacity.tokens_per_slot, drafts.draft_block)  # fmt: skip
                         choose = chooser(samplers[i].params, samplers[i].seed, position[i] + 1)
                         tail = drafts.draft(i, token, k, choose) if k > 0 else ()
                     tokens = (token, *tail)
