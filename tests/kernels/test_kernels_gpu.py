@@ -180,3 +180,17 @@ def test_moe_matches_reference(layout, mma):
         outs.append(out)
     assert float((outs[0].double() - want).norm() / want.norm()) < 1e-4
     assert torch.equal(outs[0], outs[1]), "the split-k and pair sums must be deterministic"
+
+
+@pytest.mark.parametrize("rows", [1, 16, 48])
+def test_sinkhorn_matches_the_models_loop(rows):
+    # 2e-6 absolute on entries in [0, 1], as under the interpreter (tests/kernels/interpret/test_triton_sinkhorn.py),
+    # with the GPU's exp in it
+    from tfc.kernels.mhc_sinkhorn import sinkhorn
+    from tfc.runtime.models.dsv41.mhc import sinkhorn as loop
+
+    logits = (
+        torch.randn(rows, 4, 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows)) * 3
+    )
+    got = sinkhorn(logits, 20, 1e-6)
+    assert float((got.double() - loop(logits.double(), 20, 1e-6)).abs().max()) < 2e-6

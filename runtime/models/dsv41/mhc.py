@@ -34,6 +34,24 @@ def hc_mix(
     post_alpha: float = 2.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(pre [..., hc], post [..., hc], comb [..., hc, hc]) of one site from streams [..., hc, D]."""
+    pre, post, logits = hc_mix_logits.__wrapped__(
+        streams, fn, scale, base, norm_eps=norm_eps, hc_eps=hc_eps, post_alpha=post_alpha
+    )
+    return pre, post, sinkhorn(logits, iters, hc_eps)
+
+
+@wide
+def hc_mix_logits(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    post_alpha: float = 2.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hc_mix before its Sinkhorn: (pre, post, the comb's logits [..., hc, hc])."""
     hc = streams.shape[-2]
     flat = streams.flatten(-2)
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
@@ -41,12 +59,17 @@ def hc_mix(
     pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + hc_eps
     post = post_alpha * torch.sigmoid(mixes[..., hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
     logits = (mixes[..., 2 * hc :] * scale[2] + base[2 * hc :]).unflatten(-1, (hc, hc))
-    comb = torch.softmax(logits, dim=-1) + hc_eps
-    comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+    return pre, post, logits
+
+
+def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """comb [..., hc, hc] = Sinkhorn(softmax_rows(logits) + eps): columns first, then rows and columns, iters in all."""
+    comb = torch.softmax(logits, dim=-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
     for _ in range(iters - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + hc_eps)
-        comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
-    return pre, post, comb
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return comb
 
 
 @wide

@@ -1,7 +1,8 @@
 """The reference's device-agnostic maths run in fp32: its float64 wrappers (numerics.wide) taken off.
 
-rms_norm, and the mHC mix (Sinkhorn), collapse and expand are plain torch ops of fixed shape; the fast forward
-calls the very code the reference runs, only on fp32 tensors (as fused stages on a GPU: fusion.py).
+rms_norm, and the mHC mix, collapse and expand are plain torch ops of fixed shape; the fast forward calls the
+very code the reference runs, only on fp32 tensors (as fused stages on a GPU: fusion.py). The mix's Sinkhorn is
+the exception on a GPU: one Triton launch a site (kernels/mhc_sinkhorn.py) where the loop takes two an iteration.
 `fixed_sum` sums along an axis by halving, an order that no kernel choice can change.
 """
 
@@ -13,7 +14,7 @@ from tfc.runtime.models.dsv41.fast.fusion import fused
 
 plain_rms_norm = csa.rms_norm.__wrapped__
 rms_norm = fused(plain_rms_norm)
-hc_mix = fused(mhc.hc_mix.__wrapped__)
+hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__)
 hc_expand = fused(mhc.hc_expand.__wrapped__)
 hc_collapse = mhc.hc_collapse.__wrapped__
 first_pre = mhc.first_pre
@@ -23,6 +24,18 @@ first_pre = mhc.first_pre
 def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(sum_i pre_i * stream_i): a site's input."""
     return plain_rms_norm(hc_collapse(streams, pre), weight, eps)
+
+
+def hc_mix(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *, norm_eps: float,
+           hc_eps: float, iters: int, post_alpha: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """mhc.hc_mix in fp32: its logits as a fused stage, its Sinkhorn in one kernel on a GPU (the loop elsewhere)."""
+    pre, post, logits = hc_mix_logits(streams, fn, scale, base, norm_eps=norm_eps, hc_eps=hc_eps,
+                                      post_alpha=post_alpha)  # fmt: skip
+    if logits.is_cuda:
+        from tfc.kernels.mhc_sinkhorn import sinkhorn as sinkhorn_kernel
+
+        return pre, post, sinkhorn_kernel(logits, iters, hc_eps)
+    return pre, post, mhc.sinkhorn(logits, iters, hc_eps)
 
 
 def fixed_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
