@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The H200 checks of the serving half, one device call each (the machine is fresh every call: setup and the
 # 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
-#   bash benchmarks/h200_serving.sh tests     # test_fast_gpu.py whole: tiny image and the Flash slice (#19)
+#   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's GPU test, test_fast_gpu.py whole: tiny image and the Flash slice (#19)
 #   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k), prefix cache (#19, #24, #25)
-#   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
+#   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20);
+#                                             # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 # Every part has its own time limit; what it wrote lands under $OUT.
 set -u
 source benchmarks/_h200_setup.sh > "$OUT/setup.log" 2>&1
@@ -14,7 +15,8 @@ IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
 case "${1:-tests}" in
   tests)
     (cd /tmp && TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
-      "$R/tests/runtime/models/dsv41/test_fast_gpu.py") > "$OUT/fast_gpu_tests.txt" 2>&1
+      "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
+      > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
   speed)
     timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --out "$OUT/decode_h200.json" --budget-s 200 \
@@ -23,6 +25,8 @@ case "${1:-tests}" in
       --vocab 120000 --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -20 ;;
   serve)
     timeout 420 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 3 \
-      --out "$OUT/serve_h200.json" 2>&1 | tail -8 ;;
+      --out "$OUT/serve_h200.json" 2>&1 | tail -8
+    timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
+      2>&1 | tail -12 ;;
   *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve" >&2; exit 2 ;;
 esac
