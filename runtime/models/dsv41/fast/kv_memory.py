@@ -69,6 +69,11 @@ class KvMemory:
             table = self.pool.table(slot)
             self.page_table[slot, : len(table)].copy_(torch.tensor(table, dtype=torch.int64))
 
+    def truncate(self, slot: int, tokens: int) -> None:
+        """Unmap the slot's pages past its first `tokens` tokens (their table entries back to the scratch page)."""
+        if self.pool.truncate(slot, tokens):
+            self.page_table[slot, len(self.pool.table(slot)) :].zero_()
+
     def release(self, slot: int) -> None:
         """Free the slot's pages and point its table at the scratch page (its rows stay where they are)."""
         if self.pool.table(slot):

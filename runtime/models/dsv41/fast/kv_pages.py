@@ -62,6 +62,16 @@ class PagePool:
         table.extend(heapq.heappop(self._free) for _ in range(need))
         return True
 
+    def truncate(self, slot: int, tokens: int) -> bool:
+        """Give back the slot's pages past its first `tokens` tokens (a rollback); whether its table changed."""
+        table = self._tables[slot]
+        keep = -(-max(0, tokens) // self.page_tokens)
+        for page in table[keep:]:
+            heapq.heappush(self._free, page)
+        changed = keep < len(table)
+        del table[keep:]
+        return changed
+
     def release(self, slot: int) -> None:
         """Give the slot's pages back (a no-op for an empty slot)."""
         for page in self._tables[slot]:

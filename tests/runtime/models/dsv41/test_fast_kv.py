@@ -88,6 +88,8 @@ def test_page_pool_shares_pages_lowest_first_and_takes_them_back():
     assert pool.ensure(2, 700) and pool.table(2) == [2, 3, 4]  # the lowest free pages again
     pool.release(1)  # an empty slot: a no-op
     assert pool.free_pages == 1
+    assert pool.truncate(0, 256) and pool.table(0) == [1] and pool.free_pages == 2  # a rollback's page back
+    assert not pool.truncate(0, 200) and pool.table(0) == [1]
 
 
 def test_kv_memory_is_allocated_once_and_slots_reuse_it_in_place():
