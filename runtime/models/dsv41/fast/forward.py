@@ -4,6 +4,10 @@ Reads the static inputs (tokens, positions, slots, Engram row ids [rows, layers,
 the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor has MAX_ROWS
 rows (padding rows run on the dummy slot) and only the MoE runs the key's `rows`; otherwise the whole step
 runs the key's rows. The launch sequence depends on the key alone, so replay equals eager.
+
+With `capture` (the DSpark target layers) the step also writes the static hidden rows [rows, len(capture) * D]:
+per listed layer, in that order, the mean of the hc streams entering it after its Engram (the reference's
+`capture`, docs/drafting.md: a float64 mean rounded to fp32), what the drafter reads of committed positions.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from tfc.runtime.models.dsv41.fast.weights import FastWeights
 class StepBuffers:
     """The static inputs (one int64 block) and outputs of a step, with a host twin the inputs are staged in."""
 
-    def __init__(self, vocab: int, engram_layers: int, engram_cols: int, device: torch.device) -> None:
+    def __init__(
+        self, vocab: int, engram_layers: int, engram_cols: int, device: torch.device, hidden: int = 0
+    ) -> None:
         rows = MAX_ROWS
         n = 3 * rows + rows * engram_layers * engram_cols
         self.ints = torch.zeros(n, dtype=torch.int64, device=device)
@@ -40,11 +46,12 @@ class StepBuffers:
         )
         self.engram = self.ints[3 * rows :].view(rows, engram_layers, engram_cols)
         self.logits = torch.zeros(rows, vocab, dtype=torch.float32, device=device)
+        self.hidden = torch.zeros(rows, hidden, dtype=torch.float32, device=device) if hidden else None
 
     @property
     def tensors(self) -> list[torch.Tensor]:
         """The device buffers (what a graph bakes in)."""
-        return [self.ints, self.logits]
+        return [self.ints, self.logits] + ([] if self.hidden is None else [self.hidden])
 
     def load(self, tile: Tile, engram_ids: np.ndarray | None) -> None:
         """Stage a tile's inputs on the host and copy them in with one copy (synchronous for the host side)."""
@@ -60,8 +67,14 @@ class FastForward:
     """The step body: embedding, the backbone layers, HyperHead collapse, norm, head."""
 
     def __init__(self, cfg: Dsv41Config, weights: FastWeights, ops, kv: KvMemory, rope: RopeTables,
-                 buffers: StepBuffers, engram: bool) -> None:  # fmt: skip
+                 buffers: StepBuffers, engram: bool, capture: tuple[int, ...] = ()) -> None:  # fmt: skip
+        width = len(capture) * cfg.hidden_size
+        if capture and (buffers.hidden is None or buffers.hidden.shape[1] != width):
+            raise ValueError(
+                f"capturing layers {list(capture)} needs step buffers with {width} hidden columns"
+            )
         self.cfg = cfg
+        self.capture = tuple(capture)
         self.weights = weights
         self.ops = ops
         self.kv = kv
@@ -97,6 +110,10 @@ class FastForward:
         if mode.engram and self.engram:
             k = cfg.engram_layer_ids.index(layer)
             streams = engram(self, layer, k, streams, self.buffers.engram[: sc.rows, k])
+        if layer in self.capture:
+            d, k = cfg.hidden_size, self.capture.index(layer)
+            tap = streams.to(torch.float64).mean(-2).to(torch.float32)
+            self.buffers.hidden[: sc.rows, k * d : (k + 1) * d].copy_(tap)
         mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters,
                "post_alpha": cfg.hc_post_alpha}  # fmt: skip
         a_pre, a_post, a_comb = hc_mix(streams, w.native(f"{b}.hc_attn_fn"), w.native(f"{b}.hc_attn_scale"),
