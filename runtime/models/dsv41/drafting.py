@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from tfc.runtime.models.dsv41.dspark import DsparkDrafter
+from tfc.runtime.models.dsv41.dspark import DraftError, DsparkDrafter
 from tfc.runtime.models.dsv41.dspark_state import DraftState
+from tfc.runtime.models.dsv41.reference import Dsv41Model, MissingWeight
 
 Choose = Callable[[int, torch.Tensor], int]  # (draft index i, its logits [V]) -> the token proposed
 
@@ -101,3 +102,11 @@ class DsparkSlots:
     def release(self, slot: int) -> None:
         """Forget a slot's context."""
         self.contexts.pop(slot, None)
+
+
+def dspark_slots(model: Dsv41Model) -> tuple[DsparkSlots | None, str]:
+    """The DSpark drafter over a model's mtp blocks (decoded when first drafted), or None and why not."""
+    try:
+        return DsparkSlots(DsparkDrafter(model)), ""
+    except (DraftError, MissingWeight) as error:
+        return None, str(error).splitlines()[0]

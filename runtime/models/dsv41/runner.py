@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY
-from tfc.runtime.models.dsv41.drafting import Choose, DsparkSlots, SlotDrafter
-from tfc.runtime.models.dsv41.dspark import DraftError, DsparkDrafter
+from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, dspark_slots
 from tfc.runtime.models.dsv41.engram import EngramFeed
-from tfc.runtime.models.dsv41.reference import Dsv41Model, MissingWeight
+from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.state import Mark, SequenceState
 from tfc.runtime.models.dsv41.state_io import StateSnapshot, state_from_bytes
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
@@ -221,16 +220,8 @@ def build_reference(
         weights[name]
         if progress is not None:
             progress(i + 1, len(names))
-    drafter, note = _drafter(model)
+    drafter, note = dspark_slots(model)
     return ReferenceRunner(model, feed, slots, drafter, note)
-
-
-def _drafter(model: Dsv41Model) -> tuple[SlotDrafter | None, str]:
-    """The DSpark drafter over the model's mtp blocks (decoded when first drafted), or None and why not."""
-    try:
-        return DsparkSlots(DsparkDrafter(model)), ""
-    except (DraftError, MissingWeight) as error:
-        return None, str(error).splitlines()[0]
 
 
 class MissingEngramTables(TfcError):
