@@ -2,10 +2,11 @@
 
 A slot's state is its window rings (every layer's `ring` rows, whatever positions they hold: reads mask by
 position), each ratio > 1 source's compressor ring, the compressed entries and indexer keys of its complete
-groups (gathered from its pages), its position and Engram look-back. A snapshot copies them out (a device copy
+groups (gathered from its pages), its position and the tokens it was fed (the Engram look-back is their tail,
+the drafter's context their count). A snapshot copies them out (a device copy
 on the GPU: ~1.8 KB a token of paged rows plus ~3.4 MB of rings at Flash size), `restore` maps fresh pages for
 the position and writes them back: nothing in the buffers moves, so graphs stay valid. Byte form: magic
-b"TFCKV1\\n" (runtime/models/snapshot_bytes.py), header {"position", "history", "ring", "sources"}, tensors
+b"TFCKV2\\n" (runtime/models/snapshot_bytes.py), header {"position", "tokens", "ring"}, tensors
 window [layers, ring, row], pending.L [2, ring_L, head_dim] fp32, entries.L / keys.L [groups, row].
 """
 
@@ -20,7 +21,7 @@ from tfc.runtime.models.snapshot_bytes import pack, unpack
 
 from tfc.errors import TfcError
 
-MAGIC = b"TFCKV1\n"
+MAGIC = b"TFCKV2\n"  # 2: every fed token, not only the Engram look-back
 _NAME = re.compile(r"window|(pending|entries|keys)\.(\d{1,4})")
 
 
@@ -33,7 +34,7 @@ class KvSnapshot:
     """One slot's KV rows at a position, self-contained (device or host memory)."""
 
     position: int
-    history: tuple[int, ...]
+    tokens: tuple[int, ...]  # the `position` tokens the slot was fed
     window: torch.Tensor  # [layers, ring, row] uint8
     pending: dict[int, torch.Tensor]  # [2, ring_l, head_dim] fp32
     entries: dict[int, torch.Tensor]  # [position // ratio, row] uint8
@@ -60,13 +61,13 @@ class KvSnapshot:
             return t.to("cpu").pin_memory() if t.device.type == "cuda" else t.clone()
 
         return KvSnapshot(
-            self.position, self.history, host(self.window),
+            self.position, self.tokens, host(self.window),
             *({k: host(t) for k, t in d.items()} for d in (self.pending, self.entries, self.keys)),
         )  # fmt: skip
 
     def to_bytes(self) -> bytes:
         """The byte form (module docstring)."""
-        fields = {"position": self.position, "history": list(self.history), "ring": self.window.shape[1]}
+        fields = {"position": self.position, "tokens": list(self.tokens), "ring": self.window.shape[1]}
         return pack(MAGIC, fields, self.tensors, KvSnapshotError)
 
 
@@ -78,8 +79,9 @@ def _entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tenso
     return pages[e // per] * per + e % per
 
 
-def snapshot(kv: KvMemory, slot: int, position: int, history: tuple[int, ...]) -> KvSnapshot:
-    """A copy of a slot's KV rows at `position` (the slot keeps running unchanged)."""
+def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
+    """A copy of a slot's KV rows after its `tokens` (the slot keeps running unchanged)."""
+    position = len(tokens)
     entries, keys = {}, {}
     for s in kv.layout.sources:
         rows = _entry_rows(kv, slot, s.ratio, position // s.ratio)
@@ -87,7 +89,7 @@ def snapshot(kv: KvMemory, slot: int, position: int, history: tuple[int, ...]) -
         if s.index_keys:
             keys[s.layer] = kv.keys[s.layer][rows]
     pending = {layer: t[:, slot].clone() for layer, t in kv.pending.items()}
-    return KvSnapshot(position, tuple(history), kv.window[:, slot].clone(), pending, entries, keys)
+    return KvSnapshot(position, tuple(tokens), kv.window[:, slot].clone(), pending, entries, keys)
 
 
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
@@ -113,11 +115,12 @@ def _dims(name: str) -> int | None:
 def load(kv: KvMemory, data: bytes) -> KvSnapshot:
     """The snapshot `KvSnapshot.to_bytes` wrote, checked against this KV layout; KvSnapshotError otherwise."""
     header, tensors = unpack(MAGIC, data, _dims, KvSnapshotError)
-    position, history = header.get("position"), header.get("history")
+    position, tokens = header.get("position"), header.get("tokens")
     if type(position) is not int or not 0 <= position <= kv.pool.tokens_per_slot:
         raise KvSnapshotError(f"bad position {position!r}")
-    if not isinstance(history, list) or any(type(t) is not int or t < 0 for t in history):
-        raise KvSnapshotError("bad Engram look-back")
+    ids = isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)
+    if not ids or len(tokens) != position:
+        raise KvSnapshotError("bad tokens: not the position's count of token ids")
     want = {"window": (tuple(kv.window[:, 0].shape), torch.uint8)}
     for layer, t in kv.pending.items():
         want[f"pending.{layer}"] = (tuple(t[:, 0].shape), t.dtype)
@@ -134,5 +137,5 @@ def load(kv: KvMemory, data: bytes) -> KvSnapshot:
     pick = {kind: {int(n.split(".")[1]): t for n, t in tensors.items() if n.startswith(kind + ".")}
             for kind in ("pending", "entries", "keys")}  # fmt: skip
     return KvSnapshot(
-        position, tuple(history), tensors["window"], pick["pending"], pick["entries"], pick["keys"]
+        position, tuple(tokens), tensors["window"], pick["pending"], pick["entries"], pick["keys"]
     )

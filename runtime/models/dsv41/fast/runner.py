@@ -1,5 +1,11 @@
 """The fast runner: step plans -> fixed-shape steps of <= 16 rows, each replayed from (or captured into) the
-graph cache by its key, over KV pages the slots hold; the runner contract of runtime/worker/step.py."""
+graph cache by its key, over KV pages the slots hold; the runner contract of runtime/worker/step.py.
+
+With a drafter (runtime/models/dsv41/drafting.py) it drafts as the reference runner does: a verify row's logits
+come back for every row, `rollback` keeps a slot's rows before a position (a position reset: rollback.py says
+why that is exact), and the drafter gets the static hidden rows the step captured of committed positions only
+(non-verify rows at once, a verify step's at its rollback, or whole at the slot's next call).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter
 from tfc.runtime.models.dsv41.fast.forward import FastForward
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
+from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
 from tfc.runtime.models.dsv41.fast.step_plan import Tile, plan_tiles
 from tfc.runtime.worker.step import Capacity, ModelInfo, SequenceStep, StepOutput, StepPlan
 
@@ -22,15 +30,21 @@ class FastStepError(TfcError):
 
 @dataclass
 class _Slot:
-    position: int = 0
-    history: list[int] = field(default_factory=list)  # the last max_ngram - 1 tokens (Engram look-back)
+    tokens: list[int] = field(default_factory=list)  # every token fed (the Engram look-back is their tail)
+
+    @property
+    def position(self) -> int:
+        """The position of the next token."""
+        return len(self.tokens)
 
 
 class FastRunner:
     """Runs step plans through `FastForward`, one slot per sequence; Engram rows hashed on the host per step."""
 
     def __init__(self, forward: FastForward, graphs, hash_tables, row_lo: tuple[int, ...], info: ModelInfo,
-                 capacity: Capacity, buckets: tuple[int, ...], notes: Iterable[str] = ()) -> None:  # fmt: skip
+                 capacity: Capacity, buckets: tuple[int, ...], notes: Iterable[str] = (),
+                 drafter: SlotDrafter | None = None,
+                 draft_note: str = "this runner was built without a drafter") -> None:  # fmt: skip
         self.forward = forward
         self.graphs = graphs
         self.info = info
@@ -40,6 +54,9 @@ class FastRunner:
         self._tables = hash_tables
         self._row_lo = row_lo
         self._slots: dict[int, _Slot] = {}
+        self.drafter = drafter  # a test may put a stand-in here (drafting.SlotDrafter)
+        self.draft_note = draft_note  # why it cannot draft, when it cannot
+        self._marks: dict[int, VerifyMark] = {}  # slot -> its open verify step
         arena = forward.weights.arena
         self._baked = [(t.data_ptr(), t.numel() * t.element_size())
                        for t in (*forward.buffers.tensors, *forward.kv.tensors)] + list(arena.buffers())  # fmt: skip
@@ -49,19 +66,101 @@ class FastRunner:
         """The worker's KV memory."""
         return self.forward.kv
 
+    @property
+    def can_draft(self) -> bool:
+        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
+        return self.drafter is not None
+
+    @property
+    def draft_block(self) -> int:
+        """The most tokens one draft proposes (within the window and one step: rollback.py)."""
+        if self.drafter is None:
+            return 0
+        return draft_bound(self.drafter.block_size, self.kv.layout.window, self.kv.layout.step_rows)
+
     def execute(self, plan: StepPlan) -> StepOutput:
-        """Each planned sequence's tokens through as many steps as they fill; the last-position logits of each."""
+        """Each planned sequence's tokens through as many steps as they fill; the last-position logits of each
+        (every row's, [n, V], for a verify row)."""
+        for row in plan.rows:
+            self._settle(row.slot)
         self._check(plan)
         out: list[torch.Tensor | None] = [None] * len(plan.rows)
+        every = {row.slot: [] for row in plan.rows if row.verify}  # slot -> its logits, a run of rows a tile
+        kept = {row.slot: [] for row in plan.rows if row.drafting} if self._wants_hidden(plan) else {}
         for tile in plan_tiles(plan, self.kv.dummy_slot, self.buckets):
             logits = self._run(tile)
-            for i, row in enumerate(tile.rows):
-                if row.out is not None:
-                    out[row.out] = logits[i].clone()
+            for lo, hi in _runs(tile):
+                slot = tile.rows[lo].slot
+                if slot in every:
+                    every[slot].append(logits[lo:hi].clone())
+                elif tile.rows[hi - 1].out is not None:
+                    out[tile.rows[hi - 1].out] = logits[hi - 1].clone()
+                if slot in kept:
+                    kept[slot].append(self.forward.buffers.hidden[lo:hi].clone())
+        for i, row in enumerate(plan.rows):
+            hidden = torch.cat(kept[row.slot]) if row.slot in kept else None
+            if row.verify:
+                out[i] = torch.cat(every[row.slot])
+                self._marks[row.slot] = VerifyMark(row.position, len(row.tokens), hidden)
+            elif hidden is not None:
+                self.drafter.commit(row.slot, row.position, hidden)
         return StepOutput(tuple(out))
+
+    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet)."""
+        if self.drafter is None:
+            raise FastStepError(f"this runner cannot draft ({self.draft_note})")
+        state = self._slots.get(slot)
+        if state is None:
+            raise FastStepError(f"slot {slot} holds no sequence to draft for")
+        self._settle(slot)
+        k = min(k, self.draft_block)
+        if k < 1:
+            return ()
+        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
+        tokens = tuple(int(t) for t in self.drafter.propose(slot, state.tokens, last_token, k, pick))[:k]
+        if any(not 0 <= t < self.info.vocab_size for t in tokens):
+            raise FastStepError(
+                f"slot {slot}: a draft {tokens} outside the vocabulary [0, {self.info.vocab_size})"
+            )
+        return tokens
+
+    def rollback(self, slot: int, position: int) -> None:
+        """Keep the rows of a slot's last verify step before `position` (a position reset: rollback.py); the
+        drafter gets those rows."""
+        mark = self._marks.get(slot)
+        if mark is None:
+            raise FastStepError(f"slot {slot} has no verify step to roll back")
+        try:
+            keep = mark.keep(position)
+        except ValueError as error:
+            raise FastStepError(f"slot {slot}: {error}") from None
+        del self._marks[slot]
+        del self._slots[slot].tokens[position:]
+        self.kv.truncate(slot, position)
+        if mark.hidden is not None and keep:
+            self.drafter.commit(slot, mark.position, mark.hidden[:keep])
+
+    def _settle(self, slot: int) -> None:
+        """Commit a verify step the engine did not roll back: every row it fed."""
+        if slot in self._marks:
+            self.rollback(slot, self._slots[slot].position)
+
+    def _wants_hidden(self, plan: StepPlan) -> bool:
+        """Whether the drafter takes target hidden rows of this plan's drafting rows (FastStepError when the
+        forward does not capture the layers it reads)."""
+        layers = () if self.drafter is None else tuple(self.drafter.target_layers)
+        if not layers or not any(row.drafting for row in plan.rows):
+            return False
+        if layers != self.forward.capture:
+            raise FastStepError(
+                f"the drafter reads layers {list(layers)}, the forward captures {list(self.forward.capture)}"
+            )
+        return True
 
     def logits_of(self, slot: int, tokens: list[int], position: int) -> torch.Tensor:
         """The logits [n, V] of every one of a sequence's new tokens (tests and benchmarks; steps as execute)."""
+        self._settle(slot)
         self._check(StepPlan((SequenceStep(slot, tuple(tokens), position),)))
         rows = []
         for lo in range(0, len(tokens), MAX_ROWS):
@@ -73,27 +172,33 @@ class FastRunner:
     def release(self, slot: int) -> None:
         """Free a slot: its pages go back to the pool; nothing on the device moves."""
         self._slots.pop(slot, None)
+        self._marks.pop(slot, None)
+        if self.drafter is not None:
+            self.drafter.release(slot)
         if 0 <= slot < self.capacity.slots:
             self.kv.release(slot)
 
     def snapshot(self, slot: int):
-        """A copy of a slot's KV rows, position and Engram look-back (the prefix cache's entry)."""
+        """A copy of a slot's KV rows and fed tokens (the prefix cache's entry); never mid-verify."""
         from tfc.runtime.models.dsv41.fast.kv_snapshot import snapshot
 
         state = self._slots.get(slot)
         if state is None:
             raise FastStepError(f"slot {slot} holds no sequence to snapshot")
-        return snapshot(self.kv, slot, state.position, tuple(state.history))
+        if slot in self._marks:
+            raise FastStepError(f"slot {slot} holds rows not verified yet: roll it back before a snapshot")
+        return snapshot(self.kv, slot, tuple(state.tokens))
 
     def restore(self, slot: int, snap) -> None:
-        """Put a snapshot's rows into a slot: fresh pages for its position, its rings and entries written back."""
+        """Put a snapshot's rows into a slot: fresh pages for its position, its rings and entries written back
+        (its drafter starts over)."""
         from tfc.runtime.models.dsv41.fast.kv_snapshot import restore
 
         if not 0 <= slot < self.capacity.slots:
             raise FastStepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
-        self._slots.pop(slot, None)
+        self.release(slot)
         restore(self.kv, slot, snap)
-        self._slots[slot] = _Slot(snap.position, list(snap.history))
+        self._slots[slot] = _Slot(list(snap.tokens))
 
     def load_snapshot(self, data: bytes):
         """A snapshot from its bytes (KvSnapshotError for bytes that do not fit this KV layout)."""
@@ -111,7 +216,7 @@ class FastRunner:
     def fill_context(self, slot: int, tokens: int) -> None:
         """Benchmarks only: make a slot hold `tokens` tokens of whatever its KV rows contain, without running them."""
         self.kv.ensure(slot, tokens)
-        self._slots[slot] = _Slot(tokens, [0] * max(0, self._lookback()))
+        self._slots[slot] = _Slot([0] * tokens)
 
     def stats(self) -> dict:
         """Graph cache counters and KV memory figures."""
@@ -142,16 +247,16 @@ class FastRunner:
                 raise FastStepError(f"slot {row.slot} would pass its {self.capacity.tokens_per_slot} tokens")
             if min(row.tokens) < 0 or max(row.tokens) >= self.info.vocab_size:
                 raise FastStepError(f"token ids must lie in [0, {self.info.vocab_size})")
+            if row.verify and (len(row.tokens) > self.draft_block + 1 or row.position == 0):
+                raise FastStepError(f"slot {row.slot}: a verify row of {len(row.tokens)} tokens at position "
+                                    f"{row.position} (at most {self.draft_block + 1}, after a prefill)")  # fmt: skip
 
     def _run(self, tile: Tile) -> torch.Tensor:
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
         logits = self.launch(tile)
         for row in tile.rows:
-            state = self._slots.setdefault(row.slot, _Slot())
-            state.position = row.position + 1
-            if self._lookback():
-                state.history = [*state.history, row.token][-self._lookback() :]
+            self._slots.setdefault(row.slot, _Slot()).tokens.append(row.token)
         return logits
 
     def launch(self, tile: Tile) -> torch.Tensor:
@@ -179,7 +284,17 @@ class FastRunner:
             while j < len(tile.rows) and tile.rows[j].slot == tile.rows[i].slot:
                 j += 1
             state = self._slots.get(tile.rows[i].slot)
-            back = [] if state is None else state.history
+            back = [] if state is None else state.tokens[-self._lookback() :]
             out[i:j] = hash_ids(self._tables, [r.token for r in tile.rows[i:j]], back)
             i = j
         return out
+
+
+def _runs(tile: Tile) -> list[tuple[int, int]]:
+    """[lo, hi) of each run of consecutive rows of one slot in a tile."""
+    out, lo = [], 0
+    for i in range(1, len(tile.rows) + 1):
+        if i == len(tile.rows) or tile.rows[i].slot != tile.rows[lo].slot:
+            out.append((lo, i))
+            lo = i
+    return out
