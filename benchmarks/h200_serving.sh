@@ -5,13 +5,19 @@
 #   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k), prefix cache (#19, #24, #25)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20);
 #                                             # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
-# Every part has its own time limit; what it wrote lands under $OUT.
+# Every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
+# runs those tests first with short tracebacks (TFC_H200_TESTS_S seconds, default 150).
 set -u
 source benchmarks/_h200_setup.sh > "$OUT/setup.log" 2>&1
 R=$PWD
 (cd /tmp && timeout 150 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 --jobs 16 \
   && timeout 120 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") > "$OUT/image.log" 2>&1
 IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
+if [ -n "${TFC_H200_TESTS:-}" ]; then  # pytest ids to run first, tracebacks short (a failure's details, then the part)
+  (cd /tmp && TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
+    -p no:warnings --tb=short -rA $(for t in $TFC_H200_TESTS; do echo "$R/$t"; done)) > "$OUT/retests.txt" 2>&1
+  tail -40 "$OUT/retests.txt"
+fi
 case "${1:-tests}" in
   tests)
     (cd /tmp && TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
@@ -19,9 +25,9 @@ case "${1:-tests}" in
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
   speed)
-    timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --out "$OUT/decode_h200.json" --budget-s 200 \
+    timeout 220 python3 benchmarks/decode_h200.py --image "$IMG" --quick --time-anyway --out "$OUT/decode_h200.json" --budget-s 160 \
       2>&1 | grep "^\[" | tee "$OUT/decode.log"
-    timeout 160 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
+    timeout 130 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
       --vocab 120000 --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -20 ;;
   serve)
     timeout 420 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 3 \
