@@ -12,6 +12,8 @@ per listed layer, in that order, the mean of the hc streams entering it after it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from tfc.runtime.models.dsv41.config import Dsv41Config
@@ -105,7 +107,7 @@ class FastForward:
         b.logits[:rows].copy_(self.lin(out, "head"))
 
     def _block(self, layer: int, streams: torch.Tensor, pre: torch.Tensor, sc, live: int):
-        cfg, w, b = self.cfg, self.weights, f"layers.{layer}"
+        cfg, b = self.cfg, f"layers.{layer}"
         mode = cfg.layer_mode(layer)
         if mode.engram and self.engram:
             k = cfg.engram_layer_ids.index(layer)
@@ -114,16 +116,25 @@ class FastForward:
             d, k = cfg.hidden_size, self.capture.index(layer)
             tap = streams.to(torch.float64).mean(-2).to(torch.float32)
             self.buffers.hidden[: sc.rows, k * d : (k + 1) * d].copy_(tap)
-        mix = {"norm_eps": cfg.rms_norm_eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters,
-               "post_alpha": cfg.hc_post_alpha}  # fmt: skip
-        a_pre, a_post, a_comb = hc_mix(streams, w.native(f"{b}.hc_attn_fn"), w.native(f"{b}.hc_attn_scale"),
-                                       w.native(f"{b}.hc_attn_base"), **mix)  # fmt: skip
-        x = collapse_norm(streams, pre, w.native(f"{b}.attn_norm.weight"), cfg.rms_norm_eps)
-        streams = hc_expand(attention(self, layer, mode, x, sc), streams, a_post, a_comb)
-        f_pre, f_post, f_comb = hc_mix(streams, w.native(f"{b}.hc_ffn_fn"), w.native(f"{b}.hc_ffn_scale"),
-                                       w.native(f"{b}.hc_ffn_base"), **mix)  # fmt: skip
-        x = collapse_norm(streams, a_pre, w.native(f"{b}.ffn_norm.weight"), cfg.rms_norm_eps)
-        streams = hc_expand(moe(self, layer, x, live), streams, f_post, f_comb)
+        attend, ffn = (lambda x: attention(self, layer, mode, x, sc)), (lambda x: moe(self, layer, x, live))
+        streams, pre = mhc_sites(self, b, streams, pre, attend, ffn)
         if self.trace is not None:
             self.trace.append(streams.clone())
-        return streams, f_pre
+        return streams, pre
+
+
+def mhc_sites(f, block: str, streams: torch.Tensor, pre: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
+              ffn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(streams, the FFN site's pre) after a block's two mixed sites (runtime/models/dsv41/block.py in fp32):
+    `attend(x)` is its attention, `ffn(x)` its MoE; shared by the backbone and the DSpark blocks (dspark.py)."""
+    cfg, w, eps = f.cfg, f.weights, f.cfg.rms_norm_eps
+    mix = {"norm_eps": eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters,
+           "post_alpha": cfg.hc_post_alpha}  # fmt: skip
+    a_pre, a_post, a_comb = hc_mix(streams, w.native(f"{block}.hc_attn_fn"), w.native(f"{block}.hc_attn_scale"),
+                                   w.native(f"{block}.hc_attn_base"), **mix)  # fmt: skip
+    x = collapse_norm(streams, pre, w.native(f"{block}.attn_norm.weight"), eps)
+    streams = hc_expand(attend(x), streams, a_post, a_comb)
+    f_pre, f_post, f_comb = hc_mix(streams, w.native(f"{block}.hc_ffn_fn"), w.native(f"{block}.hc_ffn_scale"),
+                                   w.native(f"{block}.hc_ffn_base"), **mix)  # fmt: skip
+    x = collapse_norm(streams, a_pre, w.native(f"{block}.ffn_norm.weight"), eps)
+    return hc_expand(ffn(x), streams, f_post, f_comb), f_pre

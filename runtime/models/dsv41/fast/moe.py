@@ -45,14 +45,21 @@ def route(ops, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k:
 
 
 def moe(f, layer: int, x: torch.Tensor, live: int) -> torch.Tensor:
-    """The MoE block on the step's rows x [R, D]; rows from `live` on come back as zeros."""
+    """The MoE block of backbone layer `layer` on the step's rows x [R, D]; rows from `live` on come back as zeros."""
+    return block_moe(f, f"layers.{layer}", x, live, f.cfg.num_experts_per_tok, layer)
+
+
+def block_moe(
+    f, block: str, x: torch.Tensor, live: int, top_k: int, layer: int | None = None
+) -> torch.Tensor:
+    """The MoE of any block (`layers.3`, `mtp.0`) with its own top-k; `layer` names its routes in a trace."""
     cfg, w = f.cfg, f.weights
-    p = f"layers.{layer}.ffn"
+    p = f"{block}.ffn"
     weights, ids = route(f.ops, x, w.native(f"{p}.gate.weight"), w.native(f"{p}.gate.bias"),
-                         cfg.num_experts_per_tok, cfg.routed_scaling_factor, cfg.norm_topk_prob)  # fmt: skip
-    if f.routes is not None:
+                         top_k, cfg.routed_scaling_factor, cfg.norm_topk_prob)  # fmt: skip
+    if f.routes is not None and layer is not None:
         f.routes.append((layer, ids[:live].clone()))
-    y = f.ops.moe(x[:live], ids[:live], weights[:live], w.experts(f"layers.{layer}"), cfg.swiglu_limit)
+    y = f.ops.moe(x[:live], ids[:live], weights[:live], w.experts(block), cfg.swiglu_limit)
     if live < x.shape[0]:
         y = torch.cat((y, torch.zeros(x.shape[0] - live, y.shape[1], dtype=y.dtype, device=y.device)))
     return y
