@@ -1,4 +1,4 @@
-"""Drafting on the reference runner: each slot's DSpark context of committed target rows, and its drafts.
+"""Drafting on the dsv41 runners (reference, fast): each slot's DSpark context of committed target rows, and its drafts.
 
 The runner hands a slot drafter the target hidden rows of committed positions only (`commit`); rows a verify
 step fed are committed once the engine says how many it kept, so the drafter never sees a rejected row and
@@ -57,7 +57,7 @@ class SlotContext:
 
 
 class DsparkSlots:
-    """The DSpark drafter (`DsparkDrafter`) over every slot of a runner."""
+    """A DSpark drafter over every slot of a runner (`DsparkDrafter`, or fast/dspark.py's, which has its interface)."""
 
     def __init__(self, drafter: DsparkDrafter) -> None:
         self.drafter = drafter

@@ -46,8 +46,8 @@ def build_fast(
 ) -> FastRunner:
     """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
-    compiles the small-op stages (fusion.py); `draft` builds the DSpark drafter when the image has one (and
-    the step's hidden capture for it)."""
+    compiles the small-op stages (fusion.py); `draft` builds the DSpark drafter on the arena (fast/dspark.py)
+    when the image has one, and the step's hidden capture for it."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -101,12 +101,17 @@ def build_fast(
 
         tables = tables_from_segments(weights.host_array)
         row_lo = tuple(int(r[0]) for r in weights.host_array(SEG_ROW_RANGES))
-    drafter, note = _drafter(opened, dev) if draft else (None, "built without a drafter (draft=False)")
-    capture = () if drafter is None else tuple(drafter.target_layers)
+    capture = tuple(cfg.dspark_target_layer_ids) if draft and cfg.num_nextn_predict_layers > 0 else ()
     buffers = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev, len(capture) * cfg.hidden_size)
-    forward = FastForward(
-        cfg, weights, ops, kv, RopeTables(cfg, tokens_per_slot, dev), buffers, tables is not None, capture
-    )
+    rope = RopeTables(cfg, tokens_per_slot, dev)
+    forward = FastForward(cfg, weights, ops, kv, rope, buffers, tables is not None, capture)
+    drafter, note = None, "built without a drafter (draft=False)"
+    if draft:
+        from tfc.runtime.models.dsv41.fast.dspark import fast_dspark_slots
+
+        drafter, note = fast_dspark_slots(forward)
+        if drafter is None:
+            forward.capture = ()  # nothing reads the rows
     eos = () if cfg.eos_token_id is None else (int(cfg.eos_token_id),)
     warnings = ()
     if cfg.engram_layer_ids and tables is None:
@@ -115,15 +120,3 @@ def build_fast(
     info = ModelInfo(FAMILY, cfg.vocab_size, tokens_per_slot, cfg.bos_token_id, eos, warnings)
     return FastRunner(forward, booted.graphs, tables, row_lo, info, Capacity(slots, tokens_per_slot), buckets,
                       getattr(ops, "notes", ()), drafter, note)  # fmt: skip
-
-
-def _drafter(opened: Any, device: torch.device) -> tuple[Any, str]:
-    """The DSpark drafter (DsparkSlots) over the image's mtp blocks, or None and why not. For now the reference
-    drafter: its blocks, embedding and head decoded to dense fp32 on the host when it first drafts, then moved
-    to `device` (docs/drafting.md)."""
-    from tfc.runtime.models.dsv41.drafting import dspark_slots
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
-    from tfc.runtime.models.dsv41.weights import dense_from_opened
-
-    cfg, dense = dense_from_opened(opened)
-    return dspark_slots(Dsv41Model(cfg, dense, dtype=torch.float32, device=device, engram=False))

@@ -5,7 +5,8 @@ of the tokens that follow bit for bit, and every KV row a later read can reach b
 positions inside the window, compressor rows of the pending group, entries and index keys of complete
 groups, the pages it holds); rollbacks inside a ratio-2 group, across group boundaries, at the ring's wrap and
 across a page (window 32, pages of 32 tokens). Through the engine, drafted == serial by token_sha, greedy and
-seeded, solo and at once, with a scripted drafter (accepting none, some or all of a round) and the DSpark one.
+seeded, solo and at once, with a scripted drafter (accepting none, some or all of a round) and the DSpark one
+(the fast drafter, whose drafts on the fast runner are the reference runner's with the reference drafter).
 """
 
 from __future__ import annotations
@@ -184,6 +185,9 @@ def test_hidden_rows_reach_the_drafter_once_committed_and_match_the_reference(fr
 
 @pytest.mark.slow
 def test_dspark_drafts_on_the_fast_runner_are_the_reference_runners(fresh, reference):
+    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+
+    assert isinstance(fresh.drafter.drafter, FastDsparkDrafter)  # the blocks on the arena, not dense
     drafts = []
     try:
         for runner in (fresh, reference):

@@ -1,0 +1,177 @@
+"""The DSpark drafter on the arena: the reference drafter's maths (runtime/models/dsv41/dspark.py) in fp32.
+
+Its blocks' EXL3 groups go through the fast forward's EXL3 products, their experts through the MoE kernel on
+the image's `mtp.*` expert tables, natives are read as stored; nothing is decoded to dense. Per block j the
+context keys of committed positions are FP8(rope(kv_norm_j(main_x @ wkv_j))) unpacked from the window-row
+format (kv_rows.py: what the reference's FP8 quantiser gives, bit for bit) into each sequence's ring; a draft
+block is the fast forward's mHC block (forward.py `mhc_sites`) with an attention of every draft row over the
+ring's last min(window, P) keys and the block's own keys (no mask) and the block's MoE (its own top-k). Same
+interface as `DsparkDrafter` (`observe`, `draft`, `DraftState`), so `DsparkSlots` runs either. One sequence
+at a time and not graphed: a draft is a few small steps after the target's, not a captured one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from tfc.runtime.models.dsv41.dspark import CONFIDENCE, SUFFIXES, Draft, DraftError, greedy
+from tfc.runtime.models.dsv41.dspark_state import DraftState, context
+from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows
+from tfc.runtime.models.dsv41.fast.forward import FastForward, mhc_sites
+from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, rms_norm
+from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
+from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp8
+from tfc.runtime.models.dsv41.fast.moe import block_moe
+from tfc.runtime.models.dsv41.fast.rope import RopeTables, apply_rope
+from tfc.runtime.models.dsv41.state import WindowRing
+
+
+class FastDsparkDrafter:
+    """The DSpark blocks (`mtp.*`) of a fast forward's image, through its ops on the arena's views."""
+
+    def __init__(self, forward: FastForward) -> None:
+        cfg = forward.cfg
+        if cfg.num_nextn_predict_layers < 1 or cfg.dspark_block_size < 1 or not cfg.dspark_target_layer_ids:
+            raise DraftError("the model config has no DSpark drafter (num_nextn_predict_layers, dspark_*)")
+        if cfg.dspark_noise_token_id is None or not 0 <= cfg.dspark_noise_token_id < cfg.vocab_size:
+            raise DraftError(f"dspark_noise_token_id {cfg.dspark_noise_token_id} is not a token id")
+        self.f = forward
+        self.config = cfg
+        self.blocks = tuple(f"mtp.{j}" for j in range(cfg.num_nextn_predict_layers))
+        self.block_size = cfg.dspark_block_size
+        self.target_layers = cfg.dspark_target_layer_ids
+        self._names = {s: self._stored(s) for s in SUFFIXES}
+        self._confidence = self._stored(CONFIDENCE, optional=True)
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        for block in self.blocks:  # every tensor a draft reads, checked now rather than at the first draft
+            forward.weights.experts(block)
+            for name in ("wq_a", "wq_b", "wkv", "wo_b", *(f"wo_a.slice.{g}" for g in range(cfg.o_groups))):
+                forward.weights.linear(f"{block}.attn.{name}")
+        forward.weights.linear(self._names["main_proj"])
+        # Rope rows past the slot's last position: a draft block's, and a padded piece of observed rows.
+        past = max(MAX_ROWS, self.block_size)
+        self.rope = RopeTables(cfg, forward.rope.positions + past, forward.kv.device)
+
+    def _stored(self, suffix: str, optional: bool = False) -> str | None:
+        """The name of a drafter-wide tensor: the latest mtp.i that holds it."""
+        w = self.f.weights
+        for block in reversed(self.blocks):
+            name = f"{block}.{suffix}"
+            if w.has(name) or w.has(f"{name}.trellis"):
+                return name
+        if optional:
+            return None
+        raise DraftError(f"the image has no DSpark tensor {suffix!r} in any of {', '.join(self.blocks)}")
+
+    def new_state(self) -> DraftState:
+        """An empty drafter state for one new sequence."""
+        return DraftState()
+
+    def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
+        """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
+        cfg, f = self.config, self.f
+        width = len(self.target_layers) * cfg.hidden_size
+        hidden = torch.as_tensor(target_hidden).to(f.kv.device, torch.float32)
+        if hidden.dim() != 2 or hidden.shape[1] != width:
+            raise DraftError(f"target hidden must be [n, {width}], got {tuple(hidden.shape)}")
+        if hidden.shape[0] == 0:
+            return
+        for j in range(len(self.blocks)):
+            if j not in state.windows:
+                state.windows[j] = WindowRing(cfg.sliding_window, cfg.head_dim, torch.float32, f.kv.device)
+        keep = min(hidden.shape[0], cfg.sliding_window)  # only the last window reach the rings
+        first = state.position + hidden.shape[0] - keep
+        norm = f.weights.native(self._names["main_norm.weight"])
+        for lo in range(0, keep, MAX_ROWS):  # 16-row pieces (the products' limit), padded: one shape each
+            n = min(MAX_ROWS, keep - lo)
+            rows = torch.zeros(MAX_ROWS, width, device=hidden.device)
+            rows[:n] = hidden[hidden.shape[0] - keep + lo :][:n]
+            main_x = rms_norm(f.lin(rows, self._names["main_proj"]), norm, cfg.rms_norm_eps)
+            cos, sin = self.rope.rows("main", first + lo + torch.arange(MAX_ROWS, device=hidden.device))
+            for j, block in enumerate(self.blocks):
+                state.windows[j].write(first + lo, self._keys(main_x, block, cos, sin)[:n])
+        state.position += hidden.shape[0]
+
+    def draft(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None = None,
+              choose: Callable[[torch.Tensor], int] = greedy) -> Draft:  # fmt: skip
+        """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
+        cfg, f = self.config, self.f
+        k = self.block_size if k is None else k
+        if not 1 <= k <= self.block_size:
+            raise DraftError(f"k = {k}: a DSpark block drafts 1 to {self.block_size} tokens")
+        if not 0 <= last_token < cfg.vocab_size:
+            raise DraftError(f"last token {last_token} is outside the vocabulary [0, {cfg.vocab_size})")
+        self.observe(state, target_hidden)
+        if state.position == state.start:
+            raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
+        dev, start, n = f.kv.device, state.position, self.block_size
+        ids = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
+        ids[0] = last_token
+        positions = torch.arange(start, start + n, device=dev)
+        streams = f.weights.native("embed.weight")[ids].float().unsqueeze(-2).expand(-1, cfg.hc_mult, -1)
+        streams, pre = streams.contiguous(), first_pre((n,), cfg.hc_mult, torch.float32, dev)
+        for j, block in enumerate(self.blocks):
+            ctx = context(state.windows[j], start, state.start)
+            attend_block = partial(self._attention, j, positions=positions, ctx=ctx)
+            ffn = partial(block_moe, f, block, live=n, top_k=cfg.dspark_num_experts_per_tok)
+            streams, pre = mhc_sites(f, block, streams, pre, attend_block, ffn)
+        x = hc_collapse(streams, pre)
+        norm = f.weights.native(self._names["norm.weight"])
+        base = f.lin(rms_norm(x, norm, cfg.rms_norm_eps), "head")
+        embed, head, proj = self._heads()
+        tokens, logits, confidence = [int(last_token)], [], []
+        for i in range(k):
+            prev = embed[tokens[-1]]
+            logits.append(base[i] + head @ prev)
+            if proj is not None:
+                confidence.append(torch.dot(torch.cat((x[i], prev)), proj))
+            tokens.append(int(choose(logits[-1])))
+        conf = torch.stack(confidence) if confidence else None
+        return Draft(tuple(tokens[1:]), torch.stack(logits), base, conf)
+
+    def _heads(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The Markov embedding [V, r] and head [V, r] and the confidence projection [D + r] in fp32 (made once)."""
+        if self._held is None:
+            w = self.f.weights
+            proj = None if self._confidence is None else w.native(self._confidence).float().reshape(-1)
+            self._held = (w.native(self._names["markov_head.embed.weight"]).float(),
+                          w.native(self._names["markov_head.head.weight"]).float(), proj)  # fmt: skip
+        return self._held
+
+    def _keys(self, x: torch.Tensor, block: str, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """FP8 K=V latents [n, head_dim] of rows x, as a swa layer's window rows read back."""
+        f, p = self.f, f"{block}.attn"
+        rows = window_rows(f.lin(x, f"{p}.wkv"), f.weights.native(f"{p}.kv_norm.weight"),
+                           self.config.rms_norm_eps, cos, sin)  # fmt: skip
+        return unpack_fp8(rows, self.config.head_dim)
+
+    def _attention(self, j: int, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Block j's attention of the draft rows x [B, D] over its context keys ctx [c, head_dim] and their own."""
+        cfg, f, p = self.config, self.f, f"{self.blocks[j]}.attn"
+        rows, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
+        cos, sin = self.rope.rows("main", positions)
+        q_res = rms_norm(f.lin(x, f"{p}.wq_a"), f.weights.native(f"{p}.q_norm.weight"), eps)
+        q = rope_heads(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin)
+        keys = torch.cat((ctx, self._keys(x, self.blocks[j], cos, sin))).unsqueeze(0).expand(rows, -1, -1)
+        valid = torch.ones(keys.shape[:2], dtype=torch.bool, device=x.device)
+        out = attend(q, keys, valid, f.weights.native(f"{p}.attn_sink"))
+        out = apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+        per = heads // cfg.o_groups
+        groups = [
+            f.lin(out[:, g * per : (g + 1) * per].reshape(rows, -1), f"{p}.wo_a.slice.{g}")
+            for g in range(cfg.o_groups)
+        ]
+        return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")
+
+
+def fast_dspark_slots(forward: FastForward):
+    """The fast DSpark drafter over every slot (DsparkSlots), or None and why not."""
+    from tfc.runtime.models.dsv41.drafting import DsparkSlots
+    from tfc.runtime.models.dsv41.fast.weights import FastWeightError
+
+    try:
+        return DsparkSlots(FastDsparkDrafter(forward)), ""
+    except (DraftError, FastWeightError) as error:
+        return None, str(error).splitlines()[0]
