@@ -55,13 +55,16 @@ def first_token(client, prompt: list[int]) -> dict:
     return {"ttft_s": first - sent, "cached_tokens": cached, "token_sha": sha}
 
 
-def ttft(image: str, device: str, tokens: int, reps: int, vocab: int) -> dict:
+def ttft(
+    image: str, device: str, tokens: int, reps: int, vocab: int, extra: tuple[str, ...], logs: Path
+) -> dict:
     from openai import OpenAI
 
     rows = []
-    common = ("--model-name", "m", "--max-seqs", "2")
-    with ServerProcess(image, *common, "--no-prefix-cache", env=ENV, device=device) as plain, \
-            ServerProcess(image, *common, "--prefix-cache-gib", "8", env=ENV, device=device) as caching:  # fmt: skip
+    common = ("--model-name", "m", "--max-seqs", "2", *extra)
+    opts = {"env": ENV, "device": device, "ready_s": 600.0}  # a first start on a GPU compiles its kernels
+    with ServerProcess(image, *common, "--no-prefix-cache", log=logs / "plain.log", **opts) as plain, \
+            ServerProcess(image, *common, "--prefix-cache-gib", "8", log=logs / "caching.log", **opts) as caching:  # fmt: skip
         fresh = OpenAI(base_url=plain.url + "/v1", api_key="b", max_retries=0, timeout=900)
         cached = OpenAI(base_url=caching.url + "/v1", api_key="b", max_retries=0, timeout=900)
         first_token(fresh, [1, 2, 3])
@@ -124,12 +127,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=3500, help="turn 1's prompt ids")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=600, help="ids are drawn from [1, vocab)")
+    ap.add_argument(
+        "--tokenizer", help="a tokenizer.json for an image that carries none (tfc serve --tokenizer)"
+    )
     args = ap.parse_args()
+    extra = ("--tokenizer", args.tokenizer) if args.tokenizer else ()
     with tempfile.TemporaryDirectory() as tmp:
         image = args.image or build_image(Path(tmp))
         res: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",
                      "image": args.image or "tfc fixture tiny, TP=1", "device": args.device, "tokens": args.tokens}  # fmt: skip
-        res["ttft"] = ttft(image, args.device, args.tokens, args.reps, args.vocab)
+        res["ttft"] = ttft(image, args.device, args.tokens, args.reps, args.vocab, extra, Path(tmp))
         res["restore"] = restore_rate(image, args.device, args.tokens, args.reps, args.vocab)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))

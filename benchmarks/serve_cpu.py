@@ -51,9 +51,12 @@ def build_image(tmp: Path) -> str:
     return tfc("prepare", str(tmp / "pack"), "--tp", "1", "--store", str(tmp / "store"))
 
 
+EXTRA: list[str] = []  # options for an image without a tokenizer: ["--tokenizer", FILE] (serve and generate)
+
+
 def generate_rate(image: str, tokens: int, device: str = "cpu") -> dict:
     out = json.loads(tfc("generate", image, "--prompt", PROMPT, "--max-tokens", str(tokens), "--ignore-eos",
-                         "--device", device, "--json"))  # fmt: skip
+                         "--device", device, "--json", *EXTRA))  # fmt: skip
     return {"decode_tok_s": out["decode_tok_s"], "tokens": len(out["tokens"]), "token_sha": out["token_sha"]}
 
 
@@ -100,9 +103,9 @@ def level(client, streams: int, reqs: int, tokens: int) -> dict:
 
 def ready_time(image: str, device: str = "cpu") -> float:
     started = time.perf_counter()
-    proc = ServerProcess(image, "--model-name", "tiny", env=ENV, device=device)
+    proc = ServerProcess(image, "--model-name", "tiny", *EXTRA, env=ENV, device=device)
     try:
-        proc.wait_ready(300)
+        proc.wait_ready(600)
         return time.perf_counter() - started
     finally:
         proc.stop()
@@ -119,7 +122,12 @@ def main() -> None:
     ap.add_argument("--image", help="serve this prepared image instead of building the tiny one")
     ap.add_argument("--device", default="cpu", help="cpu (the reference forward) or cuda (the fast forward)")
     ap.add_argument("--no-levels", action="store_true", help="skip the 1/4/16-stream levels")
+    ap.add_argument(
+        "--tokenizer", help="a tokenizer.json for an image that carries none (tfc serve --tokenizer)"
+    )
     args = ap.parse_args()
+    if args.tokenizer:
+        EXTRA.extend(("--tokenizer", args.tokenizer))
     from openai import OpenAI
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +138,16 @@ def main() -> None:
         if args.device != "cpu":  # the first start compiles the kernels into the store; time the restarts
             result["first_start_s"] = ready_time(image, args.device)
         with ServerProcess(
-            image, "--model-name", "tiny", "--max-seqs", "16", env=ENV, device=args.device
+            image,
+            "--model-name",
+            "tiny",
+            "--max-seqs",
+            "16",
+            *EXTRA,
+            env=ENV,
+            device=args.device,
+            ready_s=600.0,
+            log=Path(tmp) / "serve.log",
         ) as server:
             client = OpenAI(base_url=server.url + "/v1", api_key="bench", max_retries=0, timeout=600)
             stream_one(client, 4)  # warm the route

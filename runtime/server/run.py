@@ -48,6 +48,7 @@ class ServeOptions:
     disk_cache: Path | None = None
     disk_cache_gib: float = 16.0
     draft: bool = True
+    tokenizer: Path | None = None  # a tokenizer.json instead of the image's
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -213,7 +214,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.engine import Engine, EngineConfig
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
-    from tfc.runtime.engine.tokenizer import image_tokenizer
+    from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
     from tfc.runtime.parallel.session import lead_or_follow
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
@@ -222,7 +223,10 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     for p in worker.booted.phases.phases:
         say(f"boot {p.name:<8} {p.seconds * 1e3:9.1f} ms  {p.note}")
     with worker.booted.phases.time("tokenizer"):
-        tokenizer = image_tokenizer(worker.booted.image, str(options.image))
+        if options.tokenizer is not None:
+            tokenizer = tokenizer_from_file(options.tokenizer)
+        else:
+            tokenizer = image_tokenizer(worker.booted.image, str(options.image))
     runner = load()
     model_phase = worker.booted.phases.phases[-1]
     say(f"boot {model_phase.name:<8} {model_phase.seconds * 1e3:9.1f} ms  {model_phase.note}")

@@ -32,9 +32,11 @@ class ServerProcess:
         env: dict | None = None,
         log: Path | None = None,
         device: str = "cpu",
+        ready_s: float = 90.0,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.ready_s = ready_s  # how long `with` waits for /health
         self.log_path = log
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         cmd = [
@@ -127,7 +129,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         try:
-            return self.wait_ready()
+            return self.wait_ready(self.ready_s)
         except BaseException:
             self.stop()
             raise

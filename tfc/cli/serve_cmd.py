@@ -56,12 +56,14 @@ from tfc.cli.world_cmd import launch_if_world
               help="A folder for states pushed out of memory (digested files, removed when the server stops).")  # fmt: skip
 @click.option("--disk-cache-gib", type=click.FloatRange(0), default=16.0, show_default=True,
               help="Bytes --disk-cache may hold (GiB).")  # fmt: skip
+@click.option("--tokenizer", "tokenizer_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A tokenizer.json to use instead of the one the image carries.")  # fmt: skip
 @click.option("--draft/--no-draft", default=True, show_default=True,
               help="Draft tokens with the model's DSpark blocks and verify them in one step, where the runner can "
                    "(same tokens as without; a request's \"draft\": false turns it off for that request).")  # fmt: skip
 def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
           device, dtype, no_graphs, jobs, drain_s, prefix_cache, prefix_cache_gib, host_cache_gib, disk_cache,
-          disk_cache_gib, draft) -> None:  # fmt: skip
+          disk_cache_gib, tokenizer_path, draft) -> None:  # fmt: skip
     """Serve IMAGE (an image folder, or a TP=1 rank folder) over an OpenAI-compatible HTTP API.
 
     The worker boots while /health answers 503 "booting"; once the model is loaded and warmed up,
@@ -84,6 +86,7 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
         device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
         max_waiting=max_waiting, prefix_cache=prefix_cache, prefix_cache_gib=prefix_cache_gib,
         host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib, draft=draft,
+        tokenizer=tokenizer_path,
     )  # fmt: skip
     world = join_world(
         "serve", image, device, not no_graphs, dtype=dtype, slots=max_seqs, context=max_context

@@ -121,3 +121,13 @@ def test_port_in_use_is_one_line(served_image, server, tmp_path):
     r = subprocess.run([sys.executable, "-m", "tfc", "serve", served_image, "--port", str(server.port)],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("tfc: error: cannot listen")
+
+
+@pytest.mark.slow
+def test_a_tokenizer_file_replaces_the_images_and_a_bad_one_is_one_line(served_image, tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    proc = ServerProcess(served_image, "--tokenizer", str(bad), log=tmp_path / "log")
+    assert proc.proc.wait(90) == 2
+    lines = [x for x in proc.output().splitlines() if x.startswith("tfc: error:")]
+    assert len(lines) == 1 and "not a usable tokenizer.json" in lines[0] and "Traceback" not in proc.output()
