@@ -2,9 +2,10 @@
 # The H200 checks of the serving half, one device call each (the machine is fresh every call: setup and the
 # 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
 #   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's GPU test, test_fast_gpu.py whole: tiny image and the Flash slice (#19)
-#   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k), prefix cache (#19, #24, #25)
-#   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20);
-#                                             # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
+#   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
+#   bash benchmarks/h200_serving.sh serve     # prefix cache at 16k tokens (#25); tfc serve on the slice: overhead,
+#                                             # start-to-ready, restarts (#20)
+#   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 # Every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
 # runs those tests first with short tracebacks (TFC_H200_TESTS_S seconds, default 150).
 set -u
@@ -26,13 +27,18 @@ case "${1:-tests}" in
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
   speed)
     timeout 220 python3 benchmarks/decode_h200.py --image "$IMG" --quick --time-anyway --out "$OUT/decode_h200.json" --budget-s 160 \
-      2>&1 | grep "^\[" | tee "$OUT/decode.log"
-    timeout 130 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
-      --vocab 120000 --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -20 ;;
+      2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   serve)
-    timeout 420 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 3 \
-      --out "$OUT/serve_h200.json" 2>&1 | tail -8
+    (cd /tmp && python3 -m tfc fixture tiny "$WORK/tiny" > /dev/null)  # its tokenizer.json: the slice carries none
+    TOK=$WORK/tiny/tokenizer.json
+    (cd /tmp && timeout 70 python3 -m tfc generate "$(python3 -m tfc prepare "$WORK/tiny" --store "$WORK/tstore" | tail -1)" \
+      --prompt "Hello there" --max-tokens 12 --device cuda --json 2>&1 | tail -c 700) | tee "$OUT/tiny_generate.txt"
+    timeout 180 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
+      --vocab 600 --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30
+    timeout 240 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 1 \
+      --tokenizer "$TOK" --out "$OUT/serve_h200.json" 2>&1 | tail -30 ;;
+  parallel)
     timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|parallel" >&2; exit 2 ;;
 esac
