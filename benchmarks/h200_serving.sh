@@ -34,9 +34,9 @@ case "${1:-tests}" in
     (cd /tmp && timeout 70 python3 -m tfc generate "$(python3 -m tfc prepare "$WORK/tiny" --store "$WORK/tstore" | tail -1)" \
       --prompt "Hello there" --max-tokens 12 --device cuda --json 2>&1 | tail -c 700) | tee "$OUT/tiny_generate.txt"
     timeout 180 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
-      --vocab 600 --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30
+      --vocab 600 --tokenizer "$TOK" --no-draft --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30
     timeout 240 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 1 \
-      --tokenizer "$TOK" --out "$OUT/serve_h200.json" 2>&1 | tail -30 ;;
+      --tokenizer "$TOK" --no-draft --out "$OUT/serve_h200.json" 2>&1 | tail -30 ;;
   parallel)
     timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;

@@ -131,7 +131,9 @@ def main() -> None:
         "--tokenizer", help="a tokenizer.json for an image that carries none (tfc serve --tokenizer)"
     )
     args = ap.parse_args()
-    extra = ("--tokenizer", args.tokenizer) if args.tokenizer else ()
+    extra = (("--tokenizer", args.tokenizer) if args.tokenizer else ()) + (
+        ("--no-draft",) if args.no_draft else ()
+    )
     with tempfile.TemporaryDirectory() as tmp:
         image = args.image or build_image(Path(tmp))
         res: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}",

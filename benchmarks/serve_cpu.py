@@ -128,6 +128,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.tokenizer:
         EXTRA.extend(("--tokenizer", args.tokenizer))
+    if args.no_draft:
+        EXTRA.append("--no-draft")
     from openai import OpenAI
 
     with tempfile.TemporaryDirectory() as tmp:
