@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument(
         "--tokenizer", help="a tokenizer.json for an image that carries none (tfc serve --tokenizer)"
     )
+    ap.add_argument("--no-draft", action="store_true", help="serve (and generate) with --no-draft")
     args = ap.parse_args()
     extra = (("--tokenizer", args.tokenizer) if args.tokenizer else ()) + (
         ("--no-draft",) if args.no_draft else ()

@@ -125,6 +125,7 @@ def main() -> None:
     ap.add_argument(
         "--tokenizer", help="a tokenizer.json for an image that carries none (tfc serve --tokenizer)"
     )
+    ap.add_argument("--no-draft", action="store_true", help="serve (and generate) with --no-draft")
     args = ap.parse_args()
     if args.tokenizer:
         EXTRA.extend(("--tokenizer", args.tokenizer))
