@@ -3,8 +3,8 @@
 # 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
 #   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's GPU test, test_fast_gpu.py whole: tiny image and the Flash slice (#19)
 #   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
-#   bash benchmarks/h200_serving.sh serve     # prefix cache at 16k tokens (#25); tfc serve on the slice: overhead,
-#                                             # start-to-ready, restarts (#20)
+#   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
+#   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 # Every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
 # runs those tests first with short tracebacks (TFC_H200_TESTS_S seconds, default 150).
@@ -15,13 +15,13 @@ R=$PWD
   && timeout 120 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") > "$OUT/image.log" 2>&1
 IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
 if [ -n "${TFC_H200_TESTS:-}" ]; then  # pytest ids to run first, tracebacks short (a failure's details, then the part)
-  (cd /tmp && TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
+  (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
     -p no:warnings --tb=short -rA $(for t in $TFC_H200_TESTS; do echo "$R/$t"; done)) > "$OUT/retests.txt" 2>&1
   tail -40 "$OUT/retests.txt"
 fi
 case "${1:-tests}" in
   tests)
-    (cd /tmp && TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
+    (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
@@ -29,16 +29,17 @@ case "${1:-tests}" in
     timeout 220 python3 benchmarks/decode_h200.py --image "$IMG" --quick --time-anyway --out "$OUT/decode_h200.json" --budget-s 160 \
       2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   serve)
-    (cd /tmp && python3 -m tfc fixture tiny "$WORK/tiny" > /dev/null)  # its tokenizer.json: the slice carries none
-    TOK=$WORK/tiny/tokenizer.json
-    (cd /tmp && timeout 70 python3 -m tfc generate "$(python3 -m tfc prepare "$WORK/tiny" --store "$WORK/tstore" | tail -1)" \
-      --prompt "Hello there" --max-tokens 12 --device cuda --json 2>&1 | tail -c 700) | tee "$OUT/tiny_generate.txt"
-    timeout 180 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
-      --vocab 600 --tokenizer "$TOK" --no-draft --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30
-    timeout 240 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 1 \
+    TOK=$WORK/vocab_tokenizer.json  # the slice carries no tokenizer: one that names every id, so replies are text
+    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
+    timeout 420 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 1 \
       --tokenizer "$TOK" --no-draft --out "$OUT/serve_h200.json" 2>&1 | tail -30 ;;
+  prefix)
+    TOK=$WORK/vocab_tokenizer.json
+    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
+    timeout 420 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
+      --vocab 600 --no-draft --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30 ;;
   parallel)
     timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|parallel" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|parallel" >&2; exit 2 ;;
 esac
