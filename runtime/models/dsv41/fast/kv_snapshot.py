@@ -22,6 +22,7 @@ from tfc.runtime.models.snapshot_bytes import pack, unpack
 from tfc.errors import TfcError
 
 MAGIC = b"TFCKV2\n"  # 2: every fed token, not only the Engram look-back
+ALIGN = 64  # bytes: each tensor's offset in a packed host copy
 _NAME = re.compile(r"window|(pending|entries|keys)\.(\d{1,4})")
 
 
@@ -39,6 +40,7 @@ class KvSnapshot:
     pending: dict[int, torch.Tensor]  # [2, ring_l, head_dim] fp32
     entries: dict[int, torch.Tensor]  # [position // ratio, row] uint8
     keys: dict[int, torch.Tensor]
+    packed: torch.Tensor | None = None  # to_host's one buffer the tensors are views of
 
     @property
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -55,15 +57,22 @@ class KvSnapshot:
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
     def to_host(self) -> KvSnapshot:
-        """The same rows in host memory (page-locked when they were on a GPU)."""
+        """The same rows in host memory, in one buffer (page-locked when they were on a GPU) that `restore` sends
+        up in one transfer: the tensors are views of `packed`."""
+        named = self.tensors
+        pin = self.window.device.type == "cuda"
+        packed = torch.empty(_packed_bytes(named), dtype=torch.uint8, pin_memory=pin)
+        views = _views(packed, named)
+        for view, (_, t) in zip(views, named, strict=True):
+            view.copy_(t)
+        return self._with(views, packed)
 
-        def host(t: torch.Tensor) -> torch.Tensor:
-            return t.to("cpu").pin_memory() if t.device.type == "cuda" else t.clone()
-
-        return KvSnapshot(
-            self.position, self.tokens, host(self.window),
-            *({k: host(t) for k, t in d.items()} for d in (self.pending, self.entries, self.keys)),
-        )  # fmt: skip
+    def _with(self, tensors: list[torch.Tensor], packed: torch.Tensor | None) -> KvSnapshot:
+        """This snapshot with its tensors replaced (in `tensors` order)."""
+        it = iter(tensors)
+        window = next(it)
+        parts = [{layer: next(it) for layer in sorted(d)} for d in (self.pending, self.entries, self.keys)]
+        return KvSnapshot(self.position, self.tokens, window, *parts, packed=packed)
 
     def to_bytes(self) -> bytes:
         """The byte form (module docstring)."""
@@ -71,20 +80,45 @@ class KvSnapshot:
         return pack(MAGIC, fields, self.tensors, KvSnapshotError)
 
 
-def _entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
+def _packed_bytes(named: list[tuple[str, torch.Tensor]]) -> int:
+    """Bytes of one buffer holding every tensor at ALIGN-byte offsets."""
+    return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for _, t in named)
+
+
+def _views(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """Views of a uint8 buffer shaped and typed like each tensor, at the offsets _packed_bytes counts."""
+    out, at = [], 0
+    for _, t in named:
+        n = t.numel() * t.element_size()
+        out.append(buf[at : at + n].view(t.dtype).view(t.shape))
+        at += -(-n // ALIGN) * ALIGN
+    return out
+
+
+def entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
     """Row ids (in the entry / key buffers) of a slot's first `groups` entries of a ratio-`ratio` source."""
+    return _entry_rows(kv, _pages(kv, slot), ratio, groups)
+
+
+def _entry_rows(kv: KvMemory, pages: torch.Tensor, ratio: int, groups: int) -> torch.Tensor:
+    """entry_rows of the slot whose page ids (on the KV device) are `pages`."""
     per = kv.layout.entries_per_page(ratio)
-    pages = torch.tensor(kv.pool.table(slot), dtype=torch.int64, device=kv.device)
     e = torch.arange(groups, device=kv.device)
     return pages[e // per] * per + e % per
+
+
+def _pages(kv: KvMemory, slot: int) -> torch.Tensor:
+    """A slot's page ids on the KV device."""
+    return torch.tensor(kv.pool.table(slot), dtype=torch.int64).to(kv.device, non_blocking=True)
 
 
 def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
     """A copy of a slot's KV rows after its `tokens` (the slot keeps running unchanged)."""
     position = len(tokens)
     entries, keys = {}, {}
+    pages = _pages(kv, slot)
     for s in kv.layout.sources:
-        rows = _entry_rows(kv, slot, s.ratio, position // s.ratio)
+        rows = _entry_rows(kv, pages, s.ratio, position // s.ratio)
         entries[s.layer] = kv.entries[s.layer][rows]
         if s.index_keys:
             keys[s.layer] = kv.keys[s.layer][rows]
@@ -93,14 +127,19 @@ def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
 
 
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
-    """Map pages for the snapshot's position in a (released) slot and write its rows back."""
+    """Map pages for the snapshot's position in a (released) slot and write its rows back (a packed host copy
+    goes up in one transfer, then device copies; no step waits on the host in between)."""
     kv.release(slot)
     kv.ensure(slot, max(1, snap.position))
+    if snap.packed is not None:
+        staged = snap.packed.to(kv.device, non_blocking=True)
+        snap = snap._with(_views(staged, snap.tensors), None)
     kv.window[:, slot].copy_(snap.window)
     for layer, t in snap.pending.items():
         kv.pending[layer][:, slot].copy_(t)
+    pages = _pages(kv, slot)
     for s in kv.layout.sources:
-        rows = _entry_rows(kv, slot, s.ratio, snap.position // s.ratio)
+        rows = _entry_rows(kv, pages, s.ratio, snap.position // s.ratio)
         kv.entries[s.layer][rows] = snap.entries[s.layer].to(kv.device)
         if s.index_keys:
             kv.keys[s.layer][rows] = snap.keys[s.layer].to(kv.device)

@@ -19,7 +19,7 @@ import torch
 from support.dsv41_image import prepared_image
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
-from tfc.runtime.models.dsv41.fast.kv_snapshot import _entry_rows
+from tfc.runtime.models.dsv41.fast.kv_snapshot import entry_rows
 from tfc.runtime.models.dsv41.fast.runner import FastStepError
 from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner
 
@@ -68,7 +68,7 @@ def _reachable(runner, slot: int) -> dict[str, torch.Tensor]:
     out = {"window": kv.window[:, slot, seen % lay.ring], "pages": torch.tensor(len(kv.pool.table(slot))),
            "tokens": torch.tensor(runner._slots[slot].tokens)}  # fmt: skip
     for s in lay.sources:
-        rows = _entry_rows(kv, slot, s.ratio, q // s.ratio)
+        rows = entry_rows(kv, slot, s.ratio, q // s.ratio)
         out[f"entries.{s.layer}"] = kv.entries[s.layer][rows]
         if s.index_keys:
             out[f"keys.{s.layer}"] = kv.keys[s.layer][rows]

@@ -47,7 +47,10 @@ def test_a_restored_slot_continues_as_the_original(fast, at):
         fast.execute(StepPlan((SequenceStep(0, tuple(PROMPT[:at]), 0),)))
         snap = fast.snapshot(0)
         want = _feed(fast, 0, TAIL, at)
-        for slot, entry in ((1, snap), (2, snap.to_host()), (3, fast.load_snapshot(snap.to_bytes()))):
+        host = snap.to_host()  # one buffer, every tensor a view of it (restore sends it up in one transfer)
+        base = host.packed.untyped_storage().data_ptr()
+        assert all(t.untyped_storage().data_ptr() == base for _, t in host.tensors)
+        for slot, entry in ((1, snap), (2, host), (3, fast.load_snapshot(snap.to_bytes()))):
             fast.restore(slot, entry)
             got = _feed(fast, slot, TAIL, at)
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), (at, slot)
