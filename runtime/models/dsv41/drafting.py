@@ -104,6 +104,20 @@ class DsparkSlots:
         self.contexts.pop(slot, None)
 
 
+def propose_checked(drafter: SlotDrafter, slot: int, tokens: Sequence[int], last_token: int, k: int, block: int,
+                    vocab: int, choose: Choose | None) -> tuple[int, ...]:  # fmt: skip
+    """A runner's draft: up to min(k, block) of the drafter's tokens after `last_token` (default pick: the highest
+    logit), ValueError for a token outside [0, vocab)."""
+    k = min(k, block)
+    if k < 1:
+        return ()
+    pick = choose or (lambda _, logits: int(torch.argmax(logits)))
+    out = tuple(int(t) for t in drafter.propose(slot, tokens, last_token, k, pick))[:k]
+    if any(not 0 <= t < vocab for t in out):
+        raise ValueError(f"slot {slot}: a draft {out} outside the vocabulary [0, {vocab})")
+    return out
+
+
 def dspark_slots(model: Dsv41Model) -> tuple[DsparkSlots | None, str]:
     """The DSpark drafter over a model's mtp blocks (decoded when first drafted), or None and why not."""
     try:

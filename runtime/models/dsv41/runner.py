@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY
-from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, dspark_slots
+from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, dspark_slots, propose_checked
 from tfc.runtime.models.dsv41.engram import EngramFeed
 from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.state import Mark, SequenceState
@@ -108,16 +108,11 @@ class ReferenceRunner:
         if state is None:
             raise StepError(f"slot {slot} holds no sequence to draft for")
         self._settle(slot)
-        k = min(k, self.draft_block)
-        if k < 1:
-            return ()
-        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
-        tokens = tuple(int(t) for t in self.drafter.propose(slot, state.tokens, last_token, k, pick))[:k]
-        if any(not 0 <= t < self.info.vocab_size for t in tokens):
-            raise StepError(
-                f"slot {slot}: a draft {tokens} outside the vocabulary [0, {self.info.vocab_size})"
-            )
-        return tokens
+        try:
+            return propose_checked(self.drafter, slot, state.tokens, last_token, k, self.draft_block,
+                                   self.info.vocab_size, choose)  # fmt: skip
+        except ValueError as error:
+            raise StepError(str(error)) from None
 
     def rollback(self, slot: int, position: int) -> None:
         """Keep the rows of a slot's last verify step before `position`; the drafter gets those rows."""

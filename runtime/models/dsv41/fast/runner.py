@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter
+from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, propose_checked
 from tfc.runtime.models.dsv41.fast.forward import FastForward
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
@@ -114,16 +114,11 @@ class FastRunner:
         if state is None:
             raise FastStepError(f"slot {slot} holds no sequence to draft for")
         self._settle(slot)
-        k = min(k, self.draft_block)
-        if k < 1:
-            return ()
-        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
-        tokens = tuple(int(t) for t in self.drafter.propose(slot, state.tokens, last_token, k, pick))[:k]
-        if any(not 0 <= t < self.info.vocab_size for t in tokens):
-            raise FastStepError(
-                f"slot {slot}: a draft {tokens} outside the vocabulary [0, {self.info.vocab_size})"
-            )
-        return tokens
+        try:
+            return propose_checked(self.drafter, slot, state.tokens, last_token, k, self.draft_block,
+                                   self.info.vocab_size, choose)  # fmt: skip
+        except ValueError as error:
+            raise FastStepError(str(error)) from None
 
     def rollback(self, slot: int, position: int) -> None:
         """Keep the rows of a slot's last verify step before `position` (a position reset: rollback.py); the
