@@ -104,18 +104,40 @@ class DsparkSlots:
         self.contexts.pop(slot, None)
 
 
-def propose_checked(drafter: SlotDrafter, slot: int, tokens: Sequence[int], last_token: int, k: int, block: int,
-                    vocab: int, choose: Choose | None) -> tuple[int, ...]:  # fmt: skip
-    """A runner's draft: up to min(k, block) of the drafter's tokens after `last_token` (default pick: the highest
-    logit), ValueError for a token outside [0, vocab)."""
-    k = min(k, block)
-    if k < 1:
-        return ()
-    pick = choose or (lambda _, logits: int(torch.argmax(logits)))
-    out = tuple(int(t) for t in drafter.propose(slot, tokens, last_token, k, pick))[:k]
-    if any(not 0 <= t < vocab for t in out):
-        raise ValueError(f"slot {slot}: a draft {out} outside the vocabulary [0, {vocab})")
-    return out
+class DraftingRunner:
+    """`draft` as both DeepSeek-V4.1 runners serve it: a subclass sets `drafter`, `draft_note`, `draft_block`,
+    `info`, `step_error` (the error it raises) and gives `_fed_tokens` and `_settle`."""
+
+    drafter: SlotDrafter | None
+    draft_note: str
+    step_error: type[Exception] = ValueError
+
+    def _fed_tokens(self, slot: int) -> Sequence[int] | None:
+        """The tokens a slot was fed (None: the slot holds no sequence)."""
+        raise NotImplementedError
+
+    def _settle(self, slot: int) -> None:
+        """Commit a verify step the engine did not roll back."""
+        raise NotImplementedError
+
+    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet); `choose(i, logits)`
+        picks draft i (default: the highest logit)."""
+        if self.drafter is None:
+            raise self.step_error(f"this runner cannot draft ({self.draft_note})")
+        tokens = self._fed_tokens(slot)
+        if tokens is None:
+            raise self.step_error(f"slot {slot} holds no sequence to draft for")
+        self._settle(slot)
+        k = min(k, self.draft_block)
+        if k < 1:
+            return ()
+        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
+        out = tuple(int(t) for t in self.drafter.propose(slot, tokens, last_token, k, pick))[:k]
+        vocab = self.info.vocab_size
+        if any(not 0 <= t < vocab for t in out):
+            raise self.step_error(f"slot {slot}: a draft {out} outside the vocabulary [0, {vocab})")
+        return out
 
 
 def dspark_slots(model: Dsv41Model) -> tuple[DsparkSlots | None, str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY
-from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, dspark_slots, propose_checked
+from tfc.runtime.models.dsv41.drafting import DraftingRunner, SlotDrafter, dspark_slots
 from tfc.runtime.models.dsv41.engram import EngramFeed
 from tfc.runtime.models.dsv41.reference import Dsv41Model
 from tfc.runtime.models.dsv41.state import Mark, SequenceState
@@ -27,8 +27,10 @@ class StepError(TfcError):
     """A step plan the runner cannot run (unknown slot, a position that does not follow the slot's state)."""
 
 
-class ReferenceRunner:
+class ReferenceRunner(DraftingRunner):
     """Runs step plans through `Dsv41Model`; Engram rows come from the feed, hashed over each slot's history."""
+
+    step_error = StepError
 
     def __init__(
         self, model: Dsv41Model, feed: EngramFeed | None = None, slots: int = 256,
@@ -100,19 +102,9 @@ class ReferenceRunner:
                 self.drafter.commit(row.slot, row.position, kept)
         return StepOutput(tuple(o if r.verify else o[-1] for o, r in zip(out, plan.rows, strict=True)))
 
-    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet)."""
-        if self.drafter is None:
-            raise StepError(f"this runner cannot draft ({self.draft_note})")
+    def _fed_tokens(self, slot: int) -> list[int] | None:
         state = self._states.get(slot)
-        if state is None:
-            raise StepError(f"slot {slot} holds no sequence to draft for")
-        self._settle(slot)
-        try:
-            return propose_checked(self.drafter, slot, state.tokens, last_token, k, self.draft_block,
-                                   self.info.vocab_size, choose)  # fmt: skip
-        except ValueError as error:
-            raise StepError(str(error)) from None
+        return None if state is None else state.tokens
 
     def rollback(self, slot: int, position: int) -> None:
         """Keep the rows of a slot's last verify step before `position`; the drafter gets those rows."""

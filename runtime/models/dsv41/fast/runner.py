@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tfc.runtime.models.dsv41.drafting import Choose, SlotDrafter, propose_checked
+from tfc.runtime.models.dsv41.drafting import DraftingRunner, SlotDrafter
 from tfc.runtime.models.dsv41.fast.forward import FastForward
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
@@ -38,8 +38,10 @@ class _Slot:
         return len(self.tokens)
 
 
-class FastRunner:
+class FastRunner(DraftingRunner):
     """Runs step plans through `FastForward`, one slot per sequence; Engram rows hashed on the host per step."""
+
+    step_error = FastStepError
 
     def __init__(self, forward: FastForward, graphs, hash_tables, row_lo: tuple[int, ...], info: ModelInfo,
                  capacity: Capacity, buckets: tuple[int, ...], notes: Iterable[str] = (),
@@ -106,19 +108,9 @@ class FastRunner:
                 self.drafter.commit(row.slot, row.position, hidden)
         return StepOutput(tuple(out))
 
-    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet)."""
-        if self.drafter is None:
-            raise FastStepError(f"this runner cannot draft ({self.draft_note})")
+    def _fed_tokens(self, slot: int) -> list[int] | None:
         state = self._slots.get(slot)
-        if state is None:
-            raise FastStepError(f"slot {slot} holds no sequence to draft for")
-        self._settle(slot)
-        try:
-            return propose_checked(self.drafter, slot, state.tokens, last_token, k, self.draft_block,
-                                   self.info.vocab_size, choose)  # fmt: skip
-        except ValueError as error:
-            raise FastStepError(str(error)) from None
+        return None if state is None else state.tokens
 
     def rollback(self, slot: int, position: int) -> None:
         """Keep the rows of a slot's last verify step before `position` (a position reset: rollback.py); the
