@@ -112,6 +112,11 @@ class DraftingRunner:
     draft_note: str
     step_error: type[Exception] = ValueError
 
+    @property
+    def can_draft(self) -> bool:
+        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
+        return self.drafter is not None
+
     def _fed_tokens(self, slot: int) -> Sequence[int] | None:
         """The tokens a slot was fed (None: the slot holds no sequence)."""
         raise NotImplementedError

@@ -56,11 +56,6 @@ class ReferenceRunner(DraftingRunner):
         self._marks: dict[int, tuple[Mark, torch.Tensor | None]] = {}  # slot -> its open verify step
 
     @property
-    def can_draft(self) -> bool:
-        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
-        return self.drafter is not None
-
-    @property
     def draft_block(self) -> int:
         """The most tokens one draft proposes (its rows and the last token fit the window)."""
         if self.drafter is None:

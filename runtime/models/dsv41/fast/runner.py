@@ -69,11 +69,6 @@ class FastRunner(DraftingRunner):
         return self.forward.kv
 
     @property
-    def can_draft(self) -> bool:
-        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
-        return self.drafter is not None
-
-    @property
     def draft_block(self) -> int:
         """The most tokens one draft proposes (within the window and one step: rollback.py)."""
         if self.drafter is None:
