@@ -28,16 +28,13 @@ def hc_mix(
     scale: torch.Tensor,
     base: torch.Tensor,
     *,
-    norm_eps: float,
-    hc_eps: float,
     iters: int,
-    post_alpha: float = 2.0,
+    **mix: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pre [..., hc], post [..., hc], comb [..., hc, hc]) of one site from streams [..., hc, D]."""
-    pre, post, logits = hc_mix_logits.__wrapped__(
-        streams, fn, scale, base, norm_eps=norm_eps, hc_eps=hc_eps, post_alpha=post_alpha
-    )
-    return pre, post, sinkhorn(logits, iters, hc_eps)
+    """(pre [..., hc], post [..., hc], comb [..., hc, hc]) of one site from streams [..., hc, D]; `mix`: the
+    norm_eps, hc_eps (and post_alpha) of hc_mix_logits."""
+    pre, post, logits = hc_mix_logits.__wrapped__(streams, fn, scale, base, **mix)
+    return pre, post, sinkhorn(logits, iters, mix["hc_eps"])
 
 
 @wide

@@ -26,16 +26,15 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
     return plain_rms_norm(hc_collapse(streams, pre), weight, eps)
 
 
-def hc_mix(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *, norm_eps: float,
-           hc_eps: float, iters: int, post_alpha: float = 2.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def hc_mix(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *, iters: int,
+           **mix: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """mhc.hc_mix in fp32: its logits as a fused stage, its Sinkhorn in one kernel on a GPU (the loop elsewhere)."""
-    pre, post, logits = hc_mix_logits(streams, fn, scale, base, norm_eps=norm_eps, hc_eps=hc_eps,
-                                      post_alpha=post_alpha)  # fmt: skip
+    pre, post, logits = hc_mix_logits(streams, fn, scale, base, **mix)
     if logits.is_cuda:
         from tfc.kernels.mhc_sinkhorn import sinkhorn as sinkhorn_kernel
 
-        return pre, post, sinkhorn_kernel(logits, iters, hc_eps)
-    return pre, post, mhc.sinkhorn(logits, iters, hc_eps)
+        return pre, post, sinkhorn_kernel(logits, iters, mix["hc_eps"])
+    return pre, post, mhc.sinkhorn(logits, iters, mix["hc_eps"])
 
 
 def fixed_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
