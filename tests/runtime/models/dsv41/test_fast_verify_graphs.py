@@ -1,0 +1,83 @@
+"""Verify windows on the fast runner are graphed per window size like decode steps (CPU, a recording backend).
+
+A verify row of w tokens (the last token and w - 1 drafts) runs as one step keyed by row bucket w: its first
+window of each size is captured, later ones replay, and a replayed window's logits equal an eager runner's.
+The CUDA backend itself is covered by tests/runtime/models/dsv41/test_fast_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.dsv41_image import prepared_image
+from tfc.runtime.boot.rank import boot
+from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
+from tfc.runtime.models.dsv41.fast.build import build_fast
+from tfc.runtime.models.dsv41.fast.graph_keys import StepKey
+from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+PROMPT = [5, 81, 300, 7, 42, 610, 13, 99]
+
+
+class Recording:
+    """A capture backend that keeps the step and runs it again on replay, counting both."""
+
+    def __init__(self) -> None:
+        self.captured: list = []
+        self.replays = 0
+
+    def capture(self, step):
+        step()
+        self.captured.append(step)
+        return step
+
+    def replay(self, graph) -> None:
+        self.replays += 1
+        graph()
+
+    def release(self, graph) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
+
+
+def _runner(image, graphs: GraphCache | None):
+    booted = boot(image, device="cpu")
+    runner = build_fast(booted, slots=4, tokens_per_slot=512, context_step=256, page_tokens=32)
+    if graphs is not None:
+        runner.graphs = graphs
+    return booted, runner
+
+
+def _window(runner, slot: int, tokens: list[int], position: int) -> torch.Tensor:
+    runner.execute(StepPlan((SequenceStep(slot, tuple(PROMPT), 0),)))
+    out = runner.execute(StepPlan((SequenceStep(slot, tuple(tokens), position, verify=True),))).logits[0]
+    runner.release(slot)
+    return out
+
+
+def test_verify_windows_are_captured_once_per_size_and_replayed(image):
+    backend = Recording()
+    cache = GraphCache(GraphSettings(), backend=backend)
+    booted, graphed = _runner(image, cache)
+    b_eager, eager = _runner(image, GraphCache(GraphSettings(max_graphs=0)))
+    try:
+        assert not any(StepKey(w, 256) in cache for w in (2, 4, 6))
+        for w in (2, 4, 6):
+            window = [17, 402, 9, 555, 230, 61][:w]
+            first = _window(graphed, 0, window, len(PROMPT))
+            captures = len(backend.captured)
+            again = _window(graphed, 1, window, len(PROMPT))
+            assert len(backend.captured) == captures, f"window {w} captured twice"
+            assert torch.equal(first, again) and first.shape[0] == w
+            assert torch.equal(again, _window(eager, 0, window, len(PROMPT)))
+        assert all(StepKey(w, 256) in cache for w in (2, 4, 6))
+        assert backend.replays >= 3
+    finally:
+        booted.close()
+        b_eager.close()
