@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from tfc.runtime.models.dsv41.attention import attend
 from tfc.runtime.models.dsv41.block import mhc_block
+from tfc.runtime.models.dsv41.config import Dsv41Config
 from tfc.runtime.models.dsv41.csa import rms_norm
 from tfc.runtime.models.dsv41.dspark_state import DraftState, context
 from tfc.runtime.models.dsv41.mhc import first_pre, hc_collapse
@@ -71,48 +72,94 @@ def greedy(logits: torch.Tensor) -> int:
     return int(torch.argmax(logits))
 
 
-class DsparkDrafter:
-    """The three DSpark blocks (`mtp.*`) of a reference model, over its weights (`model.get`)."""
+class DsparkBase:
+    """What both DSpark drafters share: the drafter-wide tensor names, the state and the checks of their inputs."""
 
-    def __init__(self, model: Dsv41Model) -> None:
-        cfg = model.config
-        if cfg.num_nextn_predict_layers < 1 or cfg.dspark_block_size < 1 or not cfg.dspark_target_layer_ids:
-            raise DraftError("the model config has no DSpark drafter (num_nextn_predict_layers, dspark_*)")
-        if cfg.dspark_noise_token_id is None or not 0 <= cfg.dspark_noise_token_id < cfg.vocab_size:
-            raise DraftError(f"dspark_noise_token_id {cfg.dspark_noise_token_id} is not a token id")
-        if model.shard.world != 1:
-            raise DraftError("the DSpark drafter runs at TP=1 only (this rank is one of a TP world)")
-        self.model = model
+    def __init__(
+        self, cfg: Dsv41Config, has: Callable[[str], bool], missing: Callable[[str], Exception]
+    ) -> None:
+        """Name the drafter-wide tensors: has(name) says whether a tensor is stored, missing(text) is the error."""
         self.config = cfg
         self.blocks = tuple(f"mtp.{j}" for j in range(cfg.num_nextn_predict_layers))
         self.block_size = cfg.dspark_block_size
         self.target_layers = cfg.dspark_target_layer_ids
-        self._names = {s: self._stored(s) for s in SUFFIXES}
-        self._confidence = self._stored(CONFIDENCE, optional=True)
-        self._markov_t: torch.Tensor | None = None
+        self._names = {s: self._stored(s, has, missing) for s in SUFFIXES}
+        self._confidence = self._stored(CONFIDENCE, has, missing, optional=True)
 
-    def _stored(self, suffix: str, optional: bool = False) -> str | None:
+    def _stored(
+        self,
+        suffix: str,
+        has: Callable[[str], bool],
+        missing: Callable[[str], Exception],
+        optional: bool = False,
+    ) -> str | None:
         """The name of a drafter-wide tensor: the latest mtp.i that holds it."""
-        weights = self.model._weights
         for block in reversed(self.blocks):
             name = f"{block}.{suffix}"
-            if name in weights or f"{name}.weight" in weights:
+            if has(name):
                 return name
         if optional:
             return None
-        raise MissingWeight(f"weights lack DSpark tensor {suffix!r} in any of {', '.join(self.blocks)}")
+        raise missing(f"DSpark tensor {suffix!r} in any of {', '.join(self.blocks)}")
 
     def new_state(self) -> DraftState:
         """An empty drafter state for one new sequence."""
         return DraftState()
 
+    def _hidden(self, target_hidden: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The target hidden rows [n, T * D] on `device` in `dtype`, checked."""
+        width = len(self.target_layers) * self.config.hidden_size
+        hidden = torch.as_tensor(target_hidden).to(device, dtype)
+        if hidden.dim() != 2 or hidden.shape[1] != width:
+            raise DraftError(f"target hidden must be [n, {width}], got {tuple(hidden.shape)}")
+        return hidden
+
+    def _begin(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None) -> int:
+        """Check a draft request, observe its newly committed positions and give its k (default block size)."""
+        k, vocab = self.block_size if k is None else k, self.config.vocab_size
+        if not 1 <= k <= self.block_size:
+            raise DraftError(f"k = {k}: a DSpark block drafts 1 to {self.block_size} tokens")
+        if not 0 <= last_token < vocab:
+            raise DraftError(f"last token {last_token} is outside the vocabulary [0, {vocab})")
+        self.observe(state, target_hidden)
+        if state.position == state.start:
+            raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
+        return k
+
+    def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
+        """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
+        raise NotImplementedError
+
+
+def check_config(cfg: Dsv41Config) -> None:
+    """Raise DraftError unless the model config describes a DSpark drafter."""
+    if cfg.num_nextn_predict_layers < 1 or cfg.dspark_block_size < 1 or not cfg.dspark_target_layer_ids:
+        raise DraftError("the model config has no DSpark drafter (num_nextn_predict_layers, dspark_*)")
+    if cfg.dspark_noise_token_id is None or not 0 <= cfg.dspark_noise_token_id < cfg.vocab_size:
+        raise DraftError(f"dspark_noise_token_id {cfg.dspark_noise_token_id} is not a token id")
+
+
+class DsparkDrafter(DsparkBase):
+    """The three DSpark blocks (`mtp.*`) of a reference model, over its weights (`model.get`)."""
+
+    def __init__(self, model: Dsv41Model) -> None:
+        cfg = model.config
+        check_config(cfg)
+        if model.shard.world != 1:
+            raise DraftError("the DSpark drafter runs at TP=1 only (this rank is one of a TP world)")
+        self.model = model
+        weights = model._weights
+        super().__init__(
+            cfg,
+            lambda name: name in weights or f"{name}.weight" in weights,
+            lambda what: MissingWeight(f"weights lack {what}"),
+        )
+        self._markov_t: torch.Tensor | None = None
+
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
         cfg, get = self.config, self.model.get
-        width = len(self.target_layers) * cfg.hidden_size
-        hidden = torch.as_tensor(target_hidden).to(self.model.device, self.model.dtype)
-        if hidden.dim() != 2 or hidden.shape[1] != width:
-            raise DraftError(f"target hidden must be [n, {width}], got {tuple(hidden.shape)}")
+        hidden = self._hidden(target_hidden, self.model.device, self.model.dtype)
         if hidden.shape[0] == 0:
             return
         eps, names = cfg.rms_norm_eps, self._names
@@ -142,14 +189,7 @@ class DsparkDrafter:
         `last_token` is the token the target chose from the last committed position's logits; `choose` picks
         each draft token from its logits row (greedy by default; a sampler may be passed)."""
         cfg, get = self.config, self.model.get
-        k = self.block_size if k is None else k
-        if not 1 <= k <= self.block_size:
-            raise DraftError(f"k = {k}: a DSpark block drafts 1 to {self.block_size} tokens")
-        if not 0 <= last_token < cfg.vocab_size:
-            raise DraftError(f"last token {last_token} is outside the vocabulary [0, {cfg.vocab_size})")
-        self.observe(state, target_hidden)
-        if state.position == state.start:
-            raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
+        k = self._begin(state, target_hidden, last_token, k)
         device, dtype = self.model.device, self.model.dtype
         start, n = state.position, self.block_size
         ids = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=device)

@@ -11,11 +11,11 @@ their drafts. Everything is checked against serial decoding through the engine (
 from __future__ import annotations
 
 import asyncio
-import itertools
 from dataclasses import replace
 
 import pytest
 import torch
+from support.scripted_drafter import Scripted
 from tfc.runtime.engine.constraint import AllOf, BannedTokens
 from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.generate import generate, token_sha
@@ -31,36 +31,6 @@ SEEDS = torch.Generator().manual_seed(3)
 PROMPTS = [tuple(torch.randint(3, VOCAB, (26 + i % 5,), generator=SEEDS).tolist()) for i in range(16)]
 GREEDY = SamplingParams()
 PARAMS = [GREEDY if i % 2 == 0 else SamplingParams(temperature=1.0, top_p=0.9, seed=i) for i in range(16)]
-ERRORS = (0, 2, None, 1, 4, None, 3)  # where each round's draft goes wrong (None: nowhere)
-
-
-class Scripted:
-    """A drafter that proposes the serial continuation of sequences it was given, with planted errors."""
-
-    block_size = 5
-    target_layers = ()
-
-    def __init__(self, runs: list[tuple[int, ...]], errors=ERRORS) -> None:
-        self.runs, self.errors = runs, itertools.cycle(errors)
-        self.proposed = 0
-
-    def commit(self, slot, position, hidden) -> None:
-        raise AssertionError("a drafter without target layers is given no rows")
-
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
-        seen = (*tokens, last_token)
-        for run in self.runs:
-            if run[: len(seen)] == seen:
-                draft = list(run[len(seen) : len(seen) + k])
-                wrong = next(self.errors)
-                if wrong is not None and wrong < len(draft):
-                    draft[wrong] = (draft[wrong] + 1) % VOCAB
-                self.proposed += 1
-                return tuple(draft)
-        return ()
-
-    def release(self, slot) -> None:
-        pass
 
 
 @pytest.fixture
@@ -120,7 +90,7 @@ def _metric(engine: Engine, name: str) -> float:
 
 
 def test_scripted_drafts_give_serial_tokens_solo_and_sixteen_at_once(worker, serial, drafter):
-    script = drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, serial, strict=True)]))
+    script = drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, serial, strict=True)], VOCAB))
     (solo,), _ = _run(worker, _requests()[1:2])  # seeded
     assert _view(solo) == _view(serial[1]) and solo.usage.accepted_tokens > 0
     script.proposed = 0
@@ -144,7 +114,7 @@ def test_dspark_drafts_give_serial_tokens(worker, serial):
 
 
 def test_stops_and_limits_inside_a_window_end_where_serial_ends(worker, serial, drafter):
-    drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, serial, strict=True)], errors=(None,)))
+    drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, serial, strict=True)], VOCAB, errors=(None,)))
     tokens = serial[0].tokens
     text = worker.tokenizer.decode(list(tokens), skip_special_tokens=False)
     stop = text[len(text) // 3 : len(text) // 3 + 2]
@@ -176,7 +146,7 @@ def test_constrained_requests_give_serial_tokens(worker, drafter):
                 for i, p in enumerate(params)]  # fmt: skip
 
     plain, _ = _run(worker, asks(False))
-    drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, plain, strict=False)], errors=(None, 1)))
+    drafter(Scripted([p + e.tokens for p, e in zip(PROMPTS, plain, strict=False)], VOCAB, errors=(None, 1)))
     drafted, engine = _run(worker, asks(True))
     assert [_view(e) for e in drafted] == [_view(e) for e in plain]
     assert drafted[0].text.startswith("[") and engine.draft_stats()["accepted_tokens"] > 0
@@ -184,7 +154,7 @@ def test_constrained_requests_give_serial_tokens(worker, drafter):
 
 def test_generate_drafted_equals_serial_solo_and_sixteen_at_once(worker, drafter):
     plain = generate(worker, PROMPTS, GEN, PARAMS, keep_logits=True, draft=False)
-    script = drafter(Scripted([p + tuple(g.tokens) for p, g in zip(PROMPTS, plain, strict=True)]))
+    script = drafter(Scripted([p + tuple(g.tokens) for p, g in zip(PROMPTS, plain, strict=True)], VOCAB))
     (solo,) = generate(worker, PROMPTS[1:2], GEN, PARAMS[1:2], keep_logits=True)
     drafted = generate(worker, PROMPTS, GEN, PARAMS, keep_logits=True)
     for got, want in zip([solo, *drafted], [plain[1], *plain], strict=True):

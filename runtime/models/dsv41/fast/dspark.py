@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from tfc.runtime.models.dsv41.dspark import CONFIDENCE, SUFFIXES, Draft, DraftError, greedy
+from tfc.runtime.models.dsv41.dspark import Draft, DraftError, DsparkBase, check_config, greedy
 from tfc.runtime.models.dsv41.dspark_state import DraftState, context
 from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows
 from tfc.runtime.models.dsv41.fast.forward import FastForward, mhc_sites
@@ -28,22 +28,19 @@ from tfc.runtime.models.dsv41.fast.rope import RopeTables, apply_rope
 from tfc.runtime.models.dsv41.state import WindowRing
 
 
-class FastDsparkDrafter:
+class FastDsparkDrafter(DsparkBase):
     """The DSpark blocks (`mtp.*`) of a fast forward's image, through its ops on the arena's views."""
 
     def __init__(self, forward: FastForward) -> None:
         cfg = forward.cfg
-        if cfg.num_nextn_predict_layers < 1 or cfg.dspark_block_size < 1 or not cfg.dspark_target_layer_ids:
-            raise DraftError("the model config has no DSpark drafter (num_nextn_predict_layers, dspark_*)")
-        if cfg.dspark_noise_token_id is None or not 0 <= cfg.dspark_noise_token_id < cfg.vocab_size:
-            raise DraftError(f"dspark_noise_token_id {cfg.dspark_noise_token_id} is not a token id")
+        check_config(cfg)
         self.f = forward
-        self.config = cfg
-        self.blocks = tuple(f"mtp.{j}" for j in range(cfg.num_nextn_predict_layers))
-        self.block_size = cfg.dspark_block_size
-        self.target_layers = cfg.dspark_target_layer_ids
-        self._names = {s: self._stored(s) for s in SUFFIXES}
-        self._confidence = self._stored(CONFIDENCE, optional=True)
+        w = forward.weights
+        super().__init__(
+            cfg,
+            lambda name: w.has(name) or w.has(f"{name}.trellis"),
+            lambda what: DraftError(f"the image has no {what}"),
+        )
         self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
         for block in self.blocks:  # every tensor a draft reads, checked now rather than at the first draft
             forward.weights.experts(block)
@@ -54,28 +51,10 @@ class FastDsparkDrafter:
         past = max(MAX_ROWS, self.block_size)
         self.rope = RopeTables(cfg, forward.rope.positions + past, forward.kv.device)
 
-    def _stored(self, suffix: str, optional: bool = False) -> str | None:
-        """The name of a drafter-wide tensor: the latest mtp.i that holds it."""
-        w = self.f.weights
-        for block in reversed(self.blocks):
-            name = f"{block}.{suffix}"
-            if w.has(name) or w.has(f"{name}.trellis"):
-                return name
-        if optional:
-            return None
-        raise DraftError(f"the image has no DSpark tensor {suffix!r} in any of {', '.join(self.blocks)}")
-
-    def new_state(self) -> DraftState:
-        """An empty drafter state for one new sequence."""
-        return DraftState()
-
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
         cfg, f = self.config, self.f
-        width = len(self.target_layers) * cfg.hidden_size
-        hidden = torch.as_tensor(target_hidden).to(f.kv.device, torch.float32)
-        if hidden.dim() != 2 or hidden.shape[1] != width:
-            raise DraftError(f"target hidden must be [n, {width}], got {tuple(hidden.shape)}")
+        hidden = self._hidden(target_hidden, f.kv.device, torch.float32)
         if hidden.shape[0] == 0:
             return
         for j in range(len(self.blocks)):
@@ -86,7 +65,7 @@ class FastDsparkDrafter:
         norm = f.weights.native(self._names["main_norm.weight"])
         for lo in range(0, keep, MAX_ROWS):  # 16-row pieces (the products' limit), padded: one shape each
             n = min(MAX_ROWS, keep - lo)
-            rows = torch.zeros(MAX_ROWS, width, device=hidden.device)
+            rows = torch.zeros(MAX_ROWS, hidden.shape[1], device=hidden.device)
             rows[:n] = hidden[hidden.shape[0] - keep + lo :][:n]
             main_x = rms_norm(f.lin(rows, self._names["main_proj"]), norm, cfg.rms_norm_eps)
             cos, sin = self.rope.rows("main", first + lo + torch.arange(MAX_ROWS, device=hidden.device))
@@ -98,14 +77,7 @@ class FastDsparkDrafter:
               choose: Callable[[torch.Tensor], int] = greedy) -> Draft:  # fmt: skip
         """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
         cfg, f = self.config, self.f
-        k = self.block_size if k is None else k
-        if not 1 <= k <= self.block_size:
-            raise DraftError(f"k = {k}: a DSpark block drafts 1 to {self.block_size} tokens")
-        if not 0 <= last_token < cfg.vocab_size:
-            raise DraftError(f"last token {last_token} is outside the vocabulary [0, {cfg.vocab_size})")
-        self.observe(state, target_hidden)
-        if state.position == state.start:
-            raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
+        k = self._begin(state, target_hidden, last_token, k)
         dev, start, n = f.kv.device, state.position, self.block_size
         ids = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
         ids[0] = last_token

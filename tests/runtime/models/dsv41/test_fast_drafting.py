@@ -12,11 +12,11 @@ seeded, solo and at once, with a scripted drafter (accepting none, some or all o
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import pytest
 import torch
 from support.dsv41_image import prepared_image
+from support.scripted_drafter import Scripted
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.kv_snapshot import entry_rows
@@ -203,33 +203,6 @@ def test_dspark_drafts_on_the_fast_runner_are_the_reference_runners(fresh, refer
     assert ctx.state.start == 0 and ctx.end == 32
 
 
-class Scripted:
-    """A drafter that proposes the serial continuation of sequences it was given, with planted errors."""
-
-    block_size = 5
-    target_layers = ()
-
-    def __init__(self, runs: list[tuple[int, ...]], errors=(0, 2, None, 1, 4, None, 3)) -> None:
-        self.runs, self.errors = runs, itertools.cycle(errors)
-
-    def commit(self, slot, position, hidden) -> None:
-        raise AssertionError("a drafter without target layers is given no rows")
-
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
-        seen = (*tokens, last_token)
-        for run in self.runs:
-            if run[: len(seen)] == seen:
-                draft = list(run[len(seen) : len(seen) + k])
-                wrong = next(self.errors)
-                if wrong is not None and wrong < len(draft):
-                    draft[wrong] = (draft[wrong] + 1) % VOCAB
-                return tuple(draft)
-        return ()
-
-    def release(self, slot) -> None:
-        pass
-
-
 PROMPTS = [tuple(PROMPT[i : i + 24 + i % 3]) for i in range(4)]
 
 
@@ -285,7 +258,7 @@ def _sha(events) -> list[str]:
 def test_scripted_drafts_through_the_engine_give_serial_tokens_solo_and_at_once(fresh, serial):
     from tfc.runtime.engine.generate import token_sha
 
-    fresh.drafter = Scripted([p + tuple(t) for p, t in zip(PROMPTS, serial, strict=True)])
+    fresh.drafter = Scripted([p + tuple(t) for p, t in zip(PROMPTS, serial, strict=True)], VOCAB)
     solo, stats = _run(fresh, _requests()[1:2])  # seeded
     assert _sha(solo) == [token_sha(serial[1])] and stats["accepted_tokens"] > 0
     events, stats = _run(fresh, _requests())
