@@ -50,14 +50,15 @@ demo: $(VENV)/.ready
 	@$(BIN)/tfc serve $$(cat $(DEMO)/tp1.path) --port $(DEMO_PORT) --model-name tiny & pid=$$!; \
 	$(BIN)/python -c "$$DEMO_CLIENT" $(DEMO_PORT); code=$$?; kill -TERM $$pid; wait $$pid; exit $$code
 
-# The full suite (what CI runs, .ci/run). Any pytest failure fails make, exit code 5 (no tests collected) too,
-# said in one line: a run that tested nothing is not a pass.
+# The full suite (what CI runs, .ci/run), in TEST_WORKERS processes (pytest-xdist; CI has 2 cores). Any pytest
+# failure fails make, exit code 5 (no tests collected) too, said in one line: a run that tested nothing is not a pass.
+TEST_WORKERS ?= 2
 test: $(VENV)/.ready
-	$(BIN)/python -m pytest || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
 
 # The fast lane (about a minute on 2 cores): the suite without the tests marked @pytest.mark.slow.
 test-fast: $(VENV)/.ready
-	$(BIN)/python -m pytest -m "not slow" || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow" || { rc=$$?; [ $$rc -ne 5 ] || echo "make $@: pytest collected no tests" >&2; exit $$rc; }
 
 lint: $(VENV)/.ready
 	$(BIN)/ruff check .
