@@ -125,6 +125,16 @@ def test_port_in_use_is_one_line(served_image, server, tmp_path):
 
 @pytest.mark.slow
 def test_a_tokenizer_file_replaces_the_images_and_a_bad_one_is_one_line(served_image, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(640)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.save(str(tmp_path / "words.json"))
+    with ServerProcess(
+        served_image, "--tokenizer", str(tmp_path / "words.json"), log=tmp_path / "ok.log"
+    ) as s:
+        status, out, _ = s.request("POST", "/tokenize", {"prompt": "w7 w300 w5", "add_special_tokens": False})
+        assert status == 200 and out["tokens"] == [7, 300, 5], out
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{not json")
     proc = ServerProcess(served_image, "--tokenizer", str(bad), log=tmp_path / "log")

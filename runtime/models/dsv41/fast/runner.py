@@ -260,15 +260,10 @@ class FastRunner(DraftingRunner):
         cfg = self.forward.cfg
         out = np.empty((MAX_ROWS, len(self._row_lo), cfg.engram_cols), np.int64)
         out[:] = np.asarray(self._row_lo, np.int64)[None, :, None]
-        i = 0
-        while i < len(tile.rows):
-            j = i
-            while j < len(tile.rows) and tile.rows[j].slot == tile.rows[i].slot:
-                j += 1
-            state = self._slots.get(tile.rows[i].slot)
+        for lo, hi in _runs(tile):
+            state = self._slots.get(tile.rows[lo].slot)
             back = [] if state is None else state.tokens[-self._lookback() :]
-            out[i:j] = hash_ids(self._tables, [r.token for r in tile.rows[i:j]], back)
-            i = j
+            out[lo:hi] = hash_ids(self._tables, [r.token for r in tile.rows[lo:hi]], back)
         return out
 
 
