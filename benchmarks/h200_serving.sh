@@ -6,7 +6,7 @@
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
-# Every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
+# Several parts run in turn (`... speed prefix`); every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
 # runs those tests first with short tracebacks (TFC_H200_TESTS_S seconds, default 150).
 set -u
 source benchmarks/_h200_setup.sh > "$OUT/setup.log" 2>&1
@@ -19,7 +19,8 @@ if [ -n "${TFC_H200_TESTS:-}" ]; then  # pytest ids to run first, tracebacks sho
     -p no:warnings --tb=short -rA $(for t in $TFC_H200_TESTS; do echo "$R/$t"; done)) > "$OUT/retests.txt" 2>&1
   tail -40 "$OUT/retests.txt"
 fi
-case "${1:-tests}" in
+for PART in "${@:-tests}"; do
+case "$PART" in
   tests)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
@@ -41,5 +42,6 @@ case "${1:-tests}" in
   parallel)
     timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|parallel" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|parallel ..." >&2; exit 2 ;;
 esac
+done
