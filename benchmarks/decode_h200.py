@@ -236,8 +236,13 @@ def run(args) -> None:
             a = runner.launch(tile)[:rows].clone()
             runner.forward.step(tile.key)  # eager, same static inputs (every write is idempotent)
             eq[rows] = bool(torch.equal(a, runner.forward.buffers.logits[:rows]))
-        res["checks"] = {"graph_equals_eager": eq, "reference": check_layers(runner, loose)}
-        if not res["checks"]["reference"]["pass"]:  # where the difference comes from: each kernel call alone
+        ref = (
+            {"skipped": "--no-reference", "pass": True, "blocking": False}
+            if args.no_reference
+            else check_layers(runner, loose)
+        )
+        res["checks"] = {"graph_equals_eager": eq, "reference": ref}
+        if not ref["pass"]:  # where the difference comes from: each kernel call alone
             from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
 
             res["checks"]["kernel_errors"] = {f"L{layer} {k}": v for layer in (0, 2)
@@ -397,6 +402,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="prefill of 2k tokens only")
     ap.add_argument("--time-anyway", action="store_true",
                     help="time even when the reference check is off by more than 0.1 (graph == eager must hold)")  # fmt: skip
+    ap.add_argument("--no-reference", action="store_true",
+                    help="checks: graph == eager only (the agreement with the dense reference is test_fast_gpu's)")  # fmt: skip
     ap.add_argument(
         "--dry", action="store_true", help="CPU smoke on --image (the tiny image): no GPU, small sizes"
     )

@@ -27,7 +27,7 @@ case "$PART" in
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
   speed)
-    timeout 220 python3 benchmarks/decode_h200.py --image "$IMG" --quick --time-anyway --out "$OUT/decode_h200.json" --budget-s 160 \
+    timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --no-reference --out "$OUT/decode_h200.json" --budget-s 200 \
       2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   serve)
     TOK=$WORK/vocab_tokenizer.json  # the slice carries no tokenizer: one that names every id, so replies are text
@@ -37,10 +37,10 @@ case "$PART" in
   prefix)
     TOK=$WORK/vocab_tokenizer.json
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    timeout 420 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 \
+    timeout 420 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 --restore-reps 9 \
       --vocab 600 --no-draft --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30 ;;
   parallel)
-    timeout 120 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
+    timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
   *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|parallel ..." >&2; exit 2 ;;
 esac

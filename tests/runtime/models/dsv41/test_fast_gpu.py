@@ -172,14 +172,14 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
     ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    run = json.loads(result.output.strip().splitlines()[-1])
+    run = json.loads(result.stdout.strip().splitlines()[-1])  # stdout alone: a library's warning goes to stderr
     assert run["runner"] == "fast" and run["graphs"]["captures"] >= 1 and run["graphs"]["replays"] >= 10
     assert run["prefill_tok_s"] > 0 and run["decode_tok_s"] > 0
-    eager = json.loads(CliRunner().invoke(cli, [*args, "--no-graphs"]).output.strip().splitlines()[-1])
+    eager = json.loads(CliRunner().invoke(cli, [*args, "--no-graphs"]).stdout.strip().splitlines()[-1])
     assert eager["token_sha"] == run["token_sha"] and eager["graphs"]["captures"] == 0
     result = CliRunner().invoke(cli, ["load", str(image), "--device", "cuda", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output.strip().splitlines()[-1])["graph_counts"]["captures"] == 1
+    assert json.loads(result.stdout.strip().splitlines()[-1])["graph_counts"]["captures"] == 1
 
 
 @pytest.mark.skipif(
