@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -101,12 +102,18 @@ def level(client, streams: int, reqs: int, tokens: int) -> dict:
     return out
 
 
-def ready_time(image: str, device: str = "cpu") -> float:
+PHASE = re.compile(r'^tfc:boot_phase_seconds\{[^}]*phase="([^"]+)"[^}]*\} (\S+)$', re.M)
+
+
+def ready_time(image: str, device: str = "cpu") -> dict:
+    """Process spawned -> /health ready, and the boot phases the server reports (tfc:boot_phase_seconds)."""
     started = time.perf_counter()
     proc = ServerProcess(image, "--model-name", "tiny", *EXTRA, env=ENV, device=device)
     try:
         proc.wait_ready(600)
-        return time.perf_counter() - started
+        ready = time.perf_counter() - started
+        _, text, _ = proc.get("/metrics")
+        return {"ready_s": ready, "phases_s": {k: float(v) for k, v in PHASE.findall(str(text))}}
     finally:
         proc.stop()
 
@@ -139,7 +146,7 @@ def main() -> None:
                         "image": args.image or "tfc fixture tiny, TP=1", "device": args.device,
                         "generate": [], "http": []}  # fmt: skip
         if args.device != "cpu":  # the first start compiles the kernels into the store; time the restarts
-            result["first_start_s"] = ready_time(image, args.device)
+            result["first_start"] = ready_time(image, args.device)
         with ServerProcess(
             image,
             "--model-name",
@@ -157,10 +164,11 @@ def main() -> None:
             for _ in range(args.reps):
                 result["generate"].append(generate_rate(image, args.tokens, args.device))
                 result["http"].append(stream_one(client, args.tokens))
-            result["levels"] = [
+            result["levels"] = [] if args.no_levels else [
                 level(client, c, max(c, args.reqs_per), args.level_tokens) for c in (1, 4, 16)
-            ]
-        result["start_to_ready_s"] = [ready_time(image) for _ in range(args.ready_reps)]
+            ]  # fmt: skip
+        result["starts"] = [ready_time(image, args.device) for _ in range(args.ready_reps)]
+        result["start_to_ready_s"] = [r["ready_s"] for r in result["starts"]]
         result["load_after"] = os.getloadavg()[0]
     gen = statistics.median(r["decode_tok_s"] for r in result["generate"])
     http = statistics.median(r["decode_tok_s"] for r in result["http"])
