@@ -32,7 +32,7 @@ case "$PART" in
   serve)
     TOK=$WORK/vocab_tokenizer.json  # the slice carries no tokenizer: one that names every id, so replies are text
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    timeout 420 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 1 \
+    timeout 450 python3 benchmarks/serve_cpu.py --image "$IMG" --device cuda --no-levels --reps 2 --ready-reps 2 \
       --tokenizer "$TOK" --no-draft --out "$OUT/serve_h200.json" 2>&1 | tail -30 ;;
   prefix)
     TOK=$WORK/vocab_tokenizer.json
