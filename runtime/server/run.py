@@ -215,8 +215,8 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
+    from tfc.runtime.engine.warmup import warm_up
     from tfc.runtime.parallel.session import lead_or_follow
-    from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     worker, load = _start_worker(options, out["world"])
     out["worker"] = worker
@@ -253,9 +253,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         steps = out["leader"] = lead_or_follow(out["world"], worker)
     engine = Engine(steps, tokenizer, config, metrics)
     with worker.booted.phases.time("warmup", note="one step of one token") as ph:
-        first = runner.info.bos_id if runner.info.bos_id is not None else 0
-        steps.execute(StepPlan((SequenceStep(0, (first,), 0),)))
-        steps.release(0)
+        warm_up(steps, runner.info.bos_id)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
     say(engine.prefix_note)
     say(engine.draft_note)

@@ -191,3 +191,10 @@ def test_bad_input_is_one_clear_line(images, tiny_pack, tmp_path, capsys, monkey
             capsys, monkeypatch, "generate", str(tmp_path / "nowhere"), "--prompt", "hi", "--tokenizer", tok
         )
     )
+
+
+def test_generate_warms_up_before_its_clock(images, tiny_pack):
+    # the one-row decode step runs (on a GPU: its graph is captured) before the first token's clock, as tfc
+    # serve warms up before ready, so decode_tok_s is the steady rate
+    run = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "3", "--no-engram")
+    assert run["warmup_s"] > 0 and run["decode_s"] >= 0 and len(run["tokens"]) == 3
