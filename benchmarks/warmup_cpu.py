@@ -36,11 +36,11 @@ t4 = time.perf_counter()
 import torch._dynamo.utils as du
 from tfc.runtime.models.dsv41.fast.graph_keys import StepKey
 first_graphs = du.counters["stats"]["unique_graphs"]
+names, values = du.compile_times(repr="csv")
+inner = [float(v) for v in dict(zip(names, values)).get("_compile.compile_inner", "").split(",") if v.strip()]
 runner.warmup([StepKey(1, runner.buckets[1])])  # the next context bucket, as a growing sequence reaches it
 t5 = time.perf_counter()
 from tfc.runtime.models.dsv41.fast import fusion
-names, values = du.compile_times(repr="csv")
-inner = [float(v) for v in dict(zip(names, values)).get("_compile.compile_inner", "").split(",") if v.strip()]
 print(json.dumps({"import_s": t1 - t0, "boot_s": t2 - t1, "build_s": t3 - t2, "warmup_s": t4 - t3,
                   "graphs": first_graphs, "compile_inner_s": inner, "next_bucket_s": t5 - t4,
                   "next_bucket_graphs": du.counters["stats"]["unique_graphs"] - first_graphs,
