@@ -103,13 +103,13 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     return fake_fp4(q, 32, grid)
 
 
-@fused
+@fused(dynamic={"raw": 1})
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
 
 
-@fused
+@fused(dynamic={"scores": 1, "candidates": 1})
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
            block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""

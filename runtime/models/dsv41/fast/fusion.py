@@ -3,7 +3,9 @@ kernels where eager launches dozens: the mHC's Sinkhorn alone is ~120 per site),
 
 Off by default and on the CPU; `build_fast` turns it on for a CUDA arena unless TFC_COMPILE=0. A stage compiles
 the first time it runs (the eager warm-up before a graph capture), once per input shape (dynamic=False: a
-step's shapes depend on its key only); one that fails to compile runs eagerly from then on, named in `NOTES`.
+step's shapes depend on its key only), except in the dimensions it names dynamic: the indexer's entries follow
+the context bucket, so they compile once as a symbol and a step reaching a new bucket compiles nothing. A stage
+that fails to compile runs eagerly from then on, named in `NOTES`.
 Compiled and eager code may round differently, so graph == eager holds because both run the same one; but a
 cast is a cast: inductor keeps every dtype round trip as eager rounds it (`emulate_precision_casts`), since
 without it a fused `x.to(bf16).float()` stays x and the router's three-part split of x collapses to its first
@@ -13,6 +15,7 @@ part (the router's product then carries bf16 error, enough to flip expert picks)
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -46,18 +49,29 @@ def enable(on: bool) -> None:
     _STATE["on"] = on
 
 
-def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn, run compiled while fusion is on."""
+def fused(
+    fn: Callable[..., Any] | None = None, *, dynamic: dict[str, int] | None = None
+) -> Callable[..., Any]:
+    """fn, run compiled while fusion is on. `dynamic` {parameter: dim}: that dimension of that tensor argument
+    is compiled as a symbol, not a constant (the entries of a context bucket), so one compile serves every
+    bucket instead of one each the first time a step reaches it."""
+    if fn is None:
+        return lambda f: fused(f, dynamic=dynamic)
     held: dict[str, Any] = {}
+    where = _positions(fn, dynamic or {})
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not _STATE["on"] or held.get("failed"):
             return fn(*args, **kwargs)
-        if "compiled" not in held:
-            import torch
+        import torch
 
+        if "compiled" not in held:
             held["compiled"] = torch.compile(fn, dynamic=False, fullgraph=True)
+        for name, (index, dim) in where.items():
+            t = kwargs.get(name, args[index] if index < len(args) else None)
+            if isinstance(t, torch.Tensor):
+                torch._dynamo.maybe_mark_dynamic(t, dim)
         try:
             return held["compiled"](*args, **kwargs)
         except Exception as error:  # a stage dynamo or inductor cannot take: eager from now on
@@ -68,3 +82,12 @@ def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
 
     return run
+
+
+def _positions(fn: Callable[..., Any], dynamic: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """{parameter: (its position, the dynamic dim)} of fn's parameters named in `dynamic`."""
+    names = list(inspect.signature(fn).parameters)
+    missing = sorted(set(dynamic) - set(names))
+    if missing:
+        raise TypeError(f"{fn.__qualname__} has no parameters {missing} to make dynamic")
+    return {name: (names.index(name), dim) for name, dim in dynamic.items()}

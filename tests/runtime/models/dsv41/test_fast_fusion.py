@@ -52,3 +52,45 @@ def test_a_compiled_stage_rounds_at_its_casts_like_eager(fusion_on):
     x = torch.randn(16, 512, generator=torch.Generator().manual_seed(0))
     parts = split3(x, torch.bfloat16).float()
     assert torch.equal((parts[:16] + parts[16:32]) + parts[32:], x)
+
+
+def _graphs() -> int:
+    import torch._dynamo.utils
+
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_a_dynamic_dimension_compiles_once_for_every_size(fusion_on):
+    @fusion.fused(dynamic={"x": 1})
+    def column_sums(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (x * w[:, None]).sum(0)
+
+    w = torch.arange(1.0, 5.0)
+    before = _graphs()
+    for width in (16, 32, 48):
+        x = torch.ones(4, width)
+        assert torch.equal(column_sums(w, x), torch.full((width,), 10.0))
+    assert _graphs() - before == 1  # without the dynamic dimension: one graph a width
+
+
+def test_a_dynamic_parameter_must_exist():
+    with pytest.raises(TypeError, match="no parameters"):
+        fusion.fused(dynamic={"y": 1})(lambda x: x)
+
+
+def test_the_indexer_selection_compiles_once_across_context_buckets(fusion_on):
+    # a step reaching a new context bucket scores more entries; the selection's compile covers every width (that
+    # keeps more blocks than the 4 the candidates take: min(4, blocks) is a guard of its own)
+    from tfc.runtime.models.dsv41.fast.compressed import select
+
+    g = torch.Generator().manual_seed(0)
+    before = _graphs()
+    for width in (1024, 1536, 2048, 4096):
+        scores = torch.randn(16, width, generator=g)
+        visible = torch.randint(1, width, (16,), generator=g)
+        got = select(scores, visible, 64, None, 4, 128, True)
+        fusion.enable(False)
+        want = select(scores, visible, 64, None, 4, 128, True)
+        fusion.enable(True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert _graphs() - before == 1

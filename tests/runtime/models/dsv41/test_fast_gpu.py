@@ -172,7 +172,8 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
     ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
-    run = json.loads(result.stdout.strip().splitlines()[-1])  # stdout alone: a library's warning goes to stderr
+    # stdout alone: a library's warning goes to stderr
+    run = json.loads(result.stdout.strip().splitlines()[-1])
     assert run["runner"] == "fast" and run["graphs"]["captures"] >= 1 and run["graphs"]["replays"] >= 10
     assert run["prefill_tok_s"] > 0 and run["decode_tok_s"] > 0
     eager = json.loads(CliRunner().invoke(cli, [*args, "--no-graphs"]).stdout.strip().splitlines()[-1])
