@@ -6,6 +6,7 @@ Runs, in fresh processes one after another, build_fast with the stages compiled 
 the one-row warm-up step, first with an empty inductor cache, then `--restarts` times with it warm: the
 seconds of each phase and what torch.compile spent (dynamo's compile_inner per graph, the graphs compiled);
 then the one-row step of the next context bucket (what a sequence growing past 2,048 tokens meets mid-serving).
+The stages are saved in the temporary store (stage_cache.py) unless `--no-stage-cache`.
 """
 
 from __future__ import annotations
@@ -57,12 +58,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--restarts", type=int, default=3)
+    ap.add_argument(
+        "--no-stage-cache", action="store_true", help="TFC_STAGE_CACHE=0: torch.compile every process"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tfc("fixture", "tiny", f"{tmp}/pack")
         image = tfc("prepare", f"{tmp}/pack", "--store", f"{tmp}/store")
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "OMP_NUM_THREADS": "1"}
-        runs = []
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor",
+            "OMP_NUM_THREADS": "1",
+            "TFC_STAGE_CACHE": "0" if args.no_stage_cache else "1",
+        }
+        runs: list[dict] = []
         for i in range(1 + args.restarts):
             started = time.perf_counter()
             out = subprocess.run(
@@ -74,10 +83,10 @@ def main() -> None:
             run["process_s"] = time.perf_counter() - started
             runs.append(run)
             print(f"{'cold' if i == 0 else 'warm'}: warmup {run['warmup_s']:.2f} s, {run['graphs']} graphs, "
-                  f"compile_inner {sum(run['compile_inner_s']):.2f} s (first {run['compile_inner_s'][0]:.2f} s); "
+                  f"compile_inner {sum(run['compile_inner_s']):.2f} s (first {(run['compile_inner_s'] or [0.0])[0]:.2f} s); "
                   f"next bucket {run['next_bucket_s']:.2f} s, {run['next_bucket_graphs']} graphs")  # fmt: skip
     warm = runs[1:]
-    res = {"machine": f"{os.cpu_count()} cores", "cold": runs[0], "restarts": warm,
+    res = {"machine": f"{os.cpu_count()} cores", "stage_cache": not args.no_stage_cache, "cold": runs[0], "restarts": warm,
            "restart_warmup_median_s": statistics.median(r["warmup_s"] for r in warm),
            "restart_compile_inner_median_s": statistics.median(sum(r["compile_inner_s"]) for r in warm),
            "restart_next_bucket_median_s": statistics.median(r["next_bucket_s"] for r in warm)}  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,10 +44,12 @@ def build_fast(
     fuse: bool | None = None,
     draft: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    stage_folder: Path | None = None,
 ) -> FastRunner:
     """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
-    compiles the small-op stages (fusion.py); `draft` builds the DSpark drafter on the arena (fast/dspark.py)
+    compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
+    kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
@@ -64,6 +67,10 @@ def build_fast(
     if fuse is None:
         fuse = fusion.wanted(dev.type)
     fusion.enable(fuse)
+    if fuse:
+        from tfc.runtime.boot.kernel_cache import stage_dir
+
+        fusion.use_stage_folder(stage_dir(opened.path, dev) if stage_folder is None else stage_folder)
     if ops is None:
         if dev.type == "cuda":
             from tfc.runtime.models.dsv41.fast.ops import TritonOps

@@ -18,9 +18,10 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-_STATE = {"on": False}
+_STATE: dict[str, Any] = {"on": False, "stages": None}
 NOTES: list[str] = []
 
 
@@ -60,18 +61,23 @@ def fused(
     held: dict[str, Any] = {}
     where = _positions(fn, dynamic or {})
 
+    dims = {index: dim for index, dim in where.values()} | {name: dim for name, (_, dim) in where.items()}
+
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not _STATE["on"] or held.get("failed"):
             return fn(*args, **kwargs)
         import torch
 
+        saved = _saved(fn, held, where, dims, args, kwargs)
+        if saved is not None:
+            try:
+                return saved(*args, **kwargs)
+            except Exception as error:  # its guards refuse the call, or its code fails: compile in process
+                _off(fn, held, error)
         if "compiled" not in held:
             held["compiled"] = torch.compile(fn, dynamic=False, fullgraph=True)
-        for name, (index, dim) in where.items():
-            t = kwargs.get(name, args[index] if index < len(args) else None)
-            if isinstance(t, torch.Tensor):
-                torch._dynamo.maybe_mark_dynamic(t, dim)
+        _mark(where, args, kwargs)
         try:
             return held["compiled"](*args, **kwargs)
         except Exception as error:  # a stage dynamo or inductor cannot take: eager from now on
@@ -82,6 +88,49 @@ def fused(
             return fn(*args, **kwargs)
 
     return run
+
+
+def use_stage_folder(folder: Path | None) -> None:
+    """Where compiled stages are saved and loaded (stage_cache.py); None: torch.compile in every process."""
+    _STATE["stages"] = folder
+
+
+def _mark(where: dict[str, tuple[int, int]], args: tuple, kwargs: dict) -> None:
+    """Mark the dynamic dimensions of a call's tensors for torch.compile."""
+    import torch
+
+    for name, (index, dim) in where.items():
+        t = kwargs.get(name, args[index] if index < len(args) else None)
+        if isinstance(t, torch.Tensor):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+
+
+def _saved(fn: Callable[..., Any], held: dict, where: dict, dims: dict, args: tuple,
+           kwargs: dict) -> Callable[..., Any] | None:  # fmt: skip
+    """The stage compiled for this call's signature, loaded from or saved into the stage folder; None without
+    one (or once that failed for this stage). Only its compile sees the dynamic marks: a saved stage's guards
+    refuse marked tensors, and its symbolic dimensions take any size unmarked."""
+    from tfc.runtime.models.dsv41.fast.stage_cache import call_key, load_or_compile
+
+    folder = _STATE.get("stages")
+    if folder is None or held.get("unsaved"):
+        return None
+    try:
+        key = call_key(args, kwargs, dims)
+        stages = held.setdefault("saved", {})
+        if key not in stages:
+            stages[key] = load_or_compile(folder, fn, args, kwargs, key, lambda: _mark(where, args, kwargs))
+        return stages[key]
+    except Exception as error:  # an argument that keys nothing, or an ahead compile torch cannot do
+        _off(fn, held, error)
+        return None
+
+
+def _off(fn: Callable[..., Any], held: dict, error: Exception) -> None:
+    """Stop using saved compiles for this stage, and say why."""
+    held["unsaved"] = True
+    NOTES.append(f"{fn.__qualname__} compiles in process: saved stage failed: {type(error).__name__}: "
+                 f"{' '.join(str(error).split())[:300]}")  # fmt: skip
 
 
 def _positions(fn: Callable[..., Any], dynamic: dict[str, int]) -> dict[str, tuple[int, int]]:
