@@ -183,6 +183,24 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
     assert json.loads(result.stdout.strip().splitlines()[-1])["graph_counts"]["captures"] == 1
 
 
+def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
+    # two processes on one store: the second loads the fused stages the first (or an earlier test) saved
+    import subprocess
+    import sys
+
+    from tfc.runtime.boot.kernel_cache import stage_dir
+
+    args = [sys.executable, "-m", "tfc", "generate", str(image), "--prompt", "Hello there", "--max-tokens", "12",
+            "--device", "cuda", "--json", "--no-draft"]  # fmt: skip
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["token_sha"] == runs[1]["token_sha"]
+    assert list(stage_dir(image, "cuda").glob("*.bin")), "no stage was saved"
+
+
 @pytest.mark.skipif(
     not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
