@@ -35,7 +35,7 @@ def call_key(args: tuple, kwargs: dict, dynamic: dict[int, int]) -> tuple:
         if isinstance(value, torch.Tensor):
             shape = tuple(-1 if d == dim else s for d, s in enumerate(value.shape))
             layout = value.is_contiguous() if dim is not None else tuple(value.stride())
-            return ("tensor", str(value.dtype), value.device.type, shape, layout)
+            return ("tensor", str(value.dtype), str(value.device), shape, layout)
         if value is None or isinstance(value, bool | int | float | str):
             return (type(value).__name__, value)
         if isinstance(value, torch.dtype):
