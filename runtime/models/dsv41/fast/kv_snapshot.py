@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.snapshot_bytes import pack, unpack
@@ -127,8 +128,9 @@ def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
 
 
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
-    """Map pages for the snapshot's position in a (released) slot and write its rows back (a packed host copy
-    goes up in one transfer, then device copies; no step waits on the host in between)."""
+    """Map pages for the snapshot's position in a (released) slot and write its rows back: a packed host copy
+    goes up in one transfer, every source's row ids (computed on the host from the page table) in one more, then
+    one copy per tensor; no step waits on the host in between."""
     kv.release(slot)
     kv.ensure(slot, max(1, snap.position))
     if snap.packed is not None:
@@ -137,12 +139,20 @@ def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     kv.window[:, slot].copy_(snap.window)
     for layer, t in snap.pending.items():
         kv.pending[layer][:, slot].copy_(t)
-    pages = _pages(kv, slot)
-    for s in kv.layout.sources:
-        rows = _entry_rows(kv, pages, s.ratio, snap.position // s.ratio)
-        kv.entries[s.layer][rows] = snap.entries[s.layer].to(kv.device)
+    sources = kv.layout.sources
+    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
+    host = [_host_rows(pages, kv.layout.entries_per_page(s.ratio), snap.position // s.ratio) for s in sources]
+    rows = torch.from_numpy(np.concatenate(host)).to(kv.device).split([len(r) for r in host])
+    for s, at in zip(sources, rows, strict=True):
+        kv.entries[s.layer].index_copy_(0, at, snap.entries[s.layer].to(kv.device))
         if s.index_keys:
-            kv.keys[s.layer][rows] = snap.keys[s.layer].to(kv.device)
+            kv.keys[s.layer].index_copy_(0, at, snap.keys[s.layer].to(kv.device))
+
+
+def _host_rows(pages: np.ndarray, per: int, groups: int) -> np.ndarray:
+    """_entry_rows on the host: the buffer rows of a slot's first `groups` entries, `per` entries a page."""
+    e = np.arange(groups, dtype=np.int64)
+    return pages[e // per] * per + e % per
 
 
 def _dims(name: str) -> int | None:
