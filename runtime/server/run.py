@@ -255,6 +255,10 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     with worker.booted.phases.time("warmup", note="one step of one token") as ph:
         warm_up(steps, runner.info.bos_id)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
+    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
+    if stages and any(stages.values()):  # the fast forward's fused stages: a restart should load them all
+        say(f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "
+            f"{stages['traced']} traced in process")  # fmt: skip
     say(engine.prefix_note)
     say(engine.draft_note)
     for note in runner.info.warnings:

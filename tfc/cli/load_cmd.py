@@ -87,6 +87,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "checks": list(booted.image.checks),
             "graphs": booted.graphs.settings.enabled,
             "graph_counts": graph_counts(booted.graphs),
+            "stages": _stages(worker),
             "started_s": started,
             "resident_s": resident["resident_s"],
         }
@@ -111,6 +112,10 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         click.echo(f"  {'total':<8} {booted.phases.to_dict()['wall_ms']:10.1f} ms")
         g = extra["graph_counts"]
         click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
+        if extra["stages"]:
+            st = extra["stages"]
+            click.echo(f"compiled stages: {st['loaded']} loaded, {st['saved']} compiled and saved, "
+                       f"{st['traced']} traced in process")  # fmt: skip
         if world is not None:
             own = ", ".join(f"rank {r['rank']} {r['wall_ms'] / 1e3:.2f} s" for r in ranks)
             when = extra["world_resident_s"]
@@ -142,6 +147,13 @@ def _warm_up(worker) -> str:
         return f" (no model: {str(error).splitlines()[0]})"
     worker.warm_up()
     return ""
+
+
+def _stages(worker) -> dict | None:
+    """The fast forward's compiled stages by how they came (loaded, saved, traced), when it was built."""
+    runner = getattr(worker, "runner", None)
+    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
+    return stages if stages and any(stages.values()) else None
 
 
 def graph_counts(graphs) -> dict:

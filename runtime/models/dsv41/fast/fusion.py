@@ -23,6 +23,9 @@ from typing import Any
 
 _STATE: dict[str, Any] = {"on": False, "stages": None}
 NOTES: list[str] = []
+# Compiles of the process by how they came: loaded from the stage folder, compiled and saved there, or traced
+# by torch.compile in process (no folder, or a stage that could not be saved).
+COUNTS = {"loaded": 0, "saved": 0, "traced": 0}
 
 
 def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
@@ -77,6 +80,7 @@ def fused(
                 _off(fn, held, error)
         if "compiled" not in held:
             held["compiled"] = torch.compile(fn, dynamic=False, fullgraph=True)
+            COUNTS["traced"] += 1
         _mark(where, args, kwargs)
         try:
             return held["compiled"](*args, **kwargs)
@@ -119,7 +123,10 @@ def _saved(fn: Callable[..., Any], held: dict, where: dict, dims: dict, args: tu
         key = call_key(args, kwargs, dims)
         stages = held.setdefault("saved", {})
         if key not in stages:
-            stages[key] = load_or_compile(folder, fn, args, kwargs, key, lambda: _mark(where, args, kwargs))
+            stages[key], how = load_or_compile(
+                folder, fn, args, kwargs, key, lambda: _mark(where, args, kwargs)
+            )
+            COUNTS[how] += 1
         return stages[key]
     except Exception as error:  # an argument that keys nothing, or an ahead compile torch cannot do
         _off(fn, held, error)

@@ -201,11 +201,11 @@ class FastRunner(DraftingRunner):
         self._slots[slot] = _Slot([0] * tokens)
 
     def stats(self) -> dict:
-        """Graph cache counters and KV memory figures."""
-        from tfc.runtime.models.dsv41.fast.fusion import NOTES
+        """Graph cache counters, the compiled stages by how they came (fusion.COUNTS) and KV memory figures."""
+        from tfc.runtime.models.dsv41.fast.fusion import COUNTS, NOTES
 
         g = self.graphs.stats
-        return {"notes": [*self.notes, *NOTES],"graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
+        return {"notes": [*self.notes, *NOTES], "stages": dict(COUNTS), "graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
                            "eager": g.eager, "held": g.held, "fallbacks": g.fallbacks, "evictions": g.evictions},
                 "kv": {"bytes": self.kv.nbytes, "bytes_per_token": self.kv.layout.bytes_per_token,
                        "bytes_per_slot": self.kv.layout.bytes_per_slot, "free_pages": self.kv.pool.free_pages}}  # fmt: skip

@@ -86,14 +86,14 @@ def stage_path(folder: Path, fn: Callable[..., Any], key: tuple) -> Path:
 
 def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: dict, key: tuple,
                     mark: Callable[[], None]):  # fmt: skip
-    """The stage compiled for this call: loaded from `folder` when saved there, else compiled (once `mark` has
-    marked the call's dynamic dimensions) and saved."""
+    """(The stage compiled for this call, "loaded" or "saved"): loaded from `folder` when saved there, else
+    compiled (once `mark` has marked the call's dynamic dimensions) and saved."""
     import torch
 
     path = stage_path(folder, fn, key)
     if path.is_file():
         with open(path, "rb") as f:
-            return torch.compiler.load_compiled_function(f, f_globals=fn.__globals__)
+            return torch.compiler.load_compiled_function(f, f_globals=fn.__globals__), "loaded"
     mark()
     compiled = torch.compile(fn, dynamic=False, fullgraph=True).aot_compile((args, kwargs))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stage-", suffix=".tmp")
@@ -103,4 +103,4 @@ def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: d
         os.replace(tmp, path)  # whole or absent: a reader never sees half a file
     except OSError:
         Path(tmp).unlink(missing_ok=True)  # a store that cannot take it: compiled in process all the same
-    return compiled
+    return compiled, "saved"

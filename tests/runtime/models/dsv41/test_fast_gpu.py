@@ -199,6 +199,11 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert runs[0]["token_sha"] == runs[1]["token_sha"]
     assert list(stage_dir(image, "cuda").glob("*.bin")), "no stage was saved"
+    load = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--device", "cuda", "--json"],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert load.returncode == 0, load.stderr[-3000:]
+    stages = json.loads(load.stdout.strip().splitlines()[-1])["stages"]
+    assert stages["loaded"] > 0 and stages["saved"] == 0 and stages["traced"] == 0, stages  # compiles nothing
 
 
 @pytest.mark.skipif(

@@ -27,7 +27,8 @@ CHILD = textwrap.dedent(
         visible = torch.randint(1, width, (16,), generator=g)
         order, ok, made = compressed.select(scores, visible, 64, None, 4, 128, True)
         out.append([order.tolist(), ok.tolist(), made.tolist()])
-    print(json.dumps({"out": out, "graphs": du.counters["stats"]["unique_graphs"], "notes": fusion.NOTES}))
+    print(json.dumps({"out": out, "graphs": du.counters["stats"]["unique_graphs"], "notes": fusion.NOTES,
+                      "counts": fusion.COUNTS}))
     """
 )
 
@@ -45,6 +46,7 @@ def test_a_restart_loads_the_saved_stage_and_traces_nothing(tmp_path):
     assert first["graphs"] >= 1 and not first["notes"] and len(list(tmp_path.glob("select-*.bin"))) == 1
     second = _child(tmp_path)
     assert second["graphs"] == 0 and not second["notes"]  # loaded: no dynamo trace in this process
+    assert second["counts"] == {"loaded": 1, "saved": 0, "traced": 0}
     assert second["out"] == first["out"]
 
 
@@ -63,10 +65,13 @@ def test_a_stage_compiles_once_per_signature_and_saves_it(saving):
 
     stage = fusion.fused(scaled)
     x = torch.arange(4.0)
+    before = dict(fusion.COUNTS)
     assert torch.equal(stage(x, 2.0), x * 2 + 1) and torch.equal(stage(x, 3.0), x * 3 + 1)
     assert len(list(saving.glob("*scaled-*.bin"))) == 2  # k is part of the signature
     again = fusion.fused(scaled)  # a fresh wrapper, as in a new process: loads
     assert torch.equal(again(x, 2.0), x * 2 + 1) and len(list(saving.glob("*.bin"))) == 2
+    counted = {k: fusion.COUNTS[k] - before[k] for k in before}
+    assert counted == {"loaded": 1, "saved": 2, "traced": 0}  # what tfc serve's boot log reports
 
 
 def test_an_argument_that_keys_nothing_compiles_in_process_and_says_so(saving):
