@@ -71,7 +71,8 @@ class AllOf:
 
 
 def masked(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-    """Logits [V] with every id the mask forbids set to -inf (ids past the mask too); unchanged when None."""
+    """Logits [V] (any device) with every id the mask forbids set to -inf (ids past the mask too); unchanged
+    when None."""
     if allowed is None:
         return logits
     if allowed.numel() != logits.numel():
@@ -79,6 +80,7 @@ def masked(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         n = min(logits.numel(), allowed.numel())
         keep[:n] = allowed[:n]
         allowed = keep
+    allowed = allowed.to(logits.device)
     if not bool(allowed.any()):  # a constraint that allows nothing cannot steer: leave the model be
         return logits
     return logits.masked_fill(~allowed, float("-inf"))

@@ -347,13 +347,15 @@ class Engine:
     @staticmethod
     def _pick(r: Request, logits: Any, position: int) -> tuple[int, tuple]:
         """The next token (constraint mask applied before the sampler) and, when asked, its logprobs."""
-        logits = logits.detach().reshape(-1).to("cpu", torch.float64)
+        logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample sorts there
         if r.constraint is not None:
             logits = masked(logits, r.constraint.allowed())
         token = sample(logits, r.params, r.params.seed or 0, position)
         if r.constraint is not None:
             r.constraint.advance(token)
-        return token, (token_logprob(logits, token, r.logprobs),) if r.logprobs is not None else ()
+        if r.logprobs is None:
+            return token, ()
+        return token, (token_logprob(logits.cpu(), token, r.logprobs),)
 
     def _emit(self, seq: EngineSeq, token: int, logprob: tuple = ()) -> Event | None:
         """Push the new token's text, or return the last event when the sequence finished."""

@@ -61,12 +61,18 @@ def uniform(seed: int, position: int) -> float:
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
-    """The token at `position` from logits [V] (any device; the arithmetic runs on the CPU in fp64)."""
-    logits = logits.detach().reshape(-1).to("cpu", torch.float64)
+    """The token at `position` from logits [V] (any device; the same token on every device).
+
+    The argmax and the stable sort run where the logits are: a stable sort's order is unique (lower id first
+    among equals), so the GPU's is the CPU's, and a host sort of the whole vocabulary costs more than a decode
+    step. The arithmetic after the sort runs on the CPU in fp64, on the same values in the same order.
+    """
+    logits = logits.detach().reshape(-1).to(torch.float64)
     if params.temperature == 0:
         return int(torch.argmax(logits))  # first index among equal maxima
     order = torch.sort(logits, descending=True, stable=True).indices
-    ranked = logits[order] / params.temperature
+    ranked = logits[order].cpu() / params.temperature
+    order = order.cpu()
     if params.top_k:
         ranked = ranked[: params.top_k]
     probs = torch.softmax(ranked, dim=0)

@@ -1,0 +1,27 @@
+"""The sampler on GPU logits: the same token as from the same logits on the CPU (its sort runs on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tfc.runtime.engine.sampling import SamplingParams, sample
+
+pytestmark = pytest.mark.gpu
+
+PARAMS = [
+    SamplingParams(),
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.3, top_k=50),
+    SamplingParams(temperature=0.9, top_p=0.9),
+    SamplingParams(temperature=1.0, min_p=0.05, top_p=0.95),
+]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=lambda p: f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
+def test_gpu_logits_sample_the_cpu_token(params):
+    g = torch.Generator().manual_seed(0)
+    for draw in range(64):
+        # rounded to 1/8: many exact ties, where only a stable sort's order (lower id first) is unique
+        logits = (torch.randn(129280, generator=g) * 4).round() / 8
+        want = sample(logits, params, 11, draw)
+        assert sample(logits.cuda(), params, 11, draw) == want, draw
