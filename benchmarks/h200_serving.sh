@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The H200 checks of the serving half, one device call each (the machine is fresh every call: setup and the
 # 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
-#   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's GPU test, test_fast_gpu.py whole: tiny image and the Flash slice (#19)
-#   bash benchmarks/h200_serving.sh speed     # decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
+#   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's and the sampler's GPU tests, test_fast_gpu.py whole (#19)
+#   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
@@ -24,10 +24,12 @@ for PART in "${@:-tests}"; do
 case "$PART" in
   tests)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
-      "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
+      "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/engine/test_sampling_gpu.py" \
+      "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
   speed)
+    timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4
     timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --no-reference --out "$OUT/decode_h200.json" --budget-s 200 \
       2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   serve)
