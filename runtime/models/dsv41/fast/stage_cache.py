@@ -92,8 +92,11 @@ def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: d
 
     path = stage_path(folder, fn, key)
     if path.is_file():
-        with open(path, "rb") as f:
-            return torch.compiler.load_compiled_function(f, f_globals=fn.__globals__), "loaded"
+        try:
+            with open(path, "rb") as f:
+                return torch.compiler.load_compiled_function(f, f_globals=fn.__globals__), "loaded"
+        except Exception:  # a damaged file (a full disk, a killed writer elsewhere): compiled again over it
+            pass
     mark()
     compiled = torch.compile(fn, dynamic=False, fullgraph=True).aot_compile((args, kwargs))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stage-", suffix=".tmp")

@@ -74,6 +74,19 @@ def test_a_stage_compiles_once_per_signature_and_saves_it(saving):
     assert counted == {"loaded": 1, "saved": 2, "traced": 0}  # what tfc serve's boot log reports
 
 
+def test_a_damaged_file_is_compiled_again_over(saving):
+    def doubled(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = torch.arange(3.0)
+    assert torch.equal(fusion.fused(doubled)(x), x * 2)
+    (path,) = saving.glob("*doubled-*.bin")
+    path.write_bytes(b"not a compiled stage")
+    before = dict(fusion.COUNTS)
+    assert torch.equal(fusion.fused(doubled)(x), x * 2)  # a fresh wrapper: the load fails, it compiles
+    assert fusion.COUNTS["saved"] == before["saved"] + 1 and path.read_bytes() != b"not a compiled stage"
+
+
 def test_an_argument_that_keys_nothing_compiles_in_process_and_says_so(saving):
     @fusion.fused
     def listed(x: torch.Tensor, parts: list) -> torch.Tensor:
