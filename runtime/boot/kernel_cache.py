@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfc.switches import switched_off
+
 if TYPE_CHECKING:
     import torch
 
@@ -55,7 +57,7 @@ def stage_dir(image: Path, device: str | torch.device) -> Path | None:
     read-only (stages then compile in every process)."""
     import torch
 
-    if os.environ.get("TFC_STAGE_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+    if switched_off("TFC_STAGE_CACHE"):
         return None
     device = torch.device(device)
     if device.type == "cuda":

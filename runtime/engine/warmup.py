@@ -11,3 +11,16 @@ def warm_up(steps, bos_id: int | None) -> None:
     world's leader), then release the slot."""
     steps.execute(StepPlan((SequenceStep(0, (bos_id if bos_id is not None else 0,), 0),)))
     steps.release(0)
+
+
+def compiled_stages(runner) -> dict | None:
+    """A runner's compiled stages by how they came ({"loaded", "saved", "traced"}: the fast forward's
+    fusion.COUNTS), or None when it compiled none."""
+    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
+    return stages if stages and any(stages.values()) else None
+
+
+def stages_line(stages: dict) -> str:
+    """The boot log's line for compiled_stages (a restart should show them all loaded)."""
+    return (f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "
+            f"{stages['traced']} traced in process")  # fmt: skip

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from tfc.errors import TfcError
+from tfc.switches import switched_off
 
 FLOOR_MODES = ("shed", "hold")
 FAIL_MODES = ("skip", "off")
@@ -87,8 +88,7 @@ class GraphSettings:
                     kw[attr] = conv(env[name])
                 except ValueError:
                     raise GraphSettingsError(f"{name}={env[name]!r} is not a valid value") from None
-        switch = env.get("TFC_GRAPHS", "").strip().lower()
-        if graphs is False or switch in ("0", "off", "false", "no"):
+        if graphs is False or switched_off("TFC_GRAPHS", env):
             kw["max_graphs"] = 0
         return cls(**kw)
 

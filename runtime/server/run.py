@@ -215,7 +215,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import warm_up
+    from tfc.runtime.engine.warmup import compiled_stages, stages_line, warm_up
     from tfc.runtime.parallel.session import lead_or_follow
 
     worker, load = _start_worker(options, out["world"])
@@ -255,10 +255,9 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     with worker.booted.phases.time("warmup", note="one step of one token") as ph:
         warm_up(steps, runner.info.bos_id)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
-    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
-    if stages and any(stages.values()):  # the fast forward's fused stages: a restart should load them all
-        say(f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "
-            f"{stages['traced']} traced in process")  # fmt: skip
+    stages = compiled_stages(runner)
+    if stages:
+        say(stages_line(stages))
     say(engine.prefix_note)
     say(engine.draft_note)
     for note in runner.info.warnings:

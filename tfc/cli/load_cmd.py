@@ -44,6 +44,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     if rank is None:
         launch_if_world(click.get_current_context(), image)
     from tfc.runtime.boot.phases import phases_path, write_phases
+    from tfc.runtime.engine.warmup import compiled_stages, stages_line
     from tfc.runtime.parallel.session import join_world, lead_or_follow
     from tfc.runtime.worker.worker import Worker
 
@@ -87,7 +88,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "checks": list(booted.image.checks),
             "graphs": booted.graphs.settings.enabled,
             "graph_counts": graph_counts(booted.graphs),
-            "stages": _stages(worker),
+            "stages": compiled_stages(worker.runner),
             "started_s": started,
             "resident_s": resident["resident_s"],
         }
@@ -113,9 +114,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         g = extra["graph_counts"]
         click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
         if extra["stages"]:
-            st = extra["stages"]
-            click.echo(f"compiled stages: {st['loaded']} loaded, {st['saved']} compiled and saved, "
-                       f"{st['traced']} traced in process")  # fmt: skip
+            click.echo(stages_line(extra["stages"]))
         if world is not None:
             own = ", ".join(f"rank {r['rank']} {r['wall_ms'] / 1e3:.2f} s" for r in ranks)
             when = extra["world_resident_s"]
@@ -147,13 +146,6 @@ def _warm_up(worker) -> str:
         return f" (no model: {str(error).splitlines()[0]})"
     worker.warm_up()
     return ""
-
-
-def _stages(worker) -> dict | None:
-    """The fast forward's compiled stages by how they came (loaded, saved, traced), when it was built."""
-    runner = getattr(worker, "runner", None)
-    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
-    return stages if stages and any(stages.values()) else None
 
 
 def graph_counts(graphs) -> dict:

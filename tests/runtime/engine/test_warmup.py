@@ -28,3 +28,21 @@ def test_warm_up_without_a_bos_feeds_id_0():
     steps = _Steps()
     warm_up(steps, None)
     assert steps.calls[0][1][0].tokens == (0,)
+
+
+class _Runner:
+    def __init__(self, stages):
+        self.stages = stages
+
+    def stats(self):
+        return {"stages": self.stages}
+
+
+def test_compiled_stages_are_reported_only_when_there_were_any():
+    from tfc.runtime.engine.warmup import compiled_stages, stages_line
+
+    counts = {"loaded": 21, "saved": 0, "traced": 0}
+    assert compiled_stages(_Runner(counts)) == counts
+    assert stages_line(counts) == "compiled stages: 21 loaded, 0 compiled and saved, 0 traced in process"
+    assert compiled_stages(_Runner({"loaded": 0, "saved": 0, "traced": 0})) is None
+    assert compiled_stages(None) is None and compiled_stages(object()) is None

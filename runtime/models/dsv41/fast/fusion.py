@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tfc.switches import switched_off
 
 _STATE: dict[str, Any] = {"on": False, "stages": None}
 NOTES: list[str] = []
@@ -30,13 +31,7 @@ COUNTS = {"loaded": 0, "saved": 0, "traced": 0}
 
 def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
     """Whether stages should compile on this device (CUDA, unless TFC_COMPILE=0)."""
-    env = os.environ if env is None else env
-    return device_type == "cuda" and env.get("TFC_COMPILE", "1").strip().lower() not in (
-        "0",
-        "off",
-        "false",
-        "no",
-    )
+    return device_type == "cuda" and not switched_off("TFC_COMPILE", env)
 
 
 def enable(on: bool) -> None:

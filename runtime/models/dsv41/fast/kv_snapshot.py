@@ -98,28 +98,29 @@ def _views(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[tor
 
 def entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
     """Row ids (in the entry / key buffers) of a slot's first `groups` entries of a ratio-`ratio` source."""
-    return _entry_rows(kv, _pages(kv, slot), ratio, groups)
+    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
+    return torch.from_numpy(_host_rows(pages, kv.layout.entries_per_page(ratio), groups)).to(kv.device)
 
 
-def _entry_rows(kv: KvMemory, pages: torch.Tensor, ratio: int, groups: int) -> torch.Tensor:
-    """entry_rows of the slot whose page ids (on the KV device) are `pages`."""
-    per = kv.layout.entries_per_page(ratio)
-    e = torch.arange(groups, device=kv.device)
+def _source_rows(kv: KvMemory, slot: int, position: int) -> tuple[torch.Tensor, ...]:
+    """entry_rows of every source at `position`, computed on the host from the page table, sent in one copy."""
+    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
+    sources = kv.layout.sources
+    host = [_host_rows(pages, kv.layout.entries_per_page(s.ratio), position // s.ratio) for s in sources]
+    return torch.from_numpy(np.concatenate(host)).to(kv.device).split([len(r) for r in host])
+
+
+def _host_rows(pages: np.ndarray, per: int, groups: int) -> np.ndarray:
+    """The buffer rows of a slot's first `groups` entries, `per` entries a page, of its page ids `pages`."""
+    e = np.arange(groups, dtype=np.int64)
     return pages[e // per] * per + e % per
-
-
-def _pages(kv: KvMemory, slot: int) -> torch.Tensor:
-    """A slot's page ids on the KV device."""
-    return torch.tensor(kv.pool.table(slot), dtype=torch.int64).to(kv.device, non_blocking=True)
 
 
 def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
     """A copy of a slot's KV rows after its `tokens` (the slot keeps running unchanged)."""
     position = len(tokens)
     entries, keys = {}, {}
-    pages = _pages(kv, slot)
-    for s in kv.layout.sources:
-        rows = _entry_rows(kv, pages, s.ratio, position // s.ratio)
+    for s, rows in zip(kv.layout.sources, _source_rows(kv, slot, position), strict=True):
         entries[s.layer] = kv.entries[s.layer][rows]
         if s.index_keys:
             keys[s.layer] = kv.keys[s.layer][rows]
@@ -139,20 +140,10 @@ def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     kv.window[:, slot].copy_(snap.window)
     for layer, t in snap.pending.items():
         kv.pending[layer][:, slot].copy_(t)
-    sources = kv.layout.sources
-    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
-    host = [_host_rows(pages, kv.layout.entries_per_page(s.ratio), snap.position // s.ratio) for s in sources]
-    rows = torch.from_numpy(np.concatenate(host)).to(kv.device).split([len(r) for r in host])
-    for s, at in zip(sources, rows, strict=True):
+    for s, at in zip(kv.layout.sources, _source_rows(kv, slot, snap.position), strict=True):
         kv.entries[s.layer].index_copy_(0, at, snap.entries[s.layer].to(kv.device))
         if s.index_keys:
             kv.keys[s.layer].index_copy_(0, at, snap.keys[s.layer].to(kv.device))
-
-
-def _host_rows(pages: np.ndarray, per: int, groups: int) -> np.ndarray:
-    """_entry_rows on the host: the buffer rows of a slot's first `groups` entries, `per` entries a page."""
-    e = np.arange(groups, dtype=np.int64)
-    return pages[e // per] * per + e % per
 
 
 def _dims(name: str) -> int | None:
