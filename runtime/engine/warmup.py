@@ -20,6 +20,11 @@ def compiled_stages(runner) -> dict | None:
     return stages if stages and any(stages.values()) else None
 
 
+def runner_notes(runner) -> list[str]:
+    """What a runner says of how it runs (a stage compiled in process and why, a kernel path not taken)."""
+    return list(runner.stats().get("notes") or ()) if hasattr(runner, "stats") else []
+
+
 def stages_line(stages: dict) -> str:
     """The boot log's line for compiled_stages (a restart should show them all loaded)."""
     return (f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "

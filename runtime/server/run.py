@@ -215,7 +215,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import compiled_stages, stages_line, warm_up
+    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line, warm_up
     from tfc.runtime.parallel.session import lead_or_follow
 
     worker, load = _start_worker(options, out["world"])
@@ -258,6 +258,8 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     stages = compiled_stages(runner)
     if stages:
         say(stages_line(stages))
+    for note in runner_notes(runner):
+        say(f"note: {note}")
     say(engine.prefix_note)
     say(engine.draft_note)
     for note in runner.info.warnings:

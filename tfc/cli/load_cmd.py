@@ -44,7 +44,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     if rank is None:
         launch_if_world(click.get_current_context(), image)
     from tfc.runtime.boot.phases import phases_path, write_phases
-    from tfc.runtime.engine.warmup import compiled_stages, stages_line
+    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line
     from tfc.runtime.parallel.session import join_world, lead_or_follow
     from tfc.runtime.worker.worker import Worker
 
@@ -89,6 +89,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "graphs": booted.graphs.settings.enabled,
             "graph_counts": graph_counts(booted.graphs),
             "stages": compiled_stages(worker.runner),
+            "notes": runner_notes(worker.runner),
             "started_s": started,
             "resident_s": resident["resident_s"],
         }
@@ -115,6 +116,8 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
         if extra["stages"]:
             click.echo(stages_line(extra["stages"]))
+        for note in extra["notes"]:
+            click.echo(f"note: {note}")
         if world is not None:
             own = ", ".join(f"rank {r['rank']} {r['wall_ms'] / 1e3:.2f} s" for r in ranks)
             when = extra["world_resident_s"]

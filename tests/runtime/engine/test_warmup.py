@@ -46,3 +46,14 @@ def test_compiled_stages_are_reported_only_when_there_were_any():
     assert stages_line(counts) == "compiled stages: 21 loaded, 0 compiled and saved, 0 traced in process"
     assert compiled_stages(_Runner({"loaded": 0, "saved": 0, "traced": 0})) is None
     assert compiled_stages(None) is None and compiled_stages(object()) is None
+
+
+def test_runner_notes_say_why_a_stage_compiles_in_process():
+    from tfc.runtime.engine.warmup import runner_notes
+
+    class Noted(_Runner):
+        def stats(self):
+            return {"stages": self.stages, "notes": ["select compiles in process: saved stage failed: ..."]}
+
+    assert runner_notes(Noted({})) == ["select compiles in process: saved stage failed: ..."]
+    assert runner_notes(_Runner({})) == [] and runner_notes(None) == []

@@ -41,6 +41,9 @@ def enable(on: bool) -> None:
         import torch._inductor.config
 
         torch._inductor.config.emulate_precision_casts = True
+        # torch 2.11 (the H200's) leaves it off: no aot_compile, so no stage could be saved
+        if hasattr(torch._dynamo.config, "enable_aot_compile"):
+            torch._dynamo.config.enable_aot_compile = True
 
         for name in ("recompile_limit", "cache_size_limit"):  # one entry per context bucket a stage meets
             if hasattr(torch._dynamo.config, name):

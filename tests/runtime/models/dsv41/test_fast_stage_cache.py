@@ -17,6 +17,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     import torch
     import torch._dynamo.utils as du
+    torch._dynamo.config.enable_aot_compile = False  # torch 2.11's default: fusion.enable must turn it on
     from tfc.runtime.models.dsv41.fast import compressed, fusion
     fusion.enable(True)
     fusion.use_stage_folder(Path(sys.argv[1]))
