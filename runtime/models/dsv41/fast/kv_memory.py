@@ -15,6 +15,14 @@ from tfc.runtime.models.dsv41.fast.kv_layout import KvLayout
 from tfc.runtime.models.dsv41.fast.kv_pages import PagePool
 
 
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without the host waiting for the stream: staged in page-locked memory on a GPU
+    (torch's caching host allocator keeps the block until the copy has run), as is on the CPU."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class KvMemory:
     """Device buffers of a KV layout for `slots` slots and a pool of `tokens` tokens (whole pages)."""
 
@@ -67,7 +75,9 @@ class KvMemory:
         """Map pages for the slot's first `tokens` tokens; the device table row follows the host's."""
         if self.pool.ensure(slot, tokens):
             table = self.pool.table(slot)
-            self.page_table[slot, : len(table)].copy_(torch.tensor(table, dtype=torch.int64))
+            self.page_table[slot, : len(table)].copy_(
+                upload(torch.tensor(table, dtype=torch.int64), self.device)
+            )
 
     def truncate(self, slot: int, tokens: int) -> None:
         """Unmap the slot's pages past its first `tokens` tokens (their table entries back to the scratch page)."""
