@@ -1,8 +1,10 @@
 # Sourced by the H200 scripts: environment, output and work folders, tfc and the carried wheels into /tmp/site.
 set -u
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/tfcbench}; mkdir -p "$WORK"
+# Bytecode kept between processes (outside the tree and $OUT), as an installed torch has it: without it every
+# process compiles torch's sources again (~7 s of a restart's start-to-ready under cProfile, run of 2026-12-01).
+export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=$WORK/pycache
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
   && python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site . \
   && export PYTHONPATH=/tmp/site || { echo "install failed"; exit 1; }

@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
+#   bash benchmarks/h200_serving.sh restore   # its host-tier restore alone (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 # Several parts run in turn (`... speed prefix`); every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
@@ -42,15 +43,24 @@ case "$PART" in
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
     timeout 420 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 2 --restore-reps 9 \
       --vocab 600 --no-draft --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30 ;;
+  restore)  # the host-tier restore only (prefix's second part)
+    timeout 200 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 0 --restore-reps 15 \
+      --vocab 600 --out "$OUT/restore_h200.json" 2>&1 | tail -30 ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
     (cd /tmp && timeout 200 python3 -m tfc load "$IMG" --device cuda --json > "$OUT/load_first.json" 2> "$OUT/load_first.err" \
       && timeout 120 python3 -m cProfile -o "$OUT/load_restart.prof" -m tfc load "$IMG" --device cuda --json \
         > "$OUT/load_restart.json" 2> "$OUT/load_restart.err")
     python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
-      "$OUT/load_restart.prof" > "$OUT/load_restart_top.txt" 2>&1; head -80 "$OUT/load_restart_top.txt" ;;
+      "$OUT/load_restart.prof" > "$OUT/load_restart_top.txt" 2>&1
+    python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(25)" \
+      "$OUT/load_restart.prof" > "$OUT/load_restart_self.txt" 2>&1
+    python3 -c "import json,sys; [print(f, json.load(open(f)).get('stages'), json.load(open(f)).get('notes'), json.load(open(f))['wall_ms']) for f in sys.argv[1:]]" \
+      "$OUT/load_first.json" "$OUT/load_restart.json"; head -40 "$OUT/load_restart_self.txt" ;;
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
+# A device call brings back a few files only: everything in one archive (and the logs' tails above).
+(cd "$OUT" && tar -czf /tmp/h200_all.tgz . && find . -mindepth 1 -delete && mv /tmp/h200_all.tgz all.tgz)
