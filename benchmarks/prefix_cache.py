@@ -102,6 +102,8 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
             host_times.append(time.perf_counter() - t)  # until the host is free again (the copies queued)
             sync()
             times.append(time.perf_counter() - t)
+        back = w.snapshot(1).to_host()  # the restored slot holds the snapshot's rows, byte for byte
+        same = back.to_bytes() == host.to_bytes()
         src = torch.empty(host.nbytes, dtype=torch.uint8).pin_memory() if device == "cuda" else torch.empty(
             host.nbytes, dtype=torch.uint8)  # fmt: skip
         dst = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
@@ -113,7 +115,7 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
             sync()
             floor.append(time.perf_counter() - t)
         r, f = statistics.median(times), statistics.median(floor)
-        return {"runner": w.kind, "bytes": host.nbytes, "reps": reps, "restore_s": r, "restore_all_s": times, "host_s": statistics.median(host_times), "restore_gb_s": host.nbytes / r / 1e9,
+        return {"runner": w.kind, "bytes": host.nbytes, "reps": reps, "restore_s": r, "restore_all_s": times, "host_s": statistics.median(host_times), "restored_equal": same, "restore_gb_s": host.nbytes / r / 1e9,
                 "copy_floor_gb_s": host.nbytes / f / 1e9, "ratio_to_floor": f / r,
                 "floor": "pinned host -> device copy" if device == "cuda" else "host memcpy (CPU run)"}  # fmt: skip
     finally:
@@ -126,7 +128,9 @@ def main() -> None:
     ap.add_argument("--image", help="a prepared image's rank folder (default: build the tiny one)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tokens", type=int, default=3500, help="turn 1's prompt ids")
-    ap.add_argument("--reps", type=int, default=3, help="TTFT repeats (each boots two servers; 0: the restore part only)")
+    ap.add_argument(
+        "--reps", type=int, default=3, help="TTFT repeats (each boots two servers; 0: the restore part only)"
+    )
     ap.add_argument("--restore-reps", type=int, default=9, help="host-tier restores timed (and copies)")
     ap.add_argument("--vocab", type=int, default=600, help="ids are drawn from [1, vocab)")
     ap.add_argument(

@@ -10,17 +10,40 @@ Buffers (uint8 rows in the kv_rows formats unless said; slot index `slots` is th
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tfc.runtime.models.dsv41.fast.kv_layout import KvLayout
 from tfc.runtime.models.dsv41.fast.kv_pages import PagePool
 
 
-def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without the host waiting for the stream: staged in page-locked memory on a GPU
-    (torch's caching host allocator keeps the block until the copy has run), as is on the CPU."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+class HostStage:
+    """Small int64 uploads (page-table rows, row ids) the host does not wait for: a page-locked buffer and its
+    device twin, kept; an upload waits only for the previous copy out of the same buffer, and a later one
+    overwrites the device twin only after, in stream order, what read it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._host: torch.Tensor | None = None
+        self._dev: torch.Tensor | None = None
+        self._copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def send(self, values: np.ndarray) -> torch.Tensor:
+        """`values` on the device (a view of the twin on a GPU, valid until the next send)."""
+        values = np.asarray(values, dtype=np.int64)
+        if self._copied is None:
+            return torch.from_numpy(values.copy()).to(self.device)
+        n = len(values)
+        if self._host is not None:
+            self._copied.synchronize()
+        if self._host is None or self._host.numel() < n:
+            size = max(n, 4096, 2 * (0 if self._host is None else self._host.numel()))
+            self._host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+            self._dev = torch.empty(size, dtype=torch.int64, device=self.device)
+        self._host.numpy()[:n] = values
+        out = self._dev[:n]
+        out.copy_(self._host[:n], non_blocking=True)
+        self._copied.record()
+        return out
 
 
 class KvMemory:
@@ -49,6 +72,9 @@ class KvMemory:
         # Wide enough for the largest context bucket a step scores (columns past a slot's limit stay scratch).
         width = max(self.pool.max_pages, -(-table_tokens // layout.page_tokens))
         self.page_table = torch.zeros(slots + 1, width, dtype=torch.int64, device=device)
+        # Page-table rows and row ids go up through two kept buffers, so neither waits on the other's copy.
+        self.table_stage = HostStage(device)
+        self.row_stage = HostStage(device)
 
     @property
     def dummy_slot(self) -> int:
@@ -75,9 +101,7 @@ class KvMemory:
         """Map pages for the slot's first `tokens` tokens; the device table row follows the host's."""
         if self.pool.ensure(slot, tokens):
             table = self.pool.table(slot)
-            self.page_table[slot, : len(table)].copy_(
-                upload(torch.tensor(table, dtype=torch.int64), self.device)
-            )
+            self.page_table[slot, : len(table)].copy_(self.table_stage.send(table))
 
     def truncate(self, slot: int, tokens: int) -> None:
         """Unmap the slot's pages past its first `tokens` tokens (their table entries back to the scratch page)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory, upload
+from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.snapshot_bytes import pack, unpack
 
 from tfc.errors import TfcError
@@ -99,7 +99,7 @@ def _views(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[tor
 def entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
     """Row ids (in the entry / key buffers) of a slot's first `groups` entries of a ratio-`ratio` source."""
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
-    return upload(torch.from_numpy(_host_rows(pages, kv.layout.entries_per_page(ratio), groups)), kv.device)
+    return kv.row_stage.send(_host_rows(pages, kv.layout.entries_per_page(ratio), groups)).clone()
 
 
 def _source_rows(kv: KvMemory, slot: int, position: int) -> tuple[torch.Tensor, ...]:
@@ -107,7 +107,7 @@ def _source_rows(kv: KvMemory, slot: int, position: int) -> tuple[torch.Tensor, 
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
     sources = kv.layout.sources
     host = [_host_rows(pages, kv.layout.entries_per_page(s.ratio), position // s.ratio) for s in sources]
-    return upload(torch.from_numpy(np.concatenate(host)), kv.device).split([len(r) for r in host])
+    return kv.row_stage.send(np.concatenate(host)).split([len(r) for r in host])
 
 
 def _host_rows(pages: np.ndarray, per: int, groups: int) -> np.ndarray:
@@ -131,8 +131,8 @@ def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     """Map pages for the snapshot's position in a (released) slot and write its rows back: a packed host copy
     goes up in one transfer, started first so that the host's page work overlaps it; the page table and every
-    source's row ids (computed on the host) follow from page-locked memory, then one copy per tensor. The host
-    never waits for the stream."""
+    source's row ids (computed on the host) follow through the KV memory's kept page-locked buffers, then one
+    copy per tensor. The host never waits for the stream."""
     if snap.packed is not None:
         staged = snap.packed.to(kv.device, non_blocking=True)
         snap = snap._with(_views(staged, snap.tensors), None)
