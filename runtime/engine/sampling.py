@@ -2,13 +2,19 @@
 
 A sampled token depends only on the logits, the parameters, the seed and the token's absolute position
 in its sequence, never on what else ran in the step or how often the sampler was called: one uniform
-draw u = H(seed, position) in [0, 1) picks the token by inverse CDF over the kept tokens, sorted by
-logit (stable, lower id first among equals). Filters apply in the order vLLM documents: temperature,
+draw u = H(seed, position) in [0, 1) picks the token by inverse CDF over the kept tokens, in id order, or
+sorted by logit (stable, lower id first among equals) when top-k or top-p needs the ranking. Filters apply in the order vLLM documents: temperature,
 top-k, then softmax, min-p (keep p >= min_p * p_max), top-p (shortest prefix whose mass reaches top_p).
+
+The weights are fixed point: w = floor(exp((l - l_max) / T) * 2**WEIGHT_BITS) as int64, so every sum after
+them is exact and the same in any order. The whole draw runs where the logits are (a GPU's sort, prefix sums
+and search give the CPU's token, one sync for the result), and a token whose weight rounds to 0 (below
+2**-44 of the top token's probability) is never drawn.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -60,30 +66,47 @@ def uniform(seed: int, position: int) -> float:
     return (_mix(_mix(seed & MASK64) ^ (position & MASK64)) >> 11) * 2.0**-53
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
-    """The token at `position` from logits [V] (any device; the same token on every device).
+WEIGHT_BITS = 44  # a vocabulary of 2**19 weights of at most 2**44 each sums below 2**63
+# Logits this far (times T) under the top one have weight 0 for sure: the CPU sorts only the rest.
+CUT = WEIGHT_BITS * math.log(2) + 1
 
-    The argmax and the stable sort run where the logits are: a stable sort's order is unique (lower id first
-    among equals), so the GPU's is the CPU's, and a host sort of the whole vocabulary costs more than a decode
-    step. The arithmetic after the sort runs on the CPU in fp64, on the same values in the same order.
-    """
+
+def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """The token at `position` from logits [V] (any device; the same token on every device)."""
     logits = logits.detach().reshape(-1).to(torch.float64)
     if params.temperature == 0:
         return int(torch.argmax(logits))  # first index among equal maxima
-    order = torch.sort(logits, descending=True, stable=True).indices
-    ranked = logits[order].cpu() / params.temperature
-    order = order.cpu()
+    return draw(logits, params, uniform(seed, position), cut=logits.device.type == "cpu")
+
+
+def draw(logits: torch.Tensor, params: SamplingParams, u: float, cut: bool = False) -> int:
+    """The token of draw u in [0, 1) from fp64 logits [V] at params.temperature > 0; `cut`: a ranking sorts only
+    the logits within CUT * T of the top (what a CPU's sort of the whole vocabulary would spend on weights of 0)."""
+    t = params.temperature
+    top = logits.max()
+    ids = None  # the token ids in the order of `logits` (None: all of them, in id order)
+    if params.top_k or params.top_p < 1:  # filters of the ranking: the kept tokens by logit
+        if cut:
+            ids = torch.nonzero(logits >= top - CUT * t).reshape(-1)
+            logits = logits[ids]
+        logits, order = torch.sort(logits, descending=True, stable=True)
+        ids = order if ids is None else ids[order]
+    w = torch.floor(torch.exp((logits - top) / t) * 2.0**WEIGHT_BITS).to(torch.int64)
+    keep = torch.ones_like(w, dtype=torch.bool)
     if params.top_k:
-        ranked = ranked[: params.top_k]
-    probs = torch.softmax(ranked, dim=0)
-    if params.min_p > 0:
-        probs = probs[: max(1, int((probs >= params.min_p * probs[0]).sum()))]
-    if params.top_p < 1:
-        before = torch.cumsum(probs, 0) - probs
-        probs = probs[: max(1, int((before < params.top_p * probs.sum()).sum()))]
-    cdf = torch.cumsum(probs, 0)
-    pick = int(torch.searchsorted(cdf, uniform(seed, position) * float(cdf[-1]), right=True))
-    return int(order[min(pick, probs.numel() - 1)])
+        keep[params.top_k :] = False
+    if params.min_p > 0:  # p >= min_p * p_max, in weights (the top token's is 2**WEIGHT_BITS)
+        keep &= w >= math.ceil(params.min_p * 2.0**WEIGHT_BITS)
+    w = torch.where(keep, w, 0)
+    cdf = torch.cumsum(w, 0)
+    if params.top_p < 1:  # the shortest prefix whose mass reaches top_p of the whole
+        reach = torch.ceil(cdf[-1].to(torch.float64) * params.top_p)
+        w = torch.where(cdf - w < reach, w, 0)
+        cdf = torch.cumsum(w, 0)
+    total = cdf[-1]
+    target = torch.minimum(torch.floor(total.to(torch.float64) * u).to(torch.int64), total - 1)
+    at = torch.searchsorted(cdf, target.reshape(1), right=True)
+    return int(at if ids is None else ids[at])
 
 
 class Sampler:

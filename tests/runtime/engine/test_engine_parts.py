@@ -9,7 +9,7 @@ import torch
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.request import Rejected, Request
-from tfc.runtime.engine.sampling import SamplingError, SamplingParams, sample, uniform
+from tfc.runtime.engine.sampling import SamplingError, SamplingParams, draw, sample, uniform
 from tfc.runtime.engine.scheduler import Running, plan_step
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput
 
@@ -44,6 +44,27 @@ def test_filters_keep_what_they_say():
     ):
         with pytest.raises(SamplingError):
             SamplingParams(**bad)
+
+
+def test_draws_follow_the_softmax_of_the_tempered_logits():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -30.0], dtype=torch.float64)
+    p = SamplingParams(temperature=0.8)
+    n = 6000
+    counts = torch.bincount(torch.tensor([sample(logits, p, 5, pos) for pos in range(n)]), minlength=6)
+    want = torch.softmax(logits / 0.8, 0)
+    sigma = (want * (1 - want) / n).sqrt()
+    assert ((counts / n - want).abs() <= 4 * sigma + 1e-9).all(), (counts / n, want)
+    assert counts[5] == 0  # weight floor(e^-37.5 * 2^44) = 0: never drawn
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7), SamplingParams(temperature=1.5, top_k=40),
+                                    SamplingParams(temperature=1.0, top_p=0.9, min_p=0.01)])  # fmt: skip
+def test_sorting_only_the_logits_near_the_top_changes_no_token(params):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(20000, generator=g) * 12).double()  # a wide spread: most weights are 0
+    for pos in range(64):
+        u = uniform(9, pos)
+        assert draw(logits, params, u, cut=True) == draw(logits, params, u, cut=False), pos
 
 
 class CharTokenizer:
