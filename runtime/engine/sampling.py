@@ -7,9 +7,10 @@ sorted by logit (stable, lower id first among equals) when top-k or top-p needs 
 top-k, then softmax, min-p (keep p >= min_p * p_max), top-p (shortest prefix whose mass reaches top_p).
 
 The weights are fixed point: w = floor(exp((l - l_max) / T) * 2**WEIGHT_BITS) as int64, so every sum after
-them is exact and the same in any order. The whole draw runs where the logits are (a GPU's sort, prefix sums
-and search give the CPU's token, one sync for the result), and a token whose weight rounds to 0 (below
-2**-44 of the top token's probability) is never drawn.
+them is exact and the same in any order. The whole draw runs where the logits are, one sync for the result: a
+GPU's sort, prefix sums and search give the CPU's token unless the two exp() differ in a weight's last unit
+and the draw lands on that unit (odds of about 2**-40 a draw). A token whose weight rounds to 0 (below 2**-44
+of the top token's probability) is never drawn.
 """
 
 from __future__ import annotations
