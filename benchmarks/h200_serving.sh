@@ -8,21 +8,24 @@
 #   bash benchmarks/h200_serving.sh restore   # its host-tier restore alone (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
-# Several parts run in turn (`... speed prefix`); every part has its own time limit; what it wrote lands under $OUT. TFC_H200_TESTS="tests/a.py::t tests/b.py::u"
-# runs those tests first with short tracebacks (TFC_H200_TESTS_S seconds, default 150).
+#   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
+#   TFC_H200_TESTS="tests/a.py::t tests/b.py::u" bash benchmarks/h200_serving.sh retests  # those tests, short tracebacks
+#                                                 # (TFC_H200_TESTS_S seconds, default 150)
+# Several parts run in turn (`... speed prefix`); every part has its own time limit; what it wrote lands under $OUT.
 set -u
 source benchmarks/_h200_setup.sh > "$OUT/setup.log" 2>&1
 R=$PWD
 (cd /tmp && timeout 150 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 --jobs 16 \
   && timeout 120 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") > "$OUT/image.log" 2>&1
 IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
-if [ -n "${TFC_H200_TESTS:-}" ]; then  # pytest ids to run first, tracebacks short (a failure's details, then the part)
-  (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
-    -p no:warnings --tb=short -rA $(for t in $TFC_H200_TESTS; do echo "$R/$t"; done)) > "$OUT/retests.txt" 2>&1
-  tail -40 "$OUT/retests.txt"
-fi
 for PART in "${@:-tests}"; do
 case "$PART" in
+  retests)  # the pytest ids of TFC_H200_TESTS, tracebacks short
+    (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:warnings --tb=short -rA $(for t in ${TFC_H200_TESTS:-}; do echo "$R/$t"; done)) > "$OUT/retests.txt" 2>&1
+    tail -40 "$OUT/retests.txt" ;;
+  sampling)
+    timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4 ;;
   tests)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/engine/test_sampling_gpu.py" \
@@ -59,7 +62,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|speed|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).
