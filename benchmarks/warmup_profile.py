@@ -1,0 +1,76 @@
+"""Where a restart's warm-up goes once every compiled stage is saved: the tiny image, cProfile over the warm-up.
+
+    python3 benchmarks/warmup_profile.py --device cuda --out $OUT/warmup_profile_h200.json
+
+Builds the tiny image in a temporary store, runs build_fast + the one-row warm-up step in a fresh process
+(compiling and saving the stages), then again in another with the warm-up under cProfile: the warm-up's
+seconds, the stage counts, and the functions with the most cumulative and self time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import cProfile, io, json, pstats, sys, time
+import torch
+from tfc.runtime.boot.rank import boot
+from tfc.runtime.models.dsv41.fast import fusion
+from tfc.runtime.models.dsv41.fast.build import build_fast
+booted = boot(sys.argv[1], device=sys.argv[2])
+runner = build_fast(booted, slots=2, tokens_per_slot=4096, fuse=True, draft=False)
+prof = cProfile.Profile() if sys.argv[3] == "1" else None
+t = time.perf_counter()
+if prof:
+    prof.enable()
+runner.warmup()
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+if prof:
+    prof.disable()
+out = {"warmup_s": time.perf_counter() - t, "stages": dict(fusion.COUNTS), "notes": fusion.NOTES}
+if prof:
+    for order, key in (("cumulative", "top_cumulative"), ("tottime", "top_self")):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(40)
+        out[key] = [line[:220] for line in buf.getvalue().splitlines() if line.strip()][-41:]
+print(json.dumps(out))
+"""
+
+
+def tfc(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "tfc", *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tfc("fixture", "tiny", f"{tmp}/pack")
+        tfc("prepare", f"{tmp}/pack", "--store", f"{tmp}/store")
+        image = next(Path(tmp, "store").glob("*/rank0"))
+        runs = []
+        for profiled in ("0", "1"):
+            done = subprocess.run([sys.executable, "-c", CHILD, str(image), args.device, profiled],
+                                  capture_output=True, text=True, timeout=900)  # fmt: skip
+            if done.returncode:
+                raise SystemExit(done.stderr[-3000:])
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    res = {"device": args.device, "first": runs[0], "restart": runs[1]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"first warm-up {runs[0]['warmup_s']:.2f} s {runs[0]['stages']}; restart {runs[1]['warmup_s']:.2f} s "
+          f"{runs[1]['stages']} (profiled)")  # fmt: skip
+    print("\n".join(runs[1]["top_cumulative"][:30]))
+
+
+if __name__ == "__main__":
+    main()
