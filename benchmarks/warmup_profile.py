@@ -22,7 +22,9 @@ import torch
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.build import build_fast
+from tfc.runtime.boot.kernel_cache import use_store_cache
 booted = boot(sys.argv[1], device=sys.argv[2])
+use_store_cache(booted.image.path, sys.argv[2])  # Triton's cache in the store, as Worker.load_model points it
 runner = build_fast(booted, slots=2, tokens_per_slot=4096, fuse=True, draft=False)
 prof = cProfile.Profile() if sys.argv[3] == "1" else None
 t = time.perf_counter()
