@@ -92,7 +92,7 @@ def generate(
     from tfc.runtime.engine.generate import generate as run
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import warm_up
+    from tfc.runtime.engine.warmup import compiled_stages, warm_up
     from tfc.runtime.parallel.session import join_world, lead_or_follow, model_options
     from tfc.runtime.worker.worker import Worker
 
@@ -141,6 +141,7 @@ def generate(
         )[0]  # fmt: skip
         drafting.update(out.drafted.as_dict())
         graphs = graph_counts(worker.booted.graphs)
+        stages = compiled_stages(worker.runner)
     finally:
         if runner is not worker:
             runner.stop()  # every other rank exits 0
@@ -153,7 +154,7 @@ def generate(
         rates = {"warmup_s": round(warmup_s, 6), "prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
                  "decode_tok_s": round(out.decode_tok_s, 3), "prefill_tok_s": round(prefill_tok_s, 3)}  # fmt: skip
         click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates, "runner": worker.kind,
-                               "graphs": graphs, "drafting": drafting, **tp}))  # fmt: skip
+                               "graphs": graphs, "stages": stages, "drafting": drafting, **tp}))  # fmt: skip
     else:
         stream.finish()
         click.echo(
