@@ -4,7 +4,8 @@ one) on the GPU, greedy and with temperature; both must give the same tokens.
     python benchmarks/sampling.py --out benchmarks/results/sampling/sampling_cpu.json
     python3 benchmarks/sampling.py --out $OUT/sampling_h200.json        # on a GPU host: both rows
 
-One sample() call per token, as the engine makes one per sequence per step; medians of --reps calls.
+One sample() call per token, medians of --reps calls; then a 16-row step, sampled one row at a time and in one
+sample_rows() call (what the engine makes each step), the same tokens both ways.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from tfc.runtime.engine.sampling import SamplingParams, sample
+from tfc.runtime.engine.sampling import SamplingParams, sample, sample_rows
 
 VOCAB = 129280
 CASES = {"greedy": SamplingParams(), "temperature 0.7": SamplingParams(temperature=0.7),
@@ -34,6 +35,26 @@ def timed(logits: torch.Tensor, params: SamplingParams, reps: int) -> tuple[floa
         tokens.append(sample(logits, params, 7, i))
         times.append(time.perf_counter() - t)
     return statistics.median(times), tokens
+
+
+def step_times(rows: torch.Tensor, params: SamplingParams, reps: int) -> tuple[float, float]:
+    """Median seconds to sample every row of a step: one sample() call each, then one sample_rows() call
+    (which must give the same tokens)."""
+    n = rows.shape[0]
+    one, batch = [], []
+    for i in range(reps + 2):
+        sync = torch.cuda.synchronize if rows.is_cuda else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        alone = [sample(rows[r], params, 7, i * n + r) for r in range(n)]
+        one.append(time.perf_counter() - t)
+        sync()
+        t = time.perf_counter()
+        together = sample_rows(rows, [params] * n, [7] * n, [i * n + r for r in range(n)])
+        batch.append(time.perf_counter() - t)
+        if together != alone:
+            raise SystemExit("sample_rows gave other tokens than sample() row by row")
+    return statistics.median(one[2:]), statistics.median(batch[2:])
 
 
 def main() -> None:
@@ -55,6 +76,16 @@ def main() -> None:
             print(f"{name:<28} logits on {dev:<4}: {s * 1e3:8.3f} ms a token")
         if len(tokens) > 1 and tokens["cpu"] != tokens["cuda"]:
             raise SystemExit(f"{name}: the GPU logits sampled other tokens than the CPU's")
+    rows = torch.randn(16, VOCAB, generator=torch.Generator().manual_seed(1)) * 4
+    for name, params in CASES.items():  # a 16-row step: one batched call against 16 calls
+        for dev in devices:
+            x = rows.to(dev)
+            one, batch = step_times(x, params, args.reps)
+            res["rows"].append({"case": name, "logits_on": dev, "rows": 16, "one_by_one_ms": one * 1e3,
+                                "batched_ms": batch * 1e3})  # fmt: skip
+            print(
+                f"{name:<28} logits on {dev:<4}, 16 rows: {one * 1e3:8.3f} ms one by one, {batch * 1e3:8.3f} ms batched"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
 

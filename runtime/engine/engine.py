@@ -29,7 +29,7 @@ from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
-from tfc.runtime.engine.sampling import sample
+from tfc.runtime.engine.sampling import sample, sample_rows
 from tfc.runtime.engine.scheduler import Running, plan_step
 from tfc.runtime.worker.step import SequenceStep
 
@@ -259,14 +259,15 @@ class Engine:
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
         done: list[tuple[EngineSeq, Event, tuple[int, ...]]] = []
+        drawn = self._draws(plan, out, by_slot)
         for row, logits in zip(plan.rows, out.logits, strict=True):
             seq = by_slot[row.slot]
             if row.verify:
-                self._verify(seq, row, logits, now, done)
+                self._verify(seq, row, logits, now, done, drawn)
                 continue
             seq.run.fed += len(row.tokens)
             if not seq.run.prefilling:
-                self._next(seq, logits, now, done)
+                self._next(seq, logits, now, done, drawn)
         if self.prefix is not None:  # after every rollback: a state is offered only with committed rows
             ended = {id(seq) for seq, _, _ in done}
             for row in plan.rows:
@@ -300,14 +301,37 @@ class Engine:
             for seq in work:
                 seq.run.draft = ()
 
-    def _verify(self, seq: EngineSeq, row: SequenceStep, logits: Any, now: float, done: list) -> None:
+    @staticmethod
+    def _draws(plan: Any, out: Any, by_slot: dict[int, EngineSeq]) -> dict[tuple[int, int], int]:
+        """The token of every position this step may sample without a constraint, drawn in one batched call
+        (the same tokens as one at a time): {(slot, position): token}."""
+        keys, rows = [], []
+        for row, logits in zip(plan.rows, out.logits, strict=True):
+            seq = by_slot[row.slot]
+            if seq.request.constraint is not None:  # its mask follows its own tokens: drawn in turn
+                continue
+            if row.verify:  # every position of the window (the walk may stop before the last)
+                for i in range(len(row.tokens)):
+                    keys.append((row.slot, row.position + i + 1, seq.request))
+                    rows.append(logits[i])
+            elif seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
+                keys.append((row.slot, seq.run.fed + len(row.tokens), seq.request))
+                rows.append(logits)
+        if not keys:
+            return {}
+        tokens = sample_rows(torch.stack([r.reshape(-1) for r in rows]), [r.params for _, _, r in keys],
+                             [r.params.seed or 0 for _, _, r in keys], [at for _, at, _ in keys])  # fmt: skip
+        return {(slot, at): token for (slot, at, _), token in zip(keys, tokens, strict=True)}
+
+    def _verify(self, seq: EngineSeq, row: SequenceStep, logits: Any, now: float, done: list,
+                drawn: dict[tuple[int, int], int]) -> None:  # fmt: skip
         """Sample the verify rows in order as serial decoding would; keep the drafts it agrees with, roll back."""
         run, draft = seq.run, row.tokens[1:]
         accepted = 0
         for i in range(len(row.tokens)):
             run.fed = row.position + i + 1
             before = len(run.generated)
-            going = self._next(seq, logits[i], now, done)
+            going = self._next(seq, logits[i], now, done, drawn)
             hit = i < len(draft) and len(run.generated) > before and run.generated[-1] == draft[i]
             accepted += hit
             if not going or not hit:
@@ -320,11 +344,13 @@ class Engine:
         self.metrics.draft_tokens.inc(len(draft))
         self.metrics.accepted_tokens.inc(accepted)
 
-    def _next(self, seq: EngineSeq, logits: Any, now: float, done: list) -> bool:
-        """Sample and emit the token at `run.fed`; False (and the sequence in `done`) when it ended."""
+    def _next(self, seq: EngineSeq, logits: Any, now: float, done: list,
+              drawn: dict[tuple[int, int], int]) -> bool:  # fmt: skip
+        """Sample (or take from `drawn`) and emit the token at `run.fed`; False (and the sequence in `done`) when
+        it ended."""
         run = seq.run
         try:
-            token, logprob = self._pick(seq.request, logits, run.fed)
+            token, logprob = self._pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)))
         except Exception as error:  # a request's constraint failed: end that request, not the engine
             done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
             return False
@@ -345,12 +371,15 @@ class Engine:
         return False
 
     @staticmethod
-    def _pick(r: Request, logits: Any, position: int) -> tuple[int, tuple]:
-        """The next token (constraint mask applied before the sampler) and, when asked, its logprobs."""
-        logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample sorts there
+    def _pick(r: Request, logits: Any, position: int, drawn: int | None = None) -> tuple[int, tuple]:
+        """The next token (constraint mask applied before the sampler; `drawn`: already drawn, unconstrained) and,
+        when asked, its logprobs."""
+        if drawn is not None and r.logprobs is None:
+            return drawn, ()
+        logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample draws there
         if r.constraint is not None:
             logits = masked(logits, r.constraint.allowed())
-        token = sample(logits, r.params, r.params.seed or 0, position)
+        token = drawn if drawn is not None else sample(logits, r.params, r.params.seed or 0, position)
         if r.constraint is not None:
             r.constraint.advance(token)
         if r.logprobs is None:

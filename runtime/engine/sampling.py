@@ -74,40 +74,80 @@ CUT = WEIGHT_BITS * math.log(2) + 1
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
     """The token at `position` from logits [V] (any device; the same token on every device)."""
-    logits = logits.detach().reshape(-1).to(torch.float64)
-    if params.temperature == 0:
-        return int(torch.argmax(logits))  # first index among equal maxima
-    return draw(logits, params, uniform(seed, position), cut=logits.device.type == "cpu")
+    return sample_rows(logits.reshape(1, -1), [params], [seed], [position])[0]
+
+
+def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                positions: list[int]) -> list[int]:  # fmt: skip
+    """sample() of every row of logits [R, V]: on a GPU in a few batched launches, the same tokens as one row at
+    a time (every operation is per row, and exact after the weights); on the CPU row by row."""
+    logits = logits.detach().to(torch.float64)
+    out = [0] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    plain = [i for i, p in enumerate(params) if p.temperature > 0 and not _ranks(p)]
+    ranked = [i for i, p in enumerate(params) if p.temperature > 0 and _ranks(p)]
+    if greedy:  # the first index among equal maxima
+        picked = logits if len(greedy) == len(params) else logits[greedy]
+        for i, token in zip(greedy, torch.argmax(picked, dim=1).tolist(), strict=True):
+            out[i] = token
+    cpu = logits.device.type == "cpu"
+    for group in (plain, ranked):
+        if not group:
+            continue
+        us = [uniform(seeds[i], positions[i]) for i in group]
+        if cpu:  # one at a time: a ranking sorts only its logits near the top, and [R, V] temporaries page-fault
+            tokens = [draw(logits[i], params[i], u, cut=True) for i, u in zip(group, us, strict=True)]
+        else:
+            tokens = draw_rows(logits[group], [params[i] for i in group], us)
+        for i, token in zip(group, tokens, strict=True):
+            out[i] = token
+    return out
+
+
+def _ranks(params: SamplingParams) -> bool:
+    """Whether the filters need the ranking (top-k, top-p): the kept tokens are walked by logit."""
+    return bool(params.top_k) or params.top_p < 1
 
 
 def draw(logits: torch.Tensor, params: SamplingParams, u: float, cut: bool = False) -> int:
     """The token of draw u in [0, 1) from fp64 logits [V] at params.temperature > 0; `cut`: a ranking sorts only
     the logits within CUT * T of the top (what a CPU's sort of the whole vocabulary would spend on weights of 0)."""
-    t = params.temperature
-    top = logits.max()
-    ids = None  # the token ids in the order of `logits` (None: all of them, in id order)
-    if params.top_k or params.top_p < 1:  # filters of the ranking: the kept tokens by logit
-        if cut:
-            ids = torch.nonzero(logits >= top - CUT * t).reshape(-1)
-            logits = logits[ids]
-        logits, order = torch.sort(logits, descending=True, stable=True)
-        ids = order if ids is None else ids[order]
+    ids = None
+    if cut and _ranks(params):
+        ids = torch.nonzero(logits >= logits.max() - CUT * params.temperature).reshape(1, -1)
+        logits = logits[ids[0]]
+    return draw_rows(logits.reshape(1, -1), [params], [u], ids)[0]
+
+
+def draw_rows(logits: torch.Tensor, params: list[SamplingParams], us: list[float],
+              ids: torch.Tensor | None = None) -> list[int]:  # fmt: skip
+    """The tokens of draws us from fp64 logits [R, V] (temperature > 0, all rows ranking or none); `ids` [R, V]:
+    the token id of each column (default: the column)."""
+    n = logits.shape[1]
+    spec = torch.tensor(
+        [[p.temperature, p.top_k or n, math.ceil(p.min_p * 2.0**WEIGHT_BITS), p.top_p, u]
+         for p, u in zip(params, us, strict=True)],
+        dtype=torch.float64,
+    ).to(logits.device)  # fmt: skip
+    t, top_k, min_w, top_p, u = (spec[:, j : j + 1] for j in range(5))  # integers below 2**53: exact
+    top = logits.max(dim=1, keepdim=True).values
+    if _ranks(params[0]):
+        logits, order = torch.sort(logits, dim=1, descending=True, stable=True)
+        ids = order if ids is None else ids.gather(1, order)
     w = torch.floor(torch.exp((logits - top) / t) * 2.0**WEIGHT_BITS).to(torch.int64)
-    keep = torch.ones_like(w, dtype=torch.bool)
-    if params.top_k:
-        keep[params.top_k :] = False
-    if params.min_p > 0:  # p >= min_p * p_max, in weights (the top token's is 2**WEIGHT_BITS)
-        keep &= w >= math.ceil(params.min_p * 2.0**WEIGHT_BITS)
-    w = torch.where(keep, w, 0)
-    cdf = torch.cumsum(w, 0)
-    if params.top_p < 1:  # the shortest prefix whose mass reaches top_p of the whole
-        reach = torch.ceil(cdf[-1].to(torch.float64) * params.top_p)
-        w = torch.where(cdf - w < reach, w, 0)
-        cdf = torch.cumsum(w, 0)
-    total = cdf[-1]
+    if any(p.top_k or p.min_p > 0 for p in params):
+        # top-k, then min-p (p >= min_p * p_max, in weights: the top token's is 2**WEIGHT_BITS)
+        keep = (torch.arange(n, device=w.device) < top_k.to(torch.int64)) & (w >= min_w.to(torch.int64))
+        w = torch.where(keep, w, 0)
+    cdf = torch.cumsum(w, 1)
+    if any(p.top_p < 1 for p in params):  # top-p: the shortest prefix whose mass reaches it
+        reach = torch.ceil(cdf[:, -1:].to(torch.float64) * top_p)
+        w = torch.where((top_p < 1) & (cdf - w >= reach), 0, w)
+        cdf = torch.cumsum(w, 1)
+    total = cdf[:, -1:]
     target = torch.minimum(torch.floor(total.to(torch.float64) * u).to(torch.int64), total - 1)
-    at = torch.searchsorted(cdf, target.reshape(1), right=True)
-    return int(at if ids is None else ids[at])
+    at = torch.searchsorted(cdf, target, right=True)
+    return (at if ids is None else ids.gather(1, at)).reshape(-1).tolist()
 
 
 class Sampler:

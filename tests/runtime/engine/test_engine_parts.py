@@ -9,7 +9,15 @@ import torch
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.request import Rejected, Request
-from tfc.runtime.engine.sampling import SamplingError, SamplingParams, draw, sample, uniform
+from tfc.runtime.engine.sampling import (
+    SamplingError,
+    SamplingParams,
+    draw,
+    draw_rows,
+    sample,
+    sample_rows,
+    uniform,
+)
 from tfc.runtime.engine.scheduler import Running, plan_step
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput
 
@@ -65,6 +73,28 @@ def test_sorting_only_the_logits_near_the_top_changes_no_token(params):
     for pos in range(64):
         u = uniform(9, pos)
         assert draw(logits, params, u, cut=True) == draw(logits, params, u, cut=False), pos
+
+
+def test_rows_drawn_together_are_the_rows_drawn_alone():
+    g = torch.Generator().manual_seed(2)
+    logits = ((torch.randn(16, 3000, generator=g) * 6).round() / 4).double()  # ties, and a wide spread
+    plain = [
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.0, min_p=0.05),
+        SamplingParams(temperature=2.0),
+    ]
+    ranked = [SamplingParams(temperature=1.3, top_k=20), SamplingParams(temperature=0.9, top_p=0.8),
+              SamplingParams(temperature=1.1, top_k=50, top_p=0.95, min_p=0.01)]  # fmt: skip
+    for kinds in (plain, ranked):  # the batched draw a GPU makes (draw_rows), here on the CPU
+        for trial in range(4):
+            params = [kinds[(i + trial) % len(kinds)] for i in range(16)]
+            us = [uniform(i, trial * 100 + 7 * i) for i in range(16)]
+            alone = [draw(logits[i], params[i], us[i]) for i in range(16)]
+            assert draw_rows(logits, params, us) == alone
+    mixed = [SamplingParams(), *plain, *ranked] * 2 + [SamplingParams(), SamplingParams(temperature=0.5)]
+    seeds, positions = list(range(16)), [3 * i for i in range(16)]
+    alone = [sample(logits[i], mixed[i], seeds[i], positions[i]) for i in range(16)]
+    assert sample_rows(logits, mixed, seeds, positions) == alone
 
 
 class CharTokenizer:

@@ -25,3 +25,15 @@ def test_gpu_logits_sample_the_cpu_token(params):
         logits = (torch.randn(129280, generator=g) * 4).round() / 8
         want = sample(logits, params, 11, draw)
         assert sample(logits.cuda(), params, 11, draw) == want, draw
+
+
+def test_gpu_rows_drawn_together_are_the_cpu_rows_drawn_alone():
+    from tfc.runtime.engine.sampling import sample_rows
+
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(16, 129280, generator=g) * 4).round() / 8
+    params = [PARAMS[i % len(PARAMS)] for i in range(16)]
+    for draw in range(8):
+        positions = [draw * 16 + i for i in range(16)]
+        alone = [sample(logits[i], params[i], 11, positions[i]) for i in range(16)]
+        assert sample_rows(logits.cuda(), params, [11] * 16, positions) == alone, draw
