@@ -16,6 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_cpu import build_image
+
 CHILD = r"""
 import cProfile, io, json, pstats, sys, time
 import torch
@@ -45,20 +48,13 @@ print(json.dumps(out))
 """
 
 
-def tfc(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "tfc", *args], capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        tfc("fixture", "tiny", f"{tmp}/pack")
-        tfc("prepare", f"{tmp}/pack", "--store", f"{tmp}/store")
-        image = next(Path(tmp, "store").glob("*/rank0"))
+        image = Path(build_image(Path(tmp))) / "rank0"
         runs = []
         for profiled in ("0", "1"):
             done = subprocess.run([sys.executable, "-c", CHILD, str(image), args.device, profiled],
