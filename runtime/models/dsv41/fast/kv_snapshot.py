@@ -132,7 +132,7 @@ def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     """Map pages for the snapshot's position in a (released) slot and write its rows back: a packed host copy
     goes up in one transfer, started first so that the host's page work overlaps it; the page table and every
     source's row ids (computed on the host) follow through the KV memory's kept page-locked buffers, then one
-    copy per tensor. The host never waits for the stream."""
+    copy per tensor. The host waits for nothing but each kept buffer's previous copy out."""
     if snap.packed is not None:
         staged = snap.packed.to(kv.device, non_blocking=True)
         snap = snap._with(_views(staged, snap.tensors), None)
