@@ -42,7 +42,7 @@ class HostStage:
         self._host.numpy()[:n] = values
         out = self._dev[:n]
         out.copy_(self._host[:n], non_blocking=True)
-        self._copied.record(torch.cuda.current_stream(self.device))  # the copy's stream, whatever device is current
+        self._copied.record(torch.cuda.current_stream(self.device))  # the copy's stream, any device current
         return out
 
 
