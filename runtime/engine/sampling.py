@@ -67,7 +67,7 @@ def uniform(seed: int, position: int) -> float:
     return (_mix(_mix(seed & MASK64) ^ (position & MASK64)) >> 11) * 2.0**-53
 
 
-WEIGHT_BITS = 44  # a vocabulary of 2**19 weights of at most 2**44 each sums below 2**63
+WEIGHT_BITS = 44  # below 2**19 weights of at most 2**44 each: their sum fits an int64
 # Logits this far (times T) under the top one have weight 0 for sure: the CPU sorts only the rest.
 CUT = WEIGHT_BITS * math.log(2) + 1
 
@@ -95,7 +95,7 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
         if not group:
             continue
         us = [uniform(seeds[i], positions[i]) for i in group]
-        if cpu:  # one at a time: a ranking sorts only its logits near the top, and [R, V] temporaries page-fault
+        if cpu:  # row by row: a ranking sorts only logits near the top; [R, V] temporaries page-fault
             tokens = [draw(logits[i], params[i], u, cut=True) for i, u in zip(group, us, strict=True)]
         else:
             tokens = draw_rows(logits[group], [params[i] for i in group], us)
