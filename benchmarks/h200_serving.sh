@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The H200 checks of the serving half, one device call each (the machine is fresh every call: setup and the
 # 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
-#   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's and the sampler's GPU tests, test_fast_gpu.py whole (#19)
+#   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's, the sampler's, HostStage's GPU tests, test_fast_gpu.py's tiny-image ones (#19)
+#   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
@@ -26,12 +27,16 @@ case "$PART" in
     tail -40 "$OUT/retests.txt" ;;
   sampling)
     timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4 ;;
-  tests)
-    (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
+  tests)  # the tiny image's fast-forward GPU tests and the small GPU tests of the runtime (the slice's: flashtests)
+    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/engine/test_sampling_gpu.py" \
-      "$R/tests/runtime/models/dsv41/test_fast_gpu.py") \
+      "$R/tests/runtime/models/dsv41/test_host_stage.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k "not flash_slice") \
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
+  flashtests)  # the Flash slice's layer and kernel-call tests (test_fast_gpu.py -k flash_slice)
+    (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
+      "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
+    tail -15 "$OUT/flash_gpu_tests.txt" ;;
   speed)
     timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4
     timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --no-reference --out "$OUT/decode_h200.json" --budget-s 200 \
@@ -62,7 +67,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).
