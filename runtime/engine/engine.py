@@ -19,17 +19,14 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
-from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.metrics import EngineMetrics
+from tfc.runtime.engine.pick import pick, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
-from tfc.runtime.engine.sampling import sample, sample_rows
 from tfc.runtime.engine.scheduler import Running, plan_step
 from tfc.runtime.worker.step import SequenceStep
 
@@ -259,7 +256,7 @@ class Engine:
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
         done: list[tuple[EngineSeq, Event, tuple[int, ...]]] = []
-        drawn = self._draws(plan, out, by_slot)
+        drawn = step_draws(plan, out.logits, by_slot)
         for row, logits in zip(plan.rows, out.logits, strict=True):
             seq = by_slot[row.slot]
             if row.verify:
@@ -301,28 +298,6 @@ class Engine:
             for seq in work:
                 seq.run.draft = ()
 
-    @staticmethod
-    def _draws(plan: Any, out: Any, by_slot: dict[int, EngineSeq]) -> dict[tuple[int, int], int]:
-        """The token of every position this step may sample without a constraint, drawn in one batched call
-        (the same tokens as one at a time): {(slot, position): token}."""
-        keys, rows = [], []
-        for row, logits in zip(plan.rows, out.logits, strict=True):
-            seq = by_slot[row.slot]
-            if seq.request.constraint is not None:  # its mask follows its own tokens: drawn in turn
-                continue
-            if row.verify:  # every position of the window (the walk may stop before the last)
-                for i in range(len(row.tokens)):
-                    keys.append((row.slot, row.position + i + 1, seq.request))
-                    rows.append(logits[i])
-            elif seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
-                keys.append((row.slot, seq.run.fed + len(row.tokens), seq.request))
-                rows.append(logits)
-        if not keys:
-            return {}
-        tokens = sample_rows(torch.stack([r.reshape(-1) for r in rows]), [r.params for _, _, r in keys],
-                             [r.params.seed or 0 for _, _, r in keys], [at for _, at, _ in keys])  # fmt: skip
-        return {(slot, at): token for (slot, at, _), token in zip(keys, tokens, strict=True)}
-
     def _verify(self, seq: EngineSeq, row: SequenceStep, logits: Any, now: float, done: list,
                 drawn: dict[tuple[int, int], int]) -> None:  # fmt: skip
         """Sample the verify rows in order as serial decoding would; keep the drafts it agrees with, roll back."""
@@ -350,7 +325,7 @@ class Engine:
         it ended."""
         run = seq.run
         try:
-            token, logprob = self._pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)))
+            token, logprob = pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)))
         except Exception as error:  # a request's constraint failed: end that request, not the engine
             done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
             return False
@@ -369,22 +344,6 @@ class Engine:
             return True
         done.append((seq, last, tuple(run.generated)))
         return False
-
-    @staticmethod
-    def _pick(r: Request, logits: Any, position: int, drawn: int | None = None) -> tuple[int, tuple]:
-        """The next token (constraint mask applied before the sampler; `drawn`: already drawn, unconstrained) and,
-        when asked, its logprobs."""
-        if drawn is not None and r.logprobs is None:
-            return drawn, ()
-        logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample draws there
-        if r.constraint is not None:
-            logits = masked(logits, r.constraint.allowed())
-        token = drawn if drawn is not None else sample(logits, r.params, r.params.seed or 0, position)
-        if r.constraint is not None:
-            r.constraint.advance(token)
-        if r.logprobs is None:
-            return token, ()
-        return token, (token_logprob(logits.cpu(), token, r.logprobs),)
 
     def _emit(self, seq: EngineSeq, token: int, logprob: tuple = ()) -> Event | None:
         """Push the new token's text, or return the last event when the sequence finished."""

@@ -3,8 +3,9 @@
 A sampled token depends only on the logits, the parameters, the seed and the token's absolute position
 in its sequence, never on what else ran in the step or how often the sampler was called: one uniform
 draw u = H(seed, position) in [0, 1) picks the token by inverse CDF over the kept tokens, in id order, or
-sorted by logit (stable, lower id first among equals) when top-k or top-p needs the ranking. Filters apply in the order vLLM documents: temperature,
-top-k, then softmax, min-p (keep p >= min_p * p_max), top-p (shortest prefix whose mass reaches top_p).
+sorted by logit (stable, lower id first among equals) when top-k or top-p needs the ranking. Filters apply in
+the order vLLM documents: temperature, top-k, then softmax, min-p (keep p >= min_p * p_max), top-p (shortest
+prefix whose mass reaches top_p).
 
 The weights are fixed point: w = floor(exp((l - l_max) / T) * 2**WEIGHT_BITS) as int64, so every sum after
 them is exact and the same in any order. The whole draw runs where the logits are, one sync for the result: a

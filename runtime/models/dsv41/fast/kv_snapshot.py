@@ -98,22 +98,23 @@ def _views(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[tor
 
 def entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
     """Row ids (in the entry / key buffers) of a slot's first `groups` entries of a ratio-`ratio` source."""
-    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
-    return kv.row_stage.send(_host_rows(pages, kv.layout.entries_per_page(ratio), groups)).clone()
+    return _rows(kv, slot, [(ratio, groups)])[0].clone()  # its own: the kept buffer is rewritten by the next
 
 
 def _source_rows(kv: KvMemory, slot: int, position: int) -> tuple[torch.Tensor, ...]:
-    """entry_rows of every source at `position`, computed on the host from the page table, sent in one copy."""
+    """entry_rows of every source at `position`, valid until the KV memory's next row upload."""
+    return _rows(kv, slot, [(s.ratio, position // s.ratio) for s in kv.layout.sources])
+
+
+def _rows(kv: KvMemory, slot: int, wanted: list[tuple[int, int]]) -> tuple[torch.Tensor, ...]:
+    """For each (ratio, groups): the buffer rows of the slot's first `groups` entries, computed on the host from
+    its page table and sent up in one copy."""
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
-    sources = kv.layout.sources
-    host = [_host_rows(pages, kv.layout.entries_per_page(s.ratio), position // s.ratio) for s in sources]
+    host = []
+    for ratio, groups in wanted:
+        per, e = kv.layout.entries_per_page(ratio), np.arange(groups, dtype=np.int64)
+        host.append(pages[e // per] * per + e % per)
     return kv.row_stage.send(np.concatenate(host)).split([len(r) for r in host])
-
-
-def _host_rows(pages: np.ndarray, per: int, groups: int) -> np.ndarray:
-    """The buffer rows of a slot's first `groups` entries, `per` entries a page, of its page ids `pages`."""
-    e = np.arange(groups, dtype=np.int64)
-    return pages[e // per] * per + e % per
 
 
 def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:

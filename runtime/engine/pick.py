@@ -1,0 +1,57 @@
+"""A step's tokens: every unconstrained position drawn in one batched call, then each row's pick (its constraint
+mask applied before the sampler, its logprobs when asked)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tfc.runtime.engine.constraint import masked
+from tfc.runtime.engine.engine_seq import EngineSeq
+from tfc.runtime.engine.logprobs import token_logprob
+from tfc.runtime.engine.request import Request
+from tfc.runtime.engine.sampling import sample, sample_rows
+
+
+def step_draws(plan: Any, logits: Any, seqs: dict[int, EngineSeq]) -> dict[tuple[int, int], int]:
+    """The token of every position this step may sample without a constraint, drawn in one batched call (the
+    same tokens as one at a time): {(slot, position): token}. `seqs` {slot: sequence}, as before the step."""
+    keys, rows = [], []
+    for row, out in zip(plan.rows, logits, strict=True):
+        seq = seqs[row.slot]
+        r, fed = seq.request, seq.run.fed
+        if r.constraint is not None:  # its mask follows its own tokens: drawn in turn
+            continue
+        if row.verify:  # every position of the window (the walk may stop before the last)
+            for i in range(len(row.tokens)):
+                keys.append((row.slot, row.position + i + 1, r))
+                rows.append(out[i])
+        elif fed + len(row.tokens) >= len(seq.run.prompt):
+            keys.append((row.slot, fed + len(row.tokens), r))
+            rows.append(out)
+    if not keys:
+        return {}
+    tokens = sample_rows(torch.stack([x.reshape(-1) for x in rows]), [r.params for _, _, r in keys],
+                         [seed_of(r) for _, _, r in keys], [at for _, at, _ in keys])  # fmt: skip
+    return {(slot, at): token for (slot, at, _), token in zip(keys, tokens, strict=True)}
+
+
+def pick(r: Request, logits: Any, position: int, drawn: int | None = None) -> tuple[int, tuple]:
+    """The token at `position` (`drawn`: step_draws' token, for an unconstrained request) and, when asked, its
+    logprobs."""
+    if drawn is not None and r.logprobs is None:
+        return drawn, ()
+    logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample draws there
+    if r.constraint is not None:
+        logits = masked(logits, r.constraint.allowed())
+    token = drawn if drawn is not None else sample(logits, r.params, seed_of(r), position)
+    if r.constraint is not None:
+        r.constraint.advance(token)
+    if r.logprobs is None:
+        return token, ()
+    return token, (token_logprob(logits.cpu(), token, r.logprobs),)
+
+
+def seed_of(r: Request) -> int:
+    """The seed a request samples with (admission gives an unseeded request one of its own)."""
+    return r.params.seed or 0
