@@ -3,8 +3,10 @@
     python3 benchmarks/warmup_profile.py --device cuda --out $OUT/warmup_profile_h200.json
 
 Builds the tiny image in a temporary store, runs build_fast + the one-row warm-up step in a fresh process
-(compiling and saving the stages), then again in another with the warm-up under cProfile: the warm-up's
-seconds, the stage counts, and the functions with the most cumulative and self time.
+(compiling and saving the stages), then again in another (the restart), then in a third with the warm-up under
+cProfile: the warm-up's seconds, the seconds inside torch's load_compiled_function, the stage counts, and the
+functions with the most cumulative and self time. `--variants guards noguards` repeats it all with the stages
+compiled with every guard dropped (guard_filter_fn; their own store folder), to see what building guards costs.
 """
 
 from __future__ import annotations
@@ -26,9 +28,24 @@ from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.boot.kernel_cache import use_store_cache
+from pathlib import Path
+if sys.argv[4] == "noguards":  # every stage compiled with its guards dropped
+    compile_ = torch.compile
+    def _no_guards(fn, **kw):
+        return compile_(fn, **kw, options={"guard_filter_fn": lambda entries: [False] * len(entries)})
+    torch.compile = _no_guards
+load_ = torch.compiler.load_compiled_function
+LOAD = [0.0]
+def _timed_load(*a, **kw):
+    t0 = time.perf_counter()
+    try:
+        return load_(*a, **kw)
+    finally:
+        LOAD[0] += time.perf_counter() - t0
+torch.compiler.load_compiled_function = _timed_load
 booted = boot(sys.argv[1], device=sys.argv[2])
 use_store_cache(booted.image.path, sys.argv[2])  # Triton's cache in the store, as Worker.load_model points it
-runner = build_fast(booted, slots=2, tokens_per_slot=4096, fuse=True, draft=False)
+runner = build_fast(booted, slots=2, tokens_per_slot=4096, fuse=True, draft=False, stage_folder=Path(sys.argv[5]))
 prof = cProfile.Profile() if sys.argv[3] == "1" else None
 t = time.perf_counter()
 if prof:
@@ -38,7 +55,7 @@ if torch.cuda.is_available():
     torch.cuda.synchronize()
 if prof:
     prof.disable()
-out = {"warmup_s": time.perf_counter() - t, "stages": dict(fusion.COUNTS), "notes": fusion.NOTES}
+out = {"warmup_s": time.perf_counter() - t, "load_s": LOAD[0], "stages": dict(fusion.COUNTS), "notes": fusion.NOTES}
 if prof:
     for order, key in (("cumulative", "top_cumulative"), ("tottime", "top_self")):
         buf = io.StringIO()
@@ -52,22 +69,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--variants", nargs="+", default=["guards"], choices=["guards", "noguards"])
     args = ap.parse_args()
+    res: dict = {"device": args.device}
     with tempfile.TemporaryDirectory() as tmp:
         image = Path(build_image(Path(tmp))) / "rank0"
-        runs = []
-        for profiled in ("0", "1"):
-            done = subprocess.run([sys.executable, "-c", CHILD, str(image), args.device, profiled],
-                                  capture_output=True, text=True, timeout=900)  # fmt: skip
-            if done.returncode:
-                raise SystemExit(done.stderr[-3000:])
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    res = {"device": args.device, "first": runs[0], "restart": runs[1]}
+        for variant in args.variants:
+            stages = Path(tmp) / f"stages-{variant}"
+            stages.mkdir()
+            runs = []
+            for profiled in ("0", "0", "1"):
+                done = subprocess.run([sys.executable, "-c", CHILD, str(image), args.device, profiled, variant,
+                                       str(stages)], capture_output=True, text=True, timeout=900)  # fmt: skip
+                if done.returncode:
+                    raise SystemExit(done.stderr[-3000:])
+                runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            res[variant] = {"first": runs[0], "restart": runs[1], "restart_profiled": runs[2]}
+            print(f"{variant}: first warm-up {runs[0]['warmup_s']:.2f} s {runs[0]['stages']}; restart "
+                  f"{runs[1]['warmup_s']:.2f} s, {runs[1]['load_s']:.2f} s of it loading {runs[1]['stages']}; "
+                  f"profiled {runs[2]['warmup_s']:.2f} s")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"first warm-up {runs[0]['warmup_s']:.2f} s {runs[0]['stages']}; restart {runs[1]['warmup_s']:.2f} s "
-          f"{runs[1]['stages']} (profiled)")  # fmt: skip
-    print("\n".join(runs[1]["top_cumulative"][:30]))
+    print("\n".join(res[args.variants[0]]["restart_profiled"]["top_cumulative"][:30]))
 
 
 if __name__ == "__main__":

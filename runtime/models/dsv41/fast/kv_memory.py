@@ -10,10 +10,14 @@ Buffers (uint8 rows in the kv_rows formats unless said; slot index `slots` is th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from tfc.runtime.models.dsv41.fast.kv_layout import KvLayout
 from tfc.runtime.models.dsv41.fast.kv_pages import PagePool
+
+BASE_ALIGN = 256  # bytes: each buffer's offset in the one allocation
 
 
 class HostStage:
@@ -56,19 +60,40 @@ class KvMemory:
         self.device = device
         pages = max(1, -(-tokens // layout.page_tokens))
         self.pool = PagePool(pages, layout.page_tokens, slots, tokens_per_slot)
-        u8 = {"dtype": torch.uint8, "device": device}
-        self.window = torch.zeros(layout.layers, slots + 1, layout.ring, layout.window_row.nbytes, **u8)
+        u8, f32 = torch.uint8, torch.float32
+        plan: list[tuple[str, int, tuple[int, ...], torch.dtype]] = [
+            ("window", -1, (layout.layers, slots + 1, layout.ring, layout.window_row.nbytes), u8)
+        ]
+        for s in layout.sources:
+            rows = (pages + 1) * layout.entries_per_page(s.ratio)
+            plan.append(("entries", s.layer, (rows, layout.entry_row.nbytes), u8))
+            if s.index_keys:
+                plan.append(("keys", s.layer, (rows, layout.key_row.nbytes), u8))
+            if s.ratio > 1:
+                plan.append(
+                    (
+                        "pending",
+                        s.layer,
+                        (2, slots + 1, layout.compressor_ring(s.ratio), layout.head_dim),
+                        f32,
+                    )
+                )
+        # One allocation, every buffer a view of it at a BASE_ALIGN-byte offset: a restore writes them all in one
+        # launch (kernels/run_copy.py), addressed as words of `base`.
+        at, offsets = 0, []
+        for _, _, shape, dtype in plan:
+            offsets.append(at)
+            at += -(-math.prod(shape) * dtype.itemsize // BASE_ALIGN) * BASE_ALIGN
+        self.base = torch.zeros(at, dtype=u8, device=device)
         self.entries: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}
-        for s in layout.sources:
-            rows = (pages + 1) * layout.entries_per_page(s.ratio)
-            self.entries[s.layer] = torch.zeros(rows, layout.entry_row.nbytes, **u8)
-            if s.index_keys:
-                self.keys[s.layer] = torch.zeros(rows, layout.key_row.nbytes, **u8)
-            if s.ratio > 1:
-                ring = layout.compressor_ring(s.ratio)
-                self.pending[s.layer] = torch.zeros(2, slots + 1, ring, layout.head_dim, device=device)
+        for (kind, layer, shape, dtype), off in zip(plan, offsets, strict=True):
+            view = self.base[off : off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            if kind == "window":
+                self.window = view
+            else:
+                getattr(self, kind)[layer] = view
         # Wide enough for the largest context bucket a step scores (columns past a slot's limit stay scratch).
         width = max(self.pool.max_pages, -(-table_tokens // layout.page_tokens))
         self.page_table = torch.zeros(slots + 1, width, dtype=torch.int64, device=device)
@@ -96,6 +121,13 @@ class KvMemory:
     def nbytes(self) -> int:
         """Bytes allocated."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def word_offset(self, t: torch.Tensor) -> int:
+        """Where a view of `base` starts, in 32-bit words of it."""
+        at = t.data_ptr() - self.base.data_ptr()
+        if not 0 <= at < self.base.numel() or at % 4:
+            raise ValueError("not a word-aligned view of the KV memory's base")
+        return at // 4
 
     def ensure(self, slot: int, tokens: int) -> None:
         """Map pages for the slot's first `tokens` tokens; the device table row follows the host's."""

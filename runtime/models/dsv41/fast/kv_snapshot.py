@@ -3,20 +3,23 @@
 A slot's state is its window rings (every layer's `ring` rows, whatever positions they hold: reads mask by
 position), each ratio > 1 source's compressor ring, the compressed entries and indexer keys of its complete
 groups (gathered from its pages), its position and the tokens it was fed (the Engram look-back is their tail,
-the drafter's context their count). A snapshot copies them out (a device copy
-on the GPU: ~1.8 KB a token of paged rows plus ~3.4 MB of rings at Flash size), `restore` maps fresh pages for
-the position and writes them back: nothing in the buffers moves, so graphs stay valid. Byte form: magic
+the drafter's context their count). A snapshot copies them out into one packed buffer (on the device, ~1.8 KB a
+token of paged rows plus ~3.4 MB of rings at Flash size; its host copy is one transfer), `restore` maps fresh pages
+for the position and writes the buffer back in one launch of runs (kernels/run_copy.py): nothing in the KV
+buffers moves, so graphs stay valid. Byte form: magic
 b"TFCKV2\\n" (runtime/models/snapshot_bytes.py), header {"position", "tokens", "ring"}, tensors
 window [layers, ring, row], pending.L [2, ring_L, head_dim] fp32, entries.L / keys.L [groups, row].
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tfc.kernels.run_copy import copy_runs
 from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.snapshot_bytes import pack, unpack
 
@@ -25,6 +28,7 @@ from tfc.errors import TfcError
 MAGIC = b"TFCKV2\n"  # 2: every fed token, not only the Engram look-back
 ALIGN = 64  # bytes: each tensor's offset in a packed host copy
 _NAME = re.compile(r"window|(pending|entries|keys)\.(\d{1,4})")
+Spec = tuple[tuple[int, ...], torch.dtype]
 
 
 class KvSnapshotError(TfcError):
@@ -41,7 +45,7 @@ class KvSnapshot:
     pending: dict[int, torch.Tensor]  # [2, ring_l, head_dim] fp32
     entries: dict[int, torch.Tensor]  # [position // ratio, row] uint8
     keys: dict[int, torch.Tensor]
-    packed: torch.Tensor | None = None  # to_host's one buffer the tensors are views of
+    packed: torch.Tensor  # the one uint8 buffer the tensors are views of (device or host)
 
     @property
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -53,24 +57,25 @@ class KvSnapshot:
         return named
 
     @property
+    def specs(self) -> list[Spec]:
+        """Every tensor's (shape, dtype), in `tensors` order (the packed buffer's)."""
+        return [(tuple(t.shape), t.dtype) for _, t in self.tensors]
+
+    @property
     def nbytes(self) -> int:
         """Bytes the snapshot holds."""
         return sum(t.numel() * t.element_size() for _, t in self.tensors)
 
     def to_host(self) -> KvSnapshot:
-        """The same rows in host memory, in one buffer (page-locked when they were on a GPU) that `restore` sends
-        up in one transfer: the tensors are views of `packed`."""
-        named = self.tensors
-        pin = self.window.device.type == "cuda"
-        packed = torch.empty(_packed_bytes(named), dtype=torch.uint8, pin_memory=pin)
-        views = _views(packed, named)
-        for view, (_, t) in zip(views, named, strict=True):
-            view.copy_(t)
-        return self._with(views, packed)
+        """The same rows in host memory (page-locked when they were on a GPU): one transfer of `packed`."""
+        pin = self.packed.device.type == "cuda"
+        host = torch.empty(self.packed.numel(), dtype=torch.uint8, pin_memory=pin)
+        host.copy_(self.packed)
+        return self.on(host)
 
-    def _with(self, tensors: list[torch.Tensor], packed: torch.Tensor | None) -> KvSnapshot:
-        """This snapshot with its tensors replaced (in `tensors` order)."""
-        it = iter(tensors)
+    def on(self, packed: torch.Tensor) -> KvSnapshot:
+        """This snapshot over another buffer holding the same bytes (its tensors views of it)."""
+        it = iter(_views(packed, self.specs))
         window = next(it)
         parts = [{layer: next(it) for layer in sorted(d)} for d in (self.pending, self.entries, self.keys)]
         return KvSnapshot(self.position, self.tokens, window, *parts, packed=packed)
@@ -81,19 +86,29 @@ class KvSnapshot:
         return pack(MAGIC, fields, self.tensors, KvSnapshotError)
 
 
-def _packed_bytes(named: list[tuple[str, torch.Tensor]]) -> int:
-    """Bytes of one buffer holding every tensor at ALIGN-byte offsets."""
-    return sum(-(-t.numel() * t.element_size() // ALIGN) * ALIGN for _, t in named)
-
-
-def _views(buf: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """Views of a uint8 buffer shaped and typed like each tensor, at the offsets _packed_bytes counts."""
+def _offsets(specs: list[Spec]) -> tuple[list[int], int]:
+    """(Each tensor's byte offset in one packed buffer, at ALIGN-byte steps; the buffer's bytes)."""
     out, at = [], 0
-    for _, t in named:
-        n = t.numel() * t.element_size()
-        out.append(buf[at : at + n].view(t.dtype).view(t.shape))
-        at += -(-n // ALIGN) * ALIGN
-    return out
+    for shape, dtype in specs:
+        out.append(at)
+        at += -(-math.prod(shape) * dtype.itemsize // ALIGN) * ALIGN
+    return out, at
+
+
+def _views(buf: torch.Tensor, specs: list[Spec]) -> list[torch.Tensor]:
+    """Views of a packed uint8 buffer with each (shape, dtype), at the offsets _offsets gives."""
+    offsets, _ = _offsets(specs)
+    return [buf[at : at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for at, (shape, dtype) in zip(offsets, specs, strict=True)]  # fmt: skip
+
+
+def _packed(
+    named: list[tuple[str, Spec]], device: torch.device, pin: bool = False
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(A new packed buffer for tensors of these (shape, dtype), its views in order)."""
+    specs = [spec for _, spec in named]
+    buf = torch.empty(_offsets(specs)[1], dtype=torch.uint8, device=device, pin_memory=pin)
+    return buf, _views(buf, specs)
 
 
 def entry_rows(kv: KvMemory, slot: int, ratio: int, groups: int) -> torch.Tensor:
@@ -117,35 +132,98 @@ def _rows(kv: KvMemory, slot: int, wanted: list[tuple[int, int]]) -> tuple[torch
     return kv.row_stage.send(np.concatenate(host)).split([len(r) for r in host])
 
 
+def _named_specs(kv: KvMemory, position: int) -> list[tuple[str, Spec]]:
+    """The byte form's tensors of a snapshot at `position`, in packed order: name, (shape, dtype)."""
+    lay = kv.layout
+    named: list[tuple[str, Spec]] = [("window", (tuple(kv.window[:, 0].shape), torch.uint8))]
+    named += [
+        (f"pending.{layer}", (tuple(t[:, 0].shape), t.dtype)) for layer, t in sorted(kv.pending.items())
+    ]
+    named += [(f"entries.{s.layer}", ((position // s.ratio, lay.entry_row.nbytes), torch.uint8))
+              for s in sorted(lay.sources, key=lambda s: s.layer)]  # fmt: skip
+    named += [(f"keys.{s.layer}", ((position // s.ratio, lay.key_row.nbytes), torch.uint8))
+              for s in sorted(lay.sources, key=lambda s: s.layer) if s.index_keys]  # fmt: skip
+    return named
+
+
+def _parts(position: int, tokens: tuple[int, ...], named: list[str], views: list[torch.Tensor],
+           packed: torch.Tensor) -> KvSnapshot:  # fmt: skip
+    """A snapshot of views named by the byte form's names."""
+    by = dict(zip(named, views, strict=True))
+    pick = {kind: {int(n.split(".")[1]): t for n, t in by.items() if n.startswith(kind + ".")}
+            for kind in ("pending", "entries", "keys")}  # fmt: skip
+    return KvSnapshot(position, tokens, by["window"], pick["pending"], pick["entries"], pick["keys"], packed)
+
+
 def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
-    """A copy of a slot's KV rows after its `tokens` (the slot keeps running unchanged)."""
+    """A copy of a slot's KV rows after its `tokens`, packed on the device (the slot keeps running unchanged)."""
     position = len(tokens)
-    entries, keys = {}, {}
+    named = _named_specs(kv, position)
+    packed, views = _packed(named, kv.device)
+    snap = _parts(position, tuple(tokens), [n for n, _ in named], views, packed)
+    snap.window.copy_(kv.window[:, slot])
+    for layer, t in snap.pending.items():
+        t.copy_(kv.pending[layer][:, slot])
     for s, rows in zip(kv.layout.sources, _source_rows(kv, slot, position), strict=True):
-        entries[s.layer] = kv.entries[s.layer][rows]
+        torch.index_select(kv.entries[s.layer], 0, rows, out=snap.entries[s.layer])
         if s.index_keys:
-            keys[s.layer] = kv.keys[s.layer][rows]
-    pending = {layer: t[:, slot].clone() for layer, t in kv.pending.items()}
-    return KvSnapshot(position, tuple(tokens), kv.window[:, slot].clone(), pending, entries, keys)
+            torch.index_select(kv.keys[s.layer], 0, rows, out=snap.keys[s.layer])
+    return snap
 
 
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
-    """Map pages for the snapshot's position in a (released) slot and write its rows back: a packed host copy
-    goes up in one transfer, started first so that the host's page work overlaps it; the page table and every
-    source's row ids (computed on the host) follow through the KV memory's kept page-locked buffers, then one
-    copy per tensor. The host waits for nothing but each kept buffer's previous copy out."""
-    if snap.packed is not None:
-        staged = snap.packed.to(kv.device, non_blocking=True)
-        snap = snap._with(_views(staged, snap.tensors), None)
+    """Map pages for the snapshot's position in a (released) slot and write its rows back: the packed buffer goes
+    up in one transfer (when on the host), started first so that the host's page work overlaps it; the page
+    table row and the runs (runs_of, computed on the host) follow through the KV memory's kept page-locked
+    buffers; then one launch copies every run. The host waits for nothing but each kept buffer's previous copy."""
+    staged = snap.packed.to(kv.device, non_blocking=True)
     kv.release(slot)
     kv.ensure(slot, max(1, snap.position))
-    kv.window[:, slot].copy_(snap.window)
-    for layer, t in snap.pending.items():
-        kv.pending[layer][:, slot].copy_(t)
-    for s, at in zip(kv.layout.sources, _source_rows(kv, slot, snap.position), strict=True):
-        kv.entries[s.layer].index_copy_(0, at, snap.entries[s.layer].to(kv.device))
-        if s.index_keys:
-            kv.keys[s.layer].index_copy_(0, at, snap.keys[s.layer].to(kv.device))
+    runs = runs_of(kv, slot, snap)
+    word = _word(runs)
+    runs //= word
+    words = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
+    copy_runs(staged.view(words), kv.base.view(words), kv.row_stage.send(runs.reshape(-1)).view(3, -1),
+              int(runs[2].max(initial=0)))  # fmt: skip
+
+
+def runs_of(kv: KvMemory, slot: int, snap: KvSnapshot) -> np.ndarray:
+    """int64 [3, n] byte runs (offset in the packed buffer, offset in the KV base, bytes) writing the snapshot
+    into `slot`: a run per layer's window ring, per pending half, per page of each source's entries and keys."""
+    lay, per_slot = kv.layout, kv.slots + 1
+    offsets, _ = _offsets(snap.specs)
+    at = dict(zip([n for n, _ in snap.tensors], offsets, strict=True))
+    src, dst, size = [], [], []
+
+    def add(s: np.ndarray, d: np.ndarray, n: np.ndarray) -> None:
+        src.append(s), dst.append(d), size.append(n)
+
+    ring = lay.ring * lay.window_row.nbytes
+    layer = np.arange(lay.layers, dtype=np.int64)
+    add(at["window"] + layer * ring, 4 * kv.word_offset(kv.window) + (layer * per_slot + slot) * ring,
+        np.full(lay.layers, ring, np.int64))  # fmt: skip
+    for name, t in sorted(kv.pending.items()):
+        half, j = t[0, 0].numel() * t.element_size(), np.arange(2, dtype=np.int64)
+        add(at[f"pending.{name}"] + j * half, 4 * kv.word_offset(t) + (j * per_slot + slot) * half,
+            np.full(2, half, np.int64))  # fmt: skip
+    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
+    for s in lay.sources:
+        per, groups = lay.entries_per_page(s.ratio), snap.position // s.ratio
+        first = np.arange(0, groups, per, dtype=np.int64)  # each page's first entry
+        count = np.minimum(per, groups - first)
+        for kind, width in (("entries", lay.entry_row.nbytes), ("keys", lay.key_row.nbytes)):
+            if kind == "keys" and not s.index_keys:
+                continue
+            buf = getattr(kv, kind)[s.layer]
+            add(at[f"{kind}.{s.layer}"] + first * width,
+                4 * kv.word_offset(buf) + pages[first // per] * per * width, count * width)  # fmt: skip
+    return np.stack([np.concatenate(src), np.concatenate(dst), np.concatenate(size)])
+
+
+def _word(runs: np.ndarray) -> int:
+    """The widest word (4, 2 or 1 bytes) every offset and size of the runs is a multiple of."""
+    g = int(np.gcd.reduce(runs.reshape(-1), initial=4)) if runs.size else 4
+    return 4 if g % 4 == 0 else 2 if g % 2 == 0 else 1
 
 
 def _dims(name: str) -> int | None:
@@ -163,21 +241,13 @@ def load(kv: KvMemory, data: bytes) -> KvSnapshot:
     ids = isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)
     if not ids or len(tokens) != position:
         raise KvSnapshotError("bad tokens: not the position's count of token ids")
-    want = {"window": (tuple(kv.window[:, 0].shape), torch.uint8)}
-    for layer, t in kv.pending.items():
-        want[f"pending.{layer}"] = (tuple(t[:, 0].shape), t.dtype)
-    for s in kv.layout.sources:
-        width = kv.layout.entry_row.nbytes
-        want[f"entries.{s.layer}"] = ((position // s.ratio, width), torch.uint8)
-        if s.index_keys:
-            want[f"keys.{s.layer}"] = ((position // s.ratio, kv.layout.key_row.nbytes), torch.uint8)
+    named = _named_specs(kv, position)
     got = {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
-    if got != want:
+    if got != dict(named):
         raise KvSnapshotError(
             f"tensors {sorted(got)} do not fit this model's KV layout at position {position}"
         )
-    pick = {kind: {int(n.split(".")[1]): t for n, t in tensors.items() if n.startswith(kind + ".")}
-            for kind in ("pending", "entries", "keys")}  # fmt: skip
-    return KvSnapshot(
-        position, tuple(tokens), tensors["window"], pick["pending"], pick["entries"], pick["keys"]
-    )
+    packed, views = _packed(named, torch.device("cpu"), pin=kv.device.type == "cuda")
+    for (name, _), view in zip(named, views, strict=True):
+        view.copy_(tensors[name])
+    return _parts(position, tuple(tokens), [n for n, _ in named], views, packed)

@@ -2,7 +2,8 @@
 
 On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps);
 concurrent == solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for
-bit; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are;
+bit; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are; a
+slot restored from a snapshot (device, host copy, bytes: kernels/run_copy.py) continues bit for bit;
 fast vs reference over 520 teacher-forced random positions: top-1 >= 99 % and logits within GPU_ATOL = 0.02
 (the GEMM kernel rounds its rotated input to fp16: emulating that on the CPU gave at most 2.0e-3 over three
 seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set TFC_FLASH_IMAGE to a prepared
@@ -128,6 +129,24 @@ def test_pinned_kernel_launches_give_a_row_the_same_bits_whatever_its_neighbours
             assert torch.equal(
                 ops.moe(x[:rows], ids[:rows], wts[:rows], tables, cfg.swiglu_limit), many[:rows]
             )
+
+
+def test_a_restored_slot_continues_as_the_original_through_the_run_copy_kernel(graphed):
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+    toks, tail = _tokens(300, 11), _tokens(6, 12)  # past the window, several pages, inside a compressor group
+    free = graphed.kv.pool.free_pages
+    try:
+        graphed.execute(StepPlan((SequenceStep(0, tuple(toks), 0),)))
+        snap = graphed.snapshot(0)
+        want = graphed.logits_of(0, tail, len(toks))
+        for slot, entry in ((5, snap), (6, snap.to_host()), (7, graphed.load_snapshot(snap.to_bytes()))):
+            graphed.restore(slot, entry)
+            assert torch.equal(graphed.logits_of(slot, tail, len(toks)), want), slot
+    finally:
+        for slot in (0, 5, 6, 7):
+            graphed.release(slot)
+    assert graphed.kv.pool.free_pages == free
 
 
 def test_fast_matches_the_reference_teacher_forced(graphed):
