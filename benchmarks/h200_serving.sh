@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The H200 checks of the serving half, one device call each (the machine is fresh every call: setup and the
-# 22 GB Flash slice first, ~2 minutes). Run from the repository root with .whl carried:
+# The H200 checks of the serving half (setup first, ~30 s; the 22 GB Flash slice, ~90 s, made once for the parts
+# that use it). Run from the repository root with .whl carried:
 #   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's, the sampler's, HostStage's GPU tests, test_fast_gpu.py's tiny-image ones (#19)
+#   bash benchmarks/h200_serving.sh servetests  # tfc serve's prefix-cache tests on the GPU (tiny image, fast forward, #25)
+#   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
@@ -16,10 +18,19 @@
 set -u
 source benchmarks/_h200_setup.sh > "$OUT/setup.log" 2>&1
 R=$PWD
-(cd /tmp && timeout 150 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 --jobs 16 \
-  && timeout 120 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") > "$OUT/image.log" 2>&1
-IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
+IMG=
+slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use it (~90 s)
+  [ -n "$IMG" ] && return
+  ls -d "$WORK"/store/*/rank0 > /dev/null 2>&1 || \
+  (cd /tmp && timeout 150 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 --jobs 16 \
+    && timeout 120 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") > "$OUT/image.log" 2>&1
+  IMG=$(ls -d "$WORK"/store/*/ | head -1)rank0
+}
 for PART in "${@:-tests}"; do
+case "$PART" in
+  tests|sampling|servetests|warmup|parallel) ;;
+  *) slice ;;
+esac
 case "$PART" in
   retests)  # the pytest ids of TFC_H200_TESTS, tracebacks short
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout "${TFC_H200_TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider \
@@ -28,11 +39,18 @@ case "$PART" in
   sampling)
     timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4 ;;
   tests)  # the tiny image's fast-forward GPU tests and the small GPU tests of the runtime (the slice's: flashtests)
-    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 420 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
+    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/engine/test_sampling_gpu.py" \
       "$R/tests/runtime/models/dsv41/test_host_stage.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k "not flash_slice") \
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
+  servetests)  # tfc serve on the tiny image with the fast forward: the prefix cache's tiers through the openai client
+    (cd /tmp && TFC_TEST_SERVE_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 400 python3 -m pytest -q -p no:cacheprovider \
+      -p no:warnings -rA --tb=short "$R/tests/runtime/server/test_server_prefix_cache.py") > "$OUT/serve_gpu_tests.txt" 2>&1
+    tail -15 "$OUT/serve_gpu_tests.txt" ;;
+  warmup)  # the tiny image's restart warm-up, stages with and without their guards (warmup_profile.py)
+    (cd /tmp && timeout 420 python3 "$R/benchmarks/warmup_profile.py" --device cuda --variants guards shape \
+      --out "$OUT/warmup_profile_h200.json") 2>&1 | head -3 ;;
   flashtests)  # the Flash slice's layer and kernel-call tests (test_fast_gpu.py -k flash_slice)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
@@ -67,7 +85,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|servetests|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

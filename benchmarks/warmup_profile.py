@@ -5,8 +5,9 @@
 Builds the tiny image in a temporary store, runs build_fast + the one-row warm-up step in a fresh process
 (compiling and saving the stages), then again in another (the restart), then in a third with the warm-up under
 cProfile: the warm-up's seconds, the seconds inside torch's load_compiled_function, the stage counts, and the
-functions with the most cumulative and self time. `--variants guards noguards` repeats it all with the stages
-compiled with every guard dropped (guard_filter_fn; their own store folder), to see what building guards costs.
+functions with the most cumulative and self time. `--variants guards shape` compares stages compiled with every
+guard kept and with the symbolic-shape guards only (stage_cache.shape_guards_only, the default; each its own
+stage folder): what building guards costs a restart.
 """
 
 from __future__ import annotations
@@ -29,11 +30,9 @@ from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.boot.kernel_cache import use_store_cache
 from pathlib import Path
-if sys.argv[4] == "noguards":  # every stage compiled with its guards dropped
-    compile_ = torch.compile
-    def _no_guards(fn, **kw):
-        return compile_(fn, **kw, options={"guard_filter_fn": lambda entries: [False] * len(entries)})
-    torch.compile = _no_guards
+from tfc.runtime.models.dsv41.fast import stage_cache
+if sys.argv[4] == "guards":  # every guard kept (the default keeps the symbolic-shape ones only)
+    stage_cache.COMPILE_OPTIONS = {}
 load_ = torch.compiler.load_compiled_function
 LOAD = [0.0]
 def _timed_load(*a, **kw):
@@ -69,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--variants", nargs="+", default=["guards"], choices=["guards", "noguards"])
+    ap.add_argument("--variants", nargs="+", default=["shape"], choices=["guards", "shape"])
     args = ap.parse_args()
     res: dict = {"device": args.device}
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,9 +31,10 @@ class ServerProcess:
         *args: str,
         env: dict | None = None,
         log: Path | None = None,
-        device: str = "cpu",
+        device: str | None = None,
         ready_s: float = 90.0,
     ):
+        device = device or os.environ.get("TFC_TEST_SERVE_DEVICE", "cpu")  # cuda: the fast forward (GPU runs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_s = ready_s  # how long `with` waits for /health

@@ -2,7 +2,8 @@
 so a restart loads it instead of tracing it again.
 
 torch's `aot_compile` traces and compiles a stage for the example call and `save_compiled_function` writes it
-out; `load_compiled_function` brings it back with its guards and no tracing. A file is named by the stage, the
+out; `load_compiled_function` brings it back with its guards and no tracing (only the symbolic-shape guards
+are kept: shape_guards_only says why). A file is named by the stage, the
 call's signature (`call_key`: every tensor's dtype, device and shape, its strides unless a dimension is
 dynamic, every other argument's value) and a digest of the sources that make the stage's maths (this package
 and the reference modules it calls) and of torch's and Triton's versions, so an edited stage never loads an
@@ -21,6 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+
+
+def shape_guards_only(entries: list[Any]) -> list[bool]:
+    """A saved stage's guard filter: keep the symbolic-shape guards of its dynamic dimensions, drop the rest. Its
+    call key already fixes every tensor's dtype, device, shape and strides and every other argument, and the
+    process state they check (grad mode, default device, ...) is the runner's own; building them is most of a
+    saved stage's load time."""
+    return [e.guard_type == "SHAPE_ENV" for e in entries]
+
+
+# torch.compile options a stage is compiled with (a benchmark may set {} to compare with every guard kept).
+COMPILE_OPTIONS: dict[str, Any] = {"guard_filter_fn": shape_guards_only}
 
 
 class StageKeyError(TypeError):
@@ -70,7 +83,7 @@ def source_digest() -> str:
     except ImportError:
         versions = torch.__version__
     here = Path(__file__).resolve().parent
-    h = blake3.blake3(f"tfc.stages.v1\0{versions}\0".encode())
+    h = blake3.blake3(f"tfc.stages.v2\0{versions}\0{sorted(COMPILE_OPTIONS)}\0".encode())
     for folder in (here, here.parent):
         for f in sorted(folder.glob("*.py")):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -98,7 +111,9 @@ def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: d
         except Exception:  # a damaged file (a full disk, a killed writer elsewhere): compiled again over it
             pass
     mark()
-    compiled = torch.compile(fn, dynamic=False, fullgraph=True).aot_compile((args, kwargs))
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS).aot_compile(
+        (args, kwargs)
+    )
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stage-", suffix=".tmp")
     os.close(fd)
     try:
