@@ -2,8 +2,7 @@
 so a restart loads it instead of tracing it again.
 
 torch's `aot_compile` traces and compiles a stage for the example call and `save_compiled_function` writes it
-out; `load_compiled_function` brings it back with its guards and no tracing (only the symbolic-shape guards
-are kept: shape_guards_only says why). A file is named by the stage, the
+out; `load_compiled_function` brings it back with its guards and no tracing. A file is named by the stage, the
 call's signature (`call_key`: every tensor's dtype, device and shape, its strides unless a dimension is
 dynamic, every other argument's value) and a digest of the sources that make the stage's maths (this package
 and the reference modules it calls) and of torch's and Triton's versions, so an edited stage never loads an
@@ -25,15 +24,14 @@ import blake3
 
 
 def shape_guards_only(entries: list[Any]) -> list[bool]:
-    """A saved stage's guard filter: keep the symbolic-shape guards of its dynamic dimensions, drop the rest. Its
-    call key already fixes every tensor's dtype, device, shape and strides and every other argument, and the
-    process state they check (grad mode, default device, ...) is the runner's own; building them is most of a
-    saved stage's load time."""
+    """A guard filter keeping a stage's symbolic-shape guards only (its call key fixes every tensor's dtype,
+    device, shape and strides). Not the default: on the H200 it did not make a restart's loading faster
+    (benchmarks/serve.md, warm-up variants); benchmarks/warmup_profile.py compares it."""
     return [e.guard_type == "SHAPE_ENV" for e in entries]
 
 
-# torch.compile options a stage is compiled with (a benchmark may set {} to compare with every guard kept).
-COMPILE_OPTIONS: dict[str, Any] = {"guard_filter_fn": shape_guards_only}
+# torch.compile options a stage is compiled with ({"guard_filter_fn": shape_guards_only} to compare).
+COMPILE_OPTIONS: dict[str, Any] = {}
 
 
 class StageKeyError(TypeError):
