@@ -1,7 +1,10 @@
-"""Copy runs of words (4, 2 or 1 bytes) from one flat buffer into another in one launch (a torch reference and a Triton kernel).
+"""Copy runs of words (4, 2 or 1 bytes) from two flat buffers into a third in one launch (a torch reference and a
+Triton kernel).
 
-A run is (source word, destination word, words). The host-tier restore writes a slot's whole snapshot back
-this way: one packed buffer in, every KV buffer's rows out, one launch where per-tensor copies take ~20.
+A run is (source word, destination word, words). The first `n_main` runs read `src`, the others `aux` (a small
+buffer that came up with the runs themselves: the host-tier restore sends a slot's page-table row that way). The
+restore writes a slot's whole snapshot back like this: one packed buffer in, every KV buffer's rows out, one
+launch where per-tensor copies take ~20.
 """
 
 from __future__ import annotations
@@ -14,21 +17,18 @@ BLOCK = 1024  # words a program copies per iteration
 PER_PROGRAM = 4  # iterations a program takes at most: long runs get more programs
 
 
-def _check(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor) -> None:
-    if src.dtype != dst.dtype or src.element_size() not in (1, 2, 4) or src.dim() != 1 or dst.dim() != 1:
-        raise ValueError(
-            f"src and dst must be flat buffers of one 1-, 2- or 4-byte word, got {src.dtype}, {dst.dtype}"
-        )
+def _check(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.Tensor | None) -> None:
+    flat = all(t.dim() == 1 and t.dtype == dst.dtype for t in (src, dst, *(() if aux is None else (aux,))))
+    if not flat or dst.element_size() not in (1, 2, 4):
+        raise ValueError(f"src, aux and dst must be flat buffers of one 1-, 2- or 4-byte word, got {src.dtype}, "
+                         f"{dst.dtype}")  # fmt: skip
     if runs.dtype != torch.int64 or runs.dim() != 2 or runs.shape[0] != 3:
         raise ValueError(
             f"runs must be int64 [3, n] (source, destination, words), got {runs.dtype} {tuple(runs.shape)}"
         )
 
 
-def copy_runs_reference(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor) -> None:
-    """dst[d : d + n] = src[s : s + n] for every run (s, d, n), in torch (any device)."""
-    _check(src, dst, runs)
-    s, d, n = runs.to(dst.device)
+def _copy(src: torch.Tensor, dst: torch.Tensor, s: torch.Tensor, d: torch.Tensor, n: torch.Tensor) -> None:
     if not len(n):
         return
     start = torch.cumsum(n, 0) - n
@@ -36,8 +36,20 @@ def copy_runs_reference(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor
     dst[torch.repeat_interleave(d, n) + step] = src[torch.repeat_interleave(s, n) + step]
 
 
+def copy_runs_reference(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.Tensor | None = None,
+                        n_main: int | None = None) -> None:  # fmt: skip
+    """dst[d : d + n] = (src if the run is one of the first n_main, else aux)[s : s + n] for every run (s, d, n),
+    in torch (any device)."""
+    _check(src, dst, runs, aux)
+    s, d, n = runs.to(dst.device)
+    n_main = len(n) if n_main is None else n_main
+    _copy(src, dst, s[:n_main], d[:n_main], n[:n_main])
+    if n_main < len(n):
+        _copy(aux, dst, s[n_main:], d[n_main:], n[n_main:])
+
+
 @triton.jit
-def _copy_runs_kernel(src_ptr, dst_ptr, runs_ptr, n_runs, BLOCK: tl.constexpr):
+def _copy_runs_kernel(src_ptr, aux_ptr, dst_ptr, runs_ptr, n_runs, n_main, BLOCK: tl.constexpr):
     run, part, parts = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     s = tl.load(runs_ptr + run)
     d = tl.load(runs_ptr + n_runs + run)
@@ -45,22 +57,32 @@ def _copy_runs_kernel(src_ptr, dst_ptr, runs_ptr, n_runs, BLOCK: tl.constexpr):
     for lo in range(part * BLOCK, n, parts * BLOCK):
         w = lo + tl.arange(0, BLOCK)
         mask = w < n
-        tl.store(dst_ptr + d + w, tl.load(src_ptr + s + w, mask=mask), mask=mask)
+        if run < n_main:
+            v = tl.load(src_ptr + s + w, mask=mask)
+        else:
+            v = tl.load(aux_ptr + s + w, mask=mask)
+        tl.store(dst_ptr + d + w, v, mask=mask)
 
 
-def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int) -> None:
+def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int,
+                     aux: torch.Tensor | None = None, n_main: int | None = None) -> None:  # fmt: skip
     """copy_runs_reference in one launch; `longest` (the largest run's words, known on the host) sizes the grid.
     `runs` must be on dst's device and contiguous."""
-    _check(src, dst, runs)
-    if runs.shape[1] == 0 or longest <= 0:
+    _check(src, dst, runs, aux)
+    n_runs = runs.shape[1]
+    if n_runs == 0 or longest <= 0:
         return
     parts = max(1, -(-longest // (BLOCK * PER_PROGRAM)))
-    _copy_runs_kernel[(runs.shape[1], parts)](src, dst, runs, runs.shape[1], BLOCK=BLOCK)
+    n_main = n_runs if n_main is None else n_main
+    _copy_runs_kernel[(n_runs, parts)](
+        src, src if aux is None else aux, dst, runs, n_runs, n_main, BLOCK=BLOCK
+    )
 
 
-def copy_runs(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int) -> None:
+def copy_runs(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int,
+              aux: torch.Tensor | None = None, n_main: int | None = None) -> None:  # fmt: skip
     """The kernel on a GPU, the torch reference on the CPU."""
     if dst.device.type == "cuda":
-        copy_runs_triton(src, dst, runs, longest)
+        copy_runs_triton(src, dst, runs, longest, aux, n_main)
     else:
-        copy_runs_reference(src, dst, runs)
+        copy_runs_reference(src, dst, runs, aux, n_main)

@@ -1,7 +1,8 @@
 """The one-launch run copy (the host-tier restore's) against its torch reference, interpreted: bit for bit.
 
 Runs of random lengths (zero, shorter than a block, several blocks, long enough to take several programs) at
-random offsets, in 4-, 2- and 1-byte words; every word outside the runs must keep its value.
+random offsets, in 4-, 2- and 1-byte words, the last runs read from the aux buffer; every word outside the
+runs must keep its value.
 """
 
 from __future__ import annotations
@@ -50,3 +51,16 @@ def test_run_copy_refuses_mixed_words(tk):
     with pytest.raises(ValueError, match="one 1-, 2- or 4-byte word"):
         tk.run_copy.copy_runs_reference(torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int16),
                                         torch.zeros(3, 1, dtype=torch.int64))  # fmt: skip
+
+
+def test_runs_past_n_main_read_the_aux_buffer(tk):
+    import torch
+
+    src, dst, runs, longest = _case(4, torch.int32, 6)
+    aux = torch.arange(5000, 5000 + int(runs[0].max() + runs[2].max()) + 5, dtype=torch.int32)
+    want, got = dst.clone(), dst.clone()
+    tk.run_copy.copy_runs_reference(src, want, runs, aux, n_main=4)
+    tk.run_copy.copy_runs_triton(src, got, runs, longest, aux, n_main=4)
+    assert torch.equal(got, want)
+    for i, (a, b, k) in enumerate(zip(*runs.tolist(), strict=True)):
+        assert torch.equal(want[b : b + k], (src if i < 4 else aux)[a : a + k]), i

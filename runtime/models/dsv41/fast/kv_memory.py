@@ -6,6 +6,7 @@ Buffers (uint8 rows in the kv_rows formats unless said; slot index `slots` is th
   keys[l]     [(pages + 1) * page_tokens / r, key row]     its indexer keys, same addressing
   pending[l]  [2, slots + 1, compressor ring, head_dim]    fp32 projected kv / gate rows (ratio > 1), row = position % ring
   page_table  [slots + 1, bucket pages] int64                the host table's device copy (0 = scratch page)
+All are views of one uint8 allocation (`base`, each at a BASE_ALIGN-byte offset named in `offsets`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from tfc.runtime.models.dsv41.fast.kv_layout import KvLayout
 from tfc.runtime.models.dsv41.fast.kv_pages import PagePool
 
-BASE_ALIGN = 256  # bytes: each buffer's offset in the one allocation
+BASE_ALIGN = 256  # bytes: each buffer's offset in the one allocation (every dtype's alignment)
 
 
 class HostStage:
@@ -61,42 +62,39 @@ class KvMemory:
         pages = max(1, -(-tokens // layout.page_tokens))
         self.pool = PagePool(pages, layout.page_tokens, slots, tokens_per_slot)
         u8, f32 = torch.uint8, torch.float32
-        plan: list[tuple[str, int, tuple[int, ...], torch.dtype]] = [
-            ("window", -1, (layout.layers, slots + 1, layout.ring, layout.window_row.nbytes), u8)
+        # Wide enough for the largest context bucket a step scores (columns past a slot's limit stay scratch).
+        width = max(self.pool.max_pages, -(-table_tokens // layout.page_tokens))
+        plan: list[tuple[str, tuple[int, ...], torch.dtype]] = [
+            ("window", (layout.layers, slots + 1, layout.ring, layout.window_row.nbytes), u8),
+            ("page_table", (slots + 1, width), torch.int64),
         ]
         for s in layout.sources:
             rows = (pages + 1) * layout.entries_per_page(s.ratio)
-            plan.append(("entries", s.layer, (rows, layout.entry_row.nbytes), u8))
+            plan.append((f"entries.{s.layer}", (rows, layout.entry_row.nbytes), u8))
             if s.index_keys:
-                plan.append(("keys", s.layer, (rows, layout.key_row.nbytes), u8))
+                plan.append((f"keys.{s.layer}", (rows, layout.key_row.nbytes), u8))
             if s.ratio > 1:
-                plan.append(
-                    (
-                        "pending",
-                        s.layer,
-                        (2, slots + 1, layout.compressor_ring(s.ratio), layout.head_dim),
-                        f32,
-                    )
-                )
+                ring = layout.compressor_ring(s.ratio)
+                plan.append((f"pending.{s.layer}", (2, slots + 1, ring, layout.head_dim), f32))
         # One allocation, every buffer a view of it at a BASE_ALIGN-byte offset: a restore writes them all in one
         # launch (kernels/run_copy.py), addressed as words of `base`.
-        at, offsets = 0, []
-        for _, _, shape, dtype in plan:
-            offsets.append(at)
+        at, self.offsets = 0, {}  # name -> byte offset in base
+        for name, shape, dtype in plan:
+            self.offsets[name] = at
             at += -(-math.prod(shape) * dtype.itemsize // BASE_ALIGN) * BASE_ALIGN
         self.base = torch.zeros(at, dtype=u8, device=device)
+        self.words = {4: self.base.view(torch.int32), 2: self.base.view(torch.int16), 1: self.base}
         self.entries: dict[int, torch.Tensor] = {}
         self.keys: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}
-        for (kind, layer, shape, dtype), off in zip(plan, offsets, strict=True):
+        for name, shape, dtype in plan:
+            off = self.offsets[name]
             view = self.base[off : off + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
-            if kind == "window":
-                self.window = view
+            kind, _, layer = name.partition(".")
+            if layer:
+                getattr(self, kind)[int(layer)] = view
             else:
-                getattr(self, kind)[layer] = view
-        # Wide enough for the largest context bucket a step scores (columns past a slot's limit stay scratch).
-        width = max(self.pool.max_pages, -(-table_tokens // layout.page_tokens))
-        self.page_table = torch.zeros(slots + 1, width, dtype=torch.int64, device=device)
+                setattr(self, kind, view)
         # Page-table rows and row ids go up through two kept buffers, so neither waits on the other's copy.
         self.table_stage = HostStage(device)
         self.row_stage = HostStage(device)
@@ -122,12 +120,15 @@ class KvMemory:
         """Bytes allocated."""
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def word_offset(self, t: torch.Tensor) -> int:
-        """Where a view of `base` starts, in 32-bit words of it."""
-        at = t.data_ptr() - self.base.data_ptr()
-        if not 0 <= at < self.base.numel() or at % 4:
-            raise ValueError("not a word-aligned view of the KV memory's base")
-        return at // 4
+    def remap(self, slot: int, tokens: int) -> np.ndarray:
+        """Give the slot fresh pages for its first `tokens` tokens, on the host only: its whole page-table row
+        (scratch past its pages), for the caller to send up (KvFull when the pool cannot)."""
+        self.pool.release(slot)
+        self.pool.ensure(slot, tokens)
+        row = np.zeros(self.page_table.shape[1], dtype=np.int64)
+        table = self.pool.table(slot)
+        row[: len(table)] = table
+        return row
 
     def ensure(self, slot: int, tokens: int) -> None:
         """Map pages for the slot's first `tokens` tokens; the device table row follows the host's."""

@@ -172,57 +172,58 @@ def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
 
 
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
-    """Map pages for the snapshot's position in a (released) slot and write its rows back: the packed buffer goes
-    up in one transfer (when on the host), started first so that the host's page work overlaps it; the page
-    table row and the runs (runs_of, computed on the host) follow through the KV memory's kept page-locked
-    buffers; then one launch copies every run. The host waits for nothing but each kept buffer's previous copy."""
+    """Map fresh pages for the snapshot's position in a released slot and write its rows back. The packed buffer
+    goes up in one transfer (when on the host), started first so that the host's work overlaps it; the runs
+    (runs_of) and the slot's page-table row follow in one upload through the KV memory's kept page-locked
+    buffer; one launch copies every run, the table row among them. The host waits for nothing but that buffer's
+    previous copy."""
     staged = snap.packed.to(kv.device, non_blocking=True)
-    kv.release(slot)
-    kv.ensure(slot, max(1, snap.position))
+    row = kv.remap(slot, max(1, snap.position))
     runs = runs_of(kv, slot, snap)
+    n = runs.shape[1]
+    table = np.array([[24 * n + 24], [kv.offsets["page_table"] + slot * row.nbytes], [row.nbytes]], np.int64)
+    runs = np.concatenate([runs, table], axis=1)  # the row's source: the upload itself, after the runs
     word = _word(runs)
     runs //= word
+    up = kv.row_stage.send(np.concatenate([runs.reshape(-1), row]))
     words = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
-    copy_runs(staged.view(words), kv.base.view(words), kv.row_stage.send(runs.reshape(-1)).view(3, -1),
-              int(runs[2].max(initial=0)))  # fmt: skip
+    copy_runs(staged.view(words), kv.words[word], up[: 3 * (n + 1)].view(3, n + 1), int(runs[2].max()),
+              aux=up.view(words), n_main=n)  # fmt: skip
 
 
 def runs_of(kv: KvMemory, slot: int, snap: KvSnapshot) -> np.ndarray:
     """int64 [3, n] byte runs (offset in the packed buffer, offset in the KV base, bytes) writing the snapshot
-    into `slot`: a run per layer's window ring, per pending half, per page of each source's entries and keys."""
-    lay, per_slot = kv.layout, kv.slots + 1
-    offsets, _ = _offsets(snap.specs)
-    at = dict(zip([n for n, _ in snap.tensors], offsets, strict=True))
+    into `slot` (its pages mapped): a run per layer's window ring, per pending half, per page of each source's
+    entries and keys."""
+    lay, per_slot, at = kv.layout, kv.slots + 1, kv.offsets
+    packed = dict(zip([n for n, _ in snap.tensors], _offsets(snap.specs)[0], strict=True))
     src, dst, size = [], [], []
-
-    def add(s: np.ndarray, d: np.ndarray, n: np.ndarray) -> None:
-        src.append(s), dst.append(d), size.append(n)
-
     ring = lay.ring * lay.window_row.nbytes
     layer = np.arange(lay.layers, dtype=np.int64)
-    add(at["window"] + layer * ring, 4 * kv.word_offset(kv.window) + (layer * per_slot + slot) * ring,
-        np.full(lay.layers, ring, np.int64))  # fmt: skip
+    src.append(packed["window"] + layer * ring)
+    dst.append(at["window"] + (layer * per_slot + slot) * ring)
+    size.append(np.full(lay.layers, ring, np.int64))
     for name, t in sorted(kv.pending.items()):
         half, j = t[0, 0].numel() * t.element_size(), np.arange(2, dtype=np.int64)
-        add(at[f"pending.{name}"] + j * half, 4 * kv.word_offset(t) + (j * per_slot + slot) * half,
-            np.full(2, half, np.int64))  # fmt: skip
+        src.append(packed[f"pending.{name}"] + j * half)
+        dst.append(at[f"pending.{name}"] + (j * per_slot + slot) * half)
+        size.append(np.full(2, half, np.int64))
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
     for s in lay.sources:
         per, groups = lay.entries_per_page(s.ratio), snap.position // s.ratio
         first = np.arange(0, groups, per, dtype=np.int64)  # each page's first entry
         count = np.minimum(per, groups - first)
-        for kind, width in (("entries", lay.entry_row.nbytes), ("keys", lay.key_row.nbytes)):
-            if kind == "keys" and not s.index_keys:
-                continue
-            buf = getattr(kv, kind)[s.layer]
-            add(at[f"{kind}.{s.layer}"] + first * width,
-                4 * kv.word_offset(buf) + pages[first // per] * per * width, count * width)  # fmt: skip
+        kinds = (("entries", lay.entry_row.nbytes), ("keys", lay.key_row.nbytes))
+        for kind, width in kinds[: 2 if s.index_keys else 1]:
+            src.append(packed[f"{kind}.{s.layer}"] + first * width)
+            dst.append(at[f"{kind}.{s.layer}"] + pages[first // per] * per * width)
+            size.append(count * width)
     return np.stack([np.concatenate(src), np.concatenate(dst), np.concatenate(size)])
 
 
 def _word(runs: np.ndarray) -> int:
     """The widest word (4, 2 or 1 bytes) every offset and size of the runs is a multiple of."""
-    g = int(np.gcd.reduce(runs.reshape(-1), initial=4)) if runs.size else 4
+    g = int(np.gcd.reduce(runs.reshape(-1), initial=4))
     return 4 if g % 4 == 0 else 2 if g % 2 == 0 else 1
 
 
