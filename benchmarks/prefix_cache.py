@@ -103,6 +103,20 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
             host_times.append(time.perf_counter() - t)  # until the host is free again (the copies queued)
             sync()
             times.append(time.perf_counter() - t)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()  # where the host's time goes (what a restore's wall time follows)
+        for _ in range(20):
+            w.release(1)
+            sync()
+            prof.enable()
+            w.restore(1, host)
+            prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+        host_profile = [line[:200] for line in buf.getvalue().splitlines() if line.strip()][-15:]
         back = w.snapshot(1).to_host()  # the restored slot holds the snapshot's rows, byte for byte
         same = back.to_bytes() == host.to_bytes()
         src = torch.empty(host.nbytes, dtype=torch.uint8).pin_memory() if device == "cuda" else torch.empty(
@@ -116,7 +130,7 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
             sync()
             floor.append(time.perf_counter() - t)
         r, f = statistics.median(times), statistics.median(floor)
-        return {"runner": w.kind, "bytes": host.nbytes, "reps": reps, "restore_s": r, "restore_all_s": times, "host_s": statistics.median(host_times), "restored_equal": same, "restore_gb_s": host.nbytes / r / 1e9,
+        return {"runner": w.kind, "bytes": host.nbytes, "reps": reps, "restore_s": r, "restore_all_s": times, "host_s": statistics.median(host_times), "host_profile_20": host_profile, "restored_equal": same, "restore_gb_s": host.nbytes / r / 1e9,
                 "copy_floor_gb_s": host.nbytes / f / 1e9, "ratio_to_floor": f / r,
                 "floor": "pinned host -> device copy" if device == "cuda" else "host memcpy (CPU run)"}  # fmt: skip
     finally:
