@@ -193,32 +193,52 @@ def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
 
 def runs_of(kv: KvMemory, slot: int, snap: KvSnapshot) -> np.ndarray:
     """int64 [3, n] byte runs (offset in the packed buffer, offset in the KV base, bytes) writing the snapshot
-    into `slot` (its pages mapped): a run per layer's window ring, per pending half, per page of each source's
-    entries and keys."""
-    lay, per_slot, at = kv.layout, kv.slots + 1, kv.offsets
+    into `slot` (its pages mapped): a run per layer's window ring and per pending half (_fixed_runs), and per
+    page of each source's entries and keys."""
+    lay = kv.layout
+    src, dst, size = _fixed_runs(kv)
+    parts = [
+        np.stack([src, dst + slot * size, size])
+    ]  # a slot's rings follow each other: stride = their size
     packed = dict(zip([n for n, _ in snap.tensors], _offsets(snap.specs)[0], strict=True))
-    src, dst, size = [], [], []
-    ring = lay.ring * lay.window_row.nbytes
-    layer = np.arange(lay.layers, dtype=np.int64)
-    src.append(packed["window"] + layer * ring)
-    dst.append(at["window"] + (layer * per_slot + slot) * ring)
-    size.append(np.full(lay.layers, ring, np.int64))
-    for name, t in sorted(kv.pending.items()):
-        half, j = t[0, 0].numel() * t.element_size(), np.arange(2, dtype=np.int64)
-        src.append(packed[f"pending.{name}"] + j * half)
-        dst.append(at[f"pending.{name}"] + (j * per_slot + slot) * half)
-        size.append(np.full(2, half, np.int64))
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
     for s in lay.sources:
         per, groups = lay.entries_per_page(s.ratio), snap.position // s.ratio
-        first = np.arange(0, groups, per, dtype=np.int64)  # each page's first entry
-        count = np.minimum(per, groups - first)
+        n = -(-groups // per)  # pages holding entries (entry e lies in page e // per, row e % per)
         kinds = (("entries", lay.entry_row.nbytes), ("keys", lay.key_row.nbytes))
         for kind, width in kinds[: 2 if s.index_keys else 1]:
-            src.append(packed[f"{kind}.{s.layer}"] + first * width)
-            dst.append(at[f"{kind}.{s.layer}"] + pages[first // per] * per * width)
-            size.append(count * width)
-    return np.stack([np.concatenate(src), np.concatenate(dst), np.concatenate(size)])
+            run = np.empty((3, n), np.int64)
+            run[0] = packed[f"{kind}.{s.layer}"] + np.arange(n, dtype=np.int64) * (per * width)
+            run[1] = kv.offsets[f"{kind}.{s.layer}"] + pages[:n] * (per * width)
+            run[2] = per * width
+            if n:
+                run[2, -1] = (groups - (n - 1) * per) * width
+            parts.append(run)
+    return np.concatenate(parts, axis=1)
+
+
+def _fixed_runs(kv: KvMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(source, slot 0's destination, bytes) of the window-ring and pending-half runs, the same for every
+    snapshot of this KV memory (a packed buffer starts with them); made once."""
+    if kv.fixed_runs is not None:
+        return kv.fixed_runs
+    lay, per_slot = kv.layout, kv.slots + 1
+    named = _named_specs(kv, 0)
+    packed = dict(zip([n for n, _ in named], _offsets([spec for _, spec in named])[0], strict=True))
+    src, dst, size = [], [], []
+    ring = lay.ring * lay.window_row.nbytes
+    for layer in range(lay.layers):
+        src.append(packed["window"] + layer * ring)
+        dst.append(kv.offsets["window"] + layer * per_slot * ring)
+        size.append(ring)
+    for name, t in sorted(kv.pending.items()):
+        half = t[0, 0].numel() * t.element_size()
+        for j in range(2):
+            src.append(packed[f"pending.{name}"] + j * half)
+            dst.append(kv.offsets[f"pending.{name}"] + j * per_slot * half)
+            size.append(half)
+    kv.fixed_runs = tuple(np.asarray(v, dtype=np.int64) for v in (src, dst, size))
+    return kv.fixed_runs
 
 
 def _word(runs: np.ndarray) -> int:
