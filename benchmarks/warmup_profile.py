@@ -6,7 +6,7 @@ Builds the tiny image in a temporary store, runs build_fast + the one-row warm-u
 (compiling and saving the stages), then again in another (the restart), then in a third with the warm-up under
 cProfile: the warm-up's seconds, the seconds inside torch's load_compiled_function, the stage counts, and the
 functions with the most cumulative and self time. `--variants guards shape` compares stages compiled with every
-guard kept (the default) and with the symbolic-shape guards only (stage_cache.shape_guards_only; each its own
+guard kept (tfc's way) and with the symbolic-shape guards only (torch's guard_filter_fn, set here; each its own
 stage folder): what building guards costs a restart.
 """
 
@@ -30,9 +30,12 @@ from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.boot.kernel_cache import use_store_cache
 from pathlib import Path
-from tfc.runtime.models.dsv41.fast import stage_cache
-if sys.argv[4] == "shape":  # the symbolic-shape guards only (the default keeps every guard)
-    stage_cache.COMPILE_OPTIONS = {"guard_filter_fn": stage_cache.shape_guards_only}
+if sys.argv[4] == "shape":  # stages compiled with their symbolic-shape guards only (tfc keeps every guard)
+    compile_ = torch.compile
+    def _shape_guards(fn, **kw):
+        keep = lambda entries: [e.guard_type == "SHAPE_ENV" for e in entries]
+        return compile_(fn, **kw, options={"guard_filter_fn": keep})
+    torch.compile = _shape_guards
 load_ = torch.compiler.load_compiled_function
 LOAD = [0.0]
 def _timed_load(*a, **kw):

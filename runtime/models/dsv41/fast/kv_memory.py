@@ -97,8 +97,8 @@ class KvMemory:
                 setattr(self, kind, view)
         # Page-table rows and row ids go up through two kept buffers, so neither waits on the other's copy.
         self.table_stage = HostStage(device)
-        self.fixed_runs: tuple | None = None  # kv_snapshot's window and pending restore runs, made on first use
         self.row_stage = HostStage(device)
+        self.fixed_runs: tuple | None = None  # kv_snapshot's window and pending runs, made on first use
 
     @property
     def dummy_slot(self) -> int:

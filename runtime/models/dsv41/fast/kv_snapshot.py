@@ -75,10 +75,8 @@ class KvSnapshot:
 
     def on(self, packed: torch.Tensor) -> KvSnapshot:
         """This snapshot over another buffer holding the same bytes (its tensors views of it)."""
-        it = iter(_views(packed, self.specs))
-        window = next(it)
-        parts = [{layer: next(it) for layer in sorted(d)} for d in (self.pending, self.entries, self.keys)]
-        return KvSnapshot(self.position, self.tokens, window, *parts, packed=packed)
+        names = [n for n, _ in self.tensors]
+        return _parts(self.position, self.tokens, names, _views(packed, self.specs), packed)
 
     def to_bytes(self) -> bytes:
         """The byte form (module docstring)."""
@@ -181,8 +179,9 @@ def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     row = kv.remap(slot, max(1, snap.position))
     runs = runs_of(kv, slot, snap)
     n = runs.shape[1]
-    table = np.array([[24 * n + 24], [kv.offsets["page_table"] + slot * row.nbytes], [row.nbytes]], np.int64)
-    runs = np.concatenate([runs, table], axis=1)  # the row's source: the upload itself, after the runs
+    after_runs = 3 * (n + 1) * 8  # the upload is the runs (this one too), int64, then the row
+    table = np.array([[after_runs], [kv.offsets["page_table"] + slot * row.nbytes], [row.nbytes]], np.int64)
+    runs = np.concatenate([runs, table], axis=1)
     word = _word(runs)
     runs //= word
     up = kv.row_stage.send(np.concatenate([runs.reshape(-1), row]))
@@ -197,9 +196,7 @@ def runs_of(kv: KvMemory, slot: int, snap: KvSnapshot) -> np.ndarray:
     page of each source's entries and keys."""
     lay = kv.layout
     src, dst, size = _fixed_runs(kv)
-    parts = [
-        np.stack([src, dst + slot * size, size])
-    ]  # a slot's rings follow each other: stride = their size
+    parts = [np.stack([src, dst + slot * size, size])]  # a slot's rings follow each other: stride = size
     packed = dict(zip([n for n, _ in snap.tensors], _offsets(snap.specs)[0], strict=True))
     pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
     for s in lay.sources:

@@ -23,17 +23,6 @@ from typing import Any
 import blake3
 
 
-def shape_guards_only(entries: list[Any]) -> list[bool]:
-    """A guard filter keeping a stage's symbolic-shape guards only (its call key fixes every tensor's dtype,
-    device, shape and strides). Not the default: on the H200 it did not make a restart's loading faster
-    (benchmarks/serve.md, warm-up variants); benchmarks/warmup_profile.py compares it."""
-    return [e.guard_type == "SHAPE_ENV" for e in entries]
-
-
-# torch.compile options a stage is compiled with ({"guard_filter_fn": shape_guards_only} to compare).
-COMPILE_OPTIONS: dict[str, Any] = {}
-
-
 class StageKeyError(TypeError):
     """An argument whose value cannot key a saved stage (the stage compiles in process instead)."""
 
@@ -81,7 +70,7 @@ def source_digest() -> str:
     except ImportError:
         versions = torch.__version__
     here = Path(__file__).resolve().parent
-    h = blake3.blake3(f"tfc.stages.v2\0{versions}\0{sorted(COMPILE_OPTIONS)}\0".encode())
+    h = blake3.blake3(f"tfc.stages.v1\0{versions}\0".encode())
     for folder in (here, here.parent):
         for f in sorted(folder.glob("*.py")):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -109,9 +98,7 @@ def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: d
         except Exception:  # a damaged file (a full disk, a killed writer elsewhere): compiled again over it
             pass
     mark()
-    compiled = torch.compile(fn, dynamic=False, fullgraph=True, options=COMPILE_OPTIONS).aot_compile(
-        (args, kwargs)
-    )
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True).aot_compile((args, kwargs))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".stage-", suffix=".tmp")
     os.close(fd)
     try:
