@@ -10,7 +10,10 @@ Order: the HBM copy rate and the bf16 tensor-core peak; checks, which must pass 
 against the reference forward on the same weights decoded on the device); decode steps at 1, 4 and 16 rows,
 context 4k, graphed, with the pinned (exact) launches and with each shape's own launches; the projection to
 the whole model; verify windows (1-6 consecutive rows of one sequence, the draft-verify step of issue #24)
-against the 1-row step; prefill of 2k and 16k-token prompts. The JSON is rewritten after every part.
+against the 1-row step; the DSpark drafter's round (observe, then 5 drafts; the slice's one block and three, as
+Flash has) and the whole-Flash tok/s it projects with drafting at the published acceptance; prefill of 2k and
+16k-token prompts. `--only decode,verify,drafter` runs those parts after the checks. The JSON is rewritten after
+every part.
 
 Byte floor of a step: every byte it must read once at the copy rate: each layer's non-expert segments
 (attention EXL3 groups, norms, mHC, router, indexer), the distinct experts its live rows picked (trellis and
@@ -213,8 +216,14 @@ def run(args) -> None:
 
     res: dict = {"device": torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu (--dry)", "torch": torch.__version__, "python": platform.python_version(),
                  "references": REFS, "parts": {}}  # fmt: skip
-    part = Parts(res, Path(args.out), args.budget_s)
-    save = part.save
+    parts = Parts(res, Path(args.out), args.budget_s)
+    save, only = parts.save, {name for name in args.only.split(",") if name}
+
+    def part(name: str, fn) -> None:
+        if only and name not in only | {"image", "rates", "checks"}:
+            res["parts"][name] = "skipped: --only"
+        else:
+            parts(name, fn)
 
     image = Path(args.image) if args.image else None
     if image is None:
@@ -310,6 +319,64 @@ def run(args) -> None:
 
     part("verify", verify)
 
+    def drafter() -> None:
+        """The DSpark drafter's round at context 4k, one sequence, eager (as the engine drafts): the slot's committed
+        rows observed (1 or 4 a round), then a block of 5 drafts; with the slice's blocks and with its first block as
+        many times as Flash has blocks (three, of the same shapes). Wall time, the host's syncs included."""
+        from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+        from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+        if runner.drafter is None:
+            raise RuntimeError(f"no drafter: {runner.draft_note}")
+        slots, vocab = runner.drafter, runner.info.vocab_size
+        single = slots.drafter
+        flash_blocks = flash_config().num_nextn_predict_layers  # 3
+        as_flash = FastDsparkDrafter(runner.forward)
+        as_flash.blocks = (single.blocks * flash_blocks)[:flash_blocks]
+        toks = np.random.default_rng(5).integers(0, vocab, CONTEXT).tolist()
+        table = {}
+        for drafter_ in (single, as_flash):
+            slots.drafter = drafter_
+            runner.release(0)
+            runner.execute(StepPlan((SequenceStep(0, tuple(toks), 0, drafting=True),)))
+            sync()
+            started = time.perf_counter()
+            runner.draft(0, 11, 5)  # observes the prompt's last window of rows
+            sync()
+            row = {"first_draft_s": time.perf_counter() - started}
+            position = CONTEXT
+            for commit in (1, 4):
+                times = []
+                for _ in range(12):
+                    fed = [(7919 * (position + i) + 11) % vocab for i in range(commit)]
+                    runner.execute(StepPlan((SequenceStep(0, tuple(fed), position, drafting=True),)))
+                    position += commit
+                    sync()
+                    started = time.perf_counter()
+                    got = runner.draft(0, fed[-1], 5)
+                    sync()
+                    times.append(time.perf_counter() - started)
+                    assert len(got) == 5, got
+                row[f"round_s_commit_{commit}"] = statistics.median(times[2:])
+            table[len(drafter_.blocks)] = row
+        slots.drafter = single
+        runner.release(0)
+        res["drafter"] = table
+        one = res.get("decode", {}).get(1, {})
+        if one and res.get("verify"):  # whole Flash: a round = the 3-block drafter + a 6-row verify window
+            draft_s = table[flash_blocks]["round_s_commit_4"]
+            verify_s = one["flash_step_s"] * res["verify"][6]["vs_one_row"]
+            res["drafting_projection"] = {
+                "serial_tok_s": 1 / one["flash_step_s"], "flash_drafter_round_s": draft_s,
+                "flash_verify_6_rows_s": verify_s,
+                **{f"tok_s_at_{tau}_tokens_a_round": tau / (draft_s + verify_s) for tau in (1.7, 3.7)},
+                "tensorfold_2x_gb10_decode_tok_s": REFS["tensorfold_2x_gb10_decode_tok_s"],
+                "note": "tokens a round = emitted per draft-verify round (the bonus token included), the published "
+                        "acceptance; random weights cannot measure acceptance",
+            }  # fmt: skip
+
+    part("drafter", drafter)
+
     def prefill() -> None:
         from tfc.runtime.worker.step import SequenceStep, StepPlan
 
@@ -400,6 +467,8 @@ def main() -> None:
         "--budget-s", type=float, default=420, help="parts starting after this many seconds are skipped"
     )
     ap.add_argument("--quick", action="store_true", help="prefill of 2k tokens only")
+    ap.add_argument("--only", default="", help="comma-separated parts to run after the checks (default: all), "
+                    "e.g. decode,verify,drafter")  # fmt: skip
     ap.add_argument("--time-anyway", action="store_true",
                     help="time even when the reference check is off by more than 0.1 (graph == eager must hold)")  # fmt: skip
     ap.add_argument("--no-reference", action="store_true",

@@ -3,6 +3,8 @@
 # that use it). Run from the repository root with .whl carried:
 #   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's, the sampler's, HostStage's GPU tests, test_fast_gpu.py's tiny-image ones (#19)
 #   bash benchmarks/h200_serving.sh servetests  # tfc serve's prefix-cache tests on the GPU (tiny image, fast forward, #25)
+#   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
+#   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
@@ -28,7 +30,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|warmup|parallel) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -48,6 +50,16 @@ case "$PART" in
     (cd /tmp && TFC_TEST_SERVE_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 400 python3 -m pytest -q -p no:cacheprovider \
       -p no:warnings -rA --tb=short "$R/tests/runtime/server/test_server_prefix_cache.py") > "$OUT/serve_gpu_tests.txt" 2>&1
     tail -15 "$OUT/serve_gpu_tests.txt" ;;
+  drafttests)  # drafted == serial on the fast forward: rollback == never fed and the engine (test_fast_drafting.py on the
+              # GPU), tfc generate, tfc serve through the openai client (test_server_draft.py); tiny image, graphs on
+    (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_TEST_SERVE_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 420 python3 -m pytest -q \
+      -p no:cacheprovider -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_drafting.py" \
+      "$R/tests/runtime/models/dsv41/test_fast_gpu.py::test_generate_drafted_equals_serial_on_the_fast_forward" \
+      "$R/tests/runtime/server/test_server_draft.py") > "$OUT/draft_gpu_tests.txt" 2>&1
+    tail -15 "$OUT/draft_gpu_tests.txt" ;;
+  drafting)  # the slice's decode steps, verify windows and DSpark drafter round, and the projection with drafting
+    timeout 300 python3 benchmarks/decode_h200.py --image "$IMG" --no-reference --only decode,verify,drafter --budget-s 240 \
+      --out "$OUT/drafting_h200.json" 2>&1 | grep "^\[" | tee "$OUT/drafting.log" ;;
   warmup)  # the tiny image's restart warm-up, stages with and without their guards (warmup_profile.py)
     (cd /tmp && timeout 420 python3 "$R/benchmarks/warmup_profile.py" --device cuda --variants guards shape \
       --out "$OUT/warmup_profile_h200.json") 2>&1 | head -3 ;;
@@ -85,7 +97,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|servetests|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

@@ -1,10 +1,12 @@
 """Copy runs of words (4, 2 or 1 bytes) from two flat buffers into a third in one launch (a torch reference and a
 Triton kernel).
 
-A run is (source word, destination word, words). The first `n_main` runs read `src`, the others `aux` (a small
-buffer that came up with the runs themselves: the host-tier restore sends a slot's page-table row that way). The
-restore writes a slot's whole snapshot back like this: one packed buffer in, every KV buffer's rows out, one
-launch where per-tensor copies take ~20.
+A run is (source word, destination word, words, page words). The first `n_main` runs read `src`, the others `aux`
+(a small buffer that came up with the runs themselves: the host-tier restore sends a slot's page-table row that
+way). A run with page words p > 0 is paged: its words [c·p, (c+1)·p) land at destination + pages[c]·p, so one run
+writes a whole source's entries into a slot's pages, which the kernel reads from `pages` (that same uploaded row).
+The restore writes a slot's whole snapshot back like this: one packed buffer in, every KV buffer's rows out, one
+launch over a table whose length does not grow with the context.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ def _check(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.
     if not flat or dst.element_size() not in (1, 2, 4):
         raise ValueError(f"src, aux and dst must be flat buffers of one 1-, 2- or 4-byte word, got {src.dtype}, "
                          f"{dst.dtype}")  # fmt: skip
-    if runs.dtype != torch.int64 or runs.dim() != 2 or runs.shape[0] != 3:
-        raise ValueError(
-            f"runs must be int64 [3, n] (source, destination, words), got {runs.dtype} {tuple(runs.shape)}"
-        )
+    if runs.dtype != torch.int64 or runs.dim() != 2 or runs.shape[0] != 4:
+        raise ValueError(f"runs must be int64 [4, n] (source, destination, words, page words), got {runs.dtype} "
+                         f"{tuple(runs.shape)}")  # fmt: skip
+
+
+def _unpaged(runs: torch.Tensor, pages: torch.Tensor | None) -> torch.Tensor:
+    """[3, m] plain runs: every paged run cut at its pages, each piece at its page's destination."""
+    out = []
+    for s, d, n, p in runs.tolist():
+        if p <= 0:
+            out.append((s, d, n))
+            continue
+        if pages is None:
+            raise ValueError("a paged run needs `pages`")
+        out += [(s + c, d + int(pages[c // p]) * p, min(p, n - c)) for c in range(0, n, p)]
+    return torch.tensor(out, dtype=torch.int64).reshape(-1, 3).T
 
 
 def _copy(src: torch.Tensor, dst: torch.Tensor, s: torch.Tensor, d: torch.Tensor, n: torch.Tensor) -> None:
@@ -37,37 +51,45 @@ def _copy(src: torch.Tensor, dst: torch.Tensor, s: torch.Tensor, d: torch.Tensor
 
 
 def copy_runs_reference(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.Tensor | None = None,
-                        n_main: int | None = None) -> None:  # fmt: skip
-    """dst[d : d + n] = (src if the run is one of the first n_main, else aux)[s : s + n] for every run (s, d, n),
-    in torch (any device)."""
+                        n_main: int | None = None, pages: torch.Tensor | None = None) -> None:  # fmt: skip
+    """dst[d + i] = (src if the run is one of the first n_main, else aux)[s + i] for i < n of every run
+    (s, d, n, p), the destination of paged runs (p > 0) moved by pages[i // p] · p, in torch (any device)."""
     _check(src, dst, runs, aux)
-    s, d, n = runs.to(dst.device)
-    n_main = len(n) if n_main is None else n_main
-    _copy(src, dst, s[:n_main], d[:n_main], n[:n_main])
-    if n_main < len(n):
-        _copy(aux, dst, s[n_main:], d[n_main:], n[n_main:])
+    runs = runs.cpu()
+    n_main = runs.shape[1] if n_main is None else n_main
+    for buf, part in ((src, runs[:, :n_main]), (aux, runs[:, n_main:])):
+        s, d, n = _unpaged(part.T, None if pages is None else pages.cpu()).to(dst.device)
+        if len(n):
+            _copy(buf, dst, s, d, n)
 
 
-@triton.jit
-def _copy_runs_kernel(src_ptr, aux_ptr, dst_ptr, runs_ptr, n_runs, n_main, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n_runs", "n_main"])
+def _copy_runs_kernel(src_ptr, aux_ptr, dst_ptr, runs_ptr, pages_ptr, n_runs, n_main, BLOCK: tl.constexpr):
     run, part, parts = tl.program_id(0), tl.program_id(1), tl.num_programs(1)
     s = tl.load(runs_ptr + run)
     d = tl.load(runs_ptr + n_runs + run)
     n = tl.load(runs_ptr + 2 * n_runs + run)
+    p = tl.load(runs_ptr + 3 * n_runs + run)
     for lo in range(part * BLOCK, n, parts * BLOCK):
         w = lo + tl.arange(0, BLOCK)
         mask = w < n
+        if p > 0:
+            c = w // p
+            to = d + tl.load(pages_ptr + c, mask=mask, other=0) * p + (w - c * p)
+        else:
+            to = d + w
         if run < n_main:
             v = tl.load(src_ptr + s + w, mask=mask)
         else:
             v = tl.load(aux_ptr + s + w, mask=mask)
-        tl.store(dst_ptr + d + w, v, mask=mask)
+        tl.store(dst_ptr + to, v, mask=mask)
 
 
 def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int,
-                     aux: torch.Tensor | None = None, n_main: int | None = None) -> None:  # fmt: skip
+                     aux: torch.Tensor | None = None, n_main: int | None = None,
+                     pages: torch.Tensor | None = None) -> None:  # fmt: skip
     """copy_runs_reference in one launch; `longest` (the largest run's words, known on the host) sizes the grid.
-    `runs` must be on dst's device and contiguous."""
+    `runs` and `pages` (int64) must be on dst's device and contiguous."""
     _check(src, dst, runs, aux)
     n_runs = runs.shape[1]
     if n_runs == 0 or longest <= 0:
@@ -75,14 +97,22 @@ def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, l
     parts = max(1, -(-longest // (BLOCK * PER_PROGRAM)))
     n_main = n_runs if n_main is None else n_main
     _copy_runs_kernel[(n_runs, parts)](
-        src, src if aux is None else aux, dst, runs, n_runs, n_main, BLOCK=BLOCK
+        src,
+        src if aux is None else aux,
+        dst,
+        runs,
+        runs if pages is None else pages,
+        n_runs,
+        n_main,
+        BLOCK=BLOCK,
     )
 
 
 def copy_runs(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int,
-              aux: torch.Tensor | None = None, n_main: int | None = None) -> None:  # fmt: skip
+              aux: torch.Tensor | None = None, n_main: int | None = None,
+              pages: torch.Tensor | None = None) -> None:  # fmt: skip
     """The kernel on a GPU, the torch reference on the CPU."""
     if dst.device.type == "cuda":
-        copy_runs_triton(src, dst, runs, longest, aux, n_main)
+        copy_runs_triton(src, dst, runs, longest, aux, n_main, pages)
     else:
-        copy_runs_reference(src, dst, runs, aux, n_main)
+        copy_runs_reference(src, dst, runs, aux, n_main, pages)

@@ -1,15 +1,20 @@
 """The warm-up before any clock starts: one step of one token, so the decode step's graph is captured (and its
-stages compiled) before the first request or the first timed token."""
+stages compiled) before the first request or the first timed token; with a prefix cache, that slot's snapshot
+restored once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
-from tfc.runtime.worker.step import SequenceStep, StepPlan
+from tfc.runtime.worker.step import SequenceStep, StepPlan, snapshot_runner
 
 
-def warm_up(steps, bos_id: int | None) -> None:
+def warm_up(steps, bos_id: int | None, snapshots: bool = False) -> None:
     """Run one token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
-    world's leader), then release the slot."""
+    world's leader); with `snapshots`, snapshot the slot and restore it in place where the runner can; then
+    release the slot."""
     steps.execute(StepPlan((SequenceStep(0, (bos_id if bos_id is not None else 0,), 0),)))
+    runner = snapshot_runner(steps) if snapshots else None
+    if runner is not None:
+        runner.restore(0, runner.snapshot(0))
     steps.release(0)
 
 

@@ -20,7 +20,7 @@ def _case(seed: int, dtype, n_runs: int):
     order = rng.permutation(n_runs)  # destinations laid out in another order than the sources
     dst_at = np.zeros(n_runs, np.int64)
     dst_at[order] = 3 + np.concatenate([[0], np.cumsum(lengths[order] + rng.integers(0, 9, n_runs))[:-1]])
-    runs = torch.from_numpy(np.stack([src_at, dst_at, lengths]).astype(np.int64))
+    runs = torch.from_numpy(np.stack([src_at, dst_at, lengths, np.zeros(n_runs)]).astype(np.int64))
     src = torch.from_numpy(rng.integers(-99, 99, int(src_at[-1] + lengths[-1] + 5))).to(dtype)
     dst = torch.from_numpy(rng.integers(-99, 99, int(dst_at.max() + lengths.max() + 7))).to(dtype)
     return src, dst, runs, int(lengths.max())
@@ -37,7 +37,7 @@ def test_run_copy_kernel_equals_the_reference(tk, seed, dtype, n_runs):
     tk.run_copy.copy_runs_reference(src, want, runs)
     tk.run_copy.copy_runs_triton(src, got, runs, longest)
     assert torch.equal(got, want)
-    s, d, n = runs.tolist()
+    s, d, n, _ = runs.tolist()
     assert all(torch.equal(want[b : b + k], src[a : a + k]) for a, b, k in zip(s, d, n, strict=True))
     touched = torch.zeros(len(dst), dtype=torch.bool)
     for b, k in zip(d, n, strict=True):
@@ -50,7 +50,7 @@ def test_run_copy_refuses_mixed_words(tk):
 
     with pytest.raises(ValueError, match="one 1-, 2- or 4-byte word"):
         tk.run_copy.copy_runs_reference(torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int16),
-                                        torch.zeros(3, 1, dtype=torch.int64))  # fmt: skip
+                                        torch.zeros(4, 1, dtype=torch.int64))  # fmt: skip
 
 
 def test_runs_past_n_main_read_the_aux_buffer(tk):
@@ -62,5 +62,35 @@ def test_runs_past_n_main_read_the_aux_buffer(tk):
     tk.run_copy.copy_runs_reference(src, want, runs, aux, n_main=4)
     tk.run_copy.copy_runs_triton(src, got, runs, longest, aux, n_main=4)
     assert torch.equal(got, want)
-    for i, (a, b, k) in enumerate(zip(*runs.tolist(), strict=True)):
+    for i, (a, b, k, _) in enumerate(zip(*runs.tolist(), strict=True)):
         assert torch.equal(want[b : b + k], (src if i < 4 else aux)[a : a + k]), i
+
+
+@pytest.mark.parametrize(("seed", "dtype"), [(5, "int32"), (6, "uint8")])
+def test_paged_runs_land_in_their_pages(tk, seed, dtype):
+    # a paged run (page words p) writes its chunk c at destination + pages[c] * p: a source's entries into a
+    # slot's pages in any order, the last page partly; a plain run and an aux run beside it
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    p, n = 96, 96 * 5 + 17  # words a page, words of the paged run (six pages, the last one partial)
+    pages = torch.from_numpy(rng.permutation(12)[:6]).to(torch.int64)
+    src = torch.from_numpy(rng.integers(-99, 99, 2000)).to(getattr(torch, dtype))
+    dst = torch.from_numpy(rng.integers(-99, 99, 64 + 12 * p + 300)).to(src.dtype)
+    aux = torch.arange(40, dtype=src.dtype)
+    runs = torch.tensor([[3, 700, 5], [64, 64 + 12 * p + 10, 0], [n, 200, 30], [p, 0, 0]], dtype=torch.int64)
+    want, got = dst.clone(), dst.clone()
+    tk.run_copy.copy_runs_reference(src, want, runs, aux, n_main=2, pages=pages)
+    tk.run_copy.copy_runs_triton(src, got, runs, n, aux, n_main=2, pages=pages)
+    assert torch.equal(got, want)
+    for c, page in enumerate(pages.tolist()):
+        k = min(p, n - c * p)
+        at = 64 + page * p
+        assert torch.equal(want[at : at + k], src[3 + c * p : 3 + c * p + k]), c
+    assert torch.equal(want[64 + 12 * p + 10 :][:200], src[700:900])
+    assert torch.equal(want[:30], aux[5:35])
+    free = sorted(set(range(12)) - set(pages.tolist()))
+    assert all(
+        torch.equal(want[64 + q * p : 64 + (q + 1) * p], dst[64 + q * p : 64 + (q + 1) * p]) for q in free
+    )

@@ -1,4 +1,5 @@
-"""warm_up: one token at position 0 in slot 0, then the slot released."""
+"""warm_up: one token at position 0 in slot 0 (with a prefix cache, its snapshot restored once), then the slot
+released."""
 
 from __future__ import annotations
 
@@ -28,6 +29,31 @@ def test_warm_up_without_a_bos_feeds_id_0():
     steps = _Steps()
     warm_up(steps, None)
     assert steps.calls[0][1][0].tokens == (0,)
+
+
+class _Snapshots(_Steps):
+    def snapshot(self, slot):
+        self.calls.append(("snapshot", slot))
+        return "snap"
+
+    def restore(self, slot, snap):
+        self.calls.append(("restore", slot, snap))
+
+    def load_snapshot(self, data):
+        raise AssertionError("not read at warm-up")
+
+
+def test_warm_up_restores_the_slots_snapshot_only_for_a_prefix_cache():
+    steps = _Snapshots()
+    warm_up(steps, 7, snapshots=True)
+    assert [c[0] for c in steps.calls] == ["execute", "snapshot", "restore", "release"]
+    assert steps.calls[2] == ("restore", 0, "snap")
+    steps = _Snapshots()
+    warm_up(steps, 7)
+    assert [c[0] for c in steps.calls] == ["execute", "release"]
+    steps = _Steps()  # a runner without snapshots: the token alone
+    warm_up(steps, 7, snapshots=True)
+    assert [c[0] for c in steps.calls] == ["execute", "release"]
 
 
 class _Runner:

@@ -29,6 +29,7 @@ class HostStage:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._host: torch.Tensor | None = None
+        self._host_np: np.ndarray | None = None  # the page-locked buffer as numpy, for the copy in
         self._dev: torch.Tensor | None = None
         self._copied = torch.cuda.Event() if device.type == "cuda" else None
 
@@ -43,8 +44,9 @@ class HostStage:
         if self._host is None or self._host.numel() < n:
             size = max(n, 4096, 2 * (0 if self._host is None else self._host.numel()))
             self._host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+            self._host_np = self._host.numpy()
             self._dev = torch.empty(size, dtype=torch.int64, device=self.device)
-        self._host.numpy()[:n] = values
+        self._host_np[:n] = values
         out = self._dev[:n]
         out.copy_(self._host[:n], non_blocking=True)
         self._copied.record(torch.cuda.current_stream(self.device))  # the copy's stream, any device current
@@ -98,7 +100,7 @@ class KvMemory:
         # Page-table rows and row ids go up through two kept buffers, so neither waits on the other's copy.
         self.table_stage = HostStage(device)
         self.row_stage = HostStage(device)
-        self.fixed_runs: tuple | None = None  # kv_snapshot's window and pending runs, made on first use
+        self.run_plan = None  # kv_snapshot's plan of a restore's runs, made on first use
 
     @property
     def dummy_slot(self) -> int:

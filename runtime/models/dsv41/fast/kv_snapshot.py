@@ -172,56 +172,61 @@ def snapshot(kv: KvMemory, slot: int, tokens: tuple[int, ...]) -> KvSnapshot:
 def restore(kv: KvMemory, slot: int, snap: KvSnapshot) -> None:
     """Map fresh pages for the snapshot's position in a released slot and write its rows back. The packed buffer
     goes up in one transfer (when on the host), started first so that the host's work overlaps it; the runs
-    (runs_of) and the slot's page-table row follow in one upload through the KV memory's kept page-locked
-    buffer; one launch copies every run, the table row among them. The host waits for nothing but that buffer's
-    previous copy."""
+    (runs_of: a fixed number, whatever the position) and the slot's page-table row follow in one upload through the
+    KV memory's kept page-locked buffer; one launch copies every run, the table row among them, and places the
+    entries and keys in the slot's pages from that row. The host waits for nothing but that buffer's previous copy."""
     staged = snap.packed.to(kv.device, non_blocking=True)
     row = kv.remap(slot, max(1, snap.position))
-    runs = runs_of(kv, slot, snap)
+    runs = runs_of(kv, slot, snap.position)
     n = runs.shape[1]
-    after_runs = 3 * (n + 1) * 8  # the upload is the runs (this one too), int64, then the row
-    table = np.array([[after_runs], [kv.offsets["page_table"] + slot * row.nbytes], [row.nbytes]], np.int64)
+    after_runs = 4 * (n + 1) * 8  # the upload is the runs (this one too), int64, then the row
+    table = np.array(
+        [[after_runs], [kv.offsets["page_table"] + slot * row.nbytes], [row.nbytes], [0]], np.int64
+    )
     runs = np.concatenate([runs, table], axis=1)
     word = _word(runs)
     runs //= word
     up = kv.row_stage.send(np.concatenate([runs.reshape(-1), row]))
     words = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[word]
-    copy_runs(staged.view(words), kv.words[word], up[: 3 * (n + 1)].view(3, n + 1), int(runs[2].max()),
-              aux=up.view(words), n_main=n)  # fmt: skip
+    copy_runs(staged.view(words), kv.words[word], up[: 4 * (n + 1)].view(4, n + 1), int(runs[2].max()),
+              aux=up.view(words), n_main=n, pages=up[4 * (n + 1) :])  # fmt: skip
 
 
-def runs_of(kv: KvMemory, slot: int, snap: KvSnapshot) -> np.ndarray:
-    """int64 [3, n] byte runs (offset in the packed buffer, offset in the KV base, bytes) writing the snapshot
-    into `slot` (its pages mapped): a run per layer's window ring and per pending half (_fixed_runs), and per
-    page of each source's entries and keys."""
-    lay = kv.layout
-    src, dst, size = _fixed_runs(kv)
-    parts = [np.stack([src, dst + slot * size, size])]  # a slot's rings follow each other: stride = size
-    packed = dict(zip([n for n, _ in snap.tensors], _offsets(snap.specs)[0], strict=True))
-    pages = np.asarray(kv.pool.table(slot), dtype=np.int64)
-    for s in lay.sources:
-        per, groups = lay.entries_per_page(s.ratio), snap.position // s.ratio
-        n = -(-groups // per)  # pages holding entries (entry e lies in page e // per, row e % per)
-        kinds = (("entries", lay.entry_row.nbytes), ("keys", lay.key_row.nbytes))
-        for kind, width in kinds[: 2 if s.index_keys else 1]:
-            run = np.empty((3, n), np.int64)
-            run[0] = packed[f"{kind}.{s.layer}"] + np.arange(n, dtype=np.int64) * (per * width)
-            run[1] = kv.offsets[f"{kind}.{s.layer}"] + pages[:n] * (per * width)
-            run[2] = per * width
-            if n:
-                run[2, -1] = (groups - (n - 1) * per) * width
-            parts.append(run)
-    return np.concatenate(parts, axis=1)
+def runs_of(kv: KvMemory, slot: int, position: int) -> np.ndarray:
+    """int64 [4, n] byte runs (offset in the packed buffer, offset in the KV base, bytes, page stride or 0)
+    writing a snapshot at `position` into `slot`: a run per layer's window ring and per pending half, and one paged
+    run per source's entries and keys (its page c at the buffer's offset + page id · page stride, the page ids the
+    slot's page-table row): as many runs at every position."""
+    plan = _run_plan(kv)
+    fixed = plan.fixed.copy()
+    fixed[1] += slot * plan.slot_stride
+    at, paged = plan.first_paged, []
+    for ratio, width, per, dst in plan.paged:  # in the packed buffer's order (_named_specs)
+        size = position // ratio * width
+        paged.append((at, dst, size, per * width))
+        at += -(-size // ALIGN) * ALIGN
+    return np.concatenate([fixed, np.asarray(paged, np.int64).reshape(-1, 4).T], axis=1)
 
 
-def _fixed_runs(kv: KvMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(source, slot 0's destination, bytes) of the window-ring and pending-half runs, the same for every
-    snapshot of this KV memory (a packed buffer starts with them); made once."""
-    if kv.fixed_runs is not None:
-        return kv.fixed_runs
+@dataclass(frozen=True)
+class _RunPlan:
+    """What runs_of needs of one KV memory, made once (kv.run_plan)."""
+
+    fixed: np.ndarray  # [4, f] slot 0's window-ring and pending-half runs (page stride 0)
+    slot_stride: np.ndarray  # [f] bytes from one slot's rows of each fixed run to the next slot's
+    first_paged: int  # the packed buffer's offset after the rings: where the first entries start
+    paged: tuple[tuple[int, int, int, int], ...]  # per entries / keys tensor, packed order: ratio, row bytes,
+    # entries a page, offset in the KV base
+
+
+def _run_plan(kv: KvMemory) -> _RunPlan:
+    """The KV memory's _RunPlan (made on first use)."""
+    if kv.run_plan is not None:
+        return kv.run_plan
     lay, per_slot = kv.layout, kv.slots + 1
     named = _named_specs(kv, 0)
-    packed = dict(zip([n for n, _ in named], _offsets([spec for _, spec in named])[0], strict=True))
+    offsets, _ = _offsets([spec for _, spec in named])
+    packed = dict(zip([n for n, _ in named], offsets, strict=True))
     src, dst, size = [], [], []
     ring = lay.ring * lay.window_row.nbytes
     for layer in range(lay.layers):
@@ -234,8 +239,20 @@ def _fixed_runs(kv: KvMemory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             src.append(packed[f"pending.{name}"] + j * half)
             dst.append(kv.offsets[f"pending.{name}"] + j * per_slot * half)
             size.append(half)
-    kv.fixed_runs = tuple(np.asarray(v, dtype=np.int64) for v in (src, dst, size))
-    return kv.fixed_runs
+    by_layer = {s.layer: s for s in lay.sources}
+    paged = []
+    for name, _ in named:
+        kind, _, layer = name.partition(".")
+        if kind in ("entries", "keys"):
+            s = by_layer[int(layer)]
+            width = (lay.entry_row if kind == "entries" else lay.key_row).nbytes
+            paged.append((s.ratio, width, lay.entries_per_page(s.ratio), kv.offsets[name]))
+    first = offsets[len(named) - len(paged)] if paged else 0  # entries and keys come last
+    zeros = [0] * len(size)
+    kv.run_plan = _RunPlan(
+        np.array([src, dst, size, zeros], np.int64), np.array(size, np.int64), first, tuple(paged)
+    )
+    return kv.run_plan
 
 
 def _word(runs: np.ndarray) -> int:

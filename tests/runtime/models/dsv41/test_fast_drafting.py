@@ -7,11 +7,15 @@ groups, the pages it holds); rollbacks inside a ratio-2 group, across group boun
 across a page (window 32, pages of 32 tokens). Through the engine, drafted == serial by token_sha, greedy and
 seeded, solo and at once, with a scripted drafter (accepting none, some or all of a round) and the DSpark one
 (the fast drafter, whose drafts on the fast runner are the reference runner's with the reference drafter).
+TFC_TEST_FAST_DEVICE=cuda runs the same on a GPU with graphs on (benchmarks/h200_serving.sh drafttests); the two
+comparisons with the CPU reference runner stay on the CPU (the GPU forward rounds activations: test_fast_gpu.py
+bounds that).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -25,6 +29,9 @@ from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+DEVICE = os.environ.get("TFC_TEST_FAST_DEVICE", "cpu")
+ON_CPU_ONLY = pytest.mark.skipif(DEVICE != "cpu", reason="against the CPU reference runner's bits: CPU only")
+
 VOCAB = 640
 PROMPT = torch.randint(3, VOCAB, (72,), generator=torch.Generator().manual_seed(11)).tolist()
 VERIFY = [17, 402, 9, 555, 230, 61]  # the last token and five drafts
@@ -33,8 +40,12 @@ TAIL = [7, 300, 21]
 
 @pytest.fixture(scope="module")
 def fast(tiny_pack, tmp_path_factory):
-    """A fast runner of 6 slots on a CPU arena, pages of 32 tokens, with its DSpark drafter kept as `dspark`."""
-    booted = boot(prepared_image(tiny_pack, tmp_path_factory.mktemp("img")), device="cpu")
+    """A fast runner of 6 slots on DEVICE's arena (graphs on a GPU), pages of 32 tokens, with its DSpark drafter
+    kept as `dspark`."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("TFC_TEST_FAST_DEVICE=cuda without CUDA")
+    image = prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
+    booted = boot(image, device=DEVICE, graphs=DEVICE == "cuda")
     runner = build_fast(booted, slots=6, tokens_per_slot=512, context_step=256, page_tokens=32)
     runner.dspark = runner.drafter
     yield runner
@@ -161,6 +172,7 @@ def reference(fast):
     return build_reference(image, device="cpu", dtype=torch.float32, engram=True, slots=1)
 
 
+@ON_CPU_ONLY
 @pytest.mark.slow
 def test_hidden_rows_reach_the_drafter_once_committed_and_match_the_reference(fresh, reference):
     fast, ref = fresh, reference
@@ -183,6 +195,7 @@ def test_hidden_rows_reach_the_drafter_once_committed_and_match_the_reference(fr
     assert torch.allclose(hidden, want[0], atol=1e-4, rtol=1e-4)
 
 
+@ON_CPU_ONLY
 @pytest.mark.slow
 def test_dspark_drafts_on_the_fast_runner_are_the_reference_runners(fresh, reference):
     from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter

@@ -202,6 +202,23 @@ def test_generate_and_load_report_the_fast_forward_and_its_graphs(image):
     assert json.loads(result.stdout.strip().splitlines()[-1])["graph_counts"]["captures"] == 1
 
 
+def test_generate_drafted_equals_serial_on_the_fast_forward(image):
+    # the DSpark drafter on the arena, verify windows graphed: the same tokens as serial decoding, greedy and seeded
+    base = ["generate", str(image), "--prompt", "Hello there", "--max-tokens", "40", "--ignore-eos", "--device",
+            "cuda", "--json"]  # fmt: skip
+    for sampling in ([], ["--temperature", "1.0", "--top-p", "0.9", "--seed", "7"]):
+        runs = []
+        for draft in ("--draft", "--no-draft"):
+            result = CliRunner().invoke(cli, [*base, *sampling, draft])
+            assert result.exit_code == 0, result.output
+            runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        drafted, serial = runs
+        assert drafted["runner"] == "fast" and drafted["drafting"]["on"], drafted["drafting"]
+        assert drafted["drafting"]["drafts"] > 0 and drafted["drafting"]["draft_tokens"] > 0
+        assert serial["drafting"]["on"] is False
+        assert drafted["token_sha"] == serial["token_sha"], (sampling, drafted["drafting"])
+
+
 def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
     # two processes on one store: the second loads the fused stages the first (or an earlier test) saved
     import subprocess
