@@ -83,7 +83,7 @@ case "$PART" in
       --vocab 600 --no-draft --tokenizer "$TOK" --out "$OUT/prefix_cache_h200.json" 2>&1 | tail -30 ;;
   restore)  # the host-tier restore only (prefix's second part)
     timeout 200 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 0 --restore-reps 15 \
-      --vocab 600 --out "$OUT/restore_h200.json" 2>&1 | tail -30 ;;
+      --vocab 600 --flash-kv --out "$OUT/restore_h200.json" 2>&1 | tail -30 ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
     (cd /tmp && timeout 200 python3 -m tfc load "$IMG" --device cuda --json > "$OUT/load_first.json" 2> "$OUT/load_first.err" \
       && timeout 120 python3 -m cProfile -o "$OUT/load_restart.prof" -m tfc load "$IMG" --device cuda --json \
