@@ -320,9 +320,10 @@ def run(args) -> None:
     part("verify", verify)
 
     def drafter() -> None:
-        """The DSpark drafter's round at context 4k, one sequence, eager (as the engine drafts): the slot's committed
-        rows observed (1 or 4 a round), then a block of 5 drafts; with the slice's blocks and with its first block as
-        many times as Flash has blocks (three, of the same shapes). Wall time, the host's syncs included."""
+        """The DSpark drafter's round at context 4k, one sequence (as the engine drafts): the slot's committed rows
+        observed (1 or 4 a round), then a block of 5 drafts; with the slice's blocks, and with its first block as
+        many times as Flash has blocks (three, of the same shapes), graphed (as the runner drafts on a GPU) and
+        eager. Wall time, the host's syncs included; each variant's drafts checked against the first's."""
         from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
         from tfc.runtime.worker.step import SequenceStep, StepPlan
 
@@ -330,20 +331,24 @@ def run(args) -> None:
             raise RuntimeError(f"no drafter: {runner.draft_note}")
         slots, vocab = runner.drafter, runner.info.vocab_size
         single = slots.drafter
+        graphs = single._graphed
         flash_blocks = flash_config().num_nextn_predict_layers  # 3
-        as_flash = FastDsparkDrafter(runner.forward)
-        as_flash.blocks = (single.blocks * flash_blocks)[:flash_blocks]
+        variants = {f"{len(single.blocks)}_{'graphed' if graphs else 'eager'}": single}
+        for graphed_ in (graphs, False):
+            as_flash = FastDsparkDrafter(runner.forward, graphed_)
+            as_flash.blocks = (single.blocks * flash_blocks)[:flash_blocks]
+            variants.setdefault(f"{flash_blocks}_{'graphed' if graphed_ else 'eager'}", as_flash)
         toks = np.random.default_rng(5).integers(0, vocab, CONTEXT).tolist()
-        table = {}
-        for drafter_ in (single, as_flash):
+        table, drafts = {}, {}
+        for name, drafter_ in variants.items():
             slots.drafter = drafter_
             runner.release(0)
             runner.execute(StepPlan((SequenceStep(0, tuple(toks), 0, drafting=True),)))
             sync()
             started = time.perf_counter()
-            runner.draft(0, 11, 5)  # observes the prompt's last window of rows
+            runner.draft(0, 11, 5)  # observes the prompt's last window of rows (graphed: captures)
             sync()
-            row = {"first_draft_s": time.perf_counter() - started}
+            row, got = {"first_draft_s": time.perf_counter() - started}, []
             position = CONTEXT
             for commit in (1, 4):
                 times = []
@@ -353,18 +358,20 @@ def run(args) -> None:
                     position += commit
                     sync()
                     started = time.perf_counter()
-                    got = runner.draft(0, fed[-1], 5)
+                    got.append(runner.draft(0, fed[-1], 5))
                     sync()
                     times.append(time.perf_counter() - started)
-                    assert len(got) == 5, got
+                    assert len(got[-1]) == 5, got[-1]
                 row[f"round_s_commit_{commit}"] = statistics.median(times[2:])
-            table[len(drafter_.blocks)] = row
+            blocks = name.split("_")[0]
+            row["drafts_equal_graphed"] = drafts.setdefault(blocks, got) == got
+            table[name] = row
         slots.drafter = single
         runner.release(0)
         res["drafter"] = table
         one = res.get("decode", {}).get(1, {})
         if one and res.get("verify"):  # whole Flash: a round = the 3-block drafter + a 6-row verify window
-            draft_s = table[flash_blocks]["round_s_commit_4"]
+            draft_s = table[f"{flash_blocks}_{'graphed' if graphs else 'eager'}"]["round_s_commit_4"]
             verify_s = one["flash_step_s"] * res["verify"][6]["vs_one_row"]
             res["drafting_projection"] = {
                 "serial_tok_s": 1 / one["flash_step_s"], "flash_drafter_round_s": draft_s,

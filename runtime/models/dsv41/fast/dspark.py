@@ -7,7 +7,10 @@ format (kv_rows.py: what the reference's FP8 quantiser gives, bit for bit) into 
 block is the fast forward's mHC block (forward.py `mhc_sites`) with an attention of every draft row over the
 ring's last min(window, P) keys and the block's own keys (no mask) and the block's MoE (its own top-k). Same
 interface as `DsparkDrafter` (`observe`, `draft`, `DraftState`), so `DsparkSlots` runs either. One sequence
-at a time and not graphed: a draft is a few small steps after the target's, not a captured one.
+at a time. A draft's blocks and head run over fixed shapes (the whole ring, the keys before the context's start
+masked) from static inputs (the anchor, the positions and the sequence's rings copied in), so on a GPU with graphs
+on they are one CUDA graph, captured at the first draft and replayed after; the Markov walk that picks each draft
+stays on the host (the sampler's choice).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from functools import partial
 
 import torch
 from tfc.runtime.models.dsv41.dspark import Draft, DraftError, DsparkBase, check_config, greedy
-from tfc.runtime.models.dsv41.dspark_state import DraftState, context
+from tfc.runtime.models.dsv41.dspark_state import DraftState
 from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows
 from tfc.runtime.models.dsv41.fast.forward import FastForward, mhc_sites
 from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, rms_norm
@@ -31,7 +34,7 @@ from tfc.runtime.models.dsv41.state import WindowRing
 class FastDsparkDrafter(DsparkBase):
     """The DSpark blocks (`mtp.*`) of a fast forward's image, through its ops on the arena's views."""
 
-    def __init__(self, forward: FastForward) -> None:
+    def __init__(self, forward: FastForward, graphs: bool = False) -> None:
         cfg = forward.cfg
         check_config(cfg)
         self.f = forward
@@ -50,6 +53,17 @@ class FastDsparkDrafter(DsparkBase):
         # Rope rows past the slot's last position: a draft block's, and a padded piece of observed rows.
         past = max(MAX_ROWS, self.block_size)
         self.rope = RopeTables(cfg, forward.rope.positions + past, forward.kv.device)
+        dev, n, window = forward.kv.device, self.block_size, cfg.sliding_window
+        self._noise = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
+        self._rows = torch.arange(n, device=dev)  # a draft block's rows; the ring's slots oldest first:
+        self._slots = torch.arange(window, device=dev) - window
+        self._scalars = torch.zeros(
+            3, dtype=torch.long, device=dev
+        )  # the anchor, P, the context's first position
+        self._rings: torch.Tensor | None = None  # [blocks, window, head_dim]: the sequence's rings, copied in
+        self._graphed = graphs and dev.type == "cuda"
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (x, base)
 
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
@@ -76,22 +90,9 @@ class FastDsparkDrafter(DsparkBase):
     def draft(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None = None,
               choose: Callable[[torch.Tensor], int] = greedy) -> Draft:  # fmt: skip
         """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
-        cfg, f = self.config, self.f
         k = self._begin(state, target_hidden, last_token, k)
-        dev, start, n = f.kv.device, state.position, self.block_size
-        ids = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
-        ids[0] = last_token
-        positions = torch.arange(start, start + n, device=dev)
-        streams = f.weights.native("embed.weight")[ids].float().unsqueeze(-2).expand(-1, cfg.hc_mult, -1)
-        streams, pre = streams.contiguous(), first_pre((n,), cfg.hc_mult, torch.float32, dev)
-        for j, block in enumerate(self.blocks):
-            ctx = context(state.windows[j], start, state.start)
-            attend_block = partial(self._attention, j, positions=positions, ctx=ctx)
-            ffn = partial(block_moe, f, block, live=n, top_k=cfg.dspark_num_experts_per_tok)
-            streams, pre = mhc_sites(f, block, streams, pre, attend_block, ffn)
-        x = hc_collapse(streams, pre)
-        norm = f.weights.native(self._names["norm.weight"])
-        base = f.lin(rms_norm(x, norm, cfg.rms_norm_eps), "head")
+        self._load(state, last_token)
+        x, base = self._run_blocks()
         embed, head, proj = self._heads()
         tokens, logits, confidence = [int(last_token)], [], []
         for i in range(k):
@@ -101,7 +102,56 @@ class FastDsparkDrafter(DsparkBase):
                 confidence.append(torch.dot(torch.cat((x[i], prev)), proj))
             tokens.append(int(choose(logits[-1])))
         conf = torch.stack(confidence) if confidence else None
-        return Draft(tuple(tokens[1:]), torch.stack(logits), base, conf)
+        return Draft(tuple(tokens[1:]), torch.stack(logits), base.clone(), conf)
+
+    def _load(self, state: DraftState, last_token: int) -> None:
+        """The static inputs of a draft: the anchor, P = the sequence's position, its context's first position and
+        its rings."""
+        rings = [state.windows[j].keys for j in range(len(self.blocks))]
+        if self._rings is None or self._rings.shape[0] != len(rings):
+            self._rings, self._graph = (
+                torch.zeros((len(rings), *rings[0].shape), device=rings[0].device),
+                None,
+            )
+        torch.stack(rings, out=self._rings)
+        self._scalars.copy_(torch.tensor([last_token, state.position, state.start]))
+
+    def _run_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, base) of the loaded inputs: replayed from the graph (captured at the first call) or run eagerly."""
+        if not self._graphed:
+            return self._blocks()
+        if self._graph is None:
+            side, main = torch.cuda.Stream(), torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):  # compiled and warmed off the capture
+                for _ in range(2):
+                    self._blocks()
+            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._out = self._blocks()
+            self._graph = graph
+        self._graph.replay()
+        return self._out
+
+    def _blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft rows through every block and the head: (x [B, D] collapsed, the base logits [B, V])."""
+        cfg, f, n = self.config, self.f, self.block_size
+        dev, anchor, at, first = f.kv.device, self._scalars[0], self._scalars[1], self._scalars[2]
+        ids = torch.where(self._rows == 0, anchor, self._noise)
+        positions = at + self._rows
+        seen = at + self._slots  # the ring's positions before P, oldest first; those before `first` masked
+        read, valid = seen % cfg.sliding_window, seen >= first
+        streams = f.weights.native("embed.weight")[ids].float().unsqueeze(-2).expand(-1, cfg.hc_mult, -1)
+        streams, pre = streams.contiguous(), first_pre((n,), cfg.hc_mult, torch.float32, dev)
+        for j, block in enumerate(self.blocks):
+            ctx = self._rings[j][read]
+            attend_block = partial(self._attention, j, positions=positions, ctx=ctx, ctx_valid=valid)
+            ffn = partial(block_moe, f, block, live=n, top_k=cfg.dspark_num_experts_per_tok)
+            streams, pre = mhc_sites(f, block, streams, pre, attend_block, ffn)
+        x = hc_collapse(streams, pre)
+        norm = f.weights.native(self._names["norm.weight"])
+        return x, f.lin(rms_norm(x, norm, cfg.rms_norm_eps), "head")
 
     def _heads(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The Markov embedding [V, r] and head [V, r] and the confidence projection [D + r] in fp32 (made once)."""
@@ -119,15 +169,18 @@ class FastDsparkDrafter(DsparkBase):
                            self.config.rms_norm_eps, cos, sin)  # fmt: skip
         return unpack_fp8(rows, self.config.head_dim)
 
-    def _attention(self, j: int, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        """Block j's attention of the draft rows x [B, D] over its context keys ctx [c, head_dim] and their own."""
+    def _attention(self, j: int, x: torch.Tensor, positions: torch.Tensor, ctx: torch.Tensor,
+                   ctx_valid: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Block j's attention of the draft rows x [B, D] over its context keys ctx [window, head_dim] (those
+        ctx_valid) and their own."""
         cfg, f, p = self.config, self.f, f"{self.blocks[j]}.attn"
         rows, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
         cos, sin = self.rope.rows("main", positions)
         q_res = rms_norm(f.lin(x, f"{p}.wq_a"), f.weights.native(f"{p}.q_norm.weight"), eps)
         q = rope_heads(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin)
         keys = torch.cat((ctx, self._keys(x, self.blocks[j], cos, sin))).unsqueeze(0).expand(rows, -1, -1)
-        valid = torch.ones(keys.shape[:2], dtype=torch.bool, device=x.device)
+        own = torch.ones(rows, dtype=torch.bool, device=x.device)
+        valid = torch.cat((ctx_valid, own)).unsqueeze(0).expand(rows, -1)
         out = attend(q, keys, valid, f.weights.native(f"{p}.attn_sink"))
         out = apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
         per = heads // cfg.o_groups
@@ -138,12 +191,13 @@ class FastDsparkDrafter(DsparkBase):
         return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")
 
 
-def fast_dspark_slots(forward: FastForward):
-    """The fast DSpark drafter over every slot (DsparkSlots), or None and why not."""
+def fast_dspark_slots(forward: FastForward, graphs: bool = False):
+    """The fast DSpark drafter over every slot (DsparkSlots; its blocks graphed on a GPU with `graphs`), or None
+    and why not."""
     from tfc.runtime.models.dsv41.drafting import DsparkSlots
     from tfc.runtime.models.dsv41.fast.weights import FastWeightError
 
     try:
-        return DsparkSlots(FastDsparkDrafter(forward)), ""
+        return DsparkSlots(FastDsparkDrafter(forward, graphs)), ""
     except (DraftError, FastWeightError) as error:
         return None, str(error).splitlines()[0]

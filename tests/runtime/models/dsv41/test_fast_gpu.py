@@ -67,6 +67,28 @@ def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 640, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def test_graphed_drafts_equal_eager_ones(graphed, eager):
+    # the DSpark drafter's blocks replayed from its CUDA graph give an eager drafter's drafts and logits, bit for
+    # bit, over rounds that observe more rows (the ring's context growing, then past the window) between drafts
+    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+
+    gen = torch.Generator().manual_seed(9)
+    width = len(graphed.forward.capture) * graphed.forward.cfg.hidden_size
+    pieces = [torch.randn(n, width, generator=gen).cuda() for n in (40, 1, 6, 120, 2)]
+    runs = []
+    for runner in (graphed, eager):
+        drafter = runner.drafter.drafter
+        assert isinstance(drafter, FastDsparkDrafter) and drafter._graphed == (runner is graphed)
+        state, got = drafter.new_state(), []
+        for i, hidden in enumerate(pieces):
+            draft = drafter.draft(state, hidden, 17 + 40 * i, 5)
+            got.append((draft.tokens, draft.logits.cpu()))
+        runs.append(got)
+    for (tokens, logits), (want_tokens, want_logits) in zip(*runs, strict=True):
+        assert tokens == want_tokens and torch.equal(logits, want_logits)
+    assert graphed.drafter.drafter._graph is not None
+
+
 def test_graph_replay_equals_eager_over_64_greedy_steps(graphed, eager):
     from tfc.runtime.engine.generate import generate
 
