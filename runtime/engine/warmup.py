@@ -1,17 +1,22 @@
 """The warm-up before any clock starts: one step of one token, so the decode step's graph is captured (and its
-stages compiled) before the first request or the first timed token; with a prefix cache, that slot's snapshot
-restored once, so the first cache hit compiles nothing either."""
+stages compiled) before the first request or the first timed token; where the runner drafts, one draft after
+it (the drafter's kernels compiled, its graph captured); with a prefix cache, that slot's snapshot restored
+once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
-from tfc.runtime.worker.step import SequenceStep, StepPlan, snapshot_runner
+from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner, snapshot_runner
 
 
-def warm_up(steps, bos_id: int | None, snapshots: bool = False) -> None:
+def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
     """Run one token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
-    world's leader); with `snapshots`, snapshot the slot and restore it in place where the runner can; then
-    release the slot."""
-    steps.execute(StepPlan((SequenceStep(0, (bos_id if bos_id is not None else 0,), 0),)))
+    world's leader); with `draft`, draft after it where the runner can; with `snapshots`, snapshot the slot and
+    restore it in place where the runner can; then release the slot."""
+    token = bos_id if bos_id is not None else 0
+    drafts = draft_runner(steps) if draft else None
+    steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None),)))
+    if drafts is not None:
+        drafts.draft(0, token, drafts.draft_block)
     runner = snapshot_runner(steps) if snapshots else None
     if runner is not None:
         runner.restore(0, runner.snapshot(0))

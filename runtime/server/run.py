@@ -252,9 +252,14 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     if out["world"] is not None:
         steps = out["leader"] = lead_or_follow(out["world"], worker)
     engine = Engine(steps, tokenizer, config, metrics)
-    note = "one step of one token" + (", its snapshot restored" if prefix is not None else "")
+    drafts = config.draft and runner.can_draft
+    note = (
+        "one step of one token"
+        + (", a draft" if drafts else "")
+        + (", its snapshot restored" if prefix else "")
+    )
     with worker.booted.phases.time("warmup", note=note) as ph:
-        warm_up(steps, runner.info.bos_id, snapshots=prefix is not None)
+        warm_up(steps, runner.info.bos_id, snapshots=prefix is not None, draft=drafts)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
     stages = compiled_stages(runner)
     if stages:

@@ -130,11 +130,12 @@ def generate(
             raise GenerateError(
                 f"{tokenizer_path}: token ids past the model's vocabulary ({info.vocab_size})"
             )
+        drafting = _drafting(runner, worker, draft)
         warm = time.perf_counter()
-        warm_up(runner, info.bos_id)  # the decode step's graph captured before the clock, as tfc serve does
+        # the decode step's graph captured (and a draft's, when drafting) before the clock, as tfc serve does
+        warm_up(runner, info.bos_id, draft=drafting["on"])
         warmup_s = time.perf_counter() - warm
         stream = _Stream(tok, enabled=not as_json)
-        drafting = _drafting(runner, worker, draft)
         out = run(
             runner, [ids], min(max_tokens, info.context - len(ids)), params,
             stop_ids=() if ignore_eos else info.eos_ids, on_token=stream, draft=drafting["on"],

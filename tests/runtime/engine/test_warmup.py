@@ -1,5 +1,5 @@
-"""warm_up: one token at position 0 in slot 0 (with a prefix cache, its snapshot restored once), then the slot
-released."""
+"""warm_up: one token at position 0 in slot 0 (where the runner drafts, one draft after it; with a prefix cache,
+its snapshot restored once), then the slot released."""
 
 from __future__ import annotations
 
@@ -53,6 +53,32 @@ def test_warm_up_restores_the_slots_snapshot_only_for_a_prefix_cache():
     assert [c[0] for c in steps.calls] == ["execute", "release"]
     steps = _Steps()  # a runner without snapshots: the token alone
     warm_up(steps, 7, snapshots=True)
+    assert [c[0] for c in steps.calls] == ["execute", "release"]
+
+
+class _Drafts(_Steps):
+    can_draft, draft_block = True, 5
+
+    def draft(self, slot, last_token, k, choose=None):
+        self.calls.append(("draft", slot, last_token, k))
+        return ()
+
+    def rollback(self, slot, position):
+        raise AssertionError("nothing to roll back at warm-up")
+
+
+def test_warm_up_drafts_once_after_the_token_where_the_runner_drafts():
+    steps = _Drafts()
+    warm_up(steps, 7, draft=True)
+    (kind, rows), drafted, release = steps.calls
+    assert (
+        kind == "execute" and rows[0].drafting and drafted == ("draft", 0, 7, 5) and release == ("release", 0)
+    )
+    steps = _Drafts()
+    warm_up(steps, 7)  # drafting off: the token alone, not a drafting row
+    assert [c[0] for c in steps.calls] == ["execute", "release"] and not steps.calls[0][1][0].drafting
+    steps = _Steps()  # a runner that cannot draft
+    warm_up(steps, 7, draft=True)
     assert [c[0] for c in steps.calls] == ["execute", "release"]
 
 
