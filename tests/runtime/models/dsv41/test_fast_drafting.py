@@ -287,3 +287,13 @@ def test_dspark_drafts_through_the_engine_give_serial_tokens(fresh, serial):
     events, stats = _run(fresh, _requests()[:2])
     assert _sha(events) == [token_sha(t) for t in serial[:2]]
     assert stats["draft_tokens"] > 0
+
+
+def test_the_warm_up_drafts_and_restores_on_the_fast_runner(fresh):
+    # serve's warm-up on this runner: a drafting token, a draft (on a GPU: the drafter's graph captured), the
+    # slot's snapshot restored in place; nothing held after it
+    from tfc.runtime.engine.warmup import warm_up
+
+    warm_up(fresh, 0, snapshots=True, draft=True)
+    assert fresh.kv.pool.free_pages == fresh.kv.pool.pages and not fresh.dspark.contexts
+    assert fresh._slots.get(0) is None
