@@ -83,6 +83,24 @@ def ttft(
     return {"reps": rows, "uncached_ttft_median_s": u, "cached_ttft_median_s": c, "speedup": u / c}
 
 
+def copy_floor(nbytes: int, device: str, reps: int) -> float:
+    """Median seconds of one host-to-device copy of `nbytes` from page-locked memory (on the CPU: a memcpy)."""
+    import torch
+
+    cuda = device == "cuda"
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out = []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        sync()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
 def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) -> dict:
     import torch
     from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -121,17 +139,7 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
         host_profile = [line[:200] for line in buf.getvalue().splitlines() if line.strip()][-15:]
         back = w.snapshot(1).to_host()  # the restored slot holds the snapshot's rows, byte for byte
         same = back.to_bytes() == host.to_bytes()
-        src = torch.empty(host.nbytes, dtype=torch.uint8).pin_memory() if device == "cuda" else torch.empty(
-            host.nbytes, dtype=torch.uint8)  # fmt: skip
-        dst = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
-        floor = []
-        for _ in range(reps):
-            sync()
-            t = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            sync()
-            floor.append(time.perf_counter() - t)
-        r, f = statistics.median(times), statistics.median(floor)
+        r, f = statistics.median(times), copy_floor(host.nbytes, device, reps)
         return {"runner": w.kind, "bytes": host.nbytes, "reps": reps, "restore_s": r, "restore_all_s": times, "host_s": statistics.median(host_times), "host_profile_20": host_profile, "restored_equal": same, "restore_gb_s": host.nbytes / r / 1e9,
                 "copy_floor_gb_s": host.nbytes / f / 1e9, "ratio_to_floor": f / r,
                 "floor": "pinned host -> device copy" if device == "cuda" else "host memcpy (CPU run)"}  # fmt: skip
@@ -172,16 +180,7 @@ def restore_rate_flash_kv(device: str, tokens: int, reps: int) -> dict:
         sync()
         times.append(time.perf_counter() - t)
     same = snapshot(kv, 1, tuple(ids)).to_host().to_bytes() == host.to_bytes()
-    src = torch.empty(host.nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
-    dst = torch.empty(host.nbytes, dtype=torch.uint8, device=dev)
-    floor = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        dst.copy_(src, non_blocking=True)
-        sync()
-        floor.append(time.perf_counter() - t)
-    r, f = statistics.median(times[1:]), statistics.median(floor)
+    r, f = statistics.median(times[1:]), copy_floor(host.nbytes, device, reps)
     return {"geometry": f"Flash KV, {cfg.num_hidden_layers} layers, TP=1", "tokens": tokens, "bytes": host.nbytes,
             "reps": reps, "restore_s": r, "restore_all_s": times, "restored_equal": same, "restore_gb_s": host.nbytes / r / 1e9,
             "copy_floor_s": f, "copy_floor_gb_s": host.nbytes / f / 1e9, "ratio_to_floor": f / r}  # fmt: skip
