@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from tfc.runtime.models.dsv41.drafting import DraftingRunner, SlotDrafter
+from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
 from tfc.runtime.models.dsv41.fast.forward import FastForward
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
@@ -30,7 +31,9 @@ class FastStepError(TfcError):
 
 @dataclass
 class _Slot:
-    tokens: list[int] = field(default_factory=list)  # every token fed (the Engram look-back is their tail)
+    tokens: FedTokens = field(
+        default_factory=FedTokens
+    )  # every token fed (the Engram look-back is their tail)
 
     @property
     def position(self) -> int:
@@ -103,7 +106,7 @@ class FastRunner(DraftingRunner):
                 self.drafter.commit(row.slot, row.position, hidden)
         return StepOutput(tuple(out))
 
-    def _fed_tokens(self, slot: int) -> list[int] | None:
+    def _fed_tokens(self, slot: int) -> FedTokens | None:
         state = self._slots.get(slot)
         return None if state is None else state.tokens
 
@@ -118,7 +121,7 @@ class FastRunner(DraftingRunner):
         except ValueError as error:
             raise FastStepError(f"slot {slot}: {error}") from None
         del self._marks[slot]
-        del self._slots[slot].tokens[position:]
+        self._slots[slot].tokens.truncate(position)
         self.kv.truncate(slot, position)
         if mark.hidden is not None and keep:
             self.drafter.commit(slot, mark.position, mark.hidden[:keep])
@@ -180,7 +183,7 @@ class FastRunner(DraftingRunner):
             raise FastStepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
         self.release(slot)
         restore(self.kv, slot, snap)
-        self._slots[slot] = _Slot(list(snap.tokens))
+        self._slots[slot] = _Slot(FedTokens(snap.tokens))  # the snapshot's ids, not copied
 
     def load_snapshot(self, data: bytes):
         """A snapshot from its bytes (KvSnapshotError for bytes that do not fit this KV layout)."""
@@ -198,7 +201,7 @@ class FastRunner(DraftingRunner):
     def fill_context(self, slot: int, tokens: int) -> None:
         """Benchmarks only: make a slot hold `tokens` tokens of whatever its KV rows contain, without running them."""
         self.kv.ensure(slot, tokens)
-        self._slots[slot] = _Slot([0] * tokens)
+        self._slots[slot] = _Slot(FedTokens((0,) * tokens))
 
     def stats(self) -> dict:
         """Graph cache counters, the compiled stages by how they came (fusion.COUNTS) and KV memory figures."""

@@ -77,7 +77,7 @@ def _reachable(runner, slot: int) -> dict[str, torch.Tensor]:
     lay = kv.layout
     seen = torch.arange(max(0, q - lay.window + 1), q)
     out = {"window": kv.window[:, slot, seen % lay.ring], "pages": torch.tensor(len(kv.pool.table(slot))),
-           "tokens": torch.tensor(runner._slots[slot].tokens)}  # fmt: skip
+           "tokens": torch.tensor(list(runner._slots[slot].tokens))}  # fmt: skip
     for s in lay.sources:
         rows = entry_rows(kv, slot, s.ratio, q // s.ratio)
         out[f"entries.{s.layer}"] = kv.entries[s.layer][rows]
