@@ -150,10 +150,11 @@ def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) ->
 def restore_rate_flash_kv(device: str, tokens: int, reps: int) -> dict:
     """The same host-tier restore at the whole Flash model's KV geometry (40 layers, TP=1; no weights needed): a
     slot's KV rows (random bytes) at `tokens`, its snapshot's host copy restored into another slot (the runner's
-    bookkeeping, its copy of the fed ids, timed with it), against the pinned copy of as many bytes, same process."""
+    keeping of the fed ids timed with it), against the pinned copy of as many bytes, same process."""
     import numpy as np
     import torch
     from decode_h200 import flash_config
+    from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
     from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
     from tfc.runtime.models.dsv41.fast.kv_layout import kv_layout
     from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
@@ -176,7 +177,7 @@ def restore_rate_flash_kv(device: str, tokens: int, reps: int) -> dict:
         sync()
         t = time.perf_counter()
         restore(kv, 1, host)
-        ids = list(host.tokens)  # what the runner keeps of a restored slot
+        ids = FedTokens(host.tokens)  # what the runner keeps of a restored slot
         sync()
         times.append(time.perf_counter() - t)
     same = snapshot(kv, 1, tuple(ids)).to_host().to_bytes() == host.to_bytes()
