@@ -331,7 +331,7 @@ def run(args) -> None:
             raise RuntimeError(f"no drafter: {runner.draft_note}")
         slots, vocab = runner.drafter, runner.info.vocab_size
         single = slots.drafter
-        graphs = single._graphed
+        graphs = single.graphed
         flash_blocks = flash_config().num_nextn_predict_layers  # 3
         variants = {f"{len(single.blocks)}_{'graphed' if graphs else 'eager'}": single}
         for graphed_ in (graphs, False):

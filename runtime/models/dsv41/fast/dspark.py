@@ -65,6 +65,16 @@ class FastDsparkDrafter(DsparkBase):
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (x, base)
 
+    @property
+    def graphed(self) -> bool:
+        """Whether a draft's blocks run as a CUDA graph (a GPU with graphs on)."""
+        return self._graphed
+
+    @property
+    def captured(self) -> bool:
+        """Whether that graph has been captured (by the first draft)."""
+        return self._graph is not None
+
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
         cfg, f = self.config, self.f
