@@ -331,11 +331,11 @@ def run(args) -> None:
             raise RuntimeError(f"no drafter: {runner.draft_note}")
         slots, vocab = runner.drafter, runner.info.vocab_size
         single = slots.drafter
-        graphs = single.graphed
+        graphs = runner.graphs.enabled
         flash_blocks = flash_config().num_nextn_predict_layers  # 3
         variants = {f"{len(single.blocks)}_{'graphed' if graphs else 'eager'}": single}
         for graphed_ in (graphs, False):
-            as_flash = FastDsparkDrafter(runner.forward, graphed_)
+            as_flash = FastDsparkDrafter(runner.forward, runner.graphs if graphed_ else None)
             as_flash.blocks = (single.blocks * flash_blocks)[:flash_blocks]
             variants.setdefault(f"{flash_blocks}_{'graphed' if graphed_ else 'eager'}", as_flash)
         toks = np.random.default_rng(5).integers(0, vocab, CONTEXT).tolist()

@@ -29,7 +29,7 @@ def _check(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.
                          f"{tuple(runs.shape)}")  # fmt: skip
 
 
-def _unpaged(runs: torch.Tensor, pages: torch.Tensor | None) -> torch.Tensor:
+def _unpaged(runs: torch.Tensor, pages: list[int] | None) -> torch.Tensor:
     """[3, m] plain runs: every paged run cut at its pages, each piece at its page's destination."""
     out = []
     for s, d, n, p in runs.tolist():
@@ -38,7 +38,7 @@ def _unpaged(runs: torch.Tensor, pages: torch.Tensor | None) -> torch.Tensor:
             continue
         if pages is None:
             raise ValueError("a paged run needs `pages`")
-        out += [(s + c, d + int(pages[c // p]) * p, min(p, n - c)) for c in range(0, n, p)]
+        out += [(s + c, d + pages[c // p] * p, min(p, n - c)) for c in range(0, n, p)]
     return torch.tensor(out, dtype=torch.int64).reshape(-1, 3).T
 
 
@@ -55,10 +55,10 @@ def copy_runs_reference(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor
     """dst[d + i] = (src if the run is one of the first n_main, else aux)[s + i] for i < n of every run
     (s, d, n, p), the destination of paged runs (p > 0) moved by pages[i // p] · p, in torch (any device)."""
     _check(src, dst, runs, aux)
-    runs = runs.cpu()
+    runs, page_ids = runs.cpu(), None if pages is None else pages.tolist()
     n_main = runs.shape[1] if n_main is None else n_main
     for buf, part in ((src, runs[:, :n_main]), (aux, runs[:, n_main:])):
-        s, d, n = _unpaged(part.T, None if pages is None else pages.cpu()).to(dst.device)
+        s, d, n = _unpaged(part.T, page_ids).to(dst.device)
         if len(n):
             _copy(buf, dst, s, d, n)
 

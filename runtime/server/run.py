@@ -253,11 +253,8 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         steps = out["leader"] = lead_or_follow(out["world"], worker)
     engine = Engine(steps, tokenizer, config, metrics)
     drafts = config.draft and runner.can_draft
-    note = (
-        "one step of one token"
-        + (", a draft" if drafts else "")
-        + (", its snapshot restored" if prefix else "")
-    )
+    note = ("one step of one token" + (", a draft" if drafts else "")
+            + (", its snapshot restored" if prefix is not None else ""))  # fmt: skip
     with worker.booted.phases.time("warmup", note=note) as ph:
         warm_up(steps, runner.info.bos_id, snapshots=prefix is not None, draft=drafts)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")

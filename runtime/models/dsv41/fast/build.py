@@ -116,7 +116,7 @@ def build_fast(
     if draft:
         from tfc.runtime.models.dsv41.fast.dspark import fast_dspark_slots
 
-        drafter, note = fast_dspark_slots(forward, graphs=booted.graphs.enabled)
+        drafter, note = fast_dspark_slots(forward, booted.graphs)
         if drafter is None:
             forward.capture = ()  # nothing reads the rows
     eos = () if cfg.eos_token_id is None else (int(cfg.eos_token_id),)

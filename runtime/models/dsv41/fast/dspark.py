@@ -5,12 +5,12 @@ the image's `mtp.*` expert tables, natives are read as stored; nothing is decode
 context keys of committed positions are FP8(rope(kv_norm_j(main_x @ wkv_j))) unpacked from the window-row
 format (kv_rows.py: what the reference's FP8 quantiser gives, bit for bit) into each sequence's ring; a draft
 block is the fast forward's mHC block (forward.py `mhc_sites`) with an attention of every draft row over the
-ring's last min(window, P) keys and the block's own keys (no mask) and the block's MoE (its own top-k). Same
-interface as `DsparkDrafter` (`observe`, `draft`, `DraftState`), so `DsparkSlots` runs either. One sequence
-at a time. A draft's blocks and head run over fixed shapes (the whole ring, the keys before the context's start
-masked) from static inputs (the anchor, the positions and the sequence's rings copied in), so on a GPU with graphs
-on they are one CUDA graph, captured at the first draft and replayed after; the Markov walk that picks each draft
-stays on the host (the sampler's choice).
+ring's last min(window, P) keys and the block's own keys and the block's MoE (its own top-k). Same interface as
+`DsparkDrafter` (`observe`, `draft`, `DraftState`), so `DsparkSlots` runs either. One sequence at a time. A
+draft's blocks and head run over fixed shapes (the whole ring, the keys before the context's start masked) from
+static inputs (the anchor, the positions and the sequence's rings copied in) into static outputs, as one step of
+the runner's GraphCache: on a GPU with graphs on, captured at the first draft and replayed after, like a decode
+step. The Markov walk that picks each draft stays on the host (the sampler's choice).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from tfc.runtime.graphs.graph_cache import GraphCache
 from tfc.runtime.models.dsv41.dspark import Draft, DraftError, DsparkBase, check_config, greedy
 from tfc.runtime.models.dsv41.dspark_state import DraftState
 from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows
@@ -34,7 +35,7 @@ from tfc.runtime.models.dsv41.state import WindowRing
 class FastDsparkDrafter(DsparkBase):
     """The DSpark blocks (`mtp.*`) of a fast forward's image, through its ops on the arena's views."""
 
-    def __init__(self, forward: FastForward, graphs: bool = False) -> None:
+    def __init__(self, forward: FastForward, graphs: GraphCache | None = None) -> None:
         cfg = forward.cfg
         check_config(cfg)
         self.f = forward
@@ -55,25 +56,18 @@ class FastDsparkDrafter(DsparkBase):
         self.rope = RopeTables(cfg, forward.rope.positions + past, forward.kv.device)
         dev, n, window = forward.kv.device, self.block_size, cfg.sliding_window
         self._noise = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
-        self._rows = torch.arange(n, device=dev)  # a draft block's rows; the ring's slots oldest first:
-        self._slots = torch.arange(window, device=dev) - window
-        self._scalars = torch.zeros(
-            3, dtype=torch.long, device=dev
-        )  # the anchor, P, the context's first position
-        self._rings: torch.Tensor | None = None  # [blocks, window, head_dim]: the sequence's rings, copied in
-        self._graphed = graphs and dev.type == "cuda"
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._out: tuple[torch.Tensor, torch.Tensor] | None = None  # the graph's (x, base)
+        self._rows = torch.arange(n, device=dev)  # a draft block's rows
+        self._slots = torch.arange(window, device=dev) - window  # the ring's slots before P, oldest first
+        self._scalars = torch.zeros(3, dtype=torch.long, device=dev)  # the anchor, P, the context's start
+        self._graphs = graphs
+        # The step's static buffers, made at the first draft: the rings [blocks, window, head_dim] copied in,
+        # x [B, D] and the base logits [B, V] out.
+        self._rings = self._x = self._base = None
 
     @property
-    def graphed(self) -> bool:
-        """Whether a draft's blocks run as a CUDA graph (a GPU with graphs on)."""
-        return self._graphed
-
-    @property
-    def captured(self) -> bool:
-        """Whether that graph has been captured (by the first draft)."""
-        return self._graph is not None
+    def graph_key(self) -> tuple[str, ...]:
+        """The GraphCache key of a draft's blocks."""
+        return ("dspark", *self.blocks)
 
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
@@ -102,7 +96,12 @@ class FastDsparkDrafter(DsparkBase):
         """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
         k = self._begin(state, target_hidden, last_token, k)
         self._load(state, last_token)
-        x, base = self._run_blocks()
+        if self._graphs is None:
+            self._step()
+        else:
+            buffers = (self._rings, self._scalars, self._x, self._base)
+            self._graphs.run(self.graph_key, self._step, buffers=buffers)
+        x, base = self._x, self._base
         embed, head, proj = self._heads()
         tokens, logits, confidence = [int(last_token)], [], []
         for i in range(k):
@@ -119,30 +118,18 @@ class FastDsparkDrafter(DsparkBase):
         its rings."""
         rings = [state.windows[j].keys for j in range(len(self.blocks))]
         if self._rings is None or self._rings.shape[0] != len(rings):
-            self._rings, self._graph = (
-                torch.zeros((len(rings), *rings[0].shape), device=rings[0].device),
-                None,
-            )
+            cfg, dev = self.config, rings[0].device
+            self._rings = torch.zeros((len(rings), *rings[0].shape), device=dev)
+            self._x = torch.zeros(self.block_size, cfg.hidden_size, device=dev)
+            self._base = torch.zeros(self.block_size, cfg.vocab_size, device=dev)
         torch.stack(rings, out=self._rings)
         self._scalars.copy_(torch.tensor([last_token, state.position, state.start]))
 
-    def _run_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, base) of the loaded inputs: replayed from the graph (captured at the first call) or run eagerly."""
-        if not self._graphed:
-            return self._blocks()
-        if self._graph is None:
-            side, main = torch.cuda.Stream(), torch.cuda.current_stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):  # compiled and warmed off the capture
-                for _ in range(2):
-                    self._blocks()
-            main.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._out = self._blocks()
-            self._graph = graph
-        self._graph.replay()
-        return self._out
+    def _step(self) -> None:
+        """The draft's blocks and head on the loaded inputs, into the static x and base (the graphed step)."""
+        x, base = self._blocks()
+        self._x.copy_(x)
+        self._base.copy_(base)
 
     def _blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft rows through every block and the head: (x [B, D] collapsed, the base logits [B, V])."""
@@ -201,9 +188,8 @@ class FastDsparkDrafter(DsparkBase):
         return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")
 
 
-def fast_dspark_slots(forward: FastForward, graphs: bool = False):
-    """The fast DSpark drafter over every slot (DsparkSlots; its blocks graphed on a GPU with `graphs`), or None
-    and why not."""
+def fast_dspark_slots(forward: FastForward, graphs: GraphCache | None = None):
+    """The fast DSpark drafter over every slot (DsparkSlots; its blocks a step of `graphs`), or None and why not."""
     from tfc.runtime.models.dsv41.drafting import DsparkSlots
     from tfc.runtime.models.dsv41.fast.weights import FastWeightError
 

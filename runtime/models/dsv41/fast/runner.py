@@ -31,9 +31,8 @@ class FastStepError(TfcError):
 
 @dataclass
 class _Slot:
-    tokens: FedTokens = field(
-        default_factory=FedTokens
-    )  # every token fed (the Engram look-back is their tail)
+    # every token fed (the Engram look-back is their tail)
+    tokens: FedTokens = field(default_factory=FedTokens)
 
     @property
     def position(self) -> int:

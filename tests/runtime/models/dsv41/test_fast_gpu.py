@@ -78,7 +78,7 @@ def test_graphed_drafts_equal_eager_ones(graphed, eager):
     runs = []
     for runner in (graphed, eager):
         drafter = runner.drafter.drafter
-        assert isinstance(drafter, FastDsparkDrafter) and drafter.graphed == (runner is graphed)
+        assert isinstance(drafter, FastDsparkDrafter) and runner.graphs.enabled == (runner is graphed)
         state, got = drafter.new_state(), []
         for i, hidden in enumerate(pieces):
             draft = drafter.draft(state, hidden, 17 + 40 * i, 5)
@@ -86,7 +86,8 @@ def test_graphed_drafts_equal_eager_ones(graphed, eager):
         runs.append(got)
     for (tokens, logits), (want_tokens, want_logits) in zip(*runs, strict=True):
         assert tokens == want_tokens and torch.equal(logits, want_logits)
-    assert graphed.drafter.drafter.captured and not eager.drafter.drafter.captured
+    assert graphed.drafter.drafter.graph_key in graphed.graphs
+    assert graphed.drafter.drafter.graph_key not in eager.graphs
 
 
 def test_graph_replay_equals_eager_over_64_greedy_steps(graphed, eager):

@@ -81,3 +81,27 @@ def test_verify_windows_are_captured_once_per_size_and_replayed(image):
     finally:
         booted.close()
         b_eager.close()
+
+
+def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
+    # the DSpark drafter's blocks and head as a GraphCache step: the first draft captures it, later drafts replay
+    # it, and every draft (tokens, logits) equals an eager drafter's on the same rows, the ring's context growing
+    # and then past the window
+    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+
+    backend = Recording()
+    cache = GraphCache(GraphSettings(), backend=backend)
+    booted, runner = _runner(image, None)
+    try:
+        graphed, eager = FastDsparkDrafter(runner.forward, cache), FastDsparkDrafter(runner.forward)
+        gen = torch.Generator().manual_seed(9)
+        width = len(runner.forward.capture) * runner.forward.cfg.hidden_size
+        pieces = [torch.randn(n, width, generator=gen) for n in (40, 1, 6, 120, 2)]
+        states = [graphed.new_state(), eager.new_state()]
+        for i, hidden in enumerate(pieces):
+            a, b = (d.draft(s, hidden, 17 + 40 * i, 5) for d, s in zip((graphed, eager), states, strict=True))
+            assert a.tokens == b.tokens and torch.equal(a.logits, b.logits), i
+        assert graphed.graph_key in cache and len(backend.captured) == 1
+        assert backend.replays == len(pieces)  # the first draft captures, then replays like the rest
+    finally:
+        booted.close()
