@@ -1,0 +1,220 @@
+"""EXL3 products for many rows (prefill): tiles of BM rows of one table entry on the matrix units, decoded once.
+
+One program takes BM rows that share an EXL3 entry (a whole linear, or one expert of an expert table) and one
+128-column block: it decodes W-hat BK rows at a time in registers (the per-element window gather), multiplies
+the rows' rotated input (fp16 high and low parts: two mma products, so the fp32 rotation reaches the sums to
+~2^-22) into fp32, then applies the output H128 (tf32x3, ~fp32) and svh. Every row is summed over k in the same
+order whatever rows share its tile or launch, so a row's bits never depend on its neighbours or on the row
+count. The tile list (entry, first row, rows) is built on the device (`expert_tiles`: no host sync, so a step
+using it can be captured); tiles with no rows return at once.
+
+`exl3_gemm_rows` is y = x @ W for a linear; `moe_rows` the clamped-SwiGLU MoE over expert tables with the
+pairs grouped by expert (the routed pairs, then each token's shared expert), summed per token in slot order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from tfc.kernels.exl3_tl import (
+    cb_decode,
+    cb_decode_rt,
+    hadamard_block,
+    load_states,
+    tile_positions,
+    window_offsets,
+)
+from tfc.kernels.expert_table import ExpertTable
+
+BLOCK_M = 64  # rows a program takes
+BLOCK_K = 32  # k rows decoded per loop iteration
+NUM_WARPS = 8
+
+
+@triton.jit
+def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
+                BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further) times W-hat's column
+    block at base (width W), summed over k in BK steps."""
+    tn = N // 16
+    nw: tl.constexpr = W // 2
+    pos = tile_positions(BK, 128)
+    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
+    step = (BK // 16) * tn * nw
+    ks = tl.arange(0, BK)
+    x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
+    acc = tl.zeros([BM, 128], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        s = load_states(base, off_j, off_jp, shift)
+        if CB >= 0:
+            v = cb_decode(s, CB)
+        else:
+            v = cb_decode_rt(s, cb)
+        base += step
+        hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
+        lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
+        acc = tl.dot(hi, v, acc)
+        acc = tl.dot(lo, v, acc)
+    return acc
+
+
+@triton.jit
+def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, svh_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off,
+                 stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """y[rows, block] = had128(xh[rows] @ W-hat_e[:, block]) * svh_e[block] for tile program_id(0)'s rows."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(tile_ptr + 3 * pid_m).to(tl.int32)
+    r0 = tl.load(tile_ptr + 3 * pid_m + 1)
+    rn = tl.load(tile_ptr + 3 * pid_m + 2)
+    if rn > 0:
+        m = tl.arange(0, BM)
+        live = m < rn
+        rows = r0 + m
+        cb = 0
+        if CB < 0:
+            cb = tl.load(cb_ptr + e)
+        start = words_ptr + tl.load(off_ptr + e) // 4
+        acc = tl.zeros([BM, 128], dtype=tl.float32)
+        if len(WIDTHS) == 1:
+            acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
+                              lo_off, WIDTHS[0], CB, BM, BK)  # fmt: skip
+        else:  # a ragged table: one branch per width it holds
+            width = tl.load(wid_ptr + e)
+            for i in tl.static_range(len(WIDTHS)):
+                if width == WIDTHS[i]:
+                    acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
+                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK)  # fmt: skip
+        acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
+        out = tl.dot(acc, hadamard_block(128, 128, 0, 0), input_precision="tf32x3") * 0.08838834764831845
+        cols = pid_n * 128 + tl.arange(0, 128)
+        sv = tl.load(svh_ptr + e.to(tl.int64) * N + cols).to(tl.float32)
+        dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
+        tl.store(dst, out * sv[None, :], mask=live[:, None])
+
+
+# A row is scaled by a power of two that brings its largest value to [2^14, 2^15) before the split, so neither
+# half overflows fp16 nor sinks into its subnormals (small activations, ~1e-3, would lose the low half there).
+HALVES_TOP = 14
+
+
+def split_halves(xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows [M, k] as ([M, 2, k] fp16: each row times 2^s, its fp16 high part then the fp16 rest;
+    fp32 [M]: 2^-s, what the sums are scaled back by). Exact scaling: a row's bits depend on it alone."""
+    amax = xh.abs().amax(dim=1).clamp(min=2.0**-100)
+    scale = torch.exp2(HALVES_TOP - torch.floor(torch.log2(amax)))
+    scaled = xh * scale[:, None]
+    hi = scaled.to(torch.float16)
+    return torch.stack((hi, (scaled - hi.float()).to(torch.float16)), dim=1), 1.0 / scale
+
+
+def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [M, k] fp32 @ blockdiag(H128) / sqrt(128), by seven butterfly stages (elementwise: a row's bits never
+    depend on the other rows, as a matrix product's blocking could make them)."""
+    m, k = x.shape
+    v = x.reshape(m * (k // 128), 128)
+    for half in (64, 32, 16, 8, 4, 2, 1):
+        v = v.view(-1, 128 // (2 * half), 2, half)
+        a, b = v[:, :, 0], v[:, :, 1]
+        v = torch.stack((a + b, a - b), dim=2)
+    return v.reshape(m, k) * 0.08838834764831845
+
+
+def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32."""
+    return split_halves(fwht128_rows(x.float() * suh.float()))
+
+
+def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tensor,
+                codebooks: torch.Tensor, svh: torch.Tensor, tiles: torch.Tensor, n: int, width_set: tuple[int, ...],
+                codebook: int, out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """out[r] for every row r of every tile (tiles int64 [T, 3]: entry, first row, rows); halves: split_halves."""
+    xh, inv = halves
+    m, two, k = xh.shape
+    if two != 2 or xh.dtype != torch.float16 or not xh.is_contiguous():
+        raise ValueError(f"xh must be contiguous [M, 2, k] fp16 halves, not {tuple(xh.shape)} {xh.dtype}")
+    if k % BLOCK_K or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
+    if tiles.numel():
+        _rows_kernel[(tiles.shape[0], n // 128)](
+            xh, inv, words, offsets, widths, codebooks, svh, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
+            WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
+        )  # fmt: skip
+    return out
+
+
+def dense_tiles(rows: int, device: torch.device) -> torch.Tensor:
+    """Tiles of entry 0 covering rows [0, rows), BLOCK_M at a time."""
+    r0 = torch.arange(0, rows, BLOCK_M, device=device)
+    return torch.stack((torch.zeros_like(r0), r0, (rows - r0).clamp(max=BLOCK_M)), dim=1)
+
+
+def exl3_gemm_rows(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """fp32 y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]), any number of rows."""
+    tk, tn, width = trellis.shape
+    k, n = 16 * tk, 16 * tn
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x {tuple(x.shape)} must be [M, {k}]")
+    dev = x.device
+    y = out if out is not None else torch.empty((x.shape[0], n), dtype=torch.float32, device=dev)
+    one = torch.zeros(1, dtype=torch.int64, device=dev)
+    return launch_rows(rotated_pairs(x, suh), trellis.contiguous().view(torch.int32).reshape(-1), one,
+                       torch.full((1,), width, dtype=torch.int32, device=dev), one.int() + codebook, svh,
+                       dense_tiles(x.shape[0], dev), n, (width,), codebook, y)  # fmt: skip
+
+
+def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
+    """Tiles [ceil(P / BLOCK_M) + count, 3] (entry, first row, rows) over pairs sorted by entry (entries [P],
+    ascending, each < count): each entry's rows BLOCK_M at a time, then empty tiles. Device ops only."""
+    dev = entries.device
+    counts = torch.zeros(count, dtype=torch.int64, device=dev).scatter_add_(0, entries, torch.ones_like(entries))
+    first_row = torch.cumsum(counts, 0) - counts
+    per = torch.div(counts + BLOCK_M - 1, BLOCK_M, rounding_mode="floor")
+    ends = torch.cumsum(per, 0)
+    slots = -(-entries.numel() // BLOCK_M) + count
+    i = torch.arange(slots, device=dev)
+    e = torch.searchsorted(ends, i, right=True).clamp(max=count - 1)
+    local = i - (ends[e] - per[e])
+    rows = (counts[e] - local * BLOCK_M).clamp(0, BLOCK_M)
+    return torch.stack((e, first_row[e] + local * BLOCK_M, torch.where(i < ends[-1], rows, 0)), dim=1)
+
+
+def _table_rows(halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((halves[0].shape[0], table.n), dtype=torch.float32, device=halves[0].device)
+    return launch_rows(halves, table.words, table.offsets, table.widths, table.codebooks, table.svh, tiles, table.n,
+                       table.width_set, table.codebook, out)  # fmt: skip
+
+
+def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: ExpertTable,
+             w3: ExpertTable, w2: ExpertTable, swiglu_limit: float = 0.0) -> torch.Tensor:  # fmt: skip
+    """fp32 [T, D]: per token, its routed pairs (slot order) then the shared expert, each
+    act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight, summed as act W2 (moe_exl3's maths)."""
+    tokens, topk = topk_ids.shape
+    shared = w1.entries - 1
+    dev = x.device
+    ids = torch.cat((topk_ids.long().clamp(0, shared - 1), torch.full((tokens, 1), shared, device=dev)), dim=1)
+    wts = torch.cat((topk_weights.float(), torch.ones(tokens, 1, device=dev)), dim=1)
+    flat = ids.reshape(-1)
+    entries, order = torch.sort(flat, stable=True)
+    token = torch.div(order, topk + 1, rounding_mode="floor")
+    tiles = expert_tiles(entries, w1.entries)
+    xs = x[token].float()
+    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles)
+    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles)
+    if swiglu_limit > 0:
+        gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
+    act = F.silu(gate) * up * wts.reshape(-1)[order, None]
+    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles)
+    per_pair = torch.empty_like(down)
+    per_pair[order] = down
+    per_pair = per_pair.view(tokens, topk + 1, -1)
+    y = per_pair[:, 0]
+    for j in range(1, topk + 1):
+        y = y + per_pair[:, j]
+    return y
+
+
+__all__ = ["BLOCK_M", "exl3_gemm_rows", "expert_tiles", "moe_rows", "rotated_pairs", "split_halves"]

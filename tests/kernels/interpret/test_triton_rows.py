@@ -1,0 +1,84 @@
+"""The many-row EXL3 kernel (prefill) against float64 references under the CPU interpreter (see conftest.py):
+a linear at row counts across tile edges, a row's bits alone and among others, the MoE over stacked and
+ragged tables, and the device-built tile list.
+
+The input goes in as fp16 high / low halves of the fp32 rotation and the output Hadamard runs as tf32x3: both
+keep fp32-level error (measured ~1e-7 relative here), so 1e-5 would catch a dropped half (~1e-4) or a wrong
+column block (order 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.exl3_inputs import random_group, seeded
+
+TOL = 1e-5
+
+
+@pytest.mark.parametrize(("width", "codebook", "rows"), [(32, 2, 70), (48, 0, 64), (64, 1, 3)])
+def test_rows_gemm_matches_float64_and_each_row_is_alone(tk, width, codebook, rows):
+    import torch
+
+    rng = seeded(f"rows_{width}_{codebook}_{rows}")
+    (trellis, suh, svh, cb), dense = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
+    x = torch.randn(rows, 128)
+    y = torch.full((rows, 256), float("nan"))
+    tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb, out=y)
+    want = x.double() @ dense.double()
+    err = float((y.double() - want).norm() / want.norm())
+    assert err < TOL, err
+    # The same rows at the same places of their tile, alone: equal bits (the interpreter's products may round a
+    # row by its place in the tile; the GPU's matrix units do not: test_kernels_gpu.py moves rows too).
+    lo = (rows - 1) // 64 * 64
+    alone = tk.exl3_rows.exl3_gemm_rows(x[lo:], trellis, suh, svh, cb)
+    assert torch.equal(alone, y[lo:]), "a row's bits must not depend on the rows beside it"
+
+
+D, INTER, ROUTED, TOPK, TOKENS, LIMIT = 128, 256, 4, 2, 37, 0.3
+
+
+def _tables(tk, rng, layout: str):
+    tables, dense = [], []
+    for proj, (k, n) in enumerate([(D, INTER), (D, INTER), (INTER, D)]):
+        if layout == "stack":
+            specs = [(32, 2)] * (ROUTED + 1)
+        else:  # mixed integer widths, and for w3 mixed codebooks (chosen per entry at run time)
+            specs = [(w, e % 3 if proj == 1 else 2) for e, w in enumerate((32, 48, 64, 32, 96))]
+        groups = [random_group(tk.exl3_reference, rng, k, n, w, c) for w, c in specs]
+        tables.append(tk.expert_table.ExpertTable.build([g[0] for g in groups], layout=layout))
+        dense.append([g[1] for g in groups])
+    return tables, dense
+
+
+@pytest.mark.parametrize("layout", ["stack", "ragged"])
+def test_moe_rows_matches_the_float64_reference(tk, layout):
+    import torch
+
+    rng = seeded(f"moe_rows_{layout}")
+    tables, dense = _tables(tk, rng, layout)
+    x = torch.randn(TOKENS, D)
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    wts = torch.rand(TOKENS, TOPK) + 0.1
+    want = tk.moe_exl3.moe_reference(x, ids, wts, *dense, swiglu_limit=LIMIT)
+    unclamped = tk.moe_exl3.moe_reference(x, ids, wts, *dense, swiglu_limit=0.0)
+    assert (unclamped - want).norm() / want.norm() > 1e-2, "the inputs must exercise the SwiGLU clamp"
+    y = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
+    err = float((y.double() - want).norm() / want.norm())
+    assert err < TOL, err
+    # Tokens with other tokens' values changed: equal bits (each expert's rows keep their places in its tiles).
+    other = x.clone()
+    other[1::2] *= 2.0
+    again = tk.exl3_rows.moe_rows(other, ids, wts, *tables, swiglu_limit=LIMIT)
+    assert torch.equal(again[::2], y[::2]), "a token's bits must not depend on the other tokens' values"
+
+
+def test_expert_tiles_cover_each_entrys_rows_once():
+    import torch
+    from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles
+
+    entries = torch.sort(torch.tensor([0] * 3 + [2] * (2 * BLOCK_M + 5) + [5] * BLOCK_M)).values
+    tiles = expert_tiles(entries, 6).tolist()
+    live = [t for t in tiles if t[2] > 0]
+    assert live == [[0, 0, 3], [2, 3, BLOCK_M], [2, 3 + BLOCK_M, BLOCK_M], [2, 3 + 2 * BLOCK_M, 5],
+                    [5, 8 + 2 * BLOCK_M, BLOCK_M]]  # fmt: skip
+    assert len(tiles) == -(-entries.numel() // BLOCK_M) + 6
