@@ -419,8 +419,9 @@ def run(args) -> None:
     save()
 
 
-def active_params(runner, flash) -> int:
-    """Weights one token multiplies in the whole Flash model: attention groups by mode, 7 experts, router, head."""
+def active_params(runner, flash, head: bool = True) -> int:
+    """Weights one token multiplies in the model of config `flash` (the whole Flash model, or the slice's own):
+    attention groups by mode, 7 experts, router, and the head unless `head` is False."""
     w, cfg = runner.forward.weights, runner.forward.cfg
 
     def groups(prefix: str) -> int:
@@ -436,7 +437,7 @@ def active_params(runner, flash) -> int:
     }
     expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * (cfg.num_experts_per_tok + 1)
     router = cfg.n_routed_experts * cfg.hidden_size
-    return sum(by[m.mode] + expert + router for m in flash.modes) + groups("head.")
+    return sum(by[m.mode] + expert + router for m in flash.modes) + (groups("head.") if head else 0)
 
 
 def _dry() -> None:

@@ -4,6 +4,8 @@
 #   bash benchmarks/h200_serving.sh tests     # the Sinkhorn kernel's, the sampler's, HostStage's GPU tests, test_fast_gpu.py's tiny-image ones (#19)
 #   bash benchmarks/h200_serving.sh servetests  # tfc serve's prefix-cache tests on the GPU (tiny image, fast forward, #25)
 #   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
+#   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
+#   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
@@ -30,7 +32,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -57,6 +59,13 @@ case "$PART" in
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py::test_generate_drafted_equals_serial_on_the_fast_forward" \
       "$R/tests/runtime/server/test_server_draft.py") > "$OUT/draft_gpu_tests.txt" 2>&1
     tail -15 "$OUT/draft_gpu_tests.txt" ;;
+  prefill)
+    timeout "${TFC_PREFILL_S:-420}" python3 benchmarks/prefill_h200.py --image "$IMG" --out "$OUT/prefill_h200.json" \
+      --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
+  prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
+    (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider \
+      -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1
+    grep -v "^DEBUG\|^INFO " "$OUT/prefill_gpu_tests.txt" | tail -15 ;;
   drafting)  # the slice's decode steps, verify windows and DSpark drafter round, and the projection with drafting
     timeout 300 python3 benchmarks/decode_h200.py --image "$IMG" --no-reference --only decode,verify,drafter --budget-s 240 \
       --out "$OUT/drafting_h200.json" 2>&1 | grep "^\[" | tee "$OUT/drafting.log" ;;
@@ -97,7 +106,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

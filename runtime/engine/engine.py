@@ -230,8 +230,11 @@ class Engine:
                 self.prefix.release(lease)
 
     def _offer(self, seq: EngineSeq, ended: bool) -> None:
-        """Offer a sequence's state to the prefix cache at a chunk boundary, its prompt's end or its end."""
+        """Offer a sequence's state to the prefix cache at a chunk boundary, its prompt's end or its end (not
+        past its prompt's end where the runner prefills on another path than it decodes: resumed == fresh)."""
         run, chain = seq.run, seq.chain
+        if run.fed > len(run.prompt) and getattr(self.runner, "prompt_rows_differ", False):
+            return
         chain.extend(run.fed_since(len(chain)))
         if ended or run.fed % self.config.chunk == 0 or run.fed == len(run.prompt):
             self.prefix.offer(chain, run.fed, run.slot, self.runner)

@@ -119,7 +119,7 @@ def generate(
             todo = [i for i, p in enumerate(prompts) if lo < len(p)]
             chunks = [tuple(prompts[i][lo : lo + size]) for i in todo]
             rows = [
-                SequenceStep(i, c, position[i], drafting=drafts is not None)
+                SequenceStep(i, c, position[i], drafting=drafts is not None, prompt=True)
                 for i, c in zip(todo, chunks, strict=True)
             ]
             for i, c, logits in zip(todo, chunks, step(rows), strict=True):

@@ -60,6 +60,6 @@ def plan_step(running: Sequence[Running], chunk: int, budget: int) -> StepPlan:
             piece = r.next_chunk(chunk)
             if rows and used + len(piece) > budget:
                 continue
-            rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting))
+            rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting, prompt=True))
             used += len(piece)
     return StepPlan(tuple(rows))

@@ -1,5 +1,6 @@
-"""The warm-up before any clock starts: one step of one token, so the decode step's graph is captured (and its
-stages compiled) before the first request or the first timed token; where the runner drafts, one draft after
+"""The warm-up before any clock starts: a one-token prompt (and a decode token where prompts take a path of their
+own), so the prefill step and the decode step's graph are captured (and their stages compiled) before the first
+request or the first timed token; where the runner drafts, one draft after
 it (the drafter's kernels compiled, its graph captured); with a prefix cache, that slot's snapshot restored
 once, so the first cache hit compiles nothing either."""
 
@@ -9,12 +10,15 @@ from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner, snapsh
 
 
 def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
-    """Run one token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
-    world's leader); with `draft`, draft after it where the runner can; with `snapshots`, snapshot the slot and
-    restore it in place where the runner can; then release the slot."""
+    """Run one prompt token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
+    world's leader), then, where prompt rows take a path of their own (`prompt_rows_differ`), one decode token
+    too; with `draft`, draft after them where the runner can; with
+    `snapshots`, snapshot the slot and restore it in place where the runner can; then release the slot."""
     token = bos_id if bos_id is not None else 0
     drafts = draft_runner(steps) if draft else None
-    steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None),)))
+    steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None, prompt=True),)))
+    if getattr(steps, "prompt_rows_differ", False):
+        steps.execute(StepPlan((SequenceStep(0, (token,), 1, drafting=drafts is not None),)))
     if drafts is not None:
         drafts.draft(0, token, drafts.draft_block)
     runner = snapshot_runner(steps) if snapshots else None

@@ -16,13 +16,16 @@ class SequenceStep:
 
     `verify`: the tokens are a draft-verify row (the last token, then drafts): the logits of every row come
     back and the runner can `rollback` the slot to any position inside it. `drafting`: the sequence drafts,
-    so the runner keeps what its drafter needs of these rows once they are committed."""
+    so the runner keeps what its drafter needs of these rows once they are committed. `prompt`: the tokens are
+    prompt tokens (a prefill chunk), which a runner may run through a path of its own for many rows; every
+    prompt token must then be sent so marked, whatever the chunking, for its state not to depend on it."""
 
     slot: int
     tokens: tuple[int, ...]
     position: int
     verify: bool = False
     drafting: bool = False
+    prompt: bool = False
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,12 @@ class Worker:
         return self._snapshots().load_snapshot(data)
 
     @property
+    def prompt_rows_differ(self) -> bool:
+        """Whether the runner runs prompt rows through another path than decode rows (runtime/worker/step.py's
+        `prompt`), so a state holding decoded rows is not the same tokens' prefilled state."""
+        return bool(getattr(self._model(), "prompt_rows_differ", False))
+
+    @property
     def can_draft(self) -> bool:
         """Whether the runner drafts tokens and verifies them in one step (speculative decoding)."""
         return draft_runner(self._model()) is not None

@@ -1,4 +1,5 @@
-"""warm_up: one token at position 0 in slot 0 (where the runner drafts, one draft after it; with a prefix cache,
+"""warm_up: one prompt token at position 0 in slot 0 (and a decode token after it where prompt rows take a path
+of their own; where the runner drafts, one draft after it; with a prefix cache,
 its snapshot restored once), then the slot released."""
 
 from __future__ import annotations
@@ -21,8 +22,24 @@ def test_warm_up_runs_one_bos_token_then_releases_the_slot():
     steps = _Steps()
     warm_up(steps, 7)
     (kind, rows), release = steps.calls
-    assert kind == "execute" and len(rows) == 1 and rows[0].slot == 0 and rows[0].tokens == (7,)
+    assert (
+        kind == "execute"
+        and len(rows) == 1
+        and rows[0].slot == 0
+        and rows[0].tokens == (7,)
+        and rows[0].prompt
+    )
     assert rows[0].position == 0 and release == ("release", 0)
+
+
+def test_warm_up_runs_a_decode_token_too_where_prompt_rows_take_their_own_path():
+    steps = _Steps()
+    steps.prompt_rows_differ = True
+    warm_up(steps, 7)
+    (_, first), (_, second), release = steps.calls
+    assert first[0].prompt and (first[0].tokens, first[0].position) == ((7,), 0)
+    assert not second[0].prompt and (second[0].tokens, second[0].position) == ((7,), 1)
+    assert release == ("release", 0)
 
 
 def test_warm_up_without_a_bos_feeds_id_0():

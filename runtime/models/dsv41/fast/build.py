@@ -23,6 +23,9 @@ from tfc.runtime.worker.step import Capacity, ModelInfo
 from tfc.errors import TfcError
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
+# Rows of a prefill step (prompt tokens through the many-row kernels, eager): enough rows a step that each
+# EXL3 tile decoded serves many, few enough that a short prompt's padding costs little.
+PREFILL_ROWS = 256
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
 
@@ -45,12 +48,15 @@ def build_fast(
     draft: bool = True,
     progress: Callable[[int, int], None] | None = None,
     stage_folder: Path | None = None,
+    prefill_rows: int | None = None,
 ) -> FastRunner:
     """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
     compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
     kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
-    when the image has one, and the step's hidden capture for it."""
+    when the image has one, and the step's hidden capture for it; `prefill_rows` (default PREFILL_ROWS on CUDA,
+    0 elsewhere) sizes the prefill forward's wide steps that prompt rows take (0: prompts take the decode
+    steps)."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -94,7 +100,11 @@ def build_fast(
     tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
     buckets = context_buckets(tokens_per_slot, step=context_step)
     kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
-    kv = KvMemory(kv_layout(cfg, MAX_ROWS, page_tokens), slots, kv_tokens,
+    if prefill_rows is None:
+        prefill_rows = PREFILL_ROWS if dev.type == "cuda" else 0
+    if prefill_rows and prefill_rows <= MAX_ROWS:
+        raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {MAX_ROWS}, or 0 for none")
+    kv = KvMemory(kv_layout(cfg, max(MAX_ROWS, prefill_rows), page_tokens), slots, kv_tokens,
                   tokens_per_slot, buckets[-1], dev)  # fmt: skip
     tables, row_lo = None, ()
     if engram and cfg.engram_layer_ids:
@@ -112,6 +122,11 @@ def build_fast(
     buffers = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev, len(capture) * cfg.hidden_size)
     rope = RopeTables(cfg, tokens_per_slot, dev)
     forward = FastForward(cfg, weights, ops, kv, rope, buffers, tables is not None, capture)
+    prefill = None
+    if prefill_rows:
+        wide = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev, len(capture) * cfg.hidden_size,
+                           prefill_rows)  # fmt: skip
+        prefill = FastForward(cfg, weights, ops.for_prefill(), kv, rope, wide, tables is not None, capture)
     drafter, note = None, "built without a drafter (draft=False)"
     if draft:
         from tfc.runtime.models.dsv41.fast.dspark import fast_dspark_slots
@@ -119,6 +134,8 @@ def build_fast(
         drafter, note = fast_dspark_slots(forward, booted.graphs)
         if drafter is None:
             forward.capture = ()  # nothing reads the rows
+            if prefill is not None:
+                prefill.capture = ()
     eos = () if cfg.eos_token_id is None else (int(cfg.eos_token_id),)
     warnings = ()
     if cfg.engram_layer_ids and tables is None:
@@ -126,4 +143,4 @@ def build_fast(
                     "(gate off); outputs are not the model's",)  # fmt: skip
     info = ModelInfo(FAMILY, cfg.vocab_size, tokens_per_slot, cfg.bos_token_id, eos, warnings)
     return FastRunner(forward, booted.graphs, tables, row_lo, info, Capacity(slots, tokens_per_slot), buckets,
-                      getattr(ops, "notes", ()), drafter, note)  # fmt: skip
+                      getattr(ops, "notes", ()), drafter, note, prefill)  # fmt: skip

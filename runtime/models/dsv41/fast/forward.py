@@ -1,9 +1,10 @@
 """One fixed-shape step of the DeepSeek-V4.1 forward over static buffers: the body a graph captures.
 
 Reads the static inputs (tokens, positions, slots, Engram row ids [rows, layers, cols]), the arena's weights and
-the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor has MAX_ROWS
-rows (padding rows run on the dummy slot) and only the MoE runs the key's `rows`; otherwise the whole step
-runs the key's rows. The launch sequence depends on the key alone, so replay equals eager.
+the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor has the
+buffers' rows (MAX_ROWS for decode steps, more for the prefill forward's; padding rows run on the dummy slot)
+and only the MoE runs the key's `rows`; otherwise the whole step runs the key's rows. The launch sequence
+depends on the key alone, so replay equals eager.
 
 With `capture` (the DSpark target layers) the step also writes the static hidden rows [rows, len(capture) * D]:
 per listed layer, in that order, the mean of the hc streams entering it after its Engram (the reference's
@@ -33,10 +34,9 @@ from tfc.runtime.models.dsv41.fast.weights import FastWeights
 class StepBuffers:
     """The static inputs (one int64 block) and outputs of a step, with a host twin the inputs are staged in."""
 
-    def __init__(
-        self, vocab: int, engram_layers: int, engram_cols: int, device: torch.device, hidden: int = 0
-    ) -> None:
-        rows = MAX_ROWS
+    def __init__(self, vocab: int, engram_layers: int, engram_cols: int, device: torch.device, hidden: int = 0,
+                 rows: int = MAX_ROWS) -> None:  # fmt: skip
+        self.rows = rows
         n = 3 * rows + rows * engram_layers * engram_cols
         self.ints = torch.zeros(n, dtype=torch.int64, device=device)
         pin = device.type == "cuda"
@@ -58,7 +58,7 @@ class StepBuffers:
     def load(self, tile: Tile, engram_ids: np.ndarray | None) -> None:
         """Stage a tile's inputs on the host and copy them in with one copy (synchronous for the host side)."""
         h = self.host.numpy()
-        rows = MAX_ROWS
+        rows = self.rows
         h[:rows], h[rows : 2 * rows], h[2 * rows : 3 * rows] = tile.tokens, tile.positions, tile.slots
         if engram_ids is not None:
             h[3 * rows :] = engram_ids.reshape(-1)
@@ -95,7 +95,7 @@ class FastForward:
     def step(self, key: StepKey) -> None:
         """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows]."""
         cfg, b, lay = self.cfg, self.buffers, self.kv.layout
-        rows = MAX_ROWS if self.ops.exact else key.rows
+        rows = b.rows if self.ops.exact else key.rows
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
                           lay.page_tokens, self.ratios, key.context)  # fmt: skip
         hidden = self.weights.native("embed.weight")[b.tokens[:rows]].float()

@@ -14,9 +14,10 @@ part (the router's product then carries bf16 error, enough to flip expert picks)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,17 @@ def enable(on: bool) -> None:
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
     _STATE["on"] = on
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Run the stages as written inside the block, whatever `enable` said (restored after it)."""
+    was = _STATE["on"]
+    _STATE["on"] = False
+    try:
+        yield
+    finally:
+        _STATE["on"] = was
 
 
 def fused(

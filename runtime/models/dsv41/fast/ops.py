@@ -5,12 +5,16 @@ interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default)
 and never by how many rows are live: the forward always hands the EXL3 GEMM 16 rows (padding rows included,
 so its launch never changes), and the MoE, which runs the live rows' pairs only, gets its k-splits and decode
 chosen once per table for one token's pairs (`moe_config`) instead of per call from the pair count. A row's
-bits then do not depend on its neighbours. The kernels' torch references stand in on machines without a GPU
-(ops_reference.py).
+bits then do not depend on its neighbours. The prefill forward's twin (`for_prefill`) sends every EXL3 product
+and MoE to the many-row kernels (kernels/exl3_rows.py), whose rows are each summed alone in one order whatever
+the rows, so a prompt token's bits depend neither on its chunk nor on the rows beside it (they differ from the
+decode kernels' bits: another summation order). The kernels' torch references stand in on machines without a
+GPU (ops_reference.py).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 import torch
@@ -37,6 +41,11 @@ class Ops(Protocol):
 
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a [r, k] bf16 @ w [n, k]^T bf16 -> fp32 [r, n] (products exact, fp32 sums)."""
+        ...
+
+    def for_prefill(self) -> Ops:
+        """The ops of the prefill forward: EXL3 products and the MoE through the many-row kernels whatever
+        the rows (so a prompt token's bits do not depend on its chunk's length); may be these ops."""
         ...
 
 
@@ -69,7 +78,7 @@ class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
     def __init__(self, device: torch.device, exact: bool = True) -> None:
-        from tfc.kernels import engram_rows, exl3_gemv, moe_exl3
+        from tfc.kernels import engram_rows, exl3_gemv, exl3_rows, moe_exl3
         from tfc.kernels.exl3_tl import INTERPRET
 
         self.device = device
@@ -77,6 +86,9 @@ class TritonOps:
         self.interpret = INTERPRET
         self._gemm = exl3_gemv.exl3_gemm
         self._moe = moe_exl3.moe_exl3
+        self._gemm_rows = exl3_rows.exl3_gemm_rows
+        self._moe_rows = exl3_rows.moe_rows
+        self.many_rows = False
         self._moe_default = moe_exl3.MoeConfig()
         self._gather = engram_rows.gather_rows
         self._lut = engram_rows.bf16_lut(device)
@@ -103,13 +115,23 @@ class TritonOps:
             self.notes.append(f"aten::mm.dtype off by {err:.2e} of its scale: bf16 products widen per call")
         return err <= 1e-5
 
+    def for_prefill(self) -> TritonOps:
+        """A twin of these ops on the many-row kernels (kernels/exl3_rows.py), sharing their state."""
+        twin = copy.copy(self)
+        twin.many_rows = True
+        return twin
+
     def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
-        """The fused EXL3 GEMV/GEMM on the arena's trellis."""
+        """The fused EXL3 GEMV/GEMM on the arena's trellis (the many-row product on the prefill twin)."""
+        if self.many_rows:
+            return self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook)
         return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32)
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
-        """The MoE kernel over the block's expert tables."""
+        """The MoE kernel over the block's expert tables (grouped by expert on the prefill twin)."""
+        if self.many_rows:
+            return self._moe_rows(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit)
         config = self._moe_default
         if self.exact:
             key = id(tables)

@@ -48,6 +48,10 @@ class ReferenceOps:
             trellis = torch.from_numpy(raw.view(np.int16).reshape(tk, tn, width))
         return self._decoded((table.trellis.data_ptr(), e), trellis, table.suh[e], table.svh[e], codebook)
 
+    def for_prefill(self) -> ReferenceOps:
+        """These ops: a row's result never depends on the other rows here."""
+        return self
+
     def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
         """x @ W in fp32."""
         return x.float() @ self.dense(lin)

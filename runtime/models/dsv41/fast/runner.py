@@ -48,8 +48,11 @@ class FastRunner(DraftingRunner):
     def __init__(self, forward: FastForward, graphs, hash_tables, row_lo: tuple[int, ...], info: ModelInfo,
                  capacity: Capacity, buckets: tuple[int, ...], notes: Iterable[str] = (),
                  drafter: SlotDrafter | None = None,
-                 draft_note: str = "this runner was built without a drafter") -> None:  # fmt: skip
+                 draft_note: str = "this runner was built without a drafter",
+                 prefill: FastForward | None = None) -> None:  # fmt: skip
         self.forward = forward
+        self.prefill = prefill  # the wide steps prompt rows take (None: they take the decode steps)
+        self.prefill_steps = 0
         self.graphs = graphs
         self.info = info
         self.capacity = capacity
@@ -75,7 +78,9 @@ class FastRunner(DraftingRunner):
         """The most tokens one draft proposes (within the window and one step: rollback.py)."""
         if self.drafter is None:
             return 0
-        return draft_bound(self.drafter.block_size, self.kv.layout.window, self.kv.layout.step_rows)
+        return draft_bound(
+            self.drafter.block_size, self.kv.layout.window, min(self.kv.layout.step_rows, MAX_ROWS)
+        )
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Each planned sequence's tokens through as many steps as they fill; the last-position logits of each
@@ -86,8 +91,8 @@ class FastRunner(DraftingRunner):
         out: list[torch.Tensor | None] = [None] * len(plan.rows)
         every = {row.slot: [] for row in plan.rows if row.verify}  # slot -> its logits, a run of rows a tile
         kept = {row.slot: [] for row in plan.rows if row.drafting} if self._wants_hidden(plan) else {}
-        for tile in plan_tiles(plan, self.kv.dummy_slot, self.buckets):
-            logits = self._run(tile)
+        for forward, tile in self._tiles(plan):
+            logits = self._run(tile, forward)
             for lo, hi in _runs(tile):
                 slot = tile.rows[lo].slot
                 if slot in every:
@@ -95,7 +100,7 @@ class FastRunner(DraftingRunner):
                 elif tile.rows[hi - 1].out is not None:
                     out[tile.rows[hi - 1].out] = logits[hi - 1].clone()
                 if slot in kept:
-                    kept[slot].append(self.forward.buffers.hidden[lo:hi].clone())
+                    kept[slot].append(forward.buffers.hidden[lo:hi].clone())
         for i, row in enumerate(plan.rows):
             hidden = torch.cat(kept[row.slot]) if row.slot in kept else None
             if row.verify:
@@ -104,6 +109,28 @@ class FastRunner(DraftingRunner):
             elif hidden is not None:
                 self.drafter.commit(row.slot, row.position, hidden)
         return StepOutput(tuple(out))
+
+    def _tiles(self, plan: StepPlan) -> list[tuple[FastForward, Tile]]:
+        """The plan's steps and the forward each runs on: prompt rows through the prefill forward's wide steps
+        (where there is one), the other rows through the decode steps, each in plan order."""
+        if self.prefill is None or not any(row.prompt for row in plan.rows):
+            return [(self.forward, t) for t in plan_tiles(plan, self.kv.dummy_slot, self.buckets)]
+        out = []
+        for wide in (True, False):
+            index = [i for i, row in enumerate(plan.rows) if row.prompt == wide]
+            if not index:
+                continue
+            part = StepPlan(tuple(plan.rows[i] for i in index))
+            forward = self.prefill if wide else self.forward
+            width = forward.buffers.rows
+            out += [(forward, t) for t in plan_tiles(part, self.kv.dummy_slot, self.buckets, width, index)]
+        return out
+
+    @property
+    def prompt_rows_differ(self) -> bool:
+        """Whether prompt rows run another path than decode rows (the prefill forward): a state holding decoded
+        rows then differs in bits from the same tokens prefilled, so the engine caches prompt states only."""
+        return self.prefill is not None
 
     def _fed_tokens(self, slot: int) -> FedTokens | None:
         state = self._slots.get(slot)
@@ -210,7 +237,9 @@ class FastRunner(DraftingRunner):
         return {"notes": [*self.notes, *NOTES], "stages": dict(COUNTS), "graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
                            "eager": g.eager, "held": g.held, "fallbacks": g.fallbacks, "evictions": g.evictions},
                 "kv": {"bytes": self.kv.nbytes, "bytes_per_token": self.kv.layout.bytes_per_token,
-                       "bytes_per_slot": self.kv.layout.bytes_per_slot, "free_pages": self.kv.pool.free_pages}}  # fmt: skip
+                       "bytes_per_slot": self.kv.layout.bytes_per_slot, "free_pages": self.kv.pool.free_pages},
+                "prefill": {"rows": 0 if self.prefill is None else self.prefill.buffers.rows,
+                            "steps": self.prefill_steps}}  # fmt: skip
 
     def _lookback(self) -> int:
         return 0 if self._tables is None else self._tables.max_ngram - 1
@@ -235,10 +264,16 @@ class FastRunner(DraftingRunner):
                 raise FastStepError(f"slot {row.slot}: a verify row of {len(row.tokens)} tokens at position "
                                     f"{row.position} (at most {self.draft_block + 1}, after a prefill)")  # fmt: skip
 
-    def _run(self, tile: Tile) -> torch.Tensor:
+    def _run(self, tile: Tile, forward: FastForward | None = None) -> torch.Tensor:
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
-        logits = self.launch(tile)
+        if forward is not None and forward is self.prefill:
+            forward.buffers.load(tile, self._engram_ids(tile))
+            forward.step(tile.key)  # eager: a wide step amortises its launches over its rows
+            self.prefill_steps += 1
+            logits = forward.buffers.logits
+        else:
+            logits = self.launch(tile)
         for row in tile.rows:
             self._slots.setdefault(row.slot, _Slot()).tokens.append(row.token)
         return logits
@@ -254,13 +289,13 @@ class FastRunner(DraftingRunner):
         return self.forward.buffers.logits
 
     def _engram_ids(self, tile: Tile) -> np.ndarray | None:
-        """Table row ids [MAX_ROWS, layers, cols] of the tile's rows (padding rows: each shard's first row)."""
+        """Table row ids [rows, layers, cols] of the tile's rows (padding rows: each shard's first row)."""
         if self._tables is None or not self.forward.engram:
             return None
         from tfc.runtime.models.dsv41.engram_hash import hash_ids
 
         cfg = self.forward.cfg
-        out = np.empty((MAX_ROWS, len(self._row_lo), cfg.engram_cols), np.int64)
+        out = np.empty((len(tile.tokens), len(self._row_lo), cfg.engram_cols), np.int64)
         out[:] = np.asarray(self._row_lo, np.int64)[None, :, None]
         for lo, hi in _runs(tile):
             state = self._slots.get(tile.rows[lo].slot)

@@ -53,7 +53,8 @@ def flatten(plan: StepPlan) -> list[TileRow]:
 def make_tile(
     rows: Sequence[TileRow], dummy_slot: int, buckets: tuple[int, ...], width: int = MAX_ROWS
 ) -> Tile:
-    """A step of these live rows padded to `width` rows (the dummy slot, token 0, position 0)."""
+    """A step of these live rows padded to `width` rows (the dummy slot, token 0, position 0); its key's rows are
+    the row bucket, or on a prefill step (width > MAX_ROWS, never graphed) the live rows themselves."""
     n = len(rows)
     tokens = np.zeros(width, np.int64)
     positions = np.zeros(width, np.int64)
@@ -61,12 +62,20 @@ def make_tile(
     for i, r in enumerate(rows):
         tokens[i], positions[i], slots[i] = r.token, r.position, r.slot
     context = context_bucket(max((r.position + 1 for r in rows), default=1), buckets)
-    return Tile(tuple(rows), StepKey(row_bucket(max(n, 1)), context), tokens, positions, slots)
+    key_rows = row_bucket(max(n, 1)) if width <= MAX_ROWS else max(n, 1)
+    return Tile(tuple(rows), StepKey(key_rows, context), tokens, positions, slots)
 
 
 def plan_tiles(
-    plan: StepPlan, dummy_slot: int, buckets: tuple[int, ...], width: int = MAX_ROWS
+    plan: StepPlan,
+    dummy_slot: int,
+    buckets: tuple[int, ...],
+    width: int = MAX_ROWS,
+    index: Sequence[int] | None = None,
 ) -> list[Tile]:
-    """The plan's tokens as consecutive steps of at most `width` rows."""
+    """The plan's tokens as consecutive steps of at most `width` rows (`index`: what each plan row's `out` says
+    instead of its place in this plan)."""
     rows = flatten(plan)
+    if index is not None:
+        rows = [r if r.out is None else TileRow(r.slot, r.token, r.position, index[r.out]) for r in rows]
     return [make_tile(rows[i : i + width], dummy_slot, buckets, width) for i in range(0, len(rows), width)]

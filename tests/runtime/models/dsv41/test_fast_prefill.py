@@ -1,0 +1,139 @@
+"""The fast runner's prefill forward on the CPU (the kernels' torch references): prompt rows take wide steps of
+their own, so a prompt's state does not depend on how it was chunked, decode rows keep the decode steps, and
+the engine caches prompt states only (a decoded row's bits are not its prefilled bits).
+
+The wide steps are 32 rows here, so that a 70-token prompt takes several. TFC_TEST_FAST_DEVICE=cuda runs the same
+on a GPU (graphs on), where the prefill forward runs the many-row kernels (kernels/exl3_rows.py) and the decode
+steps the decode kernels: agreement between them is then within the decode kernels' fp16 rounding of their
+input, test_fast_gpu.py's GPU_ATOL (0.02), instead of fp32 sums' rounding on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import torch
+from support.dsv41_image import prepared_image
+from tfc.runtime.boot.rank import boot
+from tfc.runtime.engine.engine import Engine, EngineConfig
+from tfc.runtime.engine.prefix_cache import PrefixSettings
+from tfc.runtime.engine.request import Request
+from tfc.runtime.engine.sampling import SamplingParams
+from tfc.runtime.models.dsv41.fast.build import FastBuildError, build_fast
+from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+WIDE = 32
+DEVICE = os.environ.get("TFC_TEST_FAST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def booted(tiny_pack, tmp_path_factory):
+    """The tiny pack's prepared TP=1 image, booted on DEVICE (graphs on a GPU)."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.skip("TFC_TEST_FAST_DEVICE=cuda without CUDA")
+    b = boot(
+        prepared_image(tiny_pack, tmp_path_factory.mktemp("img")), device=DEVICE, graphs=DEVICE == "cuda"
+    )
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def fast(booted):
+    """A fast runner with 32-row prefill steps."""
+    return build_fast(
+        booted, slots=4, tokens_per_slot=1024, context_step=256, page_tokens=64, prefill_rows=WIDE
+    )
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 640, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _prefill(runner, slot: int, toks: list[int], size: int) -> torch.Tensor:
+    """The prompt in prompt rows of `size` tokens; the logits after its last token."""
+    for lo in range(0, len(toks), size):
+        out = runner.execute(StepPlan((SequenceStep(slot, tuple(toks[lo : lo + size]), lo, prompt=True),)))
+    return out.logits[0]
+
+
+def _decode(runner, slot: int, toks: list[int], at: int) -> torch.Tensor:
+    return torch.stack(
+        [runner.execute(StepPlan((SequenceStep(slot, (t,), at + i),))).logits[0] for i, t in enumerate(toks)]
+    )
+
+
+def test_a_prompts_state_does_not_depend_on_its_chunking(fast):
+    toks, after = _tokens(70, 5), _tokens(6, 6)
+    steps = fast.prefill_steps
+    whole = _prefill(fast, 1, toks, len(toks))
+    assert fast.prefill_steps - steps == 3  # 70 rows in 32-row steps
+    next_rows = _decode(fast, 1, after, len(toks))
+    fast.release(1)
+    for size in (1, 7, WIDE, WIDE + 1):
+        assert torch.equal(_prefill(fast, 1, toks, size), whole), size
+        assert torch.equal(_decode(fast, 1, after, len(toks)), next_rows), size
+        fast.release(1)
+    assert fast.stats()["prefill"]["rows"] == WIDE
+
+
+def test_prompt_rows_beside_decode_rows_leave_each_as_alone(fast):
+    toks, other = _tokens(40, 7), _tokens(50, 8)
+    solo_prompt = _prefill(fast, 2, toks, len(toks))
+    solo_next = _decode(fast, 2, other[:3], len(toks))
+    fast.release(2)
+    _prefill(fast, 0, other, len(other))
+    # one plan: slot 0 decodes while slot 2's prompt prefills, then both decode together
+    out = fast.execute(
+        StepPlan((SequenceStep(0, (1,), len(other)), SequenceStep(2, tuple(toks), 0, prompt=True)))
+    )
+    assert torch.equal(out.logits[1], solo_prompt)
+    both = [
+        fast.execute(
+            StepPlan((SequenceStep(2, (t,), len(toks) + i), SequenceStep(0, (t,), len(other) + 1 + i)))
+        )
+        for i, t in enumerate(other[:3])
+    ]
+    assert torch.equal(torch.stack([b.logits[0] for b in both]), solo_next)
+    fast.release(0)
+    fast.release(2)
+
+
+def test_the_prefill_forward_agrees_with_the_decode_steps(booted, fast):
+    plain = build_fast(
+        booted, slots=2, tokens_per_slot=1024, context_step=256, page_tokens=64, prefill_rows=0
+    )
+    assert plain.prefill is None and not plain.prompt_rows_differ and fast.prompt_rows_differ
+    toks = _tokens(45, 9)
+    want, got = plain.logits_of(1, toks, 0)[-1], _prefill(fast, 1, toks, len(toks))
+    fast.release(1)
+    # the same maths in other shapes and kernels: only the sums' rounding (and on a GPU the decode kernels'
+    # fp16 input) differs
+    atol = 1e-4 * float(want.abs().max()) if DEVICE == "cpu" else 0.02
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    with pytest.raises(FastBuildError, match="more than 16"):
+        build_fast(booted, slots=2, tokens_per_slot=256, context_step=256, page_tokens=64, prefill_rows=8)
+
+
+def test_the_engine_caches_prompt_states_only_when_prompt_rows_differ(booted, fast):
+    from tfc.runtime.engine.tokenizer import image_tokenizer
+
+    prompt = tuple(_tokens(37, 10))
+    config = EngineConfig(max_seqs=2, max_context=512, chunk=16, prefix=PrefixSettings())
+    engine = Engine(fast, image_tokenizer(booted.image, str(booted.image.path)), config)
+    engine.start()
+    try:
+
+        async def go():
+            (stream,) = engine.submit([Request(prompt, SamplingParams(temperature=0.0), 5)])
+            async for event in stream:
+                if event.finish:
+                    return event
+
+        assert asyncio.run(go()).finish
+        held = sorted(e.tokens for e in engine.prefix._entries.values())
+        assert held == [16, 32, 37]  # chunk boundaries and the prompt's end; never a state past it
+    finally:
+        engine.close()
