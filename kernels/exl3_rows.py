@@ -170,7 +170,9 @@ def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
     """Tiles [ceil(P / BLOCK_M) + count, 3] (entry, first row, rows) over pairs sorted by entry (entries [P],
     ascending, each < count): each entry's rows BLOCK_M at a time, then empty tiles. Device ops only."""
     dev = entries.device
-    counts = torch.zeros(count, dtype=torch.int64, device=dev).scatter_add_(0, entries, torch.ones_like(entries))
+    counts = torch.zeros(count, dtype=torch.int64, device=dev).scatter_add_(
+        0, entries, torch.ones_like(entries)
+    )
     first_row = torch.cumsum(counts, 0) - counts
     per = torch.div(counts + BLOCK_M - 1, BLOCK_M, rounding_mode="floor")
     ends = torch.cumsum(per, 0)
@@ -182,7 +184,9 @@ def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
     return torch.stack((e, first_row[e] + local * BLOCK_M, torch.where(i < ends[-1], rows, 0)), dim=1)
 
 
-def _table_rows(halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor) -> torch.Tensor:
+def _table_rows(
+    halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor
+) -> torch.Tensor:
     out = torch.empty((halves[0].shape[0], table.n), dtype=torch.float32, device=halves[0].device)
     return launch_rows(halves, table.words, table.offsets, table.widths, table.codebooks, table.svh, tiles, table.n,
                        table.width_set, table.codebook, out)  # fmt: skip
@@ -195,7 +199,9 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     tokens, topk = topk_ids.shape
     shared = w1.entries - 1
     dev = x.device
-    ids = torch.cat((topk_ids.long().clamp(0, shared - 1), torch.full((tokens, 1), shared, device=dev)), dim=1)
+    ids = torch.cat(
+        (topk_ids.long().clamp(0, shared - 1), torch.full((tokens, 1), shared, device=dev)), dim=1
+    )
     wts = torch.cat((topk_weights.float(), torch.ones(tokens, 1, device=dev)), dim=1)
     flat = ids.reshape(-1)
     entries, order = torch.sort(flat, stable=True)
