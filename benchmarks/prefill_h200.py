@@ -4,7 +4,7 @@ runner's prefill forward on a Flash-geometry slice (`tfc fixture flash-random --
 
 Run on the GPU machine from the repository root, after `source benchmarks/_h200_setup.sh`:
     python3 benchmarks/prefill_h200.py --image IMG/rank0 --out $OUT/prefill_h200.json
-Parts, in order (the JSON is rewritten after each):
+Parts, in order (the JSON is rewritten after each): rates, checks, prefill, profile, kernels.
 - rates: the bf16 product peak (8192^3, graphed) and the HBM copy rate, as decode_h200.py measures them;
 - kernels: exl3_gemm_rows on the slice's layer-0 `wq_b` (1280 x 32768, the largest attention group) and the MoE
   (moe_rows, layer 0's tables, random routes) at several rows, for each launch variant (rows a tile, warps,
@@ -13,16 +13,19 @@ Parts, in order (the JSON is rewritten after each):
   product of the same shape on the decoded weight (what a dense bf16 engine's GEMM would do);
 - checks: the runner's prefill forward on the slice: a 700-token prompt in one prompt row and in chunks of 300
   and 256 + 1 (the last logits equal bit for bit), and its last logits against the decode steps' (relative L2);
-- prefill: 2k and 16k-token prompts through the prefill forward (256-row steps), wall time, slice tok/s, the
+- prefill: 2k and 16k-token prompts through the prefill forward (steps of 256, 1024 and 2048 rows: the MoE
+  decodes every expert a step hits once a step, so rows a step set how many rows share a decode), wall time, slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
   slice's, plus the head of every step, timed alone) and its share of the bf16 peak (2 x Flash's active
-  weights a token, decode_h200.active_params); the same steps again with the small-op stages uncompiled;
+  weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
+  uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one 256-row step at 2k context: GPU time by kernel, the largest first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import sys
 import time
@@ -39,10 +42,10 @@ from decode_h200 import active_params, bf16_tflops, copy_gbps, flash_config, tim
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
-VARIANTS = {"bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32), "bm64_w4_k32": (64, 4, 32),
-            "bm64_w8_k64": (64, 8, 64)}  # fmt: skip
+VARIANTS = {"bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32), "bm64_w8_k64": (64, 8, 64)}
 PREFILL = (2048, 16384)
-WIDE = 256
+WIDE = 256  # the runner's default prefill steps
+WIDES = (256, 1024, 2048)  # prefill step rows timed
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -118,42 +121,64 @@ def checks(runner, res: dict) -> None:
         raise RuntimeError(f"prefill chunkings differ: {equal}")
 
 
+def wide_runner(runner, rows: int):
+    """A runner over the same arena whose prefill steps take `rows` rows (its own graph cache: its decode steps
+    are other buffers than `runner`'s)."""
+    from types import SimpleNamespace
+
+    from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    w = runner.forward.weights
+    booted = SimpleNamespace(image=w.image, arena=w.arena, graphs=GraphCache(GraphSettings()))
+    return build_fast(booted, slots=2, tokens_per_slot=max(PREFILL) + 1024, engram=False, prefill_rows=rows)
+
+
 def prefill(runner, res: dict) -> None:
     from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     cfg, w = runner.forward.cfg, runner.forward.weights
     flash = flash_config()
-    head_w = active_params(runner, cfg) - active_params(runner, cfg, head=False)
     layers_ratio = active_params(runner, flash, head=False) / active_params(runner, cfg, head=False)
-    ops, head = runner.prefill.ops, w.linear("head")
-    x = torch.randn(WIDE, cfg.hidden_size, device="cuda")
-    head_s = timed(lambda: ops.linear(x, head), reps=10)
-    table = {"head_s_a_step": head_s, "layers_ratio": layers_ratio, "head_weights": head_w}
+    flops = 2 * active_params(runner, flash)
+    table = {"layers_ratio": layers_ratio, "flash_flop_per_token": flops}
 
-    def run(plan) -> float:
+    def run(r, plan) -> float:
         torch.cuda.synchronize()
         started = time.perf_counter()
-        runner.execute(plan)
+        r.execute(plan)
         torch.cuda.synchronize()
-        runner.release(12)
+        r.release(plan.rows[0].slot)
         return time.perf_counter() - started
 
-    for n in PREFILL:
-        toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
-        plan = StepPlan((SequenceStep(12, tuple(toks), 0, prompt=True),))
-        first = run(plan)  # the stages of each context bucket compiled (or loaded)
-        wall = run(plan)
-        with fusion.eager():  # the same steps with the small-op stages uncompiled
-            run(plan)
-            wall_eager = run(plan)
-        steps = -(-n // WIDE)
-        flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
-        flops = 2 * active_params(runner, flash)
-        table[n] = {"wall_s": wall, "first_s": first, "wall_eager_stages_s": wall_eager, "tok_s": n / wall,
-                    "steps": steps, "flash_s": flash_s, "flash_tok_s": n / flash_s,
-                    "flash_tflops": flops * n / flash_s / 1e12,
-                    "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
+    for wide in WIDES:
+        r = runner if wide == WIDE else wide_runner(runner, wide)
+        x = torch.randn(wide, cfg.hidden_size, device="cuda")
+        head_s = timed(lambda r=r, x=x: r.prefill.ops.linear(x, w.linear("head")), reps=5)
+        row = {"head_s_a_step": head_s}
+        for n in PREFILL:
+            toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
+            plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
+            with (
+                fusion.eager() if wide != WIDE else contextlib.nullcontext()
+            ):  # other widths: nothing compiled
+                first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
+                wall = run(r, plan)
+            steps = -(-n // wide)
+            flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
+            row[n] = {"wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps, "flash_s": flash_s,
+                      "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
+                      "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
+            if wide == WIDE:
+                with fusion.eager():  # the same steps with the small-op stages uncompiled
+                    run(r, plan)
+                    row[n]["wall_eager_stages_s"] = run(r, plan)
+            res["prefill"] = table | {wide: row}
+        table[wide] = row
+        if r is not runner:
+            del r
+            torch.cuda.empty_cache()
     res["prefill"] = table
 
 
@@ -209,7 +234,7 @@ def main() -> None:
     )
     res["image_bytes"] = booted.arena.nbytes
     parts("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
-    for name, fn in (("kernels", kernels), ("checks", checks), ("prefill", prefill), ("profile", profile)):
+    for name, fn in (("checks", checks), ("prefill", prefill), ("profile", profile), ("kernels", kernels)):
         if only and name not in only:
             res["parts"][name] = "skipped: --only"
             continue
