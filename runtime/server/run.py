@@ -179,8 +179,11 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
 
     rank, device = (None, options.device) if world is None else (world.rank, world.device)
     worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
+    # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
+    # the reference runner takes no such option and drops it
+    wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if world is None else {}
     return worker, lambda: worker.load_model(
-        dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world)
+        dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world), **wide
     )
 
 

@@ -9,7 +9,7 @@ from tfc.runtime.models.dsv41.chat import Dsv41ChatFormat
 from tfc.runtime.models.dsv41.runner import build_reference
 from tfc.runtime.models.family import Family
 
-FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact")  # options only the fast runner takes
+FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact", "prefill_rows")  # options only the fast runner takes
 
 
 def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **options: Any) -> Any:
