@@ -18,14 +18,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import (
-    cb_decode,
-    cb_decode_rt,
-    hadamard_block,
-    load_states,
-    tile_positions,
-    window_offsets,
-)
+from tfc.kernels.exl3_tl import decode_at, hadamard_block, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
@@ -47,11 +40,7 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
     x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
     acc = tl.zeros([BM, 128], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        s = load_states(base, off_j, off_jp, shift)
-        if CB >= 0:
-            v = cb_decode(s, CB)
-        else:
-            v = cb_decode_rt(s, cb)
+        v = decode_at(base, off_j, off_jp, shift, cb, CB)
         base += step
         hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
         lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)

@@ -158,6 +158,18 @@ def cb_decode_rt(s, cb):
 
 
 @triton.jit
+def decode_at(base, off_j, off_jp, shift, cb, CB: tl.constexpr):
+    """fp16 W-hat values of the block at base (load_states' windows): codebook CB, or cb read at run time
+    (CB < 0: chosen per expert-table entry)."""
+    s = load_states(base, off_j, off_jp, shift)
+    if CB >= 0:
+        v = cb_decode(s, CB)
+    else:
+        v = cb_decode_rt(s, cb)
+    return v
+
+
+@triton.jit
 def parity7(v):
     """Parity of the low 7 bits."""
     v = v ^ (v >> 4)

@@ -9,9 +9,7 @@ import triton.language as tl
 from tfc.kernels.exl3_mma import mma_partials
 from tfc.kernels.exl3_runs import runs_cols, store_cols
 from tfc.kernels.exl3_tl import (
-    cb_decode,
-    cb_decode_rt,
-    load_states,
+    decode_at,
     prefetch_rows,
     rotate_sum,
     store_pair,
@@ -113,17 +111,14 @@ def _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, dst, width, n
     off_j, off_jp, shift = window_offsets(pos, width, tn, BK, 128, W > 0 and W % 16 == 0)
     acc2 = tl.zeros([BK, 128], dtype=tl.float32)
     step = (BK // 16) * tn * nw
+    cb = 0
     if CB < 0:
         cb = tl.load(cb_ptr + e)
     for kk in range(0, kt_per, BK // 16):
         if PF > 0:  # noqa: SIM102 (compile-time switch around a run-time test)
             if kk + PF * (BK // 16) < kt_per:
                 prefetch_rows(base + PF * step, BK // 16, tn * nw, 16 * width)
-        s = load_states(base, off_j, off_jp, shift)
-        if CB >= 0:
-            v = cb_decode(s, CB)
-        else:
-            v = cb_decode_rt(s, cb)
+        v = decode_at(base, off_j, off_jp, shift, cb, CB)
         base += step
         row0 = (kt0 + kk) * 16
         xa = tl.load(xin_ptr + row0 + tl.arange(0, BK))
