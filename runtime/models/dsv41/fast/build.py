@@ -21,6 +21,7 @@ from tfc.runtime.models.dsv41.fast.weights import FastWeights
 from tfc.runtime.worker.step import Capacity, ModelInfo
 
 from tfc.errors import TfcError
+from tfc.switches import switched_off
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
 # Rows of a prefill step (prompt tokens through the many-row kernels, eager): enough rows a step that each
@@ -55,8 +56,8 @@ def build_fast(
     compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
     kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` (default PREFILL_ROWS on CUDA,
-    0 elsewhere) sizes the prefill forward's wide steps that prompt rows take (0: prompts take the decode
-    steps)."""
+    0 elsewhere) sizes the prefill forward's wide steps that prompt rows take (0, or TFC_PREFILL_STEPS=0
+    whatever was asked: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -100,7 +101,9 @@ def build_fast(
     tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
     buckets = context_buckets(tokens_per_slot, step=context_step)
     kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
-    if prefill_rows is None:
+    if switched_off("TFC_PREFILL_STEPS"):
+        prefill_rows = 0
+    elif prefill_rows is None:
         prefill_rows = PREFILL_ROWS if dev.type == "cuda" else 0
     if prefill_rows and prefill_rows <= MAX_ROWS:
         raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {MAX_ROWS}, or 0 for none")

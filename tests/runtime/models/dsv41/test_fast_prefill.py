@@ -113,6 +113,12 @@ def test_the_prefill_forward_agrees_with_the_decode_steps(booted, fast):
     # fp16 input) differs
     atol = 1e-4 * float(want.abs().max()) if DEVICE == "cpu" else 0.02
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TFC_PREFILL_STEPS", "0")
+        off = build_fast(
+            booted, slots=2, tokens_per_slot=256, context_step=256, page_tokens=64, prefill_rows=WIDE
+        )
+        assert off.prefill is None and off.stats()["prefill"]["rows"] == 0
     with pytest.raises(FastBuildError, match="more than 16"):
         build_fast(booted, slots=2, tokens_per_slot=256, context_step=256, page_tokens=64, prefill_rows=8)
 
