@@ -19,6 +19,7 @@ from tfc.runtime.server.auth import ApiKeys
 from tfc.runtime.server.state import ServerState
 
 from tfc.errors import TfcError
+from tfc.switches import switched_on
 
 
 class ListenError(TfcError):
@@ -181,7 +182,8 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
     worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
     # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
     # the reference runner takes no such option and drops it
-    wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if world is None else {}
+    on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in until its speed is measured
+    wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if on else {}
     return worker, lambda: worker.load_model(
         dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world), **wide
     )
