@@ -24,8 +24,9 @@ from tfc.errors import TfcError
 from tfc.switches import switched_off, switched_on
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
-# Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels, eager): enough rows a step that each
-# EXL3 tile decoded serves many, few enough that a short prompt's padding costs little.
+# Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
+# eager): enough rows a step that each EXL3 tile decoded serves many, few enough that a short prompt's padding
+# costs little.
 PREFILL_ROWS = 256
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
@@ -55,9 +56,9 @@ def build_fast(
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
     compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
     kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
-    when the image has one, and the step's hidden capture for it; `prefill_rows` (default PREFILL_ROWS on CUDA
-    with TFC_PREFILL_STEPS=1, else 0: its speed is not measured yet) sizes the prefill forward's wide steps that prompt rows take (0, or TFC_PREFILL_STEPS=0
-    whatever was asked: prompts take the decode steps)."""
+    when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
+    wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0, since its
+    speed is not measured yet; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena

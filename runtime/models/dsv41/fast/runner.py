@@ -113,11 +113,11 @@ class FastRunner(DraftingRunner):
     def _tiles(self, plan: StepPlan) -> list[tuple[FastForward, Tile]]:
         """The plan's steps and the forward each runs on: prompt rows through the prefill forward's wide steps
         (where there is one), the other rows through the decode steps, each in plan order."""
-        if self.prefill is None or not any(row.prompt for row in plan.rows):
-            return [(self.forward, t) for t in plan_tiles(plan, self.kv.dummy_slot, self.buckets)]
         out = []
         for wide in (True, False):
-            index = [i for i, row in enumerate(plan.rows) if row.prompt == wide]
+            index = [
+                i for i, row in enumerate(plan.rows) if (row.prompt and self.prefill is not None) == wide
+            ]
             if not index:
                 continue
             part = StepPlan(tuple(plan.rows[i] for i in index))
@@ -267,7 +267,7 @@ class FastRunner(DraftingRunner):
     def _run(self, tile: Tile, forward: FastForward | None = None) -> torch.Tensor:
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
-        if forward is not None and forward is self.prefill:
+        if forward is self.prefill and forward is not None:
             forward.buffers.load(tile, self._engram_ids(tile))
             forward.step(tile.key)  # eager: a wide step amortises its launches over its rows
             self.prefill_steps += 1
