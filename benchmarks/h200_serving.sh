@@ -5,6 +5,7 @@
 #   bash benchmarks/h200_serving.sh servetests  # tfc serve's prefix-cache tests on the GPU (tiny image, fast forward, #25)
 #   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
+#                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
@@ -61,7 +62,7 @@ case "$PART" in
     tail -15 "$OUT/draft_gpu_tests.txt" ;;
   prefill)
     timeout "${TFC_PREFILL_S:-420}" python3 benchmarks/prefill_h200.py --image "$IMG" --out "$OUT/prefill_h200.json" \
-      --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
+      --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
     (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider \
       -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1

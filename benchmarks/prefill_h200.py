@@ -46,6 +46,7 @@ VARIANTS = {"bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32), "bm64_w8_k
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed
+COMPILED = True  # the default width also timed with its small-op stages compiled
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -154,15 +155,14 @@ def prefill(runner, res: dict) -> None:
 
     for wide in WIDES:
         r = runner if wide == WIDE else wide_runner(runner, wide)
+        compiled = wide == WIDE and COMPILED
         x = torch.randn(wide, cfg.hidden_size, device="cuda")
         head_s = timed(lambda r=r, x=x: r.prefill.ops.linear(x, w.linear("head")), reps=5)
         row = {"head_s_a_step": head_s}
         for n in PREFILL:
             toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
             plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
-            with (
-                fusion.eager() if wide != WIDE else contextlib.nullcontext()
-            ):  # other widths: nothing compiled
+            with fusion.eager() if not compiled else contextlib.nullcontext():  # other widths: nothing compiled
                 first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
                 wall = run(r, plan)
             steps = -(-n // wide)
@@ -170,7 +170,7 @@ def prefill(runner, res: dict) -> None:
             row[n] = {"wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps, "flash_s": flash_s,
                       "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
                       "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
-            if wide == WIDE:
+            if compiled:
                 with fusion.eager():  # the same steps with the small-op stages uncompiled
                     run(r, plan)
                     row[n]["wall_eager_stages_s"] = run(r, plan)
@@ -220,12 +220,20 @@ def main() -> None:
         "--budget-s", type=float, default=480, help="parts starting after this many seconds are skipped"
     )
     ap.add_argument("--only", default="", help="comma-separated parts (default: all)")
+    ap.add_argument("--prompts", default="2048,16384", help="prompt lengths timed, comma-separated")
+    ap.add_argument("--widths", default="256,1024,2048", help="prefill step rows timed, comma-separated")
+    ap.add_argument("--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)")
     args = ap.parse_args()
+    global PREFILL, WIDES, COMPILED
+    PREFILL = tuple(int(v) for v in args.prompts.split(","))
+    WIDES = tuple(int(v) for v in args.widths.split(","))
+    COMPILED = not args.eager
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-                 "wide_rows": WIDE, "parts": {}}  # fmt: skip
+                  "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES, "compiled": COMPILED,
+                 "parts": {}}  # fmt: skip
     parts = Parts(res, Path(args.out), args.budget_s)
     only = {p for p in args.only.split(",") if p}
     booted = boot(Path(args.image), device="cuda")
@@ -234,11 +242,14 @@ def main() -> None:
     )
     res["image_bytes"] = booted.arena.nbytes
     parts("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
+    from tfc.runtime.models.dsv41.fast import fusion
+
     for name, fn in (("checks", checks), ("prefill", prefill), ("profile", profile), ("kernels", kernels)):
         if only and name not in only:
             res["parts"][name] = "skipped: --only"
             continue
-        parts(name, lambda fn=fn: fn(runner, res))
+        with contextlib.nullcontext() if COMPILED else fusion.eager():  # --eager: nothing compiled
+            parts(name, lambda fn=fn: fn(runner, res))
     res["runner"] = runner.stats()["prefill"]
     parts.save()
 
