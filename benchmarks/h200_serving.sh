@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
+#   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
@@ -33,7 +34,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -63,6 +64,8 @@ case "$PART" in
   prefill)
     timeout "${TFC_PREFILL_S:-420}" python3 benchmarks/prefill_h200.py --image "$IMG" --out "$OUT/prefill_h200.json" \
       --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
+  rowskernel)  # the many-row EXL3 product alone: launch variants, registers and spills, the 16-row kernel beside it
+    timeout 300 python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
     (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider \
       -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1

@@ -24,6 +24,7 @@ from tfc.kernels.expert_table import ExpertTable
 BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 8
+NUM_STAGES = 3  # software-pipelining stages of the k loop (Triton's default on this GPU class)
 
 
 @triton.jit
@@ -130,6 +131,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
         _rows_kernel[(tiles.shape[0], n // 128)](
             xh, inv, words, offsets, widths, codebooks, svh, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
             WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES,
         )  # fmt: skip
     return out
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The many-row EXL3 product (`kernels/exl3_rows.py`) alone on an H200: launch variants against the decode path's
+16-row kernel on the same weight, and the registers and spills of each compiled variant.
+
+    python3 benchmarks/rows_kernel_h200.py --out $OUT/rows_kernel_h200.json
+
+Synthetic EXL3 groups (random trellis words, mul1 codebook, the Flash fixture's widths): a 4096 x 4096 group at
+3 bits (an expert's or attention's shape) and a 4096 x 16384 group at 6 bits (a head slice). For each launch
+variant (rows a tile, warps, k rows a step, pipeline stages) at 256 rows: the median time between CUDA events,
+TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
+block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
+x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5). Beside it:
+`exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
+reach, and torch's bf16 product of the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_env import ensure_tfc
+
+ensure_tfc()
+
+import torch  # noqa: E402
+from decode_h200 import timed  # noqa: E402
+
+SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
+# (rows a tile, warps, k rows a step, stages)
+VARIANTS = {
+    "bm64_w8_k32_s3": (64, 8, 32, 3), "bm64_w8_k32_s1": (64, 8, 32, 1), "bm64_w4_k32_s3": (64, 4, 32, 3),
+    "bm128_w8_k32_s3": (128, 8, 32, 3), "bm64_w8_k64_s3": (64, 8, 64, 3), "bm64_w8_k16_s3": (64, 8, 16, 3),
+    "bm32_w4_k32_s3": (32, 4, 32, 3), "bm16_w4_k32_s3": (16, 4, 32, 3), "bm64_w8_k128_s2": (64, 8, 128, 2),
+}  # fmt: skip
+ROWS = 256
+MUL1 = 2
+
+
+def compiled_stats() -> list[dict]:
+    """Registers and spills of every compiled specialisation of the rows kernel (Triton's kernel cache)."""
+    from tfc.kernels import exl3_rows
+
+    out = []
+    try:
+        for caches in exl3_rows._rows_kernel.device_caches.values():
+            for kern in caches[0].values():
+                kern._init_handles()
+                out.append({"regs": kern.n_regs, "spills": kern.n_spills, "warps": kern.metadata.num_warps,
+                            "stages": kern.metadata.num_stages, "shared": kern.metadata.shared})  # fmt: skip
+    except Exception as exc:  # a Triton without these fields: say so, time anyway
+        out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
+def group(k: int, n: int, bits: int, gen: torch.Generator):
+    width = 16 * bits
+    trellis = torch.randint(-(2**15), 2**15, (k // 16, n // 16, width), dtype=torch.int32, device="cuda",
+                            generator=gen).to(torch.int16)  # fmt: skip
+    suh = (torch.randint(0, 2, (k,), device="cuda", generator=gen) * 2 - 1).half()
+    svh = (torch.rand(n, device="cuda", generator=gen) * 0.02 + 0.01).half()
+    return trellis, suh, svh
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    args = ap.parse_args()
+    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3_gemv import exl3_gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+                 "rows": ROWS, "shapes": {}}  # fmt: skip
+    for name, (k, n, bits) in SHAPES.items():
+        trellis, suh, svh = group(k, n, bits, gen)
+        dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
+        x = torch.randn(ROWS, k, device="cuda", generator=gen)
+        want = x.double() @ dense.double()
+        flops = 2 * ROWS * k * n
+        bf, xb = dense.bfloat16(), x.bfloat16()
+        row: dict = {"bf16_torch_tflops": flops / timed(lambda: xb @ bf) / 1e12}
+        x16 = x[:16].contiguous()
+        t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
+        row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
+        for vname, (bm, warps, bk, stages) in VARIANTS.items():
+            exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = bm, warps, bk, stages
+            try:
+                got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+                err = float((got.double() - want).norm() / want.norm())
+                t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
+                prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
+                row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep,
+                              "tflops": flops / t / 1e12, "gweights_s": k * n * (-(-ROWS // bm)) / t / 1e9}  # fmt: skip
+            except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
+                row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
+                  flush=True)  # fmt: skip
+        row["compiled"] = compiled_stats()
+        res["shapes"][name] = row
+        print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 3
+
+
+if __name__ == "__main__":
+    main()
