@@ -66,46 +66,56 @@ def group(k: int, n: int, bits: int, gen: torch.Generator):
     return trellis, suh, svh
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="JSON file to write")
-    args = ap.parse_args()
+def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
+    """One group's row: torch's bf16 product, the 16-row kernel, every launch variant, the compiled kernels."""
     from tfc.kernels import exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_gemv import exl3_gemm
 
+    trellis, suh, svh = group(k, n, bits, gen)
+    dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
+    x = torch.randn(ROWS, k, device="cuda", generator=gen)
+    want = x.double() @ dense.double()
+    flops = 2 * ROWS * k * n
+    bf, xb = dense.bfloat16(), x.bfloat16()
+    row: dict = {"bf16_torch_tflops": flops / timed(lambda: xb @ bf) / 1e12}
+    x16 = x[:16].contiguous()
+    t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
+    row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
+    for vname, (bm, warps, bk, stages) in VARIANTS.items():
+        exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = (
+            bm,
+            warps,
+            bk,
+            stages,
+        )
+        try:
+            got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+            err = float((got.double() - want).norm() / want.norm())
+            t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
+            prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
+            row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep,
+                          "tflops": flops / t / 1e12, "gweights_s": k * n * (-(-ROWS // bm)) / t / 1e9}  # fmt: skip
+        except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
+            row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
+              flush=True)  # fmt: skip
+    row["compiled"] = compiled_stats()
+    print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
+    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 3
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
                  "rows": ROWS, "shapes": {}}  # fmt: skip
     for name, (k, n, bits) in SHAPES.items():
-        trellis, suh, svh = group(k, n, bits, gen)
-        dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
-        x = torch.randn(ROWS, k, device="cuda", generator=gen)
-        want = x.double() @ dense.double()
-        flops = 2 * ROWS * k * n
-        bf, xb = dense.bfloat16(), x.bfloat16()
-        row: dict = {"bf16_torch_tflops": flops / timed(lambda: xb @ bf) / 1e12}
-        x16 = x[:16].contiguous()
-        t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
-        row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
-        for vname, (bm, warps, bk, stages) in VARIANTS.items():
-            exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = bm, warps, bk, stages
-            try:
-                got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
-                err = float((got.double() - want).norm() / want.norm())
-                t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
-                prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
-                row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep,
-                              "tflops": flops / t / 1e12, "gweights_s": k * n * (-(-ROWS // bm)) / t / 1e9}  # fmt: skip
-            except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
-                row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
-                  flush=True)  # fmt: skip
-        row["compiled"] = compiled_stats()
-        res["shapes"][name] = row
-        print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
+        res["shapes"][name] = measure(name, k, n, bits, gen)
         Path(args.out).write_text(json.dumps(res, indent=1))
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 3
 
 
 if __name__ == "__main__":
