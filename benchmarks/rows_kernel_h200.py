@@ -35,7 +35,8 @@ SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384
 VARIANTS = {
     "bm64_w8_k32_s3": (64, 8, 32, 3), "bm64_w8_k32_s1": (64, 8, 32, 1), "bm64_w4_k32_s3": (64, 4, 32, 3),
     "bm128_w8_k32_s3": (128, 8, 32, 3), "bm64_w8_k64_s3": (64, 8, 64, 3), "bm64_w8_k16_s3": (64, 8, 16, 3),
-    "bm32_w4_k32_s3": (32, 4, 32, 3), "bm16_w4_k32_s3": (16, 4, 32, 3), "bm64_w8_k128_s2": (64, 8, 128, 2),
+    "bm32_w4_k32_s3": (32, 4, 32, 3), "bm16_w4_k32_s3": (16, 4, 32, 3), "bm64_w8_k32_s2": (64, 8, 32, 2),
+    "bm128_w8_k32_s1": (128, 8, 32, 1), "bm128_w8_k16_s1": (128, 8, 16, 1), "bm64_w4_k32_s1": (64, 4, 32, 1),
 }  # fmt: skip
 ROWS = 256
 MUL1 = 2
@@ -102,7 +103,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
               flush=True)  # fmt: skip
     row["compiled"] = compiled_stats()
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 3
+    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 1
     return row
 
 

@@ -3,7 +3,8 @@
 One program takes BM rows that share an EXL3 entry (a whole linear, or one expert of an expert table) and one
 128-column block: it decodes W-hat BK rows at a time in registers (the per-element window gather), multiplies
 the rows' rotated input (fp16 high and low parts: two mma products, so the fp32 rotation reaches the sums to
-~2^-22) into fp32, then applies the output H128 (tf32x3, ~fp32) and svh. Every row is summed over k in the same
+~2^-22) into fp32; a second kernel applies the output H128 (seven fp32 butterfly stages a row block) and svh
+(in the first, the H128 product's registers made the k loop spill). Every row is summed over k in the same
 order whatever rows share its tile or launch, so a row's bits never depend on its neighbours or on the row
 count. The tile list (entry, first row, rows) is built on the device (`expert_tiles`: no host sync, so a step
 using it can be captured); tiles with no rows return at once.
@@ -18,13 +19,13 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import decode_at, hadamard_block, tile_positions, window_offsets
+from tfc.kernels.exl3_tl import decode_at, fwht128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 8
-NUM_STAGES = 3  # software-pipelining stages of the k loop (Triton's default on this GPU class)
+NUM_STAGES = 1  # software-pipelining stages of the k loop (more only added spills on the H200)
 
 
 @triton.jit
@@ -51,9 +52,10 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 
 
 @triton.jit
-def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, svh_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off,
-                 stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
-    """y[rows, block] = had128(xh[rows] @ W-hat_e[:, block]) * svh_e[block] for tile program_id(0)'s rows."""
+def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off, stride_y,
+                 WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+    """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows (the output
+    rotation is _finish_kernel's: kept out of this loop, whose registers it would take)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m).to(tl.int32)
@@ -78,11 +80,22 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, svh_ptr, 
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
                                       stride_x, lo_off, WIDTHS[i], CB, BM, BK)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
-        out = tl.dot(acc, hadamard_block(128, 128, 0, 0), input_precision="tf32x3") * 0.08838834764831845
         cols = pid_n * 128 + tl.arange(0, 128)
-        sv = tl.load(svh_ptr + e.to(tl.int64) * N + cols).to(tl.float32)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
-        tl.store(dst, out * sv[None, :], mask=live[:, None])
+        tl.store(dst, acc, mask=live[:, None])
+
+
+@triton.jit
+def _finish_kernel(y_ptr, svh_ptr, ent_ptr, N, stride_y, PER_ROW: tl.constexpr):
+    """y[row, block] = had128(y[row, block]) / sqrt(128) * svh_e[block] in place (e: the row's entry, or 0)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+    e = 0
+    if PER_ROW:
+        e = tl.load(ent_ptr + row)
+    sv = tl.load(svh_ptr + e.to(tl.int64) * N + cols).to(tl.float32)
+    dst = y_ptr + row * stride_y + cols
+    tl.store(dst, fwht128(tl.load(dst)) * 0.08838834764831845 * sv)
 
 
 # A row is scaled by a power of two that brings its largest value to [2^14, 2^15) before the split, so neither
@@ -119,20 +132,24 @@ def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tensor,
                 codebooks: torch.Tensor, svh: torch.Tensor, tiles: torch.Tensor, n: int, width_set: tuple[int, ...],
-                codebook: int, out: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """out[r] for every row r of every tile (tiles int64 [T, 3]: entry, first row, rows); halves: split_halves."""
+                codebook: int, out: torch.Tensor, row_entries: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """out[r] for every row r of every tile (tiles int64 [T, 3]: entry, first row, rows); halves: split_halves;
+    svh [n] (one linear), or [entries, n] with row_entries [M] naming each row's entry."""
     xh, inv = halves
     m, two, k = xh.shape
     if two != 2 or xh.dtype != torch.float16 or not xh.is_contiguous():
         raise ValueError(f"xh must be contiguous [M, 2, k] fp16 halves, not {tuple(xh.shape)} {xh.dtype}")
     if k % BLOCK_K or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
-    if tiles.numel():
+    if tiles.numel() and m:
         _rows_kernel[(tiles.shape[0], n // 128)](
-            xh, inv, words, offsets, widths, codebooks, svh, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
+            xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
             WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
             num_stages=NUM_STAGES,
         )  # fmt: skip
+        per_row = row_entries is not None
+        _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0), PER_ROW=per_row,
+                                      num_warps=1)  # fmt: skip
     return out
 
 
@@ -176,11 +193,11 @@ def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _table_rows(
-    halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor
+    halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor, entries: torch.Tensor
 ) -> torch.Tensor:
     out = torch.empty((halves[0].shape[0], table.n), dtype=torch.float32, device=halves[0].device)
     return launch_rows(halves, table.words, table.offsets, table.widths, table.codebooks, table.svh, tiles, table.n,
-                       table.width_set, table.codebook, out)  # fmt: skip
+                       table.width_set, table.codebook, out, entries)  # fmt: skip
 
 
 def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: ExpertTable,
@@ -199,12 +216,12 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
     xs = x[token].float()
-    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles)
-    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles)
+    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries)
+    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries)
     if swiglu_limit > 0:
         gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
     act = F.silu(gate) * up * wts.reshape(-1)[order, None]
-    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles)
+    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles, entries)
     per_pair = torch.empty_like(down)
     per_pair[order] = down
     per_pair = per_pair.view(tokens, topk + 1, -1)
