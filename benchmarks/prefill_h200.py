@@ -162,7 +162,9 @@ def prefill(runner, res: dict) -> None:
         for n in PREFILL:
             toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
             plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
-            with fusion.eager() if not compiled else contextlib.nullcontext():  # other widths: nothing compiled
+            with (
+                fusion.eager() if not compiled else contextlib.nullcontext()
+            ):  # other widths: nothing compiled
                 first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
                 wall = run(r, plan)
             steps = -(-n // wide)
@@ -222,9 +224,15 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated parts (default: all)")
     ap.add_argument("--prompts", default="2048,16384", help="prompt lengths timed, comma-separated")
     ap.add_argument("--widths", default="256,1024,2048", help="prefill step rows timed, comma-separated")
-    ap.add_argument("--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)")
+    ap.add_argument(
+        "--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)"
+    )
+    ap.add_argument(
+        "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
+    )
     args = ap.parse_args()
-    global PREFILL, WIDES, COMPILED
+    global PREFILL, WIDES, COMPILED, WIDE
+    WIDE = args.wide
     PREFILL = tuple(int(v) for v in args.prompts.split(","))
     WIDES = tuple(int(v) for v in args.widths.split(","))
     COMPILED = not args.eager
