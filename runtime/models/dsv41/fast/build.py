@@ -25,9 +25,9 @@ from tfc.switches import switched_off, switched_on
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
 # Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
-# eager): enough rows a step that each EXL3 tile decoded serves many, few enough that a short prompt's padding
-# costs little.
-PREFILL_ROWS = 256
+# eager): the MoE decodes every expert a step hits once a step, so rows a step set how many rows share a decode
+# (on the H200, 2,048-row steps prefill 3.8x faster than 256-row ones; decode.md, prefill run 4).
+PREFILL_ROWS = 2048
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
 
