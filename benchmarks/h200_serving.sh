@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
+#   bash benchmarks/h200_serving.sh rowsncu     # Nsight Compute on that kernel: stalls, pipes, its SASS opcodes (#19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
@@ -34,7 +35,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -66,6 +67,20 @@ case "$PART" in
       --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
   rowskernel)  # the many-row EXL3 product alone: launch variants, registers and spills, the 16-row kernel beside it
     timeout 300 python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
+  rowsncu)  # Nsight Compute on the rows kernel (3-bit 4096 x 4096, 256 rows): speed of light, stalls, SASS opcodes
+    export TRITON_CACHE_DIR=/tmp/tc_rows; rm -rf "$TRITON_CACHE_DIR"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    timeout 240 "$NCU" --clock-control none -k regex:_rows_kernel --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section InstructionStats --section MemoryWorkloadAnalysis \
+      --print-details all python3 benchmarks/rows_kernel_h200.py --ncu --out /tmp/unused.json > "$OUT/ncu_rows.txt" 2>&1
+    grep -E "Duration|Issue Slots Busy|Executed Ipc Active|Registers Per|Achieved Occupancy|Theoretical Occ|highest-utilized|Stall|stalled|Pipe|Warp Cycles Per Issued|Eligible Warps|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Shared" "$OUT/ncu_rows.txt" | head -60
+    for c in $(find "$TRITON_CACHE_DIR" -name '_rows_kernel*.cubin'); do
+      cuobjdump -sass "$c" | grep -oE '^\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_.]+' | awk '{print $NF}' \
+        | sed 's/\..*//' | sort | uniq -c | sort -rn | head -30 > "$OUT/sass_rows_hist.txt"
+      cuobjdump -sass "$c" > "$OUT/sass_rows.txt"
+    done
+    head -30 "$OUT/sass_rows_hist.txt" ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
     (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider \
       -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1

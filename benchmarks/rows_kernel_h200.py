@@ -11,7 +11,9 @@ TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time 
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
 x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5). Beside it:
 `exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
-reach, and torch's bf16 product of the same shape.
+reach, and torch's bf16 product of the same shape. (That 16-row figure is eager, one call at a time: its host
+launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the default variant
+three times and nothing else, for `h200_serving.sh rowsncu`.
 """
 
 from __future__ import annotations
@@ -110,7 +112,20 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--ncu", action="store_true",
+                    help="only run the default variant on the 3-bit group three times (for Nsight Compute)")  # fmt: skip
     args = ap.parse_args()
+    if args.ncu:
+        from tfc.kernels import exl3_rows
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        k, n, bits = SHAPES["k4096_n4096_3bit"]
+        trellis, suh, svh = group(k, n, bits, gen)
+        x = torch.randn(ROWS, k, device="cuda", generator=gen)
+        for _ in range(3):
+            exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+        torch.cuda.synchronize()
+        return
     gen = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
                  "rows": ROWS, "shapes": {}}  # fmt: skip
