@@ -9,7 +9,8 @@ Synthetic EXL3 groups (random trellis words, mul1 codebook, the Flash fixture's 
 variant (rows a tile, warps, k rows a step, pipeline stages) at 256 rows: the median time between CUDA events,
 TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
-x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5). Beside it:
+x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5); `kernels_s` times the
+two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation. Beside it:
 `exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
 reach, and torch's bf16 product of the same shape. (That 16-row figure is eager, one call at a time: its host
 launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the default variant
@@ -33,12 +34,13 @@ import torch  # noqa: E402
 from decode_h200 import timed  # noqa: E402
 
 SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
-# (rows a tile, warps, k rows a step, stages)
+# (rows a tile, warps, k rows a step, stages, register cap)
 VARIANTS = {
-    "bm64_w8_k32_s3": (64, 8, 32, 3), "bm64_w8_k32_s1": (64, 8, 32, 1), "bm64_w4_k32_s3": (64, 4, 32, 3),
-    "bm128_w8_k32_s3": (128, 8, 32, 3), "bm64_w8_k64_s3": (64, 8, 64, 3), "bm64_w8_k16_s3": (64, 8, 16, 3),
-    "bm32_w4_k32_s3": (32, 4, 32, 3), "bm16_w4_k32_s3": (16, 4, 32, 3), "bm64_w8_k32_s2": (64, 8, 32, 2),
-    "bm128_w8_k32_s1": (128, 8, 32, 1), "bm128_w8_k16_s1": (128, 8, 16, 1), "bm64_w4_k32_s1": (64, 4, 32, 1),
+    "bm64_w8_k32_s3": (64, 8, 32, 3, None), "bm64_w8_k32_s1": (64, 8, 32, 1, None),
+    "bm64_w8_k32_s1_r128": (64, 8, 32, 1, 128), "bm64_w8_k16_s1": (64, 8, 16, 1, None),
+    "bm64_w8_k16_s1_r128": (64, 8, 16, 1, 128), "bm128_w8_k16_s1": (128, 8, 16, 1, None),
+    "bm32_w4_k32_s1": (32, 4, 32, 1, None), "bm64_w4_k32_s1": (64, 4, 32, 1, None),
+    "bm64_w4_k16_s1_r128": (64, 4, 16, 1, 128),
 }  # fmt: skip
 ROWS = 256
 MUL1 = 2
@@ -85,27 +87,37 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     x16 = x[:16].contiguous()
     t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
     row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
-    for vname, (bm, warps, bk, stages) in VARIANTS.items():
-        exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = (
-            bm,
-            warps,
-            bk,
-            stages,
-        )
+    halves = exl3_rows.rotated_pairs(x, suh)
+    words = trellis.contiguous().view(torch.int32).reshape(-1)
+    one = torch.zeros(1, dtype=torch.int64, device="cuda")
+    widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
+    y = torch.empty(ROWS, n, device="cuda")
+    for vname, (bm, warps, bk, stages, cap) in VARIANTS.items():
+        exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
+        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
+        tiles = exl3_rows.dense_tiles(ROWS, x.device)
+
+        def kernels_only(tiles=tiles):  # the two kernels on rotated rows (no torch work in the time)
+            return exl3_rows.launch_rows(halves, words, one, widths, one.int() + MUL1, svh, tiles, n, (16 * bits,),
+                                         MUL1, y)  # fmt: skip
+
         try:
             got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
             err = float((got.double() - want).norm() / want.norm())
             t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
             prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
-            row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep,
-                          "tflops": flops / t / 1e12, "gweights_s": k * n * (-(-ROWS // bm)) / t / 1e9}  # fmt: skip
+            kern = timed(kernels_only, reps=10)
+            row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep, "kernels_s": kern,
+                          "tflops": flops / t / 1e12, "kernel_tflops": flops / kern / 1e12,
+                          "gweights_s": k * n * (-(-ROWS // bm)) / kern / 1e9}  # fmt: skip
         except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
             row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
               flush=True)  # fmt: skip
     row["compiled"] = compiled_stats()
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 8, 32, 1
+    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 8, 32
+    exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = 1, None
     return row
 
 

@@ -26,6 +26,7 @@ BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 8
 NUM_STAGES = 1  # software-pipelining stages of the k loop (more only added spills on the H200)
+MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
 
 
 @triton.jit
@@ -145,7 +146,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
         _rows_kernel[(tiles.shape[0], n // 128)](
             xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
             WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
+            num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
         )  # fmt: skip
         per_row = row_entries is not None
         _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0), PER_ROW=per_row,
