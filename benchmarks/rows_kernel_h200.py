@@ -116,7 +116,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
               flush=True)  # fmt: skip
     row["compiled"] = compiled_stats()
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 8, 32
+    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 4, 32
     exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = 1, None
     return row
 

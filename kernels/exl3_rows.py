@@ -24,7 +24,7 @@ from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
-NUM_WARPS = 8
+NUM_WARPS = 4  # 4 warps: 1.5-2.3x faster than 8 on the H200 (decode.md, rows-kernel run 3)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (more only added spills on the H200)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
 
