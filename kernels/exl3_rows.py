@@ -24,8 +24,8 @@ from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
-NUM_WARPS = 4  # 4 warps: 1.5-2.3x faster than 8 on the H200 (decode.md, rows-kernel run 3)
-NUM_STAGES = 1  # software-pipelining stages of the k loop (more only added spills on the H200)
+NUM_WARPS = 4  # warps a program (decode.md's rows-kernel runs compare the launch variants)
+NUM_STAGES = 1  # software-pipelining stages of the k loop (more were slower: decode.md, rows-kernel runs)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
 
 
