@@ -10,7 +10,8 @@ variant (rows a tile, warps, k rows a step, pipeline stages) at 256 rows: the me
 TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
 x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5); `kernels_s` times the
-two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation. Beside it:
+two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation;
+`rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. Beside it:
 `exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
 reach, and torch's bf16 product of the same shape. (That 16-row figure is eager, one call at a time: its host
 launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the default variant
@@ -88,6 +89,11 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
     row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
     halves = exl3_rows.rotated_pairs(x, suh)
+    kernel_halves = exl3_rows.rotate_rows(x, suh)  # the rotation in one kernel a row, against torch's
+    row["rotation"] = {"torch_s": timed(lambda: exl3_rows.rotated_pairs(x, suh)),
+                       "kernel_s": timed(lambda: exl3_rows.rotate_rows(x, suh)),
+                       "bits_equal": all(torch.equal(a, b) for a, b in zip(halves, kernel_halves, strict=True))}  # fmt: skip
+    print(name, "rotation", row["rotation"], flush=True)
     words = trellis.contiguous().view(torch.int32).reshape(-1)
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")

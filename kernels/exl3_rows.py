@@ -108,7 +108,8 @@ def split_halves(xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 rows [M, k] as ([M, 2, k] fp16: each row times 2^s, its fp16 high part then the fp16 rest;
     fp32 [M]: 2^-s, what the sums are scaled back by). Exact scaling: a row's bits depend on it alone."""
     amax = xh.abs().amax(dim=1).clamp(min=2.0**-100)
-    scale = torch.exp2(HALVES_TOP - torch.floor(torch.log2(amax)))
+    _, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1): floor(log2 amax) = e - 1, exactly
+    scale = ((HALVES_TOP + 1 - e.int() + 127) << 23).view(torch.float32)
     scaled = xh * scale[:, None]
     hi = scaled.to(torch.float16)
     return torch.stack((hi, (scaled - hi.float()).to(torch.float16)), dim=1), 1.0 / scale
@@ -126,8 +127,57 @@ def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
     return v.reshape(m, k) * 0.08838834764831845
 
 
+@triton.jit
+def _rotated_block(x_ptr, suh_ptr, k0):
+    """had128(x[k0 : k0 + 128] * suh[k0 : k0 + 128]) / sqrt(128) in fp32 (fwht128_rows' butterflies, in order)."""
+    i = k0 + tl.arange(0, 128)
+    return (
+        fwht128(tl.load(x_ptr + i).to(tl.float32) * tl.load(suh_ptr + i).to(tl.float32)) * 0.08838834764831845
+    )
+
+
+@triton.jit
+def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh, TOP: tl.constexpr):
+    """rotated_pairs for row program_id(0): its rotation's largest magnitude, then its scaled halves."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row, suh_row, out = x_ptr + row * stride_x, suh_ptr + row * stride_suh, xh_ptr + row * 2 * K
+    amax = tl.zeros([128], dtype=tl.float32)
+    for k0 in range(0, K, 128):
+        amax = tl.maximum(amax, tl.abs(_rotated_block(x_row, suh_row, k0)))
+    e = ((tl.maximum(tl.max(amax, axis=0), 2.0**-100).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    scale = ((TOP - e + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(inv_ptr + row, ((e - TOP + 127) << 23).to(tl.float32, bitcast=True))
+    i = tl.arange(0, 128)
+    for k0 in range(0, K, 128):
+        v = _rotated_block(x_row, suh_row, k0) * scale
+        hi = v.to(tl.float16)
+        tl.store(out + k0 + i, hi)
+        tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
+
+
+# The rotation in one kernel a row instead of torch's ~25 launches; off until its speed is measured (the bits
+# are the torch path's: test_triton_rows.py).
+ROTATE_IN_KERNEL = False
+
+
+def rotate_rows(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's)."""
+    m, k = x.shape
+    if k % 128 or suh.shape[-1] != k:
+        raise ValueError(f"x {tuple(x.shape)} and suh {tuple(suh.shape)} must share k, a multiple of 128")
+    x, suh = x.contiguous(), suh.contiguous()
+    xh = torch.empty((m, 2, k), dtype=torch.float16, device=x.device)
+    inv = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m:
+        _rotate_rows_kernel[(m,)](x, suh, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0, TOP=HALVES_TOP,
+                                  num_warps=1, enable_fp_fusion=False)  # fmt: skip
+    return xh, inv
+
+
 def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32."""
+    if ROTATE_IN_KERNEL:
+        return rotate_rows(x, suh)
     return split_halves(fwht128_rows(x.float() * suh.float()))
 
 

@@ -1,10 +1,10 @@
 """The many-row EXL3 kernel (prefill) against float64 references under the CPU interpreter (see conftest.py):
 a linear at row counts across tile edges, a row's bits alone and among others, the MoE over stacked and
-ragged tables, and the device-built tile list.
+ragged tables, the device-built tile list, and the rotation kernel against the torch rotation, bit for bit.
 
-The input goes in as fp16 high / low halves of the fp32 rotation and the output Hadamard runs as tf32x3: both
-keep fp32-level error (measured ~1e-7 relative here), so 1e-5 would catch a dropped half (~1e-4) or a wrong
-column block (order 1).
+The input goes in as fp16 high / low halves of the fp32 rotation and the output Hadamard runs as fp32
+butterflies: both keep fp32-level error (measured ~1e-7 relative here), so 1e-5 would catch a dropped half
+(~1e-4) or a wrong column block (order 1).
 """
 
 from __future__ import annotations
@@ -82,3 +82,22 @@ def test_expert_tiles_cover_each_entrys_rows_once():
     assert live == [[0, 0, 3], [2, 3, BLOCK_M], [2, 3 + BLOCK_M, BLOCK_M], [2, 3 + 2 * BLOCK_M, 5],
                     [5, 8 + 2 * BLOCK_M, BLOCK_M]]  # fmt: skip
     assert len(tiles) == -(-entries.numel() // BLOCK_M) + 6
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_the_rotation_kernel_gives_the_torch_paths_bits(tk, per_row):
+    import torch
+
+    gen = torch.Generator().manual_seed(5)
+    m, k = 9, 384
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-6, 3, m)[:, None]  # tiny to large rows
+    x[3] = 0.0  # an all-zero row: the clamp's power of two
+    x[4, 7] = 2.0**14  # a row with one value far above the rest
+    signs = torch.randint(0, 2, (m, k) if per_row else (k,), generator=gen).half() * 2 - 1
+    want_halves, want_inv = tk.exl3_rows.split_halves(tk.exl3_rows.fwht128_rows(x * signs.float()))
+    halves, inv = tk.exl3_rows.rotate_rows(x, signs)
+    assert torch.equal(halves, want_halves) and torch.equal(inv, want_inv)
+    # the scaling keeps the pair's sum at the rotation's value to fp32 rounding
+    back = (halves[:, 0].float() + halves[:, 1].float()) * inv[:, None]
+    rotated = tk.exl3_rows.fwht128_rows(x * signs.float())
+    assert float((back - rotated).abs().max()) <= 2.0**-20 * float(rotated.abs().max())
