@@ -28,11 +28,11 @@ from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
-    fwht128,
     load_states,
     next_pow2,
     release_fence,
     rotate_sum,
+    rotated128,
     rotated_slice,
     store_pair,
     tile_positions,
@@ -46,21 +46,12 @@ REDUCE_FLIGHT = 8
 
 
 @triton.jit
-def _rotated128(x_row, suh_ptr, blk):
-    """(x[blk .. blk + 127] * suh[blk ..]) @ H128 / sqrt(128) in fp32, by seven butterflies."""
-    i = blk + tl.arange(0, 128)
-    return (
-        fwht128(tl.load(x_row + i).to(tl.float32) * tl.load(suh_ptr + i).to(tl.float32)) * 0.08838834764831845
-    )
-
-
-@triton.jit
 def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False):
     """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
     SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest."""
     blk = tl.program_id(0) * 128
     m = tl.program_id(1)
-    xh = _rotated128(x_ptr + m * stride_x, suh_ptr, blk)
+    xh = rotated128(x_ptr + m * stride_x, suh_ptr, blk)
     cols = blk + tl.arange(0, 128)
     if SPLIT:
         store_pair(xh_ptr + 2 * m * K + cols, K, xh, cols >= 0)
@@ -126,7 +117,7 @@ def _exl3_gemm_kernel(
             for r0 in range(kt0 * 16, (kt0 + kt_per_split) * 16, BK):
                 blk = (r0 // 128) * 128
                 keep = (i >= r0 - blk) & (i < r0 - blk + BK)
-                tl.store(xs + blk + i, _rotated128(x_ptr, suh_ptr, blk), mask=keep)
+                tl.store(xs + blk + i, rotated128(x_ptr, suh_ptr, blk), mask=keep)
             tl.debug_barrier()
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
@@ -189,7 +180,7 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
     """Rows [r_lo, r_hi) of had128(x * suh) (one input row) into xs as fp16 high (row 0) and low (row 1) parts."""
     i = tl.arange(0, 128)
     for blk in range((r_lo // 128) * 128, r_hi, 128):
-        store_pair(xs + blk + i, K, _rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
+        store_pair(xs + blk + i, K, rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
     tl.debug_barrier()
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import decode_at, fwht128, tile_positions, window_offsets
+from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
@@ -128,28 +128,19 @@ def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rotated_block(x_ptr, suh_ptr, k0):
-    """had128(x[k0 : k0 + 128] * suh[k0 : k0 + 128]) / sqrt(128) in fp32 (fwht128_rows' butterflies, in order)."""
-    i = k0 + tl.arange(0, 128)
-    return (
-        fwht128(tl.load(x_ptr + i).to(tl.float32) * tl.load(suh_ptr + i).to(tl.float32)) * 0.08838834764831845
-    )
-
-
-@triton.jit
 def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh, TOP: tl.constexpr):
     """rotated_pairs for row program_id(0): its rotation's largest magnitude, then its scaled halves."""
     row = tl.program_id(0).to(tl.int64)
     x_row, suh_row, out = x_ptr + row * stride_x, suh_ptr + row * stride_suh, xh_ptr + row * 2 * K
     amax = tl.zeros([128], dtype=tl.float32)
     for k0 in range(0, K, 128):
-        amax = tl.maximum(amax, tl.abs(_rotated_block(x_row, suh_row, k0)))
+        amax = tl.maximum(amax, tl.abs(rotated128(x_row, suh_row, k0)))
     e = ((tl.maximum(tl.max(amax, axis=0), 2.0**-100).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     scale = ((TOP - e + 127) << 23).to(tl.float32, bitcast=True)
     tl.store(inv_ptr + row, ((e - TOP + 127) << 23).to(tl.float32, bitcast=True))
     i = tl.arange(0, 128)
     for k0 in range(0, K, 128):
-        v = _rotated_block(x_row, suh_row, k0) * scale
+        v = rotated128(x_row, suh_row, k0) * scale
         hi = v.to(tl.float16)
         tl.store(out + k0 + i, hi)
         tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))

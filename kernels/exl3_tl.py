@@ -224,6 +224,16 @@ def fwht128(x):
 
 
 @triton.jit
+def rotated128(x_row, suh_ptr, blk):
+    """(x[blk .. blk + 127] * suh[blk ..]) @ H128 / sqrt(128) in fp32, by seven butterflies (in torch's
+    fwht128_rows order: the top bit's pairs first)."""
+    i = blk + tl.arange(0, 128)
+    return (
+        fwht128(tl.load(x_row + i).to(tl.float32) * tl.load(suh_ptr + i).to(tl.float32)) * 0.08838834764831845
+    )
+
+
+@triton.jit
 def store_pair(dst, K, v, mask):
     """v as fp16 high part at dst and the fp16 rest at dst + K (a row pair the weights-as-A mma decode reads)."""
     hi = v.to(tl.float16)
