@@ -19,7 +19,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   slice's, plus the head of every step, timed alone) and its share of the bf16 peak (2 x Flash's active
   weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
-- profile: torch.profiler over one 256-row step at 2k context: GPU time by kernel, the largest first.
+- profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth): GPU time by
+  kernel, the largest first.
 """
 
 from __future__ import annotations
@@ -189,10 +190,11 @@ def profile(runner, res: dict) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    toks = np.random.default_rng(1).integers(0, runner.info.vocab_size, 2048).tolist()
+    n = max(2048, 2 * WIDE)  # the profiled step's context, and at least one step before it
+    toks = np.random.default_rng(1).integers(0, runner.info.vocab_size, n).tolist()
     runner.execute(StepPlan((SequenceStep(12, tuple(toks[:-WIDE]), 0, prompt=True),)))
     torch.cuda.synchronize()
-    last = StepPlan((SequenceStep(12, tuple(toks[-WIDE:]), 2048 - WIDE, prompt=True),))
+    last = StepPlan((SequenceStep(12, tuple(toks[-WIDE:]), n - WIDE, prompt=True),))
     with torch_profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         runner.execute(last)
         torch.cuda.synchronize()
@@ -240,7 +242,7 @@ def main() -> None:
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-                  "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES, "compiled": COMPILED,
+                 "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES, "compiled": COMPILED,
                  "parts": {}}  # fmt: skip
     parts = Parts(res, Path(args.out), args.budget_s)
     only = {p for p in args.only.split(",") if p}

@@ -7,8 +7,6 @@ import os
 from collections.abc import Mapping
 
 OFF = ("0", "off", "false", "no")
-
-
 ON = ("1", "on", "true", "yes")
 
 

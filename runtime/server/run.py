@@ -182,7 +182,7 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
     worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
     # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
     # the reference runner takes no such option and drops it
-    on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in until its speed is measured
+    on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in: docs/serving.md says when it pays
     wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if on else {}
     return worker, lambda: worker.load_model(
         dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world), **wide

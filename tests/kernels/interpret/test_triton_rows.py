@@ -97,6 +97,11 @@ def test_the_rotation_kernel_gives_the_torch_paths_bits(tk, per_row):
     want_halves, want_inv = tk.exl3_rows.split_halves(tk.exl3_rows.fwht128_rows(x * signs.float()))
     halves, inv = tk.exl3_rows.rotate_rows(x, signs)
     assert torch.equal(halves, want_halves) and torch.equal(inv, want_inv)
+    # every row's high part tops out in [2^14, 2^15): no fp16 overflow, the low part clear of subnormals
+    top = halves[:, 0].float().abs().amax(dim=1)
+    live = tk.exl3_rows.fwht128_rows(x * signs.float()).abs().amax(dim=1) > 0
+    assert int(live.sum()) == m - 1, "only the zero row rotates to zeros"
+    assert bool(((top[live] >= 2.0**14) & (top[live] <= 2.0**15)).all()), top
     # the scaling keeps the pair's sum at the rotation's value to fp32 rounding
     back = (halves[:, 0].float() + halves[:, 1].float()) * inv[:, None]
     rotated = tk.exl3_rows.fwht128_rows(x * signs.float())

@@ -26,7 +26,7 @@ from tfc.switches import switched_off, switched_on
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
 # Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
 # eager): the MoE decodes every expert a step hits once a step, so rows a step set how many rows share a decode
-# (on the H200, 2,048-row steps prefill 3.8x faster than 256-row ones; decode.md, prefill run 4).
+# (decode.md's prefill runs compare the widths).
 PREFILL_ROWS = 2048
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
@@ -57,8 +57,8 @@ def build_fast(
     compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
     kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
-    wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0, since its
-    speed is not measured yet; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
+    wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0: opt-in, for
+    the reasons fast-forward.md gives; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
