@@ -17,6 +17,7 @@
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
 #   bash benchmarks/h200_serving.sh restore   # its host-tier restore alone (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
+#   bash benchmarks/h200_serving.sh serveprof # tfc serve's restarts on the slice, the boot thread and main thread profiled (#20)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 #   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
 #   TFC_H200_TESTS="tests/a.py::t tests/b.py::u" bash benchmarks/h200_serving.sh retests  # those tests, short tracebacks
@@ -66,7 +67,7 @@ case "$PART" in
     timeout "${TFC_PREFILL_S:-420}" python3 benchmarks/prefill_h200.py --image "$IMG" --out "$OUT/prefill_h200.json" \
       --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
   rowskernel)  # the many-row EXL3 product alone: launch variants, registers and spills, the 16-row kernel beside it
-    timeout 300 python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
+    timeout "${TFC_ROWS_S:-300}" python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   rowsncu)  # Nsight Compute on the rows kernel (3-bit 4096 x 4096, 256 rows): speed of light, stalls, SASS opcodes
     export TRITON_CACHE_DIR=/tmp/tc_rows; rm -rf "$TRITON_CACHE_DIR"
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
@@ -82,8 +83,8 @@ case "$PART" in
     done
     head -30 "$OUT/sass_rows_hist.txt" ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
-    (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider \
-      -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1
+    (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout "${TFC_PREFILLTESTS_S:-420}" python3 -m pytest -q \
+      -p no:cacheprovider -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1
     grep -v "^DEBUG\|^INFO " "$OUT/prefill_gpu_tests.txt" | tail -15 ;;
   drafting)  # the slice's decode steps, verify windows and DSpark drafter round, and the projection with drafting
     timeout 300 python3 benchmarks/decode_h200.py --image "$IMG" --no-reference --only decode,verify,drafter --budget-s 240 \
@@ -112,6 +113,12 @@ case "$PART" in
   restore)  # the host-tier restore only (prefix's second part)
     timeout 200 python3 benchmarks/prefix_cache.py --image "$IMG" --device cuda --tokens 16000 --reps 0 --restore-reps 15 \
       --vocab 600 --flash-kv --out "$OUT/restore_h200.json" 2>&1 | tail -30 ;;
+  serveprof)  # where tfc serve's start-to-ready goes: three starts to /health ready, the second under cProfile
+    TOK=$WORK/vocab_tokenizer.json
+    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
+    timeout 300 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
+      --out "$OUT/serveprof" 2>&1 | tail -5
+    head -60 "$OUT/serveprof/boot_cumulative.txt" | cut -c1-160 ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
     (cd /tmp && timeout 200 python3 -m tfc load "$IMG" --device cuda --json > "$OUT/load_first.json" 2> "$OUT/load_first.err" \
       && timeout 120 python3 -m cProfile -o "$OUT/load_restart.prof" -m tfc load "$IMG" --device cuda --json \
@@ -125,7 +132,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

@@ -33,6 +33,7 @@ class ServerProcess:
         log: Path | None = None,
         device: str | None = None,
         ready_s: float = 90.0,
+        command: list[str] | None = None,
     ):
         device = device or os.environ.get("TFC_TEST_SERVE_DEVICE", "cpu")  # cuda: the fast forward (GPU runs)
         self.port = free_port()
@@ -41,9 +42,7 @@ class ServerProcess:
         self.log_path = log
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         cmd = [
-            sys.executable,
-            "-m",
-            "tfc",
+            *(command or [sys.executable, "-m", "tfc"]),  # command: what runs in place of `python -m tfc`
             "serve",
             str(image),
             "--port",
