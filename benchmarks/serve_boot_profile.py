@@ -75,7 +75,9 @@ def main() -> None:
     starts = []
     for i in range(1, args.starts + 1):
         profiled = i == args.profile  # the same command through this script's child mode
-        command = [sys.executable, str(Path(__file__).resolve()), "--child", str(args.out)] if profiled else None
+        command = (
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(args.out)] if profiled else None
+        )
         proc = ServerProcess(args.image, *extra, device=args.device, log=args.out / f"serve_start{i}.log",
                              command=command)  # fmt: skip
         started = time.perf_counter()
@@ -88,7 +90,9 @@ def main() -> None:
             print(f"start {i}{' (profiled)' if profiled else ''}: ready in {ready:.2f} s", flush=True)
         finally:
             proc.stop()
-    (args.out / "serve_boot_profile.json").write_text(json.dumps({"image": args.image, "starts": starts}, indent=1))
+    (args.out / "serve_boot_profile.json").write_text(
+        json.dumps({"image": args.image, "starts": starts}, indent=1)
+    )
     for name in ("boot", "main"):
         prof = args.out / f"{name}.prof"
         if prof.exists():
