@@ -118,7 +118,8 @@ case "$PART" in
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
     timeout 300 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
       --out "$OUT/serveprof" 2>&1 | tail -5
-    head -60 "$OUT/serveprof/boot_cumulative.txt" | cut -c1-160 ;;
+    grep -E "_boot_steps|warm_up|execute|load_model|snapshot|restore|import_module|wait_ready|listen|uvicorn.*run|tokenizer|capture|run_module" \
+      "$OUT/serveprof/main_cumulative.txt" | head -40 | cut -c1-170 ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
     (cd /tmp && timeout 200 python3 -m tfc load "$IMG" --device cuda --json > "$OUT/load_first.json" 2> "$OUT/load_first.err" \
       && timeout 120 python3 -m cProfile -o "$OUT/load_restart.prof" -m tfc load "$IMG" --device cuda --json \
