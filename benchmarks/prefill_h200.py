@@ -16,8 +16,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
 - prefill: 2k and 16k-token prompts through the prefill forward (steps of 256, 1024 and 2048 rows: the MoE
   decodes every expert a step hits once a step, so rows a step set how many rows share a decode), wall time, slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
-  slice's, plus the head of every step, timed alone) and its share of the bf16 peak (2 x Flash's active
-  weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
+  slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
+  bf16 peak (2 x Flash's active weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth): GPU time by
   kernel, the largest first.
@@ -138,6 +138,7 @@ def wide_runner(runner, rows: int):
 
 def prefill(runner, res: dict) -> None:
     from tfc.runtime.models.dsv41.fast import fusion
+    from tfc.runtime.models.dsv41.fast.forward import HEAD_ROWS
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     cfg, w = runner.forward.cfg, runner.forward.weights
@@ -157,7 +158,7 @@ def prefill(runner, res: dict) -> None:
     for wide in WIDES:
         r = runner if wide == WIDE else wide_runner(runner, wide)
         compiled = wide == WIDE and COMPILED
-        x = torch.randn(wide, cfg.hidden_size, device="cuda")
+        x = torch.randn(HEAD_ROWS, cfg.hidden_size, device="cuda")  # a step's head: the rows it reads
         head_s = timed(lambda r=r, x=x: r.prefill.ops.linear(x, w.linear("head")), reps=5)
         row = {"head_s_a_step": head_s}
         for n in PREFILL:

@@ -146,9 +146,9 @@ def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh
         tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
 
 
-# The rotation in one kernel a row instead of torch's ~25 launches; off until its speed is measured (the bits
-# are the torch path's: test_triton_rows.py).
-ROTATE_IN_KERNEL = False
+# The rotation in one kernel a row instead of torch's ~25 launches, on a GPU (the bits are the torch path's:
+# test_triton_rows.py under the interpreter, rows_kernel_h200.py on the H200; its timing: benchmarks/decode.md).
+ROTATE_IN_KERNEL = True
 
 
 def rotate_rows(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +167,7 @@ def rotate_rows(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch
 
 def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32."""
-    if ROTATE_IN_KERNEL:
+    if ROTATE_IN_KERNEL and x.is_cuda:
         return rotate_rows(x, suh)
     return split_halves(fwht128_rows(x.float() * suh.float()))
 

@@ -65,6 +65,15 @@ class StepBuffers:
         self.ints.copy_(self.host)
 
 
+# Rows a prefill step's head takes at a time (the rows read, the last repeated to fill).
+HEAD_ROWS = 16
+
+
+def head_rows(rows: list[int]) -> list[int]:
+    """`rows` with its last repeated up to a multiple of HEAD_ROWS (none: none)."""
+    return rows + rows[-1:] * (-len(rows) % HEAD_ROWS)
+
+
 class FastForward:
     """The step body: embedding, the backbone layers, HyperHead collapse, norm, head."""
 
@@ -92,8 +101,10 @@ class FastForward:
         """x @ the EXL3 group `name`, fp32."""
         return self.ops.linear(x, self.weights.linear(name))
 
-    def step(self, key: StepKey) -> None:
-        """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows]."""
+    def step(self, key: StepKey, head_rows: torch.Tensor | None = None) -> None:
+        """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows] (with `head_rows`, a
+        device index of rows, a multiple of HEAD_ROWS long, in those rows only: a prefill step reads its runs'
+        last rows)."""
         cfg, b, lay = self.cfg, self.buffers, self.kv.layout
         rows = b.rows if self.ops.exact else key.rows
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
@@ -104,7 +115,12 @@ class FastForward:
         for layer in range(cfg.num_hidden_layers):
             streams, pre = self._block(layer, streams, pre, sc, key.rows)
         out = collapse_norm(streams, pre, self.weights.native("norm.weight"), cfg.rms_norm_eps)
-        b.logits[:rows].copy_(self.lin(out, "head"))
+        if head_rows is None:
+            b.logits[:rows].copy_(self.lin(out, "head"))
+        else:  # HEAD_ROWS at a time: a row's logits do not depend on how many rows a step reads
+            for lo in range(0, head_rows.numel(), HEAD_ROWS):
+                at = head_rows[lo : lo + HEAD_ROWS]
+                b.logits[at] = self.lin(out[at], "head")
 
     def _block(self, layer: int, streams: torch.Tensor, pre: torch.Tensor, sc, live: int):
         cfg, b = self.cfg, f"layers.{layer}"

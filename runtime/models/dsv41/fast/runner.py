@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tfc.runtime.models.dsv41.drafting import DraftingRunner, SlotDrafter
 from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
-from tfc.runtime.models.dsv41.fast.forward import FastForward
+from tfc.runtime.models.dsv41.fast.forward import FastForward, head_rows
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
 from tfc.runtime.models.dsv41.fast.step_plan import Tile, plan_tiles
@@ -269,7 +269,9 @@ class FastRunner(DraftingRunner):
             self.kv.ensure(row.slot, row.position + 1)
         if forward is self.prefill and forward is not None:
             forward.buffers.load(tile, self._engram_ids(tile))
-            forward.step(tile.key)  # eager: a wide step amortises its launches over its rows
+            # eager: a wide step amortises its launches over its rows; the head runs on the rows read
+            read = head_rows([hi - 1 for _, hi in _runs(tile) if tile.rows[hi - 1].out is not None])
+            forward.step(tile.key, torch.tensor(read, dtype=torch.int64, device=self.kv.device))
             self.prefill_steps += 1
             logits = forward.buffers.logits
         else:

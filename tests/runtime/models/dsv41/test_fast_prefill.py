@@ -79,6 +79,29 @@ def test_a_prompts_state_does_not_depend_on_its_chunking(fast):
     assert fast.stats()["prefill"]["rows"] == WIDE
 
 
+def test_a_prefill_step_runs_the_head_on_the_rows_it_reads_only(fast, monkeypatch):
+    toks, other = _tokens(40, 11), _tokens(20, 12)
+    want = _prefill(fast, 1, toks, len(toks))
+    fast.release(1)
+    heads, lin = [], fast.prefill.lin
+
+    def counted(x, name):
+        if name == "head":
+            heads.append(x.shape[0])
+        return lin(x, name)
+
+    monkeypatch.setattr(fast.prefill, "lin", counted)
+    # two prompts in one plan: 60 rows in two 32-row steps; only the second holds last rows (one a prompt)
+    plan = StepPlan(
+        (SequenceStep(1, tuple(toks), 0, prompt=True), SequenceStep(3, tuple(other), 0, prompt=True))
+    )
+    out = fast.execute(plan)
+    assert heads == [16], heads  # HEAD_ROWS: slot 1's and slot 3's last rows, the last repeated
+    assert torch.equal(out.logits[0], want)
+    fast.release(1)
+    fast.release(3)
+
+
 def test_prompt_rows_beside_decode_rows_leave_each_as_alone(fast):
     toks, other = _tokens(40, 7), _tokens(50, 8)
     solo_prompt = _prefill(fast, 2, toks, len(toks))
