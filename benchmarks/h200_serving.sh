@@ -18,6 +18,7 @@
 #   bash benchmarks/h200_serving.sh restore   # its host-tier restore alone (#25)
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh serveprof # tfc serve's restarts on the slice, the boot thread and main thread profiled (#20)
+#                                             (TFC_SERVEPROF_ARGS="--starts 4 --profile 0": restarts only, none profiled)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 #   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
 #   TFC_H200_TESTS="tests/a.py::t tests/b.py::u" bash benchmarks/h200_serving.sh retests  # those tests, short tracebacks
@@ -117,7 +118,7 @@ case "$PART" in
     TOK=$WORK/vocab_tokenizer.json
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
     timeout 300 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
-      --out "$OUT/serveprof" 2>&1 | tail -5
+      --out "$OUT/serveprof" ${TFC_SERVEPROF_ARGS:-} 2>&1 | tail -5
     grep -E "_boot_steps|warm_up|execute|load_model|snapshot|restore|import_module|wait_ready|listen|uvicorn.*run|tokenizer|capture|run_module" \
       "$OUT/serveprof/main_cumulative.txt" | head -40 | cut -c1-170 ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
