@@ -13,7 +13,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   product of the same shape on the decoded weight (what a dense bf16 engine's GEMM would do);
 - checks: the runner's prefill forward on the slice: a 700-token prompt in one prompt row and in chunks of 300
   and 256 + 1 (the last logits equal bit for bit), and its last logits against the decode steps' (relative L2);
-- prefill: 2k and 16k-token prompts through the prefill forward (steps of 256, 1024 and 2048 rows: the MoE
+- prefill: 2k and 16k-token prompts through the prefill forward (steps of 256, 1024 and 2048 rows, or 0: the
+  decode steps, 16 rows a step, graphed; the MoE
   decodes every expert a step hits once a step, so rows a step set how many rows share a decode), wall time, slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
   slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
@@ -46,7 +47,7 @@ MOE_TOKENS = (256, 2048)
 VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32)}
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
-WIDES = (256, 1024, 2048)  # prefill step rows timed
+WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
 COMPILED = True  # the default width also timed with its small-op stages compiled
 
 
@@ -139,6 +140,7 @@ def wide_runner(runner, rows: int):
 def prefill(runner, res: dict) -> None:
     from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.models.dsv41.fast.forward import HEAD_ROWS
+    from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     cfg, w = runner.forward.cfg, runner.forward.weights
@@ -158,8 +160,9 @@ def prefill(runner, res: dict) -> None:
     for wide in WIDES:
         r = runner if wide == WIDE else wide_runner(runner, wide)
         compiled = wide == WIDE and COMPILED
-        x = torch.randn(HEAD_ROWS, cfg.hidden_size, device="cuda")  # a step's head: the rows it reads
-        head_s = timed(lambda r=r, x=x: r.prefill.ops.linear(x, w.linear("head")), reps=5)
+        step_rows, forward = (wide, r.prefill) if wide else (MAX_ROWS, r.forward)  # 0: the decode steps
+        x = torch.randn(HEAD_ROWS if wide else MAX_ROWS, cfg.hidden_size, device="cuda")  # the rows it reads
+        head_s = timed(lambda f=forward, x=x: f.ops.linear(x, w.linear("head")), reps=5)
         row = {"head_s_a_step": head_s}
         for n in PREFILL:
             toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
@@ -169,7 +172,7 @@ def prefill(runner, res: dict) -> None:
             ):  # other widths: nothing compiled
                 first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
                 wall = run(r, plan)
-            steps = -(-n // wide)
+            steps = -(-n // step_rows)
             flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
             row[n] = {"wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps, "flash_s": flash_s,
                       "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
@@ -226,7 +229,11 @@ def main() -> None:
     )
     ap.add_argument("--only", default="", help="comma-separated parts (default: all)")
     ap.add_argument("--prompts", default="2048,16384", help="prompt lengths timed, comma-separated")
-    ap.add_argument("--widths", default="256,1024,2048", help="prefill step rows timed, comma-separated")
+    ap.add_argument(
+        "--widths",
+        default="256,1024,2048",
+        help="prefill step rows timed, comma-separated (0: the decode steps)",
+    )
     ap.add_argument(
         "--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)"
     )
