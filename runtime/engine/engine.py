@@ -328,7 +328,7 @@ class Engine:
         it ended."""
         run = seq.run
         try:
-            token, logprob = pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)))
+            token, logprob = pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)), run)
         except Exception as error:  # a request's constraint failed: end that request, not the engine
             done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
             return False

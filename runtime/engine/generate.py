@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from tfc.runtime.engine.draft_backoff import DraftBackoff
 from tfc.runtime.engine.drafting import DraftCounts, chooser, draft_length
-from tfc.runtime.engine.sampling import Sampler, SamplingParams
+from tfc.runtime.engine.sampling import Sampler, SamplingError, SamplingParams
 from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan, draft_runner
 
 
@@ -69,6 +69,8 @@ def generate(
     if len(prompts) > runner.capacity.slots:
         raise ValueError(f"{len(prompts)} prompts for {runner.capacity.slots} slots")
     plist = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+    if any(p.penalizes for p in plist):
+        raise SamplingError("penalties and logit bias are the engine's (tfc serve); generate samples without")
     samplers = [Sampler(p) for p in plist]
     drafts = draft_runner(runner) if draft else None
     out = [Generation() for _ in prompts]

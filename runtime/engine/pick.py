@@ -10,7 +10,8 @@ from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.engine_seq import EngineSeq
 from tfc.runtime.engine.logprobs import token_logprob
 from tfc.runtime.engine.request import Request
-from tfc.runtime.engine.sampling import sample, sample_rows
+from tfc.runtime.engine.sampling import penalized, sample, sample_rows
+from tfc.runtime.engine.scheduler import Running
 
 
 def step_draws(plan: Any, logits: Any, seqs: dict[int, EngineSeq]) -> dict[tuple[int, int], int]:
@@ -25,26 +26,41 @@ def step_draws(plan: Any, logits: Any, seqs: dict[int, EngineSeq]) -> dict[tuple
         if row.verify:  # every position of the window (the walk may stop before the last)
             for i in range(len(row.tokens)):
                 keys.append((row.slot, row.position + i + 1, r))
-                rows.append(out[i])
+                rows.append(_adjusted(out[i], r, seq.run, row, i))
         elif fed + len(row.tokens) >= len(seq.run.prompt):
             keys.append((row.slot, fed + len(row.tokens), r))
-            rows.append(out)
+            rows.append(_adjusted(out, r, seq.run, row, len(row.tokens) - 1))
     if not keys:
         return {}
-    tokens = sample_rows(torch.stack([x.reshape(-1) for x in rows]), [r.params for _, _, r in keys],
+    tokens = sample_rows(torch.stack([x.reshape(-1).to(torch.float64) for x in rows]), [r.params for _, _, r in keys],
                          [seed_of(r) for _, _, r in keys], [at for _, at, _ in keys])  # fmt: skip
     return {(slot, at): token for (slot, at, _), token in zip(keys, tokens, strict=True)}
 
 
-def pick(r: Request, logits: Any, position: int, drawn: int | None = None) -> tuple[int, tuple]:
+def _adjusted(logits: Any, r: Request, run: Running, row: Any, i: int) -> Any:
+    """A row's logits for the token after its row's i-th token, with the request's bias and penalties."""
+    if not r.params.penalizes:
+        return logits
+    before = (run.prompt + tuple(run.generated))[: row.position] + tuple(row.tokens[: i + 1])
+    return penalized(logits, r.params, before, len(run.prompt))
+
+
+def pick(r: Request, logits: Any, position: int, drawn: int | None = None,
+         run: Running | None = None) -> tuple[int, tuple]:  # fmt: skip
     """The token at `position` (`drawn`: step_draws' token, for an unconstrained request) and, when asked, its
-    logprobs."""
+    logprobs (the model's, before any bias or penalty); `run` holds the ids before `position` (penalties)."""
     if drawn is not None and r.logprobs is None:
         return drawn, ()
     logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample draws there
     if r.constraint is not None:
         logits = masked(logits, r.constraint.allowed())
-    token = drawn if drawn is not None else sample(logits, r.params, seed_of(r), position)
+    if drawn is None and r.params.penalizes:
+        if run is None:
+            raise ValueError("a request with penalties needs its run to pick")
+        token = sample(penalized(logits, r.params, (run.prompt + tuple(run.generated))[:position], len(run.prompt)),
+                       r.params, seed_of(r), position)  # fmt: skip
+    else:
+        token = drawn if drawn is not None else sample(logits, r.params, seed_of(r), position)
     if r.constraint is not None:
         r.constraint.advance(token)
     if r.logprobs is None:

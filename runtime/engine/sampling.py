@@ -1,4 +1,5 @@
-"""Token sampling keyed by seed and position: greedy, or temperature with top-k, min-p and top-p.
+"""Token sampling keyed by seed and position: greedy, or temperature with top-k, min-p and top-p; before either,
+a request's logit bias and repetition, frequency and presence penalties (`penalized`).
 
 A sampled token depends only on the logits, the parameters, the seed and the token's absolute position
 in its sequence, never on what else ran in the step or how often the sampler was called: one uniform
@@ -34,13 +35,18 @@ class SamplingError(TfcError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off; seed None = a fresh random seed."""
+    """temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off; seed None = a fresh random seed;
+    penalties 0 (repetition 1) = off; logit_bias: (token id, bias) pairs added to the logits."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.temperature < float("inf"):
@@ -53,6 +59,60 @@ class SamplingParams:
             raise SamplingError(f"min-p must lie in [0, 1], got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise SamplingError(f"seed must lie in [0, 2**63 - 1], got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise SamplingError(
+                    f"{name.replace('_', ' ')} must lie in [-2, 2], got {getattr(self, name)}"
+                )
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise SamplingError(
+                f"repetition penalty must lie in (0, {MAX_REPETITION_PENALTY}], got {self.repetition_penalty}"
+            )
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                raise SamplingError(
+                    f"logit bias needs token ids >= 0 and biases in [-100, 100], got {token}: {bias}"
+                )
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the logits change before the draw (a bias or a penalty is set)."""
+        return (
+            bool(self.logit_bias)
+            or bool(self.presence_penalty or self.frequency_penalty)
+            or (self.repetition_penalty != 1)
+        )
+
+
+MAX_REPETITION_PENALTY = 10.0
+
+
+def penalized(logits: torch.Tensor, params: SamplingParams, before: tuple[int, ...] | list[int],
+              prompt_len: int) -> torch.Tensor:  # fmt: skip
+    """fp64 logits [V] of the token after `before` (the sequence's ids so far, its first prompt_len the prompt),
+    in vLLM's order: the logit bias added; the repetition penalty on every id seen in prompt or output (a
+    positive logit divided by it, a negative one multiplied); then, over the output only, frequency x count +
+    presence x (count > 0) subtracted. Every operation is per token, so a row's result is its own."""
+    out = logits.detach().reshape(-1).to(torch.float64)
+    if not params.penalizes:
+        return out
+    out, dev, vocab = out.clone(), out.device, out.shape[0]
+    if params.logit_bias:
+        if max(t for t, _ in params.logit_bias) >= vocab:
+            raise SamplingError(f"logit bias names a token id past the vocabulary of {vocab}")
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.int64, device=dev)
+        out.index_add_(
+            0, ids, torch.tensor([b for _, b in params.logit_bias], dtype=torch.float64, device=dev)
+        )
+    seen = torch.tensor(list(before), dtype=torch.int64, device=dev)
+    if params.repetition_penalty != 1 and seen.numel():
+        at = torch.unique(seen)
+        x = out[at]
+        out[at] = torch.where(x > 0, x / params.repetition_penalty, x * params.repetition_penalty)
+    if (params.frequency_penalty or params.presence_penalty) and seen.numel() > prompt_len:
+        counts = torch.bincount(seen[prompt_len:], minlength=vocab).to(torch.float64)
+        out -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(torch.float64)
+    return out
 
 
 def _mix(x: int) -> int:

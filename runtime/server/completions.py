@@ -36,6 +36,16 @@ def choice_seed(seed: int | None, index: int) -> int:
     return seed if index == 0 else _mix(seed ^ index) & MAX_SEED
 
 
+def _logit_bias(body: Sampling, vocab: int) -> tuple[tuple[int, float], ...]:
+    """logit_bias as (token id, bias) pairs in id order (a 400 naming the field for a key that is no id)."""
+    out = []
+    for key, bias in (body.logit_bias or {}).items():
+        if not key.isdigit() or int(key) >= vocab:
+            raise BadRequest(f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", "logit_bias")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
 def _stops(body: Sampling) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
@@ -99,6 +109,7 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
     if not body.ignore_eos:
         stop_ids |= set(info.eos_ids)
     top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+    bias = _logit_bias(body, info.vocab_size)
     if job.plan is not None:  # chat: the reply reader cuts stop strings, a constraint may hold the reply
         stops, reader, logprobs = [], job.plan.reader, (body.top_logprobs or 0) if body.logprobs else None
         constraints = chats.constraints(state, job.plan, body.n)
@@ -112,6 +123,8 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=top_k, min_p=body.min_p or 0.0, seed=choice_seed(body.seed, j),
+                presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                repetition_penalty=body.repetition_penalty or 1.0, logit_bias=bias,
             )  # fmt: skip
             out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops),
                                constraint=constraints[j], logprobs=logprobs, reader=reader, draft=body.draft))  # fmt: skip

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from tfc.runtime.engine.sampling import MAX_REPETITION_PENALTY
 
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # token ids a logit_bias may name (OpenAI's limit)
 
 
 class Strict(BaseModel):
@@ -116,8 +118,15 @@ class Sampling(Strict):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
     ignore_eos: bool = False
     user: str | None = None
-    presence_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # only 0 (off) is supported
-    frequency_penalty: Annotated[float, Field(ge=0, le=0)] | None = None  # only 0 (off) is supported
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=MAX_REPETITION_PENALTY)] | None = (
+        None  # vLLM's extra field
+    )
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
+        | None
+    ) = None
     draft: bool = True  # tfc: draft and verify where the server drafts (false: one token a step; same tokens)
 
 

@@ -24,7 +24,12 @@ OK = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
         ({**OK, "frobnicate": 1}, "frobnicate"),
         ({**OK, "prompt": [5, 10**7]}, "prompt"),
         ({"model": "tiny", "max_tokens": 2}, "prompt"),
-        ({**OK, "presence_penalty": 0.5}, "presence_penalty"),
+        ({**OK, "presence_penalty": 2.5}, "presence_penalty"),
+        ({**OK, "frequency_penalty": -3}, "frequency_penalty"),
+        ({**OK, "repetition_penalty": 0}, "repetition_penalty"),
+        ({**OK, "logit_bias": {"abc": 1}}, "logit_bias"),
+        ({**OK, "logit_bias": {"7": 101}}, "logit_bias.7"),
+        ({**OK, "logit_bias": {"640": 1}}, "logit_bias"),
     ],
 )
 def test_bad_fields_are_400_naming_the_field(server, body, param):
