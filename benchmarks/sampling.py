@@ -5,7 +5,9 @@ one) on the GPU, greedy and with temperature; both must give the same tokens.
     python3 benchmarks/sampling.py --out $OUT/sampling_h200.json        # on a GPU host: both rows
 
 One sample() call per token, medians of --reps calls; then a 16-row step, sampled one row at a time and in one
-sample_rows() call (what the engine makes each step), the same tokens both ways.
+sample_rows() call (what the engine makes each step), the same tokens both ways; then `penalized` (logit bias
+of 16 ids, repetition, frequency and presence penalties) over a 4,096-id history (3,584 prompt + 512 generated),
+the time the engine adds before a penalized request's draw, with the same penalized token from every device.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from tfc.runtime.engine.sampling import SamplingParams, sample, sample_rows
+from tfc.runtime.engine.sampling import SamplingParams, penalized, sample, sample_rows
 
 VOCAB = 129280
 CASES = {"greedy": SamplingParams(), "temperature 0.7": SamplingParams(temperature=0.7),
@@ -57,6 +59,39 @@ def step_times(rows: torch.Tensor, params: SamplingParams, reps: int) -> tuple[f
     return statistics.median(one[2:]), statistics.median(batch[2:])
 
 
+PENALTIES = SamplingParams(temperature=0.7, frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1,
+                           logit_bias=tuple((i * 997, 1.5) for i in range(16)))  # fmt: skip
+
+
+def penalty_rows(logits: torch.Tensor, devices: list[str], reps: int) -> list[dict]:
+    """Median ms of penalized() alone at a 4,096-id history, and of it with the draw, per device."""
+    history = torch.randint(0, VOCAB, (4096,), generator=torch.Generator().manual_seed(2)).tolist()
+    out, tokens = [], {}
+    for dev in devices:
+        x = logits.to(dev)
+        alone, drawn = [], []
+        for i in range(reps + 2):
+            sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+            sync()
+            t = time.perf_counter()
+            y = penalized(x, PENALTIES, history, 3584)
+            sync()
+            alone.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            token = sample(penalized(x, PENALTIES, history, 3584), PENALTIES, 7, i)
+            drawn.append(time.perf_counter() - t)
+        tokens[dev] = token
+        row = {"case": "penalties, 4,096-id history", "logits_on": dev, "penalized_ms": statistics.median(alone[2:]) * 1e3,
+               "penalized_and_drawn_ms": statistics.median(drawn[2:]) * 1e3}  # fmt: skip
+        print(f"{row['case']:<28} logits on {dev:<4}: {row['penalized_ms']:8.3f} ms penalized, "
+              f"{row['penalized_and_drawn_ms']:8.3f} ms with the draw")  # fmt: skip
+        out.append(row)
+        del y
+    if len(set(tokens.values())) > 1:
+        raise SystemExit("penalties: the GPU logits gave another token than the CPU's")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -86,6 +121,7 @@ def main() -> None:
             print(
                 f"{name:<28} logits on {dev:<4}, 16 rows: {one * 1e3:8.3f} ms one by one, {batch * 1e3:8.3f} ms batched"
             )
+    res["rows"] += penalty_rows(logits, devices, args.reps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
 
