@@ -37,3 +37,15 @@ def test_gpu_rows_drawn_together_are_the_cpu_rows_drawn_alone():
         positions = [draw * 16 + i for i in range(16)]
         alone = [sample(logits[i], params[i], 11, positions[i]) for i in range(16)]
         assert sample_rows(logits.cuda(), params, [11] * 16, positions) == alone, draw
+
+
+def test_gpu_penalties_give_the_cpu_values():
+    from tfc.runtime.engine.sampling import penalized
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(129280, generator=g) * 4
+    history = torch.randint(0, 129280, (4096,), generator=g).tolist()
+    params = SamplingParams(temperature=0.8, frequency_penalty=0.5, presence_penalty=-0.3, repetition_penalty=1.2,
+                            logit_bias=((5, 3.0), (77, -100.0)))  # fmt: skip
+    want = penalized(logits, params, history, 3000)
+    assert torch.equal(penalized(logits.cuda(), params, history, 3000).cpu(), want)
