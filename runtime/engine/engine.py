@@ -23,6 +23,7 @@ from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
+from tfc.runtime.engine.logprobs import rows_logprobs
 from tfc.runtime.engine.metrics import EngineMetrics
 from tfc.runtime.engine.pick import pick, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
@@ -176,6 +177,9 @@ class Engine:
                     self._reap()
                     admitted = self._admit()
                     work = list(self._running)
+                admitted = [
+                    s for s in admitted if s.request.prompt_logprobs is None
+                ]  # those compute their prompt
                 if admitted and self.prefix is not None:
                     self._resume(admitted)
                 if work:
@@ -207,7 +211,8 @@ class Engine:
         while self._waiting and self._free:
             seq = self._waiting.popleft()
             drafting = self.drafts is not None and seq.request.draft
-            seq.run = Running(self._free.pop(), seq.request.prompt, drafting=drafting)
+            every = seq.request.prompt_logprobs is not None
+            seq.run = Running(self._free.pop(), seq.request.prompt, drafting=drafting, every=every)
             seq.started = time.monotonic()
             self._running.append(seq)
             admitted.append(seq)
@@ -259,8 +264,9 @@ class Engine:
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
         done: list[tuple[EngineSeq, Event, tuple[int, ...]]] = []
-        drawn = step_draws(plan, out.logits, by_slot)
-        for row, logits in zip(plan.rows, out.logits, strict=True):
+        step_logits = self._prompt_logprobs(plan, out.logits, by_slot)
+        drawn = step_draws(plan, step_logits, by_slot)
+        for row, logits in zip(plan.rows, step_logits, strict=True):
             seq = by_slot[row.slot]
             if row.verify:
                 self._verify(seq, row, logits, now, done, drawn)
@@ -283,6 +289,21 @@ class Engine:
             self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
+
+    def _prompt_logprobs(self, plan: Any, logits: tuple, by_slot: dict[int, EngineSeq]) -> list:
+        """Each `every` row's prompt logprobs kept in its sequence; the rows' last logits, as every other row's."""
+        out = list(logits)
+        for i, row in enumerate(plan.rows):
+            if not row.every:
+                continue
+            seq = by_slot[row.slot]
+            prompt, k = seq.run.prompt, seq.request.prompt_logprobs or 0
+            n = min(len(row.tokens), len(prompt) - row.position - 1)  # rows whose next id is a prompt id
+            if n > 0:
+                targets = list(prompt[row.position + 1 : row.position + 1 + n])
+                seq.prompt_logprobs += rows_logprobs(out[i][:n], targets, k)
+            out[i] = out[i][-1]
+        return out
 
     def _propose(self, work: list[EngineSeq]) -> None:
         """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""
@@ -360,10 +381,11 @@ class Engine:
             if finish is None and (len(run.generated) >= r.max_tokens or run.fed + 1 >= context):
                 text, finish = text + seq.stops.flush(cut=True), "length"
         self.metrics.generation_tokens.inc()
+        prompt_lp, seq.prompt_logprobs = tuple(seq.prompt_logprobs), []  # on the first event only
         if finish is None:
-            seq.push(Event(text, (token,), logprobs=logprob))
+            seq.push(Event(text, (token,), logprobs=logprob, prompt_logprobs=prompt_lp))
             return None
-        return Event(text, (token,), finish, logprobs=logprob)
+        return Event(text, (token,), finish, logprobs=logprob, prompt_logprobs=prompt_lp)
 
     def _end(self, seq: EngineSeq, event: Event, tokens: tuple[int, ...] | None = None) -> None:
         """Send the last event with the sequence's totals; count it."""
@@ -376,7 +398,8 @@ class Engine:
             (seq.started or now) - r.arrival, seq.cached, **seq.drafted.as_dict(),
         )  # fmt: skip
         self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
-        seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs))
+        seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs,
+                       event.prompt_logprobs))  # fmt: skip
 
 
 def _why(error: Exception) -> str:

@@ -49,6 +49,7 @@ class EngineSeq:
     chain: PrefixChain | None = None  # the digests of what it fed, with a prefix cache
     cached: int = 0  # prompt tokens restored from the prefix cache
     drafted: DraftCounts = field(default_factory=DraftCounts)
+    prompt_logprobs: list = field(default_factory=list)  # its prompt's TokenLogprobs, until its first event
 
 
 class Stream:

@@ -36,6 +36,20 @@ def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, _finite(float(lp[token])), best)
 
 
+def rows_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """token_logprob of tokens[j] under logits[j] for every row of logits [n, V] (where they are, one copy down)."""
+    lp = torch.log_softmax(logits.to(torch.float64), dim=1)
+    at = torch.tensor(tokens, dtype=torch.int64, device=lp.device).reshape(-1, 1)
+    chosen = lp.gather(1, at).reshape(-1).tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * len(tokens)
+    if top > 0:
+        values, ids = torch.topk(lp, min(top, lp.shape[1]), dim=1)
+        for j, (i_row, v_row) in enumerate(zip(ids.tolist(), values.tolist(), strict=True)):
+            pairs = sorted(zip(i_row, v_row, strict=True), key=lambda p: (-p[1], p[0]))
+            tops[j] = tuple((i, _finite(v)) for i, v in pairs)
+    return [TokenLogprob(t, _finite(v), b) for t, v, b in zip(tokens, chosen, tops, strict=True)]
+
+
 def _finite(value: float) -> float:
     """JSON has no -inf: a forbidden id's logprob is reported as -9999.0, as peers do."""
     return value if math.isfinite(value) else -9999.0

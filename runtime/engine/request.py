@@ -26,7 +26,8 @@ class Request:
     """One sequence to generate: prompt ids, sampling, limits and stop rules (`seed` resolved by the caller).
 
     `constraint` (a TokenConstraint) masks the logits before sampling; `logprobs` asks for each token's
-    logprob and that many alternatives (None: none); `reader` makes the object that turns generated ids into
+    logprob and that many alternatives (None: none); `prompt_logprobs` the same for every prompt token after the
+    first (its prompt is then computed, never restored from the prefix cache); `reader` makes the object that turns generated ids into
     released pieces (default: text with `stop_strings` held back), e.g. a chat format's reply reader.
     """
 
@@ -41,6 +42,7 @@ class Request:
     logprobs: int | None = None
     reader: Callable[[], Any] | None = field(default=None, compare=False)
     draft: bool = True  # draft tokens and verify them in one step where the engine drafts (same tokens)
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,9 @@ class Event:
     tokens: tuple[int, ...] = ()  # all generated ids, on the last event
     usage: Usage | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per id in token_ids, when the request asked
+    prompt_logprobs: tuple[
+        TokenLogprob, ...
+    ] = ()  # on a sequence's first event: its prompt's ids after the first
 
 
 class PromptError(TfcError):

@@ -29,6 +29,7 @@ class Running:
     drafting: bool = False  # it drafts: the runner keeps what its drafter needs of its rows
     draft: tuple[int, ...] = ()  # the tokens drafted to follow its last token this step
     backoff: DraftBackoff = field(default_factory=DraftBackoff)  # when it drafts next
+    every: bool = False  # its prompt's every logits come back (its prompt's logprobs)
 
     def fed_since(self, start: int) -> tuple[int, ...]:
         """The ids the worker saw from position `start` to `fed` (prompt, then generated)."""
@@ -60,6 +61,6 @@ def plan_step(running: Sequence[Running], chunk: int, budget: int) -> StepPlan:
             piece = r.next_chunk(chunk)
             if rows and used + len(piece) > budget:
                 continue
-            rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting, prompt=True))
+            rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting, prompt=True, every=r.every))
             used += len(piece)
     return StepPlan(tuple(rows))

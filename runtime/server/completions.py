@@ -16,7 +16,7 @@ from tfc.runtime.engine.sampling import MAX_SEED, SamplingParams, _mix
 from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
 from tfc.runtime.server.errors import error_body, error_response
-from tfc.runtime.server.logprob_view import TokenNames, chat_entries, completion_logprobs
+from tfc.runtime.server.logprob_view import TokenNames, chat_entries, completion_logprobs, echoed_logprobs
 from tfc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Sampling
 from tfc.runtime.server.state import ServerState
 
@@ -62,6 +62,11 @@ class _Job:
     logprobs: bool = False
     names: Any = None
     max_tokens: int | None = None
+    echo: list[str] | None = None  # completions with echo: each prompt's text, put before its replies
+
+    def echoed(self, choice: int) -> str:
+        """The text an echoing choice starts with ('' without echo)."""
+        return "" if self.echo is None else self.echo[choice // self.n]
 
     @property
     def kind(self) -> str:
@@ -89,6 +94,8 @@ def _job(state: ServerState, body: Any, chat: bool) -> _Job:
         job = _Job(True, [plan.prompt], body.n, next_id("chatcmpl"), plan, body.logprobs)
     else:
         job = _Job(False, _prompts(state, body), body.n, next_id("cmpl"), logprobs=body.logprobs is not None)
+        if body.echo:  # each prompt's ids as text, special ones included, so text_offset indexes the text
+            job.echo = [state.tokenizer.decode(list(ids), skip_special_tokens=False) for ids in job.prompts]
     if job.logprobs:
         job.names = TokenNames(state.tokenizer)
     job.max_tokens = body.max_completion_tokens or body.max_tokens
@@ -115,6 +122,9 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
         constraints = chats.constraints(state, job.plan, body.n)
     else:
         reader, logprobs, constraints = None, body.logprobs, [None] * body.n
+    prompt_logprobs = (
+        body.logprobs if getattr(body, "echo", False) else None
+    )  # an echo's logprobs cover its prompt
     out = []
     for prompt in job.prompts:
         limit = job.max_tokens or max(1, context - len(prompt))
@@ -127,7 +137,8 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
                 repetition_penalty=body.repetition_penalty or 1.0, logit_bias=bias,
             )  # fmt: skip
             out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops),
-                               constraint=constraints[j], logprobs=logprobs, reader=reader, draft=body.draft))  # fmt: skip
+                               constraint=constraints[j], logprobs=logprobs, reader=reader, draft=body.draft,
+                               prompt_logprobs=prompt_logprobs))  # fmt: skip
     return out
 
 
@@ -210,7 +221,7 @@ async def _collect(state, streams, job: _Job) -> JSONResponse:
             s.cancel()
         raise
     choices, reasoning = [], 0
-    for i, (pieces, logprobs, last) in enumerate(finals):
+    for i, (pieces, logprobs, last, _) in enumerate(finals):
         if last.finish == "error":
             state.metrics.errors.inc()
             return error_response(last.error or "generation failed", 503 if state.status == "draining" else 500,
@@ -232,11 +243,14 @@ async def _collect(state, streams, job: _Job) -> JSONResponse:
             reasoning += reply.reasoning_tokens
         else:
             lp = completion_logprobs(job.names, logprobs) if job.logprobs else None
-            choice.update(text="".join(pieces), logprobs=lp)
+            if job.echo is not None and job.logprobs:
+                first = finals[i][3]
+                lp = echoed_logprobs(job.names, job.prompts[i // job.n][0], first.prompt_logprobs, logprobs)
+            choice.update(text=job.echoed(i) + "".join(pieces), logprobs=lp)
         choices.append(choice)
-    completion = sum(last.usage.completion_tokens for _, _, last in finals)
-    cached = [last.usage.cached_tokens for _, _, last in finals]
-    drafted = [last.usage for _, _, last in finals]
+    completion = sum(last.usage.completion_tokens for _, _, last, _ in finals)
+    cached = [last.usage.cached_tokens for _, _, last, _ in finals]
+    drafted = [last.usage for _, _, last, _ in finals]
     usage = _usage(job.prompts, completion, reasoning if job.chat else None, cached, drafted)
     reply = {"id": job.rid, "object": job.kind, "created": int(time.time()), "model": state.model_name,
              "choices": choices, "usage": usage}  # fmt: skip
@@ -245,17 +259,18 @@ async def _collect(state, streams, job: _Job) -> JSONResponse:
     return JSONResponse(reply)
 
 
-async def _drain(stream) -> tuple[list, tuple, Event]:
-    """(the pieces of every event: strings or reply parts, every token's logprobs, the last event)."""
-    pieces, logprobs = [], []
+async def _drain(stream) -> tuple[list, tuple, Event, Event]:
+    """(the pieces of every event: strings or reply parts, every token's logprobs, the last event, the first)."""
+    pieces, logprobs, first = [], [], None
     async for event in stream:
+        first = first or event
         if isinstance(event.text, list):
             pieces.extend(event.text)
         elif event.text:
             pieces.append(event.text)
         logprobs.extend(event.logprobs)
         if event.finish is not None:
-            return pieces, tuple(logprobs), event
+            return pieces, tuple(logprobs), event, first
     raise RuntimeError("stream ended without a final event")
 
 
@@ -267,6 +282,7 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
     chunk_kind = "chat.completion.chunk" if job.chat else "text_completion"
     replies = [chats.Reply() for _ in streams]
     offsets = [0] * len(streams)
+    echoed = [False] * len(streams)
 
     def chunk(i: int, delta: dict | None, text: str | None, finish: str | None, **extra) -> bytes:
         choice: dict[str, Any] = {"index": i, "finish_reason": finish}
@@ -287,10 +303,16 @@ async def _stream(state, streams, job: _Job, include_usage) -> AsyncIterator[byt
             if not deltas and extra:
                 deltas = [{}]
             return [chunk(i, d, None, None, **(extra if k == 0 else {})) for k, d in enumerate(deltas)]
-        if job.logprobs and event.logprobs:
+        text = event.text
+        if job.echo is not None and not echoed[i]:  # the prompt, before the choice's first piece
+            echoed[i], text = True, job.echoed(i) + text
+            if job.logprobs:
+                first = job.prompts[i // job.n][0]
+                extra["logprobs"] = echoed_logprobs(job.names, first, event.prompt_logprobs, event.logprobs)
+        elif job.logprobs and event.logprobs:
             extra["logprobs"] = completion_logprobs(job.names, event.logprobs, offsets[i])
-        offsets[i] += len(event.text)
-        return [chunk(i, None, event.text, None, **extra)] if event.text or extra else []
+        offsets[i] += len(text)
+        return [chunk(i, None, text, None, **extra)] if text or extra else []
 
     try:
         if job.chat:

@@ -62,3 +62,12 @@ def completion_logprobs(names: TokenNames, logprobs: tuple[TokenLogprob, ...], o
         offsets.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def echoed_logprobs(names: TokenNames, first: int, prompt: tuple[TokenLogprob, ...],
+                    reply: tuple[TokenLogprob, ...] = ()) -> dict:  # fmt: skip
+    """completion_logprobs of an echoed prompt and its reply: the prompt's first id has no logprob (None)."""
+    head = names.name(first)[0]
+    rest = completion_logprobs(names, (*prompt, *reply), len(head))
+    return {"tokens": [head, *rest["tokens"]], "token_logprobs": [None, *rest["token_logprobs"]],
+            "top_logprobs": [None, *rest["top_logprobs"]], "text_offset": [0, *rest["text_offset"]]}  # fmt: skip

@@ -138,7 +138,7 @@ class ChatCompletionRequest(Sampling, ChatRendering):
 
 class CompletionRequest(Sampling):
     prompt: str | list[Annotated[int, Field(ge=0)]] | list[str] | list[list[Annotated[int, Field(ge=0)]]]
-    echo: Literal[False] = False
+    echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 

@@ -18,7 +18,8 @@ class SequenceStep:
     back and the runner can `rollback` the slot to any position inside it. `drafting`: the sequence drafts,
     so the runner keeps what its drafter needs of these rows once they are committed. `prompt`: the tokens are
     prompt tokens (a prefill chunk), which a runner may run through a path of its own for many rows; every
-    prompt token must then be sent so marked, whatever the chunking, for its state not to depend on it."""
+    prompt token must then be sent so marked, whatever the chunking, for its state not to depend on it.
+    `every`: the logits of every row come back [n, V] (a prompt's logprobs), nothing else changes."""
 
     slot: int
     tokens: tuple[int, ...]
@@ -26,6 +27,7 @@ class SequenceStep:
     verify: bool = False
     drafting: bool = False
     prompt: bool = False
+    every: bool = False
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class ReferenceRunner(DraftingRunner):
                     raise StepError(f"slot {row.slot}: a verify row of {len(row.tokens)} tokens at position "
                                     f"{state.position} (at most {self.draft_block + 1}, after a prefill)")  # fmt: skip
                 marks[row.slot] = state.mark(len(row.tokens))
-        whole = layers is not None or bool(marks)
+        whole = layers is not None or bool(marks) or any(r.every for r in plan.rows)
         if layers is None:
             out, hidden = self.model.forward(chunks, states, rows, last_only=not whole), None
         else:
@@ -95,7 +95,9 @@ class ReferenceRunner(DraftingRunner):
                 self._marks[row.slot] = (marks[row.slot], kept)
             elif kept is not None:
                 self.drafter.commit(row.slot, row.position, kept)
-        return StepOutput(tuple(o if r.verify else o[-1] for o, r in zip(out, plan.rows, strict=True)))
+        return StepOutput(
+            tuple(o if r.verify or r.every else o[-1] for o, r in zip(out, plan.rows, strict=True))
+        )
 
     def _fed_tokens(self, slot: int) -> list[int] | None:
         state = self._states.get(slot)

@@ -20,7 +20,9 @@ def _body(i: int, seeded: bool) -> dict:
     if seeded:
         body.update(temperature=0.9, top_p=0.9, seed=100 + i)
     if i % 4 >= 2:  # a quarter greedy, a quarter sampled, each with penalties and a bias
-        body.update(frequency_penalty=0.8, presence_penalty=0.3, repetition_penalty=1.2, logit_bias={str(i): 2.5})
+        body.update(
+            frequency_penalty=0.8, presence_penalty=0.3, repetition_penalty=1.2, logit_bias={str(i): 2.5}
+        )
     return body
 
 

@@ -90,6 +90,35 @@ def test_penalties_and_logit_bias_through_the_client(client):
     assert a.choices[0].token_sha == b.choices[0].token_sha  # drafted == serial with penalties
 
 
+@pytest.mark.slow
+def test_echo_returns_the_prompt_and_its_logprobs(client):
+    ids = client.post("/tokenize", body={"model": "tiny", "prompt": PROMPT}, cast_to=object)["tokens"]
+    kw = {"model": "tiny", "prompt": ids, "max_tokens": 2, "temperature": 0, "echo": True}
+    plain = client.completions.create(model="tiny", prompt=ids, max_tokens=2, temperature=0)
+    r = client.completions.create(logprobs=2, **kw).choices[0]
+    assert r.token_sha == plain.choices[0].token_sha and r.text.endswith(plain.choices[0].text)
+    lp, n = r.logprobs, len(ids)
+    assert len(lp.tokens) == n + 2 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    # the prompt's ids are whole characters here: their texts tile the echoed text, as text_offset says
+    assert lp.text_offset[:n] == [len("".join(lp.tokens[:j])) for j in range(n)]
+    assert r.text.startswith("".join(lp.tokens[:n]))
+    for k in (
+        1,
+        n // 2,
+        n - 1,
+    ):  # each prompt id's logprob is the one the model gives it after the ids before it
+        forced = client.completions.create(model="tiny", prompt=ids[:k], max_tokens=1, temperature=0, logprobs=0,
+                                           logit_bias={str(ids[k]): 100})  # fmt: skip
+        assert forced.choices[0].logprobs.token_logprobs[0] == lp.token_logprobs[k], k
+    again = client.completions.create(logprobs=2, **kw).choices[0].logprobs  # the prefix cache holds it now
+    assert again.token_logprobs == lp.token_logprobs
+    streamed = [c.choices[0] for c in client.completions.create(logprobs=2, stream=True, **kw) if c.choices]
+    assert "".join(c.text for c in streamed) == r.text
+    assert [v for c in streamed if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
+    bare = client.completions.create(**kw).choices[0]
+    assert bare.text == r.text and bare.logprobs is None
+
+
 def test_n_choices_each_with_their_own_seed(client):
     r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, temperature=1.0, seed=9, n=3)
     assert [c.index for c in r.choices] == [0, 1, 2]

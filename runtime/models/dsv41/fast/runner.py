@@ -84,15 +84,17 @@ class FastRunner(DraftingRunner):
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Each planned sequence's tokens through as many steps as they fill; the last-position logits of each
-        (every row's, [n, V], for a verify row)."""
+        (every row's, [n, V], for a verify or `every` row)."""
         for row in plan.rows:
             self._settle(row.slot)
         self._check(plan)
         out: list[torch.Tensor | None] = [None] * len(plan.rows)
-        every = {row.slot: [] for row in plan.rows if row.verify}  # slot -> its logits, a run of rows a tile
+        every = {
+            row.slot: [] for row in plan.rows if row.verify or row.every
+        }  # slot -> its logits, a run a tile
         kept = {row.slot: [] for row in plan.rows if row.drafting} if self._wants_hidden(plan) else {}
         for forward, tile in self._tiles(plan):
-            logits = self._run(tile, forward)
+            logits = self._run(tile, forward, every)
             for lo, hi in _runs(tile):
                 slot = tile.rows[lo].slot
                 if slot in every:
@@ -103,8 +105,9 @@ class FastRunner(DraftingRunner):
                     kept[slot].append(forward.buffers.hidden[lo:hi].clone())
         for i, row in enumerate(plan.rows):
             hidden = torch.cat(kept[row.slot]) if row.slot in kept else None
-            if row.verify:
+            if row.verify or row.every:
                 out[i] = torch.cat(every[row.slot])
+            if row.verify:
                 self._marks[row.slot] = VerifyMark(row.position, len(row.tokens), hidden)
             elif hidden is not None:
                 self.drafter.commit(row.slot, row.position, hidden)
@@ -264,13 +267,17 @@ class FastRunner(DraftingRunner):
                 raise FastStepError(f"slot {row.slot}: a verify row of {len(row.tokens)} tokens at position "
                                     f"{row.position} (at most {self.draft_block + 1}, after a prefill)")  # fmt: skip
 
-    def _run(self, tile: Tile, forward: FastForward | None = None) -> torch.Tensor:
+    def _run(self, tile: Tile, forward: FastForward | None = None, every: dict | None = None) -> torch.Tensor:
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
         if forward is self.prefill and forward is not None:
             forward.buffers.load(tile, self._engram_ids(tile))
             # eager: a wide step amortises its launches over its rows; the head runs on the rows read
-            read = head_rows([hi - 1 for _, hi in _runs(tile) if tile.rows[hi - 1].out is not None])
+            read = head_rows(
+                [j for lo, hi in _runs(tile) if every and tile.rows[lo].slot in every for j in range(lo, hi)]
+                + [hi - 1 for lo, hi in _runs(tile) if not (every and tile.rows[lo].slot in every)
+                   and tile.rows[hi - 1].out is not None]
+            )  # fmt: skip
             forward.step(tile.key, torch.tensor(read, dtype=torch.int64, device=self.kv.device))
             self.prefill_steps += 1
             logits = forward.buffers.logits

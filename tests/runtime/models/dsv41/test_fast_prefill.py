@@ -102,6 +102,21 @@ def test_a_prefill_step_runs_the_head_on_the_rows_it_reads_only(fast, monkeypatc
     fast.release(3)
 
 
+def test_an_every_row_returns_each_rows_logits_as_its_prefix_alone(fast):
+    toks = _tokens(45, 13)
+    out = fast.execute(StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True, every=True),)))
+    rows = out.logits[0]
+    assert tuple(rows.shape) == (45, fast.info.vocab_size)
+    fast.release(1)
+    for k in (
+        1,
+        20,
+        45,
+    ):  # the prompt's state does not depend on its chunking: row k - 1 is its k-id prefix's
+        assert torch.equal(rows[k - 1], _prefill(fast, 1, toks[:k], k)), k
+        fast.release(1)
+
+
 def test_prompt_rows_beside_decode_rows_leave_each_as_alone(fast):
     toks, other = _tokens(40, 7), _tokens(50, 8)
     solo_prompt = _prefill(fast, 2, toks, len(toks))
