@@ -20,6 +20,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 ASKS = [
     {"prompt": "The model reads the prompt", "max_tokens": 6, "temperature": 0},
     {"prompt": "Hello", "max_tokens": 5, "temperature": 0.9, "top_p": 0.9, "seed": 11},
+    {
+        "prompt": "Hello",
+        "max_tokens": 5,
+        "temperature": 0.9,
+        "seed": 12,
+        "frequency_penalty": 1.0,
+        "logit_bias": {"7": 3},
+    },
 ]
 CHAT = {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 5, "temperature": 0}
 
@@ -37,6 +45,8 @@ def _client(proc: ServerProcess):
 def _shas(client) -> list[str]:
     out = [client.completions.create(model="tiny", **ask).model_extra["token_sha"] for ask in ASKS]
     out.append(client.chat.completions.create(model="tiny", **CHAT).model_extra["token_sha"])
+    echo = client.completions.create(model="tiny", echo=True, logprobs=2, **ASKS[0]).choices[0].logprobs
+    out.append(echo.token_logprobs)  # the prompt's logprobs too
     stream = client.completions.create(model="tiny", stream=True, **ASKS[0])
     out.append(
         [c for c in stream if c.choices and c.choices[0].finish_reason][-1]
