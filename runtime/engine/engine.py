@@ -272,7 +272,11 @@ class Engine:
                 self._verify(seq, row, logits, now, done, drawn)
                 continue
             seq.run.fed += len(row.tokens)
-            if not seq.run.prefilling:
+            if (
+                not seq.run.prefilling and seq.request.max_tokens == 0
+            ):  # its prompt scored: it ends generating nothing
+                done.append((seq, Event("", (), "length", prompt_logprobs=tuple(seq.prompt_logprobs)), ()))
+            elif not seq.run.prefilling:
                 self._next(seq, logits, now, done, drawn)
         if self.prefix is not None:  # after every rollback: a state is offered only with committed rows
             ended = {id(seq) for seq, _, _ in done}

@@ -98,7 +98,11 @@ def _job(state: ServerState, body: Any, chat: bool) -> _Job:
             job.echo = [state.tokenizer.decode(list(ids), skip_special_tokens=False) for ids in job.prompts]
     if job.logprobs:
         job.names = TokenNames(state.tokenizer)
-    job.max_tokens = body.max_completion_tokens or body.max_tokens
+    job.max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if job.max_tokens == 0 and not getattr(body, "echo", False):
+        raise BadRequest(
+            "max_tokens 0 generates nothing: it needs a completions echo (the prompt scored)", "max_tokens"
+        )
     return job
 
 
@@ -127,7 +131,7 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
     )  # an echo's logprobs cover its prompt
     out = []
     for prompt in job.prompts:
-        limit = job.max_tokens or max(1, context - len(prompt))
+        limit = job.max_tokens if job.max_tokens is not None else max(1, context - len(prompt))
         for j in range(body.n):
             params = SamplingParams(
                 temperature=1.0 if body.temperature is None else body.temperature,

@@ -117,6 +117,12 @@ def test_echo_returns_the_prompt_and_its_logprobs(client):
     assert [v for c in streamed if c.logprobs for v in c.logprobs.token_logprobs] == lp.token_logprobs
     bare = client.completions.create(**kw).choices[0]
     assert bare.text == r.text and bare.logprobs is None
+    scored = client.completions.create(
+        logprobs=2, **{**kw, "max_tokens": 0}
+    )  # the prompt scored, nothing made
+    assert scored.usage.completion_tokens == 0 and scored.choices[0].finish_reason == "length"
+    assert scored.choices[0].logprobs.token_logprobs == lp.token_logprobs[:n]
+    assert scored.choices[0].text == "".join(lp.tokens[:n])
 
 
 def test_n_choices_each_with_their_own_seed(client):

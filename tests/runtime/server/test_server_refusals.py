@@ -17,6 +17,7 @@ OK = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
     ("body", "param"),
     [
         ({**OK, "max_tokens": 10**9}, "messages"),
+        ({**OK, "max_tokens": 0}, "max_tokens"),
         ({**OK, "temperature": -1}, "temperature"),
         ({**OK, "top_p": 0}, "top_p"),
         ({**OK, "n": 0}, "n"),
