@@ -177,9 +177,8 @@ class Engine:
                     self._reap()
                     admitted = self._admit()
                     work = list(self._running)
-                admitted = [
-                    s for s in admitted if s.request.prompt_logprobs is None
-                ]  # those compute their prompt
+                # a prompt whose logprobs are asked is computed, not restored
+                admitted = [s for s in admitted if s.request.prompt_logprobs is None]
                 if admitted and self.prefix is not None:
                     self._resume(admitted)
                 if work:
@@ -272,11 +271,11 @@ class Engine:
                 self._verify(seq, row, logits, now, done, drawn)
                 continue
             seq.run.fed += len(row.tokens)
-            if (
-                not seq.run.prefilling and seq.request.max_tokens == 0
-            ):  # its prompt scored: it ends generating nothing
+            if seq.run.prefilling:
+                continue
+            if seq.request.max_tokens == 0:  # a scored prompt: it ends generating nothing
                 done.append((seq, Event("", (), "length", prompt_logprobs=tuple(seq.prompt_logprobs)), ()))
-            elif not seq.run.prefilling:
+            else:
                 self._next(seq, logits, now, done, drawn)
         if self.prefix is not None:  # after every rollback: a state is offered only with committed rows
             ended = {id(seq) for seq, _, _ in done}
