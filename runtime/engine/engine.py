@@ -23,9 +23,8 @@ from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
-from tfc.runtime.engine.logprobs import rows_logprobs
 from tfc.runtime.engine.metrics import EngineMetrics
-from tfc.runtime.engine.pick import pick, step_draws
+from tfc.runtime.engine.pick import pick, prompt_logprobs, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.scheduler import Running, plan_step
@@ -263,7 +262,7 @@ class Engine:
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
         done: list[tuple[EngineSeq, Event, tuple[int, ...]]] = []
-        step_logits = self._prompt_logprobs(plan, out.logits, by_slot)
+        step_logits = prompt_logprobs(plan, out.logits, by_slot)
         drawn = step_draws(plan, step_logits, by_slot)
         for row, logits in zip(plan.rows, step_logits, strict=True):
             seq = by_slot[row.slot]
@@ -292,21 +291,6 @@ class Engine:
             self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
-
-    def _prompt_logprobs(self, plan: Any, logits: tuple, by_slot: dict[int, EngineSeq]) -> list:
-        """Each `every` row's prompt logprobs kept in its sequence; the rows' last logits, as every other row's."""
-        out = list(logits)
-        for i, row in enumerate(plan.rows):
-            if not row.every:
-                continue
-            seq = by_slot[row.slot]
-            prompt, k = seq.run.prompt, seq.request.prompt_logprobs or 0
-            n = min(len(row.tokens), len(prompt) - row.position - 1)  # rows whose next id is a prompt id
-            if n > 0:
-                targets = list(prompt[row.position + 1 : row.position + 1 + n])
-                seq.prompt_logprobs += rows_logprobs(out[i][:n], targets, k)
-            out[i] = out[i][-1]
-        return out
 
     def _propose(self, work: list[EngineSeq]) -> None:
         """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""

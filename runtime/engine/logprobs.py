@@ -26,14 +26,7 @@ class TokenLogprob:
 
 def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
     """The logprob of `token` under logits [V] (fp64 on the CPU), with the `top` best alternatives."""
-    lp = torch.log_softmax(logits.to(torch.float64), dim=0)
-    best: tuple[tuple[int, float], ...] = ()
-    if top > 0:
-        k = min(top, lp.numel())
-        values, ids = torch.topk(lp, k)
-        pairs = sorted(zip(ids.tolist(), values.tolist(), strict=True), key=lambda p: (-p[1], p[0]))
-        best = tuple((i, _finite(v)) for i, v in pairs)
-    return TokenLogprob(token, _finite(float(lp[token])), best)
+    return rows_logprobs(logits.reshape(1, -1), [token], top)[0]
 
 
 def rows_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:

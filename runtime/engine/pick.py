@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from tfc.runtime.engine.constraint import masked
 from tfc.runtime.engine.engine_seq import EngineSeq
-from tfc.runtime.engine.logprobs import token_logprob
+from tfc.runtime.engine.logprobs import rows_logprobs, token_logprob
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import penalized, sample, sample_rows
 from tfc.runtime.engine.scheduler import Running
@@ -41,7 +41,7 @@ def _adjusted(logits: Any, r: Request, run: Running, row: Any, i: int) -> Any:
     """A row's logits for the token after its row's i-th token, with the request's bias and penalties."""
     if not r.params.penalizes:
         return logits
-    before = (run.prompt + tuple(run.generated))[: row.position] + tuple(row.tokens[: i + 1])
+    before = run.ids_before(row.position) + tuple(row.tokens[: i + 1])
     return penalized(logits, r.params, before, len(run.prompt))
 
 
@@ -57,7 +57,7 @@ def pick(r: Request, logits: Any, position: int, drawn: int | None = None,
     if drawn is None and r.params.penalizes:
         if run is None:
             raise ValueError("a request with penalties needs its run to pick")
-        token = sample(penalized(logits, r.params, (run.prompt + tuple(run.generated))[:position], len(run.prompt)),
+        token = sample(penalized(logits, r.params, run.ids_before(position), len(run.prompt)),
                        r.params, seed_of(r), position)  # fmt: skip
     else:
         token = drawn if drawn is not None else sample(logits, r.params, seed_of(r), position)
@@ -71,3 +71,19 @@ def pick(r: Request, logits: Any, position: int, drawn: int | None = None,
 def seed_of(r: Request) -> int:
     """The seed a request samples with (admission gives an unseeded request one of its own)."""
     return r.params.seed or 0
+
+
+def prompt_logprobs(plan: Any, logits: tuple, seqs: dict[int, EngineSeq]) -> list:
+    """Each `every` row's prompt logprobs kept in its sequence; the rows' last logits, as every other row's."""
+    out = list(logits)
+    for i, row in enumerate(plan.rows):
+        if not row.every:
+            continue
+        seq = seqs[row.slot]
+        prompt, k = seq.run.prompt, seq.request.prompt_logprobs or 0
+        n = min(len(row.tokens), len(prompt) - row.position - 1)  # rows whose next id is a prompt id
+        if n > 0:
+            targets = list(prompt[row.position + 1 : row.position + 1 + n])
+            seq.prompt_logprobs += rows_logprobs(out[i][:n], targets, k)
+        out[i] = out[i][-1]
+    return out

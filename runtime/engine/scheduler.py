@@ -37,6 +37,11 @@ class Running:
         head = self.prompt[start : self.fed] if start < p else ()
         return head + tuple(self.generated[max(start, p) - p : max(self.fed - p, 0)])
 
+    def ids_before(self, position: int) -> tuple[int, ...]:
+        """The sequence's ids at positions below `position` (prompt, then generated)."""
+        p = len(self.prompt)
+        return self.prompt[:position] + tuple(self.generated[: max(position - p, 0)])
+
     @property
     def prefilling(self) -> bool:
         """Whether prompt tokens are still to be fed."""

@@ -273,11 +273,13 @@ class FastRunner(DraftingRunner):
         if forward is self.prefill and forward is not None:
             forward.buffers.load(tile, self._engram_ids(tile))
             # eager: a wide step amortises its launches over its rows; the head runs on the rows read
-            read = head_rows(
-                [j for lo, hi in _runs(tile) if every and tile.rows[lo].slot in every for j in range(lo, hi)]
-                + [hi - 1 for lo, hi in _runs(tile) if not (every and tile.rows[lo].slot in every)
-                   and tile.rows[hi - 1].out is not None]
-            )  # fmt: skip
+            read = []  # the rows whose logits are read: every row of an `every` slot, else each run's last
+            for lo, hi in _runs(tile):
+                if every and tile.rows[lo].slot in every:
+                    read += range(lo, hi)
+                elif tile.rows[hi - 1].out is not None:
+                    read.append(hi - 1)
+            read = head_rows(read)
             forward.step(tile.key, torch.tensor(read, dtype=torch.int64, device=self.kv.device))
             self.prefill_steps += 1
             logits = forward.buffers.logits
