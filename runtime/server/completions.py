@@ -126,9 +126,8 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
         constraints = chats.constraints(state, job.plan, body.n)
     else:
         reader, logprobs, constraints = None, body.logprobs, [None] * body.n
-    prompt_logprobs = (
-        body.logprobs if getattr(body, "echo", False) else None
-    )  # an echo's logprobs cover its prompt
+    # an echo's logprobs cover its prompt too
+    prompt_logprobs = body.logprobs if getattr(body, "echo", False) else None
     out = []
     for prompt in job.prompts:
         limit = job.max_tokens if job.max_tokens is not None else max(1, context - len(prompt))
