@@ -43,8 +43,8 @@ def generate(image: str, env: dict, tokens: int, tokenizer: str | None, importti
         out["imports"] = len(names)
         out["dynamo_imported"] = any(n.strip() == "torch._dynamo" for n in names)
         out["inductor_imported"] = any(n.strip() == "torch._inductor" for n in names)
-        timed = [line.split("|") for line in lines if line.split("|")[1].strip().isdigit()]
-        cumulative = sorted(((int(t[1]), t[-1].strip()) for t in timed), reverse=True)
+        cumulative = sorted(((int(line.split("|")[1]), line.rsplit("|", 1)[-1].strip()) for line in lines[:]),
+                            reverse=True)  # fmt: skip
         out["heaviest_us"] = cumulative[:12]
     return out
 
