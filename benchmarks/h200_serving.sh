@@ -19,8 +19,6 @@
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh serveprof # tfc serve's restarts on the slice, the boot thread and main thread profiled (#20)
 #                                             (TFC_SERVEPROF_ARGS="--starts 4 --profile 0": restarts only, none profiled)
-#   bash benchmarks/h200_serving.sh aoti      # stage_aoti_h200.py: stages as AOTInductor packages against torch's saved
-#                                             # functions, a first start and restarts of tfc generate (#20)
 #   bash benchmarks/h200_serving.sh nocompile # restarts and tfc generate's decode rate with TFC_COMPILE=0 beside the default (#20)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 #   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
@@ -124,11 +122,6 @@ case "$PART" in
       --out "$OUT/serveprof" ${TFC_SERVEPROF_ARGS:-} 2>&1 | tail -5
     grep -E "_boot_steps|warm_up|execute|load_model|snapshot|restore|import_module|wait_ready|listen|uvicorn.*run|tokenizer|capture|run_module" \
       "$OUT/serveprof/main_cumulative.txt" | head -40 | cut -c1-170 ;;
-  aoti)  # the stages as AOTInductor packages against torch's saved functions: a first start and restarts on the slice
-    TOK=$WORK/vocab_tokenizer.json
-    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    timeout "${TFC_AOTI_S:-450}" python3 benchmarks/stage_aoti_h200.py --image "$IMG" --tokenizer "$TOK" \
-      --backends "${TFC_AOTI_BACKENDS:-aoti,dynamo}" --out "$OUT/stage_aoti_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -12 ;;
   nocompile)  # what torch.compile's stages cost a restart and give the decode: TFC_COMPILE=0 against the default
     TOK=$WORK/vocab_tokenizer.json
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
@@ -155,7 +148,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|aoti|nocompile ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|nocompile ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

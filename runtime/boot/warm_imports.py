@@ -1,7 +1,5 @@
 """The compiler stack a CUDA boot imports later (torch.compile's dynamo and inductor, a few seconds of Python),
-imported in a thread while the image uploads: the upload's copies run in C threads, so the two overlap. Not
-where stages are AOTInductor packages (stage_aoti.py): a restart then loads them without that stack, and a
-first start imports it when it compiles the first one."""
+imported in a thread while the image uploads: the upload's copies run in C threads, so the two overlap."""
 
 from __future__ import annotations
 
@@ -16,10 +14,6 @@ COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
 def start(device: str, modules: tuple[str, ...] = COMPILER) -> threading.Thread | None:
     """A started thread importing `modules` for a CUDA boot with compiled stages on; None otherwise."""
     if not device.startswith("cuda") or switched_off("TFC_COMPILE"):
-        return None
-    from tfc.runtime.models.dsv41.fast.stage_cache import packages_wanted
-
-    if packages_wanted("cuda"):
         return None
     thread = threading.Thread(target=_import, args=(modules,), name="tfc-warm-imports", daemon=True)
     thread.start()

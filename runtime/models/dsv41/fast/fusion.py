@@ -37,25 +37,19 @@ def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
 
 def enable(on: bool) -> None:
     """Turn compiled stages on or off for the process (they are module-level functions)."""
+    if on and not _STATE["on"]:
+        import torch._dynamo
+        import torch._inductor.config
+
+        torch._inductor.config.emulate_precision_casts = True
+        # torch 2.11 (the H200's) leaves it off: no aot_compile, so no stage could be saved
+        if hasattr(torch._dynamo.config, "enable_aot_compile"):
+            torch._dynamo.config.enable_aot_compile = True
+
+        for name in ("recompile_limit", "cache_size_limit"):  # one entry per context bucket a stage meets
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
     _STATE["on"] = on
-
-
-def compiler_settings() -> None:
-    """Set torch.compile's options for the stages, importing its stack (dynamo, inductor: seconds of Python), the
-    first time a stage compiles here; a restart whose stages all load as packages never calls it."""
-    if _STATE.get("configured"):
-        return
-    import torch._dynamo
-    import torch._inductor.config
-
-    torch._inductor.config.emulate_precision_casts = True
-    # torch 2.11 (the H200's) leaves it off: no aot_compile, so no stage could be saved
-    if hasattr(torch._dynamo.config, "enable_aot_compile"):
-        torch._dynamo.config.enable_aot_compile = True
-    for name in ("recompile_limit", "cache_size_limit"):  # one entry per context bucket a stage meets
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
-    _STATE["configured"] = True
 
 
 @contextlib.contextmanager
@@ -95,7 +89,6 @@ def fused(
             except Exception as error:  # its guards refuse the call, or its code fails: compile in process
                 _off(fn, held, error)
         if "compiled" not in held:
-            compiler_settings()
             held["compiled"] = torch.compile(fn, dynamic=False, fullgraph=True)
             COUNTS["traced"] += 1
         _mark(where, args, kwargs)
@@ -131,7 +124,7 @@ def _saved(fn: Callable[..., Any], held: dict, where: dict, dims: dict, args: tu
     """The stage compiled for this call's signature, loaded from or saved into the stage folder; None without
     one (or once that failed for this stage). Only its compile sees the dynamic marks: a saved stage's guards
     refuse marked tensors, and its symbolic dimensions take any size unmarked."""
-    from tfc.runtime.models.dsv41.fast.stage_cache import call_key, load_or_compile, packaged
+    from tfc.runtime.models.dsv41.fast.stage_cache import call_key, load_or_compile
 
     folder = _STATE.get("stages")
     if folder is None or held.get("unsaved"):
@@ -139,14 +132,7 @@ def _saved(fn: Callable[..., Any], held: dict, where: dict, dims: dict, args: tu
     try:
         key = call_key(args, kwargs, dims)
         stages = held.setdefault("saved", {})
-        if key not in stages and packaged(
-            args, kwargs
-        ):  # it counts its packages as it loads or compiles them
-            from tfc.runtime.models.dsv41.fast.stage_aoti import AotiStage
-            from tfc.runtime.models.dsv41.fast.stage_cache import stage_path
-
-            stages[key] = AotiStage(stage_path(folder, fn, key).with_suffix(""), fn, dims, _count)
-        elif key not in stages:
+        if key not in stages:
             stages[key], how = load_or_compile(
                 folder, fn, args, kwargs, key, lambda: _mark(where, args, kwargs)
             )
@@ -155,10 +141,6 @@ def _saved(fn: Callable[..., Any], held: dict, where: dict, dims: dict, args: tu
     except Exception as error:  # an argument that keys nothing, or an ahead compile torch cannot do
         _off(fn, held, error)
         return None
-
-
-def _count(how: str) -> None:
-    COUNTS[how] += 1
 
 
 def _off(fn: Callable[..., Any], held: dict, error: Exception) -> None:

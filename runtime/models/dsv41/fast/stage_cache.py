@@ -22,8 +22,6 @@ from typing import Any
 
 import blake3
 
-from tfc.switches import switched_off, switched_on
-
 
 class StageKeyError(TypeError):
     """An argument whose value cannot key a saved stage (the stage compiles in process instead)."""
@@ -86,33 +84,12 @@ def stage_path(folder: Path, fn: Callable[..., Any], key: tuple) -> Path:
     return folder / f"{name}-{digest.hexdigest()[:32]}.bin"
 
 
-def packaged(args: tuple, kwargs: dict, env: dict[str, str] | None = None) -> bool:
-    """Whether this call's stage is kept as an AOTInductor package (stage_aoti.py) rather than torch's saved
-    function: on CUDA unless TFC_STAGE_AOTI=0, on the CPU only with TFC_STAGE_AOTI=1 (the CPU runs no stages
-    unless a test asks, and a CPU package compiles C++ for seconds)."""
-    import torch
-
-    first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
-    return first is not None and packages_wanted(first.device.type, env)
-
-
-def packages_wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
-    """Whether stages on this device are kept as AOTInductor packages (packaged's rule, by device)."""
-    from tfc.runtime.models.dsv41.fast.stage_aoti import available
-
-    if switched_off("TFC_STAGE_AOTI", env) or not available():
-        return False
-    return device_type == "cuda" or switched_on("TFC_STAGE_AOTI", env)
-
-
 def load_or_compile(folder: Path, fn: Callable[..., Any], args: tuple, kwargs: dict, key: tuple,
                     mark: Callable[[], None]):  # fmt: skip
     """(The stage compiled for this call, "loaded" or "saved"): loaded from `folder` when saved there, else
     compiled (once `mark` has marked the call's dynamic dimensions) and saved."""
     import torch
-    from tfc.runtime.models.dsv41.fast.fusion import compiler_settings
 
-    compiler_settings()
     path = stage_path(folder, fn, key)
     if path.is_file():
         try:
