@@ -19,6 +19,7 @@
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh serveprof # tfc serve's restarts on the slice, the boot thread and main thread profiled (#20)
 #                                             (TFC_SERVEPROF_ARGS="--starts 4 --profile 0": restarts only, none profiled)
+#   bash benchmarks/h200_serving.sh stagenotes # a serve start, two tfc generate after it, a serve again: stages and notes (#20)
 #   bash benchmarks/h200_serving.sh nocompile # restarts and tfc generate's decode rate with TFC_COMPILE=0 beside the default (#20)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 #   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
@@ -122,6 +123,21 @@ case "$PART" in
       --out "$OUT/serveprof" ${TFC_SERVEPROF_ARGS:-} 2>&1 | tail -5
     grep -E "_boot_steps|warm_up|execute|load_model|snapshot|restore|import_module|wait_ready|listen|uvicorn.*run|tokenizer|capture|run_module" \
       "$OUT/serveprof/main_cumulative.txt" | head -40 | cut -c1-170 ;;
+  stagenotes)  # which stages a tfc generate after a tfc serve on the same store compiles in process, and why
+    TOK=$WORK/vocab_tokenizer.json
+    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
+    timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
+      --starts 1 --profile 0 --out "$OUT/stagenotes_serve1" 2>&1 | tail -1
+    grep -h "compiled stages\|note" "$OUT"/stagenotes_serve1/serve_start*.log | head -5
+    for i in 1 2; do
+      (cd /tmp && timeout 150 python3 -m tfc generate "$IMG" --device cuda --prompt "The model reads the prompt" \
+        --max-tokens 32 --ignore-eos --json --tokenizer "$TOK" > "$OUT/stagenotes_generate_$i.json" 2> /dev/null)
+      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('generate', d.get('warmup_s'), d.get('stages')); [print(' ', n[:600]) for n in d.get('notes', [])[:6]]" \
+        "$OUT/stagenotes_generate_$i.json"
+    done
+    timeout 100 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
+      --starts 1 --profile 0 --out "$OUT/stagenotes_serve2" 2>&1 | tail -1
+    grep -h "compiled stages\|note" "$OUT"/stagenotes_serve2/serve_start*.log | head -5 ;;
   nocompile)  # what torch.compile's stages cost a restart and give the decode: TFC_COMPILE=0 against the default
     TOK=$WORK/vocab_tokenizer.json
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
@@ -148,7 +164,7 @@ case "$PART" in
   parallel)
     timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|nocompile ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|stagenotes|nocompile ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).

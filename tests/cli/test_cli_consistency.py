@@ -198,3 +198,24 @@ def test_every_help_ends_with_an_example(path):
 
 def test_the_top_help_ends_with_an_example():
     assert _help().rstrip().splitlines()[-1].strip().startswith("Example: tfc ")
+
+
+def test_no_compile_is_one_switch_on_every_command_that_runs_the_model(monkeypatch):
+    from tfc.cli.options import no_compile_option
+
+    ctx = click.Context(cli)
+    for name in ("serve", "generate", "load"):
+        assert "--no-compile" in [o for p in cli.get_command(ctx, name).params for o in p.opts], name
+    seen = {}
+
+    @click.command()
+    @no_compile_option()
+    def probe() -> None:
+        import os
+
+        seen["value"] = os.environ.get("TFC_COMPILE")
+
+    monkeypatch.delenv("TFC_COMPILE", raising=False)
+    assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
+    assert CliRunner().invoke(probe, ["--no-compile"]).exit_code == 0 and seen["value"] == "0"
+    monkeypatch.delenv("TFC_COMPILE", raising=False)

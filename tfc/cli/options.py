@@ -1,7 +1,8 @@
-"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp."""
+"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp, --no-compile."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import click
@@ -61,6 +62,24 @@ def jobs_option(help: str, default: int | None = None, old: Sequence[str] = ()) 
         default=default,
         show_default=default is not None,
         help=help,
+    )
+
+
+def no_compile_option() -> Decorator:
+    """--no-compile: the fast forward's small-op stages run as written, not torch.compile'd (TFC_COMPILE=0, set
+    before anything boots, so rank processes launched after it inherit it)."""
+
+    def switch(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            os.environ["TFC_COMPILE"] = "0"
+
+    return click.option(
+        "--no-compile",
+        is_flag=True,
+        expose_value=False,
+        callback=switch,
+        help="Run the fast forward's small-op stages uncompiled (same as TFC_COMPILE=0): a restart skips "
+        "torch.compile's stack, decode is slower (docs/serving.md).",
     )
 
 
