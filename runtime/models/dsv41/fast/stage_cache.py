@@ -78,8 +78,13 @@ def source_digest() -> str:
 
 
 def stage_path(folder: Path, fn: Callable[..., Any], key: tuple) -> Path:
-    """Where the stage `fn` compiled for `key` is saved."""
-    digest = blake3.blake3(f"{source_digest()}\0{fn.__module__}.{fn.__qualname__}\0{key!r}".encode())
+    """Where the stage `fn` compiled for `key` is saved. Torch's thread count keys it too: a saved stage's guards
+    check it (dynamo's global state), so a process with another count (OMP_NUM_THREADS, a TP rank's share of
+    the cores) would refuse the file and compile in process at every start instead of saving its own."""
+    import torch
+
+    where = f"{fn.__module__}.{fn.__qualname__}\0threads={torch.get_num_threads()}"
+    digest = blake3.blake3(f"{source_digest()}\0{where}\0{key!r}".encode())
     name = re.sub(r"[^A-Za-z0-9_.]", "_", fn.__qualname__)
     return folder / f"{name}-{digest.hexdigest()[:32]}.bin"
 

@@ -109,3 +109,21 @@ def test_the_file_name_follows_the_sources_and_the_signature(monkeypatch, tmp_pa
     assert dyn == stage_cache.call_key((torch.zeros(2, 9),), {}, {0: 1})  # a dynamic dimension keys no size
     monkeypatch.setattr(stage_cache, "source_digest", lambda: "edited")
     assert stage_cache.stage_path(tmp_path, f, key) != a  # an edited stage never loads an old file
+
+
+def test_another_thread_count_saves_its_own_stage_instead_of_tracing_at_every_start(saving):
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return x + 3
+
+    x, threads = torch.arange(5.0), torch.get_num_threads()
+    assert torch.equal(fusion.fused(shifted)(x), x + 3)
+    before, notes = dict(fusion.COUNTS), len(fusion.NOTES)
+    torch.set_num_threads(threads + 1)  # a process with another OMP_NUM_THREADS: the saved file's guards refuse it
+    try:
+        assert torch.equal(fusion.fused(shifted)(x), x + 3)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(fusion.NOTES) == notes  # not "compiles in process: ... GLOBAL_STATE changed: num_threads"
+    assert fusion.COUNTS["saved"] == before["saved"] + 1 and fusion.COUNTS["traced"] == before["traced"]
+    assert len(list(saving.glob("*shifted-*.bin"))) == 2
+    assert torch.equal(fusion.fused(shifted)(x), x + 3) and fusion.COUNTS["loaded"] == before["loaded"] + 1
