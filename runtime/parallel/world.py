@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -32,6 +33,22 @@ class WorldLost(TfcError):
 def timeout_seconds() -> float:
     """TFC_TP_TIMEOUT_S, or the default."""
     return env_seconds("TFC_TP_TIMEOUT_S", TIMEOUT_S, 1.0)
+
+
+def await_store(addr: str, port: int, timeout_s: float, poll_s: float = 0.005) -> None:
+    """Wait until rank 0's store (or the launcher's) listens at addr:port. A rank that dials before it listens
+    is retried by torch after a backoff of up to ~0.6 s; polling the port first joins within milliseconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(1.0, timeout_s))).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise WorldLost(
+                    f"rank 0's store at {addr}:{port} did not open within {timeout_s:g} s"
+                ) from None
+            time.sleep(poll_s)
 
 
 class World:
@@ -65,6 +82,8 @@ class World:
         from tfc.runtime.graphs import graph_cache
 
         timeout = timedelta(seconds=timeout_seconds())
+        if env.rank != 0:
+            await_store(env.master_addr, env.master_port, timeout_seconds())
         if device == "cuda":
             if torch.cuda.device_count() <= env.local_rank:
                 raise RankEnvError(
