@@ -36,8 +36,8 @@ def timeout_seconds() -> float:
 
 
 def await_store(addr: str, port: int, timeout_s: float, poll_s: float = 0.005) -> None:
-    """Wait until rank 0's store (or the launcher's) listens at addr:port. A rank that dials before it listens
-    is retried by torch after a backoff of up to ~0.6 s; polling the port first joins within milliseconds."""
+    """Wait until rank 0's store (or the launcher's) listens at addr:port: torch retries a dial that came before
+    it listened only after a backoff, so polling the port first joins as soon as it opens."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -1,4 +1,4 @@
-"""A rank waits for rank 0's store to listen before it dials (torch's own retry backs off for up to ~0.6 s)."""
+"""A rank waits for rank 0's store to listen before it dials (torch's own retry of an early dial backs off)."""
 
 from __future__ import annotations
 
