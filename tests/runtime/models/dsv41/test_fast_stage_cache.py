@@ -118,7 +118,7 @@ def test_another_thread_count_saves_its_own_stage_instead_of_tracing_at_every_st
     x, threads = torch.arange(5.0), torch.get_num_threads()
     assert torch.equal(fusion.fused(shifted)(x), x + 3)
     before, notes = dict(fusion.COUNTS), len(fusion.NOTES)
-    torch.set_num_threads(threads + 1)  # a process with another OMP_NUM_THREADS: the saved file's guards refuse it
+    torch.set_num_threads(threads + 1)  # another OMP_NUM_THREADS: the saved file's guards refuse it
     try:
         assert torch.equal(fusion.fused(shifted)(x), x + 3)
     finally:
