@@ -104,9 +104,8 @@ class Sampling(Strict):
     """The generation fields the chat and completion routes share."""
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=0)] | None = (
-        None  # 0: a completions echo's prompt scored, nothing generated
-    )
+    # 0: a completions echo's prompt scored, nothing generated (refused without echo)
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=0)] | None = None
     temperature: Annotated[float, Field(ge=0, le=100)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None

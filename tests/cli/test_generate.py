@@ -198,3 +198,11 @@ def test_generate_warms_up_before_its_clock(images, tiny_pack):
     # serve warms up before ready, so decode_tok_s is the steady rate
     run = _generate(images["bare"], tiny_pack / "tokenizer.json", "--max-tokens", "3", "--no-engram")
     assert run["warmup_s"] > 0 and run["decode_s"] >= 0 and len(run["tokens"]) == 3
+
+
+def test_generate_reports_its_runners_notes(images, tiny_pack):
+    # the fast forward says how it runs (here: no GPU, so its kernels' torch references stand in)
+    got = _generate(images["engram"], tiny_pack / "tokenizer.json", "--fast", "--device", "cpu", "--max-tokens", "2",
+                    "--no-draft")  # fmt: skip
+    assert got["runner"] == "fast"
+    assert any("torch references" in note for note in got["notes"]), got["notes"]
