@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_fixed import fixed_words
 from tfc.kernels.exl3_launch import (
     GemmConfig,
     counters,
@@ -28,6 +29,7 @@ from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
+    fwht128,
     load_states,
     next_pow2,
     release_fence,
@@ -224,6 +226,25 @@ def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FL
     tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _fixed_reduce_kernel(ws_ptr, svh_ptr, acc_ptr, M, N, SPLIT, MP: tl.constexpr):
+    """acc[:, row, block] = the fixed-point words of had128(partial) * svh summed over the block's SPLIT partials
+    (one 128-row block of k each): one program per (block, row)."""
+    pid_n = tl.program_id(0)
+    r = tl.program_id(1)
+    cols = pid_n * 128 + tl.arange(0, 128)
+    src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
+    sv = tl.load(svh_ptr + cols).to(tl.float32) * 0.08838834764831845
+    hi = tl.zeros([128], dtype=tl.int64)
+    lo = tl.zeros([128], dtype=tl.int64)
+    for s in range(SPLIT):
+        h, q = fixed_words(fwht128(tl.load(src + s * (MP * 128) + tl.arange(0, 128))) * sv)
+        hi += h
+        lo += q
+    tl.store(acc_ptr + r * N + cols, hi)
+    tl.store(acc_ptr + (M + r) * N + cols, lo)
+
+
 def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
     """Whether exl3_gemm rounds the rotated input to fp16 for `config` at these rows and this trellis shape
     (the matrix units, except the weights-as-A mma decode's high / low input pairs)."""
@@ -260,11 +281,14 @@ def exl3_gemm(
     config: GemmConfig = GemmConfig(),
     out: torch.Tensor | None = None,
     x_rotated: bool = False,
+    fixed: bool = False,
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
-    elsewhere).
+    elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
+    128-row block of k (the k-split forced to k / 128, whatever config says), which a row-parallel rank adds to
+    the other ranks' by an integer all-reduce before exl3_fixed.fixed_value.
     """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
@@ -291,27 +315,35 @@ def exl3_gemm(
     bk = cfg.block_k
     blocks = n // 128
     split = cfg.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), cfg.waves)
+    if fixed:
+        if tk % 8:
+            raise ValueError(f"fixed: k = {k} is not whole 128-row blocks")
+        split = tk // 8
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
-    y = out if out is not None else torch.empty((m_rows, n), dtype=out_dtype or x.dtype, device=x.device)
-    if tuple(y.shape) != (m_rows, n) or y.stride(1) != 1:
-        raise ValueError(f"out {tuple(y.shape)} must be [{m_rows}, {n}] with unit column stride")
+    want = (2, m_rows, n) if fixed else (m_rows, n)
+    y = out if out is not None else torch.empty(want, dtype=torch.int64 if fixed else out_dtype or x.dtype,
+                                                 device=x.device)  # fmt: skip
+    if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
+        raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
     xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs)
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     if cfg.mma and fuse:  # ... as fp16 high / low rows
         xh = torch.empty((blocks, 2, k), dtype=torch.float16, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
-    apart = cfg.reduce_apart
+    apart = cfg.reduce_apart or fixed
     cnt = counters(x.device, blocks) if split > 1 and not apart else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
-        m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(0), tk // split,
+        m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
         MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
-    if apart:
+    if fixed:
+        _fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
+    elif apart:
         _reduce_kernel[(blocks, m_rows)](
             ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8)
         )

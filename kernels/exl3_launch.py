@@ -99,6 +99,18 @@ class GemmConfig:
         )
 
 
+def pinned_config(
+    config: GemmConfig, rows: int, width: int, k: int, n: int, device: torch.device
+) -> GemmConfig:
+    """config resolved, k-split included, as exl3_gemm resolves it for x [rows, k] @ a k x n trellis of this
+    width: a tensor-parallel rank's slice of that product, launched with it, computes every value it keeps
+    with the same decode and the same k-split, so in the same order as the whole product (docs/parallel.md)."""
+    cfg = config.resolved(rows, width, n, k)
+    return replace(
+        cfg, split=cfg.split or pick_split(k // 16, cfg.block_k // 16, n // 128, num_sms(device), cfg.waves)
+    )
+
+
 def mma_waves(groups: int, wt: bool, cols: int) -> float:
     """Programs per SM the mma decode's k-split aims for: 8 per group, or WT_WIDE_WAVES with the weights as A
     above FUSE_MAX_COLS columns (the head: 1010 column blocks of one-warp programs, 28 of which fit an SM)."""
@@ -183,5 +195,6 @@ __all__ = [
     "mma_waves",
     "num_sms",
     "pick_split",
+    "pinned_config",
     "resolved_for",
 ]

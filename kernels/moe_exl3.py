@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_fixed import fixed_parts
 from tfc.kernels.exl3_launch import counters, even_split, num_sms, pick_split
 from tfc.kernels.exl3_mma import mma_asm, mma_warps
 from tfc.kernels.exl3_tl import INTERPRET, release_fence, rotate_sum, store_pair, sum_parts
@@ -111,6 +112,7 @@ def _moe_down_kernel(
     RW2: tl.constexpr = (),
     MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
     MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
+    FIXED: tl.constexpr = False, PLANE=0,
 ):  # fmt: skip
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
@@ -134,8 +136,13 @@ def _moe_down_kernel(
     tl.store(mine + 128 + c, y)
     release_fence()
     if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
-        tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256, FLIGHT)
-        tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
+        if FIXED:  # y is int64 [2, T, D]: the words of every part, summed as integers
+            hi, lo = fixed_parts(ws_ptr + slot * NS * 256 + 128, NS, 256)
+            tl.store(y_ptr + t * stride_y + cols, hi)
+            tl.store(y_ptr + PLANE + t * stride_y + cols, lo)
+        else:
+            tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256, FLIGHT)
+            tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
         tl.atomic_xchg(cnt_ptr + slot, 0)
 
 
@@ -206,8 +213,13 @@ def moe_exl3(
     out_dtype: torch.dtype | None = None,
     config: MoeConfig = MoeConfig(),
     out: torch.Tensor | None = None,
+    fixed: bool = False,
 ) -> torch.Tensor:
-    """y [T, D] = sum over each token's top-k experts (weights) and the shared expert (weight 1)."""
+    """y [T, D] = sum over each token's top-k experts (weights) and the shared expert (weight 1).
+
+    `fixed=True`: y as a fixed-point sum int64 [2, T, D] (kernels/exl3_fixed.py) of one down partial per pair and
+    128-row block of the expert width (split_down forced to width / 128), which a row-parallel rank adds to the
+    other ranks' by an integer all-reduce before exl3_fixed.fixed_value."""
     tokens, d = x.shape
     topk = topk_ids.shape[1]
     inter = w1.n
@@ -245,10 +257,16 @@ def moe_exl3(
     else:  # the run decode's steps take BK // 16 k-tiles: a split dividing the steps
         split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
         split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
+    if fixed:
+        if inter % 128:
+            raise ValueError(f"fixed: the expert width {inter} is not whole 128-row blocks")
+        split2 = inter // 128
     limit = float(swiglu_limit) if swiglu_limit and swiglu_limit > 0 else float("inf")
-    y = out if out is not None else torch.empty((tokens, d), dtype=out_dtype or x.dtype, device=dev)
-    if tuple(y.shape) != (tokens, d) or y.stride(1) != 1:
-        raise ValueError(f"out {tuple(y.shape)} must be [{tokens}, {d}] with unit column stride")
+    want = (2, tokens, d) if fixed else (tokens, d)
+    y = out if out is not None else torch.empty(want, dtype=torch.int64 if fixed else out_dtype or x.dtype,
+                                                 device=dev)  # fmt: skip
+    if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
+        raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
     # the activation rotated for the down projection: fp32, or the mma decode's fp16 high / low pairs
     act = torch.empty((pairs, 2, inter) if mma else (pairs, inter), dtype=torch.float16 if mma else torch.float32,
                       device=dev)  # fmt: skip
@@ -276,10 +294,10 @@ def moe_exl3(
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
-        d, inter, y.stride(0), topk, n_routed, inter // 16,
+        d, inter, y.stride(-2), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=PREFETCH, RUNS2=runs2, TPE=tiles,
         num_warps=warps, num_stages=1, MMA=mma, FLIGHT=REDUCE_FLIGHT, RW2=w2.width_set,
-        **(_mma_kw(w2, mma, "2") if mma else {}),
+        FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 
