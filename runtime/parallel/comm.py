@@ -75,11 +75,13 @@ class TorchCollectives:
         import torch.distributed as dist
 
         start = time.perf_counter()
-        t = t.contiguous()
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t, group=self.group)
-        self._count(start, t.numel() * t.element_size() * self.world)
-        return out
+        raw = t.contiguous().view(
+            torch.uint8
+        )  # bytes: a copy every backend moves for any dtype (gloo has no int16)
+        out = [torch.empty_like(raw) for _ in range(self.world)]
+        dist.all_gather(out, raw, group=self.group)
+        self._count(start, raw.numel() * self.world)
+        return [o.view(t.dtype) for o in out]
 
     def _count(self, start: float, nbytes: int) -> None:
         self.stats.calls += 1

@@ -48,8 +48,8 @@ def join_world(
 
 
 def model_options(world: World | None) -> dict[str, Any]:
-    """What a rank's `load_model` needs beyond TP=1's: its collectives, and the forward that takes them."""
-    return {} if world is None else {"comm": world.comm, "kind": "reference"}
+    """What a rank's `load_model` needs beyond TP=1's: its collectives."""
+    return {} if world is None else {"comm": world.comm}
 
 
 def lead_or_follow(world: World, worker: Any) -> Leader:

@@ -82,11 +82,10 @@ class Worker:
     ) -> ModelRunner:  # fmt: skip
         """Build the family's model runner over the booted image (timed as the boot's `model` phase).
 
-        kind: `fast` (kernels on the arena), `reference` (dense, fp64-wide) or `auto` (fast for a TP=1 image on
-        CUDA, else reference); `options` go to the family (e.g. the fast runner's tokens_per_slot, kv_tokens)."""
+        kind: `fast` (kernels on the arena), `reference` (dense, fp64-wide) or `auto` (fast on CUDA, else
+        reference); `options` go to the family (e.g. the fast runner's tokens_per_slot, kv_tokens; a rank's comm)."""
         if kind == "auto":
-            cuda = self.booted.arena.device.type == "cuda"
-            kind = "fast" if cuda and self.booted.image.manifest.world == 1 else "reference"
+            kind = "fast" if self.booted.arena.device.type == "cuda" else "reference"
         self.kind = kind
         self.kernel_cache = use_store_cache(self.booted.image.path, self.device)
         with self.booted.phases.time("model", note=f"{self.family.name} {kind} forward") as ph:

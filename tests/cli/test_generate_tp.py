@@ -32,9 +32,11 @@ def images(tiny_pack, tmp_path_factory):
     return prepare_worlds(tiny_pack, tmp_path_factory.mktemp("gen-tp"))
 
 
-def _generate(image: str, *args: str) -> dict:
+def _generate(image: str, *args: str, env: dict[str, str] | None = None) -> dict:
     result = CliRunner().invoke(
-        cli, ["generate", image, "--prompt", PROMPT, "--max-tokens", "6", "--json", "--device", "cpu", *args]
+        cli,
+        ["generate", image, "--prompt", PROMPT, "--max-tokens", "6", "--json", "--device", "cpu", *args],
+        env=env,
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.output.strip().splitlines()[-1])
@@ -54,6 +56,23 @@ def test_tp_generate_prints_tp1_tokens(images, tp1, world):
         # the warm-up step, the prefill, then a step per token but the last
         assert many["tp"]["world"] == world and many["tp"]["steps"] == 7
         assert many["tp"]["collectives"]["calls"] > 0 and "tp" not in one
+
+
+@pytest.fixture(scope="module")
+def fast1(images):
+    """TP=1's fast-forward replies computed as a world computes them (TFC_TP_EXACT=1), greedy and seeded."""
+    return {
+        args: _generate(images[1], "--fast", *args, env={"TFC_TP_EXACT": "1"}) for args in ((), tuple(SEEDED))
+    }
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tp_fast_forward_prints_tp1_tokens(images, fast1, world):
+    for args in ((), tuple(SEEDED)) if world == 2 else (tuple(SEEDED),):
+        one, many = fast1[args], _generate(images[world], "--fast", *args)
+        assert one["runner"] == many["runner"] == "fast"
+        assert many["token_sha"] == one["token_sha"] and many["tokens"] == one["tokens"]
+        assert many["tp"]["world"] == world and many["tp"]["collectives"]["calls"] > 0
 
 
 def test_tp_load_boots_every_rank_and_reports_each(images):
@@ -118,16 +137,10 @@ def test_a_rank_that_hangs_takes_the_world_down_with_exit_70(images):
             p.wait()
 
 
-def test_rank_folders_and_fast_are_refused_on_a_tp_image(images):
-    rank1 = str(Path(images[2]) / "rank1")
-    for args, says in (
-        ([rank1], "one rank folder of a TP=2 image"),
-        ([images[2], "--fast"], "--fast runs TP=1"),
-    ):
-        result = subprocess.run(
-            [sys.executable, "-m", "tfc", "generate", *args, "--prompt", "x", "--device", "cpu"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert (
-            result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
-        )
+def test_a_rank_folder_of_a_tp_image_is_refused(images):
+    result = subprocess.run(
+        [sys.executable, "-m", "tfc", "generate", str(Path(images[2]) / "rank1"), "--prompt", "x", "--device", "cpu"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    says = "one rank folder of a TP=2 image"
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1

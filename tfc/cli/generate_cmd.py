@@ -81,12 +81,12 @@ def generate(
     bytes, decode steps replayed from CUDA graphs); --reference, and every CPU run without --fast, runs
     the reference forward (EXL3 decoded to dense once). The prompt is tokenized with the tokenizer.json
     the image carries. Tokens print as they come; generation stops at EOS or --max-tokens. An image
-    prepared with --tp N runs as N rank processes on this host (reference forward; or joins the ranks
-    torchrun's variables name) and prints what TP=1 prints (docs/parallel.md).
+    prepared with --tp N runs as N rank processes on this host (or joins the ranks torchrun's variables
+    name), the same forward on every rank, and prints what TP=1 prints (docs/parallel.md).
     """
     if reference and fast:
         raise click.UsageError("--reference and --fast exclude each other")
-    launch_if_world(click.get_current_context(), image, refuse=("--fast",) if fast else ())
+    launch_if_world(click.get_current_context(), image)
     import torch
 
     from tfc.cli.load_cmd import graph_counts

@@ -58,16 +58,12 @@ def _spelling(param: click.Option) -> str:
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
-def launch_if_world(ctx: click.Context, image: Path, refuse: tuple[str, ...] = ()) -> None:
-    """On a TP=N image run every rank on this host and exit with the world's code; a rank process returns.
-
-    `refuse` names options given that a TP=N world does not take (refused in one line)."""
+def launch_if_world(ctx: click.Context, image: Path) -> None:
+    """On a TP=N image run every rank on this host and exit with the world's code; a rank process returns."""
     from tfc.runtime.parallel.env import rank_env
 
     env = rank_env()
     world = env.world if env is not None else image_world(image)
-    if world > 1 and refuse:
-        raise click.UsageError(f"{refuse[0]} runs TP=1 images; a TP={world} world runs the reference forward")
     if env is not None or world == 1:
         return  # a TP=1 run, or this process is a rank (tfc's launcher or torchrun started it)
     from tfc.runtime.parallel.launch import launch

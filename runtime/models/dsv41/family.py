@@ -9,7 +9,7 @@ from tfc.runtime.models.dsv41.chat import Dsv41ChatFormat
 from tfc.runtime.models.dsv41.runner import build_reference
 from tfc.runtime.models.family import Family
 
-FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact", "prefill_rows")  # options only the fast runner takes
+FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact", "prefill_rows", "tp_exact")  # only the fast runner's
 
 
 def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **options: Any) -> Any:
@@ -19,7 +19,7 @@ def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **
         from tfc.runtime.models.dsv41.fast.build import build_fast
 
         return build_fast(booted, engram=options.get("engram", True), slots=options.get("slots", 16),
-                          progress=options.get("progress"), **fast)  # fmt: skip
+                          progress=options.get("progress"), comm=options.get("comm"), **fast)  # fmt: skip
     return build_reference(opened, **options)
 
 

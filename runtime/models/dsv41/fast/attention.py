@@ -4,7 +4,8 @@ The maths of runtime/models/dsv41/attention.py in fp32 over fixed shapes: each r
 `sliding_window` keys read back from the FP8 ring (its own key included, written first) and, on compressed
 layers, to the `index_topk` entries its index source selected, read back from the FP4 pool; keys that are not
 there (before position 0, fewer entries than index_topk) are masked, and their values zeroed so a masked
-row can never carry a NaN in. Every product has the same shape whatever the step's live rows or context.
+row can never carry a NaN in. Every product has the same shape whatever the step's live rows or context (and,
+on a tensor-parallel rank, whatever its heads: fast/tp.py).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) 
     rows, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
     cos, sin = sc.rope["compress" if mode.compress_ratio else "main"]
     q_res = rms_norm(f.lin(x, f"{p}.wq_a"), w.native(f"{p}.q_norm.weight"), eps)
-    q = rope_heads(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin)
+    q_all = f.lin(q_res, f"{p}.wq_b") if f.tp is None else f.tp.queries(q_res, w.linear(f"{p}.wq_b"))
+    q = rope_heads(q_all, heads, cos, sin)
     ring = f.kv.window[layer].view(-1, f.kv.window.shape[-1])
     ring[sc.ring_write] = window_rows(f.lin(x, f"{p}.wkv"), w.native(f"{p}.kv_norm.weight"), eps, cos, sin)
     if mode.mode == "full":
@@ -76,11 +78,14 @@ def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) 
         picked, ok = sc.selection[mode.index_source]
         at = sc.ratios[mode.compress_ratio].addr(picked)
         compressed = {"entries": f.kv.entries[mode.kv_source], "at": at, "ok": ok, "grid": f.grid}
-    sinks = w.native(f"{p}.attn_sink")
+    sinks = w.native(f"{p}.attn_sink") if f.tp is None else f.tp.every_head(w.native(f"{p}.attn_sink"))
     out = attend_rows(q, ring, sc.window_read, sc.window_valid, sinks, cos, sin, **compressed)
     per = heads // cfg.o_groups
     groups = [
         f.lin(out[:, g * per : (g + 1) * per].reshape(rows, -1), f"{p}.wo_a.slice.{g}")
-        for g in range(cfg.o_groups)
+        for g in f.shard.local_groups(cfg.o_groups)
     ]
-    return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")
+    mixed = torch.cat(groups, dim=-1)
+    if f.tp is None:
+        return f.lin(mixed, f"{p}.wo_b")
+    return f.tp.rows(mixed, w.linear(f"{p}.wo_b"), cfg.o_groups * cfg.o_lora_rank)

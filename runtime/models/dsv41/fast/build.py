@@ -18,6 +18,8 @@ from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.dsv41.fast.rope import RopeTables
 from tfc.runtime.models.dsv41.fast.runner import FastRunner
 from tfc.runtime.models.dsv41.fast.weights import FastWeights
+from tfc.runtime.models.dsv41.shard import shard_of
+from tfc.runtime.parallel.comm import SOLO
 from tfc.runtime.worker.step import Capacity, ModelInfo
 
 from tfc.errors import TfcError
@@ -51,8 +53,11 @@ def build_fast(
     progress: Callable[[int, int], None] | None = None,
     stage_folder: Path | None = None,
     prefill_rows: int | None = None,
+    comm: Any = None,
+    tp_exact: bool | None = None,
 ) -> FastRunner:
-    """The fast runner over a booted TP=1 rank; `kv_tokens` (default slots x tokens_per_slot, at most
+    """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, default
+    TFC_TP_EXACT at TP=1 and always on a TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1); `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
     compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
     kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
@@ -63,10 +68,8 @@ def build_fast(
 
     opened, arena = booted.image, booted.arena
     m = opened.manifest
-    if m.family != FAMILY or m.world != 1:
-        raise FastBuildError(
-            f"{opened.path}: a {m.family} TP={m.world} image; the fast forward runs TP=1 DeepSeek-V4.1"
-        )
+    if m.family != FAMILY:
+        raise FastBuildError(f"{opened.path}: a {m.family} image; the fast forward runs DeepSeek-V4.1")
     meta = m.meta or {}
     cfg = config_from_dict(meta.get("pack_config") or {}, meta.get("layer_modes"), str(opened.path))
     if context_step % page_tokens:
@@ -95,6 +98,18 @@ def build_fast(
 
             ops = ReferenceOps()
     weights = FastWeights(opened, arena, cfg)
+    shard = shard_of(m, cfg, weights, comm or SOLO, dev)
+    if tp_exact is None:
+        tp_exact = switched_on("TFC_TP_EXACT")
+    tp_exact = tp_exact or shard.world > 1
+    notes = []
+    if (
+        tp_exact
+    ):  # the prefill forward's wide kernels take no rank's shares yet: prompts take the decode steps
+        prefill_rows = 0
+    if shard.world > 1:  # nor does the drafter
+        draft = False
+        notes.append(f"rank {shard.rank} of TP={shard.world}: prompts take the decode steps, no drafting")
     for layer in range(cfg.num_hidden_layers):  # checks every table's index arrays once, on the host
         weights.experts(f"layers.{layer}")
         if progress is not None:
@@ -123,14 +138,16 @@ def build_fast(
         tables = tables_from_segments(weights.host_array)
         row_lo = tuple(int(r[0]) for r in weights.host_array(SEG_ROW_RANGES))
     capture = tuple(cfg.dspark_target_layer_ids) if draft and cfg.num_nextn_predict_layers > 0 else ()
-    buffers = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev, len(capture) * cfg.hidden_size)
+    cols = shard.engram_cols[shard.rank] if shard.engram_cols else (0, cfg.engram_cols)
+    buffers = StepBuffers(cfg.vocab_size, len(row_lo), cols[1] - cols[0], dev, len(capture) * cfg.hidden_size)
     rope = RopeTables(cfg, tokens_per_slot, dev)
-    forward = FastForward(cfg, weights, ops, kv, rope, buffers, tables is not None, capture)
+    forward = FastForward(cfg, weights, ops, kv, rope, buffers, tables is not None, capture, shard, tp_exact)
     prefill = None
     if prefill_rows:
-        wide = StepBuffers(cfg.vocab_size, len(row_lo), cfg.engram_cols, dev, len(capture) * cfg.hidden_size,
+        wide = StepBuffers(cfg.vocab_size, len(row_lo), cols[1] - cols[0], dev, len(capture) * cfg.hidden_size,
                            prefill_rows)  # fmt: skip
-        prefill = FastForward(cfg, weights, ops.for_prefill(), kv, rope, wide, tables is not None, capture)
+        prefill = FastForward(cfg, weights, ops.for_prefill(), kv, rope, wide, tables is not None, capture,
+                              shard, tp_exact)  # fmt: skip
     drafter, note = None, "built without a drafter (draft=False)"
     if draft:
         from tfc.runtime.models.dsv41.fast.dspark import fast_dspark_slots
@@ -147,4 +164,4 @@ def build_fast(
                     "(gate off); outputs are not the model's",)  # fmt: skip
     info = ModelInfo(FAMILY, cfg.vocab_size, tokens_per_slot, cfg.bos_token_id, eos, warnings)
     return FastRunner(forward, booted.graphs, tables, row_lo, info, Capacity(slots, tokens_per_slot), buckets,
-                      getattr(ops, "notes", ()), drafter, note, prefill)  # fmt: skip
+                      (*getattr(ops, "notes", ()), *notes), drafter, note, prefill)  # fmt: skip

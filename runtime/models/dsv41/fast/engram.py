@@ -3,7 +3,8 @@
 The maths of runtime/models/dsv41/engram.py `engram_apply` in fp32: rows (bf16 from the e4m3 + e8m0 records,
 widened) -> engram.wkv (EXL3) -> hc keys and one value; each stream gets sigmoid(signed sqrt of its scaled
 dot with its key) times the value. The row ids come in the step's static inputs (hashed on the host over
-each slot's history while the previous step runs on the device).
+each slot's history while the previous step runs on the device; a tensor-parallel rank gets its own hash
+columns' ids and gathers the other ranks' rows).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> t
     """Streams [R, hc, D] after Engram layer `layer` (the k-th), from global row ids [R, cols]."""
     cfg = f.cfg
     table, row_lo = f.weights.engram_table(layer, k)
-    rows = f.ops.engram_rows(table, ids, cfg.engram_head_dim, row_lo).float()
+    rows = f.ops.engram_rows(table, ids, cfg.engram_head_dim, row_lo)
+    rows = (rows if f.tp is None else f.tp.engram_rows(rows)).float()
     kv = f.lin(rows, f"layers.{layer}.engram.wkv")
     qk = f.weights.native(f"layers.{layer}.engram.qk")
     return engram_gate(streams, kv, qk, cfg.rms_norm_eps, cfg.engram_gate_clamp)

@@ -6,6 +6,9 @@ buffers' rows (MAX_ROWS for decode steps, more for the prefill forward's; paddin
 and only the MoE runs the key's `rows`; otherwise the whole step runs the key's rows. The launch sequence
 depends on the key alone, so replay equals eager.
 
+With `tp` (a tensor-parallel rank, or TP=1 computing as one: fast/tp.py) the column-parallel products run pinned
+to the whole product, the row-parallel ones as fixed-point words all-reduced over the shard's world.
+
 With `capture` (the DSpark target layers) the step also writes the static hidden rows [rows, len(capture) * D]:
 per listed layer, in that order, the mean of the hc streams entering it after its Engram (the reference's
 `capture`, docs/drafting.md: a float64 mean rounded to fp32), what the drafter reads of committed positions.
@@ -28,7 +31,9 @@ from tfc.runtime.models.dsv41.fast.moe import moe
 from tfc.runtime.models.dsv41.fast.rope import RopeTables
 from tfc.runtime.models.dsv41.fast.step_context import step_context
 from tfc.runtime.models.dsv41.fast.step_plan import Tile
+from tfc.runtime.models.dsv41.fast.tp import TpProducts
 from tfc.runtime.models.dsv41.fast.weights import FastWeights
+from tfc.runtime.models.dsv41.shard import Shard
 
 
 class StepBuffers:
@@ -78,7 +83,8 @@ class FastForward:
     """The step body: embedding, the backbone layers, HyperHead collapse, norm, head."""
 
     def __init__(self, cfg: Dsv41Config, weights: FastWeights, ops, kv: KvMemory, rope: RopeTables,
-                 buffers: StepBuffers, engram: bool, capture: tuple[int, ...] = ()) -> None:  # fmt: skip
+                 buffers: StepBuffers, engram: bool, capture: tuple[int, ...] = (), shard: Shard | None = None,
+                 tp: bool = False) -> None:  # fmt: skip
         width = len(capture) * cfg.hidden_size
         if capture and (buffers.hidden is None or buffers.hidden.shape[1] != width):
             raise ValueError(
@@ -96,6 +102,13 @@ class FastForward:
         self.ratios = tuple(sorted({s.ratio for s in kv.layout.sources}))
         self.trace: list[torch.Tensor] | None = None  # eager runs only: each layer's output streams
         self.routes: list | None = None  # eager runs only: (layer, expert ids) of the live rows
+        self.shard = shard or Shard()
+        self.tp = TpProducts(cfg, ops, self.shard, kv.device) if tp or self.shard.world > 1 else None
+
+    def engram_span(self) -> tuple[int, int]:
+        """[first, last) of the Engram hash columns this rank gathers rows of (all of them at TP=1)."""
+        cols = self.shard.engram_cols
+        return cols[self.shard.rank] if cols else (0, self.cfg.engram_cols)
 
     def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ the EXL3 group `name`, fp32."""
@@ -109,18 +122,25 @@ class FastForward:
         rows = b.rows if self.ops.exact else key.rows
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
                           lay.page_tokens, self.ratios, key.context)  # fmt: skip
-        hidden = self.weights.native("embed.weight")[b.tokens[:rows]].float()
+        table = self.weights.native("embed.weight")
+        hidden = (
+            table[b.tokens[:rows]] if self.tp is None else self.tp.embed(table, b.tokens[:rows])
+        ).float()
         streams = hidden.unsqueeze(-2).expand(-1, cfg.hc_mult, -1).contiguous()
         pre = first_pre((rows,), cfg.hc_mult, torch.float32, hidden.device)
         for layer in range(cfg.num_hidden_layers):
             streams, pre = self._block(layer, streams, pre, sc, key.rows)
         out = collapse_norm(streams, pre, self.weights.native("norm.weight"), cfg.rms_norm_eps)
         if head_rows is None:
-            b.logits[:rows].copy_(self.lin(out, "head"))
+            b.logits[:rows].copy_(self.head(out))
         else:  # HEAD_ROWS at a time: a row's logits do not depend on how many rows a step reads
             for lo in range(0, head_rows.numel(), HEAD_ROWS):
                 at = head_rows[lo : lo + HEAD_ROWS]
-                b.logits[at] = self.lin(out[at], "head")
+                b.logits[at] = self.head(out[at])
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of rows x [R, D], fp32 [R, V] (a rank's vocabulary share gathered from every rank)."""
+        return self.lin(x, "head") if self.tp is None else self.tp.head(x, self.weights.linear("head"))
 
     def _block(self, layer: int, streams: torch.Tensor, pre: torch.Tensor, sc, live: int):
         cfg, b = self.cfg, f"layers.{layer}"

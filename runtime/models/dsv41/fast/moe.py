@@ -59,7 +59,8 @@ def block_moe(
                          top_k, cfg.routed_scaling_factor, cfg.norm_topk_prob)  # fmt: skip
     if f.routes is not None and layer is not None:
         f.routes.append((layer, ids[:live].clone()))
-    y = f.ops.moe(x[:live], ids[:live], weights[:live], w.experts(block), cfg.swiglu_limit)
+    moe = f.ops.moe if f.tp is None else f.tp.moe
+    y = moe(x[:live], ids[:live], weights[:live], w.experts(block), cfg.swiglu_limit)
     if live < x.shape[0]:
         y = torch.cat((y, torch.zeros(x.shape[0] - live, y.shape[1], dtype=y.dtype, device=y.device)))
     return y

@@ -39,6 +39,23 @@ class Ops(Protocol):
         """bf16 [r, C * head_dim] of global table rows ids [r, C] from a shard starting at row_lo."""
         ...
 
+    def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """x @ a column share of a product `full` columns wide -> fp32, each value as the whole product's."""
+        ...
+
+    def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """x @ a row share of a product `full` rows deep -> fixed-point words int64 [2, r, n] (numerics.py)."""
+        ...
+
+    def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+                  limit: float, full: int) -> torch.Tensor:  # fmt: skip
+        """`moe` over a share of the experts' width (`full` whole) -> fixed-point words int64 [2, r, D]."""
+        ...
+
+    def fixed_value(self, acc: torch.Tensor) -> torch.Tensor:
+        """fp32 of a fixed-point sum int64 [2, ...] (every rank's words added)."""
+        ...
+
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a [r, k] bf16 @ w [n, k]^T bf16 -> fp32 [r, n] (products exact, fp32 sums)."""
         ...
@@ -49,8 +66,11 @@ class Ops(Protocol):
         ...
 
 
-def moe_config(tables: ExpertTables, topk: int, device: torch.device, interpret: bool) -> Any:
-    """The MoE launch the kernel would pick for one token, pinned (k-splits, decode) for any number of tokens."""
+def moe_config(
+    tables: ExpertTables, topk: int, device: torch.device, interpret: bool, inter: int | None = None
+) -> Any:
+    """The MoE launch the kernel would pick for one token, pinned (k-splits, decode) for any number of tokens;
+    `inter`: the whole expert width a tensor-parallel rank's share of it is pinned to (default: the table's)."""
     from tfc.kernels.exl3_launch import even_split, num_sms, pick_split
     from tfc.kernels.moe_exl3 import MOE_MMA_GROUPS, MOE_MMA_GROUPS_RAGGED, MOE_MMA_WAVES, MoeConfig
 
@@ -64,7 +84,7 @@ def moe_config(tables: ExpertTables, topk: int, device: torch.device, interpret:
     mma = 0 if interpret or not (runs13 and runs2) else MOE_MMA_GROUPS if uniform else MOE_MMA_GROUPS_RAGGED
     bk = 16 if mma else (64 if uniform else 32) if runs13 or runs2 else 16
     waves = MOE_MMA_WAVES[mma] if mma else 16.0 if uniform else 8.0
-    d, inter, pairs, sms = w1.k, w1.n, topk + 1, num_sms(device)
+    d, inter, pairs, sms = w1.k, inter or w1.n, topk + 1, num_sms(device)
     if mma:
         s1 = even_split(d // 16, inter // 128 * pairs, sms, waves)
         s2 = even_split(inter // 16, d // 128 * pairs, sms, waves)
@@ -78,13 +98,15 @@ class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
     def __init__(self, device: torch.device, exact: bool = True) -> None:
-        from tfc.kernels import engram_rows, exl3_gemv, exl3_rows, moe_exl3
+        from tfc.kernels import engram_rows, exl3_fixed, exl3_gemv, exl3_rows, moe_exl3
         from tfc.kernels.exl3_tl import INTERPRET
 
         self.device = device
         self.exact = exact
         self.interpret = INTERPRET
         self._gemm = exl3_gemv.exl3_gemm
+        self._fixed_value = exl3_fixed.fixed_value
+        self._pinned: dict[tuple[str, int], Any] = {}
         self._moe = moe_exl3.moe_exl3
         self._gemm_rows = exl3_rows.exl3_gemm_rows
         self._moe_rows = exl3_rows.moe_rows
@@ -92,7 +114,7 @@ class TritonOps:
         self._moe_default = moe_exl3.MoeConfig()
         self._gather = engram_rows.gather_rows
         self._lut = engram_rows.bf16_lut(device)
-        self._configs: dict[int, Any] = {}
+        self._configs: dict[tuple[int, int], Any] = {}
         self.notes: list[str] = []
         self._mm_dtype = device.type == "cuda" and self._probe_mm_dtype()
 
@@ -134,12 +156,46 @@ class TritonOps:
             return self._moe_rows(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit)
         config = self._moe_default
         if self.exact:
-            key = id(tables)
+            key = (id(tables), 0)
             if key not in self._configs:
                 self._configs[key] = moe_config(tables, ids.shape[1], self.device, self.interpret)
             config = self._configs[key]
         return self._moe(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit,
                          out_dtype=torch.float32, config=config)  # fmt: skip
+
+    def _pin(self, lin: Exl3Linear, rows: int, k: int, n: int) -> Any:
+        """The GEMM launch of the whole k x n product this share belongs to (exl3_launch.pinned_config)."""
+        key = (lin.name, rows)
+        if key not in self._pinned:
+            from tfc.kernels.exl3_launch import GemmConfig, pinned_config
+
+            self._pinned[key] = pinned_config(GemmConfig(), rows, lin.trellis.shape[-1], k, n, self.device)
+        return self._pinned[key]
+
+    def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """A column share of the k x `full` product, launched as the whole product is (so with its bits)."""
+        config = self._pin(lin, x.shape[0], lin.k, full)
+        return self._gemm(
+            x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, config=config
+        )
+
+    def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """A row share of the `full` x n product as fixed-point words [2, r, n], decoded as the whole product is."""
+        config = self._pin(lin, x.shape[0], full, lin.n)
+        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, config=config, fixed=True)
+
+    def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+                  limit: float, full: int) -> torch.Tensor:  # fmt: skip
+        """A share of the experts' width (`full` whole) as fixed-point words [2, r, D], launched as the whole."""
+        key = (id(tables), full)
+        if key not in self._configs:
+            self._configs[key] = moe_config(tables, ids.shape[1], self.device, self.interpret, full)
+        return self._moe(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit,
+                         config=self._configs[key], fixed=True)  # fmt: skip
+
+    def fixed_value(self, acc: torch.Tensor) -> torch.Tensor:
+        """fp32 of a fixed-point sum [2, ...] (one kernel)."""
+        return self._fixed_value(acc)
 
     def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
         """The Engram gather kernel (e4m3 + e8m0 records -> bf16)."""

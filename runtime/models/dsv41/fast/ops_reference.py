@@ -1,9 +1,11 @@
 """The kernels' torch references standing in for them where there is no GPU (CPU runs and tests of the fast forward).
 
 Same views, same maths as the kernels' references (kernels/exl3_reference.py, moe_exl3.moe_reference,
-engram_rows.gather_rows_reference), in fp32: an EXL3 group is decoded to a dense weight once, on first use
-(the CPU path only; the GPU path never decodes), and every MoE pair is its own one-row product, summed in the
-kernel's order (routed slots, then the shared expert), so a row's result never depends on the other rows.
+engram_rows.gather_rows_reference), in fp32: an EXL3 group is decoded to a dense weight once, on first use,
+one 128 x 128 tile at a time (the CPU path only; the GPU path never decodes), and every MoE pair is its own
+one-row product, summed in the kernel's order (routed slots, then the shared expert), so a row's result never
+depends on the other rows. The tensor-parallel products (`column`, `rows_fixed`, `moe_fixed`) go one 128-value
+block at a time, so a rank's share computes its values as the whole product does (docs/parallel.md).
 """
 
 from __future__ import annotations
@@ -12,6 +14,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
+from tfc.runtime.models.dsv41.numerics import BLOCK, from_fixed, to_fixed
+
+
+def column_blocks(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [r, k] @ w [k, n] in fp32, one 128-column block per GEMM of one shape (n a multiple of 128)."""
+    k, n = w.shape
+    blocks = w.reshape(k, n // BLOCK, BLOCK).transpose(0, 1)  # [nb, k, 128]
+    return torch.matmul(x, blocks).transpose(0, 1).reshape(x.shape[0], n)
+
+
+def row_words(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """int64 [2, r, n]: the fixed-point words of x[:, b] @ w[b] (fp32) summed over the 128-row blocks b of w."""
+    k, n = w.shape
+    xb = x.reshape(x.shape[0], k // BLOCK, BLOCK).transpose(0, 1)  # [nb, r, 128]
+    parts = torch.matmul(xb, w.reshape(k // BLOCK, BLOCK, n))  # [nb, r, n]
+    return to_fixed(parts.double()).sum(1)
 
 
 class ReferenceOps:
@@ -26,10 +44,10 @@ class ReferenceOps:
     def _decoded(self, key: tuple[int, int], trellis, suh, svh, codebook: int) -> torch.Tensor:
         held = self._dense.get(key)
         if held is None:
-            from tfc.kernels.exl3_reference import dequant
+            from tfc.runtime.models.dsv41.weights import dequant_tiles
 
-            dense = dequant(trellis.cpu().numpy(), suh.cpu().numpy(), svh.cpu().numpy(), codebook)
-            held = self._dense[key] = torch.from_numpy(dense)
+            dense = dequant_tiles(trellis.cpu().numpy(), suh.cpu().numpy(), svh.cpu().numpy(), codebook)
+            held = self._dense[key] = dense
         return held
 
     def dense(self, lin: Exl3Linear) -> torch.Tensor:
@@ -75,6 +93,37 @@ class ReferenceOps:
                 act = F.silu(gate) * up * w
                 out[t] += (act @ self.expert(tables.w2, e))[0]
         return out
+
+    def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """x @ W one 128-column block at a time (any block range of the whole product gives its bits)."""
+        return column_blocks(x.float(), self.dense(lin))
+
+    def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
+        """x @ W as fixed-point words [2, r, n] of its 128-row block products."""
+        return row_words(x.float(), self.dense(lin))
+
+    def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
+                  limit: float, full: int) -> torch.Tensor:  # fmt: skip
+        """`moe` as fixed-point words [2, r, D]: gate and up by column blocks, each pair's down by row blocks."""
+        shared = tables.w1.entries - 1
+        out = torch.zeros(2, x.shape[0], tables.w2.n, dtype=torch.int64)
+        for t in range(x.shape[0]):
+            row = x[t : t + 1].float()
+            pairs = [
+                (min(max(int(e), 0), shared - 1), float(w))
+                for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True)
+            ]
+            for e, w in [*pairs, (shared, 1.0)]:
+                gate = column_blocks(row, self.expert(tables.w1, e))
+                up = column_blocks(row, self.expert(tables.w3, e))
+                if limit > 0:
+                    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+                out[:, t] += row_words(F.silu(gate) * up * w, self.expert(tables.w2, e))[:, 0]
+        return out
+
+    def fixed_value(self, acc: torch.Tensor) -> torch.Tensor:
+        """fp32 of a fixed-point sum [2, ...]."""
+        return from_fixed(acc).float()
 
     def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
         """The Engram gather's reference."""

@@ -300,18 +300,19 @@ class FastRunner(DraftingRunner):
         return self.forward.buffers.logits
 
     def _engram_ids(self, tile: Tile) -> np.ndarray | None:
-        """Table row ids [rows, layers, cols] of the tile's rows (padding rows: each shard's first row)."""
+        """Table row ids [rows, layers, cols] of the tile's rows (padding rows: each shard's first row); a
+        tensor-parallel rank's own hash columns only."""
         if self._tables is None or not self.forward.engram:
             return None
         from tfc.runtime.models.dsv41.engram_hash import hash_ids
 
-        cfg = self.forward.cfg
-        out = np.empty((len(tile.tokens), len(self._row_lo), cfg.engram_cols), np.int64)
+        first, last = self.forward.engram_span()
+        out = np.empty((len(tile.tokens), len(self._row_lo), last - first), np.int64)
         out[:] = np.asarray(self._row_lo, np.int64)[None, :, None]
         for lo, hi in _runs(tile):
             state = self._slots.get(tile.rows[lo].slot)
             back = [] if state is None else state.tokens[-self._lookback() :]
-            out[lo:hi] = hash_ids(self._tables, [r.token for r in tile.rows[lo:hi]], back)
+            out[lo:hi] = hash_ids(self._tables, [r.token for r in tile.rows[lo:hi]], back)[..., first:last]
         return out
 
 

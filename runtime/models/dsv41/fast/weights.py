@@ -153,6 +153,10 @@ class FastWeights:
         lo = int(self.host_array(SEG_ROW_RANGES)[k][0])
         return table, lo
 
+    def array(self, name: str) -> np.ndarray:
+        """host_array (the name shard_of reads a rank's Engram column split by)."""
+        return self.host_array(name)
+
     def host_array(self, name: str) -> np.ndarray:
         """A segment as a numpy array from the image mapping (host-side assets)."""
         entry = self._entries[name]

@@ -192,7 +192,8 @@ def test_hidden_rows_reach_the_drafter_once_committed_and_match_the_reference(fr
         [tokens], [ref.model.new_state()], [ref.feed.rows([], tokens)], capture=layers
     )
     assert hidden.shape == want[0].shape == (24, 3 * 256)
-    assert torch.allclose(hidden, want[0], atol=1e-4, rtol=1e-4)
+    # the fp32 residual streams' bound of test_fast_forward: 1e-4 of the stream's largest value
+    torch.testing.assert_close(hidden, want[0], rtol=0, atol=1e-4 * float(want[0].abs().max()))
 
 
 @ON_CPU_ONLY
