@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.exl3_inputs import cuda_group
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
-
-
-def _group(k, n, bits, codebook, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    width = int(16 * bits)
-    trellis = torch.randint(
-        -32768, 32768, (k // 16, n // 16, width), dtype=torch.int16, device="cuda", generator=gen
-    )
-    suh = (torch.randn(k, device="cuda", generator=gen) * 0.02).half()
-    svh = (torch.randn(n, device="cuda", generator=gen) * 0.5 + 1.0).half()
-    return trellis, suh, svh, codebook
+_group = cuda_group
 
 
 @pytest.mark.parametrize(

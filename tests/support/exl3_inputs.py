@@ -23,3 +23,15 @@ def random_group(ref, rng: np.random.Generator, k: int, n: int, width: int, cb: 
     svh = (rng.standard_normal(n) * 0.5).astype(np.float16)
     dense = torch.from_numpy(ref.dequant(trellis, suh, svh, cb))
     return (torch.from_numpy(trellis), torch.from_numpy(suh), torch.from_numpy(svh), cb), dense
+
+
+def cuda_group(k: int, n: int, bits: float, codebook: int, seed: int):
+    """A random EXL3 group on the GPU (trellis, suh, svh, codebook) at `bits` per weight, seeded."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    width = int(16 * bits)
+    trellis = torch.randint(
+        -32768, 32768, (k // 16, n // 16, width), dtype=torch.int16, device="cuda", generator=gen
+    )
+    suh = (torch.randn(k, device="cuda", generator=gen) * 0.02).half()
+    svh = (torch.randn(n, device="cuda", generator=gen) * 0.5 + 1.0).half()
+    return trellis, suh, svh, codebook
