@@ -11,5 +11,5 @@ if [ "${1:-}" != "--no-tests" ]; then
       "$REPO/tests/kernels/test_kernels_fixed_gpu.py" 2>&1 | tail -15 | tee "$OUT/tp_gpu_tests.txt"
 fi
 echo "== tp_fast_h200"; timeout 500 python3 "$REPO/benchmarks/tp_fast_h200.py" --out "$OUT/tp_fast_h200.json" \
-    --work "$WORK/tp" --budget-s 420 2>&1 | tail -8
+    --work "$WORK/tp" --budget-s 420 ${TP_ONLY:+--only $TP_ONLY} 2>&1 | tail -8
 rm -rf "$WORK/tp"

@@ -24,6 +24,7 @@ import platform
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,14 +154,18 @@ def world_run(image: Path, world: int, fuse: bool) -> dict:
             runner = build_fast(booted, slots=4, tokens_per_slot=512, fuse=fuse, comm=ThreadComm(hub, rank))
             results[rank] = greedy(runner)
             results[rank]["collective_calls"] = runner.forward.shard.comm.stats.calls
-        except BaseException as error:  # one rank failing breaks the others' barrier
-            errors.append(f"rank {rank}: {type(error).__name__}: {error}")
+        except BaseException:  # one rank failing breaks the others' barrier
+            errors.append(f"rank {rank}: {traceback.format_exc()[-2500:]}")
             hub.barrier.abort()
         finally:
             if booted is not None:
                 booted.close()
             hub.turn.release()
 
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))
+    threading.stack_size(
+        256 << 20
+    )  # the compilers a first call runs recurse deeply; a thread's default stack is small
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
