@@ -45,7 +45,7 @@ STEPS = 12
 
 def sync() -> None:
     if RUN["device"] == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 class Hub:
