@@ -162,7 +162,7 @@ case "$PART" in
     python3 -c "import json,sys; [print(f, json.load(open(f)).get('stages'), json.load(open(f)).get('notes'), json.load(open(f))['wall_ms']) for f in sys.argv[1:]]" \
       "$OUT/load_first.json" "$OUT/load_restart.json"; head -40 "$OUT/load_restart_self.txt" ;;
   parallel)
-    timeout 200 python3 benchmarks/parallel_cpu.py --reps 3 --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
+    timeout 300 python3 benchmarks/parallel_cpu.py --reps ${REPS:-3} --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
   *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|stagenotes|nocompile ..." >&2; exit 2 ;;
 esac
