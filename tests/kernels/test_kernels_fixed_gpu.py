@@ -12,7 +12,7 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
-from support.exl3_inputs import cuda_group
+from support.exl3_inputs import col_share, cuda_group, row_share
 
 torch = pytest.importorskip("torch")
 
@@ -20,16 +20,6 @@ pytestmark = pytest.mark.gpu
 
 SPLITS = {2: (0, 4096, 8192), 4: (0, 2048, 4096, 6144, 8192)}  # wo_b's rows: 8 groups of 1024
 INTER_SPLITS = {2: (0, 1152, 2304), 4: (0, 640, 1280, 1792, 2304)}  # 18 blocks of 128 over the ranks
-
-
-def _rows(g, lo: int, hi: int):
-    t, suh, svh, cb = g
-    return t[lo // 16 : hi // 16].contiguous(), suh[lo:hi].contiguous(), svh, cb
-
-
-def _cols(g, lo: int, hi: int):
-    t, suh, svh, cb = g
-    return t[:, lo // 16 : hi // 16].contiguous(), suh, svh[lo:hi].contiguous(), cb
 
 
 def _shares(n: int, world: int) -> list[tuple[int, int]]:
@@ -58,7 +48,7 @@ def test_row_shares_add_up_to_the_whole_wo_b(rows, world):
     assert torch.equal(whole, exl3_gemm(x, *g, config=pin, fixed=True)), "fixed words must be deterministic"
     edges = SPLITS[world]
     total = sum(
-        exl3_gemm(x[:, lo:hi].contiguous(), *_rows(g, lo, hi), config=pin, fixed=True)
+        exl3_gemm(x[:, lo:hi].contiguous(), *row_share(g, lo, hi), config=pin, fixed=True)
         for lo, hi in itertools.pairwise(edges)
     )
     assert torch.equal(total, whole)
@@ -80,7 +70,7 @@ def test_pinned_column_shares_are_the_whole_products_columns(k, n, rows, world):
     pin = pinned_config(GemmConfig(), rows, g[0].shape[-1], k, n, x.device)
     whole = exl3_gemm(x, *g, out_dtype=torch.float32, config=pin)
     for lo, hi in _shares(n, world):
-        share = exl3_gemm(x, *_cols(g, lo, hi), out_dtype=torch.float32, config=pin)
+        share = exl3_gemm(x, *col_share(g, lo, hi), out_dtype=torch.float32, config=pin)
         assert torch.equal(share, whole[:, lo:hi]), (lo, hi)
 
 
@@ -101,8 +91,8 @@ def test_moe_shares_add_up_to_the_whole(tokens, world):
     wts = torch.rand(tokens, topk, device="cuda") + 0.05
 
     def tables(lo: int, hi: int):
-        w1, w3 = (ExpertTable.build([_cols(g, lo, hi) for g in groups[p]]) for p in (0, 1))
-        return SimpleNamespace(w1=w1, w3=w3, w2=ExpertTable.build([_rows(g, lo, hi) for g in groups[2]]))
+        w1, w3 = (ExpertTable.build([col_share(g, lo, hi) for g in groups[p]]) for p in (0, 1))
+        return SimpleNamespace(w1=w1, w3=w3, w2=ExpertTable.build([row_share(g, lo, hi) for g in groups[2]]))
 
     config = moe_config(tables(0, inter), topk, x.device, False, inter)  # pinned from the whole width
 

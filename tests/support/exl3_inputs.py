@@ -35,3 +35,15 @@ def cuda_group(k: int, n: int, bits: float, codebook: int, seed: int):
     suh = (torch.randn(k, device="cuda", generator=gen) * 0.02).half()
     svh = (torch.randn(n, device="cuda", generator=gen) * 0.5 + 1.0).half()
     return trellis, suh, svh, codebook
+
+
+def row_share(g, lo: int, hi: int):
+    """Rows [lo, hi) of a group (trellis, suh, svh, codebook): a row-parallel rank's share."""
+    t, suh, svh, cb = g
+    return t[lo // 16 : hi // 16].contiguous(), suh[lo:hi].contiguous(), svh, cb
+
+
+def col_share(g, lo: int, hi: int):
+    """Columns [lo, hi) of a group: a column-parallel rank's share."""
+    t, suh, svh, cb = g
+    return t[:, lo // 16 : hi // 16].contiguous(), suh, svh[lo:hi].contiguous(), cb

@@ -8,7 +8,7 @@ reference). Inputs are random (never zero); outputs are poisoned before every la
 
 from __future__ import annotations
 
-from support.exl3_inputs import random_group, seeded
+from support.exl3_inputs import col_share, random_group, row_share, seeded
 
 K, N, ROWS = 256, 256, 16
 D, INTER, ROUTED, TOPK, TOKENS, LIMIT = 128, 256, 3, 2, 2, 0.3
@@ -18,18 +18,6 @@ def _group(tk, name: str, k: int, n: int):
     return random_group(tk.exl3_reference, seeded(name), k, n, 32, 2)
 
 
-def _rows(g, lo: int, hi: int):
-    """Rows [lo, hi) of a group (trellis, suh, svh, codebook): a row-parallel rank's share."""
-    t, suh, svh, cb = g
-    return t[lo // 16 : hi // 16].contiguous(), suh[lo:hi].contiguous(), svh, cb
-
-
-def _cols(g, lo: int, hi: int):
-    """Columns [lo, hi) of a group: a column-parallel rank's share."""
-    t, suh, svh, cb = g
-    return t[:, lo // 16 : hi // 16].contiguous(), suh, svh[lo:hi].contiguous(), cb
-
-
 def test_gemm_fixed_row_split_adds_up(tk):
     import torch
 
@@ -37,8 +25,8 @@ def test_gemm_fixed_row_split_adds_up(tk):
     x = torch.randn(ROWS, K)
     gemm = tk.exl3_gemv.exl3_gemm
     whole = gemm(x, *g, fixed=True, out=torch.full((2, ROWS, N), -7, dtype=torch.int64))
-    a = gemm(x[:, :128].contiguous(), *_rows(g, 0, 128), fixed=True)
-    b = gemm(x[:, 128:].contiguous(), *_rows(g, 128, K), fixed=True)
+    a = gemm(x[:, :128].contiguous(), *row_share(g, 0, 128), fixed=True)
+    b = gemm(x[:, 128:].contiguous(), *row_share(g, 128, K), fixed=True)
     assert torch.equal(a + b, whole)
     y = tk.exl3_fixed.fixed_value(whole)
     want = x.double() @ dense.double()
@@ -54,7 +42,7 @@ def test_gemm_pinned_column_share_is_exact(tk):
     gemm, launch = tk.exl3_gemv.exl3_gemm, tk.exl3_launch
     pin = launch.pinned_config(launch.GemmConfig(), ROWS, 32, K, N, x.device)
     whole = gemm(x, *g, out_dtype=torch.float32, config=pin)
-    share = gemm(x, *_cols(g, 128, N), out_dtype=torch.float32, config=pin)
+    share = gemm(x, *col_share(g, 128, N), out_dtype=torch.float32, config=pin)
     assert torch.equal(share, whole[:, 128:])
 
 
@@ -83,8 +71,8 @@ def test_moe_fixed_split_adds_up(tk):
     config = m.MoeConfig(split_gate_up=2)  # pinned from the whole width, as ops.moe_config pins it
 
     def run(lo: int, hi: int):
-        w1, w3 = (et.build([_cols(g, lo, hi) for g in groups[p]]) for p in (0, 1))
-        w2 = et.build([_rows(g, lo, hi) for g in groups[2]])
+        w1, w3 = (et.build([col_share(g, lo, hi) for g in groups[p]]) for p in (0, 1))
+        w2 = et.build([row_share(g, lo, hi) for g in groups[2]])
         out = torch.full((2, TOKENS, D), -7, dtype=torch.int64)
         return m.moe_exl3(x, ids, wts, w1, w3, w2, swiglu_limit=LIMIT, config=config, out=out, fixed=True)
 

@@ -32,6 +32,21 @@ def row_words(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return to_fixed(parts.double()).sum(1)
 
 
+def _pairs(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables):
+    """(token, its row fp32 [1, D], expert, weight) of every routed pair in slot order, then the shared expert."""
+    shared = tables.w1.entries - 1
+    for t in range(x.shape[0]):
+        row = x[t : t + 1].float()
+        for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True):
+            yield t, row, min(max(int(e), 0), shared - 1), float(w)
+        yield t, row, shared, 1.0
+
+
+def _clamped(gate: torch.Tensor, up: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """SwiGLU's clamp (gate from above, up both ways) when limit > 0."""
+    return (gate.clamp(max=limit), up.clamp(-limit, limit)) if limit > 0 else (gate, up)
+
+
 class ReferenceOps:
     """fp32 torch on the host over dense weights decoded from the arena's views (cached per group / entry)."""
 
@@ -77,21 +92,10 @@ class ReferenceOps:
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
         """Each token's routed pairs in slot order, then the shared expert (weight 1)."""
-        shared = tables.w1.entries - 1
         out = torch.zeros(x.shape[0], tables.w2.n)
-        for t in range(x.shape[0]):
-            row = x[t : t + 1].float()
-            pairs = [
-                (min(max(int(e), 0), shared - 1), float(w))
-                for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True)
-            ]
-            for e, w in [*pairs, (shared, 1.0)]:
-                gate = row @ self.expert(tables.w1, e)
-                up = row @ self.expert(tables.w3, e)
-                if limit > 0:
-                    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-                act = F.silu(gate) * up * w
-                out[t] += (act @ self.expert(tables.w2, e))[0]
+        for t, row, e, w in _pairs(x, ids, weights, tables):
+            gate, up = _clamped(row @ self.expert(tables.w1, e), row @ self.expert(tables.w3, e), limit)
+            out[t] += ((F.silu(gate) * up * w) @ self.expert(tables.w2, e))[0]
         return out
 
     def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
@@ -105,20 +109,11 @@ class ReferenceOps:
     def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
                   limit: float, full: int) -> torch.Tensor:  # fmt: skip
         """`moe` as fixed-point words [2, r, D]: gate and up by column blocks, each pair's down by row blocks."""
-        shared = tables.w1.entries - 1
         out = torch.zeros(2, x.shape[0], tables.w2.n, dtype=torch.int64)
-        for t in range(x.shape[0]):
-            row = x[t : t + 1].float()
-            pairs = [
-                (min(max(int(e), 0), shared - 1), float(w))
-                for e, w in zip(ids[t].tolist(), weights[t].tolist(), strict=True)
-            ]
-            for e, w in [*pairs, (shared, 1.0)]:
-                gate = column_blocks(row, self.expert(tables.w1, e))
-                up = column_blocks(row, self.expert(tables.w3, e))
-                if limit > 0:
-                    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-                out[:, t] += row_words(F.silu(gate) * up * w, self.expert(tables.w2, e))[:, 0]
+        for t, row, e, w in _pairs(x, ids, weights, tables):
+            gate = column_blocks(row, self.expert(tables.w1, e))
+            gate, up = _clamped(gate, column_blocks(row, self.expert(tables.w3, e)), limit)
+            out[:, t] += row_words(F.silu(gate) * up * w, self.expert(tables.w2, e))[:, 0]
         return out
 
     def fixed_value(self, acc: torch.Tensor) -> torch.Tensor:
