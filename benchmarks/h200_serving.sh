@@ -12,6 +12,7 @@
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
+#   bash benchmarks/h200_serving.sh decode    # decode_h200's checks and decode steps only (#19)
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
@@ -52,6 +53,7 @@ case "$PART" in
   tests)  # the tiny image's fast-forward GPU tests and the small GPU tests of the runtime (the slice's: flashtests)
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 360 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kernels_gpu.py::test_sinkhorn_matches_the_models_loop" "$R/tests/runtime/engine/test_sampling_gpu.py" \
+      "$R/tests/kernels/test_kernels_gpu.py::test_gemm_live_rows_keep_their_bits" \
       "$R/tests/runtime/models/dsv41/test_host_stage.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k "not flash_slice") \
       > "$OUT/fast_gpu_tests.txt" 2>&1
     tail -15 "$OUT/fast_gpu_tests.txt" ;;
@@ -99,6 +101,9 @@ case "$PART" in
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
     tail -15 "$OUT/flash_gpu_tests.txt" ;;
+  decode)  # decode_h200's checks and decode part only (1, 4, 16 rows: pinned, unpinned, sums apart), no reference
+    timeout 420 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference --out "$OUT/decode_h200.json" \
+      --budget-s 400 2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   speed)
     timeout 60 python3 benchmarks/sampling.py --out "$OUT/sampling_h200.json" 2>&1 | tail -4
     timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --quick --no-reference --out "$OUT/decode_h200.json" --budget-s 200 \

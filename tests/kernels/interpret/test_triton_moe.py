@@ -74,7 +74,9 @@ PARAMS = [
 def test_moe_kernel(tk, layout, mode):
     import torch
 
-    tables, x, ids, wts, want, unclamped = moe_inputs(tk, layout, 1 if (layout, mode) in RUN_DECODE else TOKENS)
+    tables, x, ids, wts, want, unclamped = moe_inputs(
+        tk, layout, 1 if (layout, mode) in RUN_DECODE else TOKENS
+    )
     assert (unclamped - want).norm() / want.norm() > 1e-2, "the test inputs must exercise the SwiGLU clamp"
     y = torch.full(x.shape, float("nan"), dtype=torch.float32)
     m = tk.moe_exl3
