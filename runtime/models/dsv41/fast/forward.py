@@ -113,7 +113,7 @@ class FastForward:
 
     def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x @ the EXL3 group `name`, fp32 (in a decode step of fewer live rows than x has, the padding rows zero)."""
-        live = self.live if self.live is not None and self.live < x.shape[0] else None
+        live = self.live if self.live is not None and self.live <= x.shape[0] else None
         return self.ops.linear(x, self.weights.linear(name), live)
 
     def step(self, key: StepKey, head_rows: torch.Tensor | None = None) -> None:
@@ -121,8 +121,9 @@ class FastForward:
         device index of rows, a multiple of HEAD_ROWS long, in those rows only: a prefill step reads its runs'
         last rows)."""
         rows = self.buffers.rows if self.ops.exact else key.rows
-        # a decode step's EXL3 products sum the key's rows only (fixed by the key: replay still equals eager)
-        self.live = key.rows if rows <= MAX_ROWS and key.rows < rows else None
+        # an exact decode step's EXL3 products sum the key's rows only, in their own launch, at every row count
+        # (the sums then in one order whatever the key: a row's bits stay its own; replay still equals eager)
+        self.live = key.rows if self.ops.exact and rows <= MAX_ROWS and head_rows is None else None
         try:
             self._step(key, rows, head_rows)
         finally:
