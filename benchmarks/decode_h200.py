@@ -234,34 +234,17 @@ def run(args) -> None:
     loose_graphs = GraphCache(GraphSettings())  # a cache of its own: same keys, other steps
     loose = build_fast(SimpleNamespace(image=booted.image, arena=booted.arena, graphs=loose_graphs), slots=16,
                        tokens_per_slot=CONTEXT + 2048, exact=False, engram=False, **BUILD)  # fmt: skip
-    apart = None  # the exact launches with every product's 16 rows summed in a second launch (no `live`)
-    if DEV.type == "cuda":
-        from tfc.runtime.models.dsv41.fast.ops import TritonOps
-
-        apart = build_fast(SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings())),
-                           slots=16, tokens_per_slot=CONTEXT + 2048, engram=False,
-                           ops=TritonOps(DEV, live_reduce=False), **BUILD)  # fmt: skip
     res["image_bytes"], res["layers"] = booted.arena.nbytes, runner.forward.cfg.num_hidden_layers
     res["kv"] = runner.stats()["kv"]
     part("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
 
     def checks() -> None:
-        eq, first = {}, {}
+        eq = {}
         for rows in ROWS:
             tile = decode_tile(runner, rows)
             a = runner.launch(tile)[:rows].clone()
-            first[rows] = a[0]
             runner.forward.step(tile.key)  # eager, same static inputs (every write is idempotent)
             eq[rows] = bool(torch.equal(a, runner.forward.buffers.logits[:rows]))
-        # row 0 is the same token at the same position of slot 0 in every tile: concurrent == solo
-        res["row0_equal_at_1_4_16_rows"] = all(torch.equal(first[1], first[r]) for r in ROWS)
-        if apart is not None:  # how far the live rows' in-launch sums move the logits from the apart ones
-            tile = decode_tile(apart, 1)
-            b = apart.launch(tile)[0]
-            res["live_vs_apart_logits_rel_l2"] = float((first[1] - b).double().norm() / b.double().norm())
-            res["live_vs_apart_top1_equal"] = bool(first[1].argmax() == b.argmax())
-            apart.kv.release(0)
-
         ref = (
             {"skipped": "--no-reference", "pass": True, "blocking": False}
             if args.no_reference
@@ -273,11 +256,7 @@ def run(args) -> None:
 
             res["checks"]["kernel_errors"] = {f"L{layer} {k}": v for layer in (0, 2)
                                               for k, v in kernel_errors(runner, layer).items()}  # fmt: skip
-        if (
-            not all(eq.values())
-            or not res["row0_equal_at_1_4_16_rows"]
-            or (res["checks"]["reference"]["blocking"] and not args.time_anyway)
-        ):
+        if not all(eq.values()) or (res["checks"]["reference"]["blocking"] and not args.time_anyway):
             raise RuntimeError(f"checks failed: {res['checks']}")
 
     part("checks", checks)
@@ -302,17 +281,12 @@ def run(args) -> None:
             lt = decode_tile(loose, rows)
             loose.launch(lt)
             step_loose = timed(lambda t=lt: loose.replay(t.key))
-            step_apart = None
-            if apart is not None:
-                at = decode_tile(apart, rows)
-                apart.launch(at)
-                step_apart = timed(lambda t=at: apart.replay(t.key))
             layers_floor = floor.slice_layers(routes, rows)
             floor_s = (layers_floor + floor.head) / rate
             flash_layers = floor.flash_layers(routes, rows)
             eff = (layers_floor / rate) / max(step - head[rows], 1e-9)
             flash_step = flash_layers / rate / eff + head[rows]
-            table[rows] = {"step_s": step, "step_with_inputs_s": with_inputs, "step_unpinned_s": step_loose, "step_sums_apart_s": step_apart,
+            table[rows] = {"step_s": step, "step_with_inputs_s": with_inputs, "step_unpinned_s": step_loose,
                            "head_s": head[rows], "per_layer_s": (step - head[rows]) / res["layers"],
                            "floor_bytes": layers_floor + floor.head, "floor_s": floor_s, "floor_ratio": floor_s / step,
                            "distinct_experts_per_layer": statistics.mean(len(p) for p in routes.values()),
@@ -321,8 +295,6 @@ def run(args) -> None:
             for s in range(rows):
                 runner.kv.release(s)
                 loose.kv.release(s)
-                if apart is not None:
-                    apart.kv.release(s)
         res["decode"] = table
 
     part("decode", decode)

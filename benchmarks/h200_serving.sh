@@ -101,7 +101,7 @@ case "$PART" in
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
     tail -15 "$OUT/flash_gpu_tests.txt" ;;
-  decode)  # decode_h200's checks and decode part only (1, 4, 16 rows: pinned, unpinned, sums apart), no reference
+  decode)  # decode_h200's checks and decode part only (1, 4, 16 rows, pinned and unpinned launches), no reference
     timeout 420 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference --out "$OUT/decode_h200.json" \
       --budget-s 400 2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;
   speed)

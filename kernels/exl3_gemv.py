@@ -95,7 +95,6 @@ def _exl3_gemm_kernel(
     MMA_NACC: tl.constexpr = 16,
     MMA_SPLIT: tl.constexpr = False,
     REDUCE: tl.constexpr = True,
-    LIVE=1,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -173,8 +172,9 @@ def _exl3_gemm_kernel(
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     if REDUCE:  # else _reduce_kernel, launched next, sums the partials
-        by_row: tl.constexpr = (RUNS and MP > 1) or MMA
-        _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP, by_row, LIVE)
+        _reduce_last(
+            cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP, (RUNS and MP > 1) or MMA
+        )
 
 
 @triton.jit
@@ -188,9 +188,8 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
 
 @triton.jit
 def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP: tl.constexpr,
-                 BY_ROW: tl.constexpr, LIVE):  # fmt: skip
-    """The last program of a column block to arrive sums its SPLIT partials of rows < LIVE, rotates, scales,
-    stores; rows LIVE..M get zeros."""
+                 BY_ROW: tl.constexpr):  # fmt: skip
+    """The last program of a column block to arrive sums its SPLIT partials, rotates, scales, stores."""
     m = tl.arange(0, MP)
     release_fence()
     last = pid_n >= 0
@@ -201,14 +200,11 @@ def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT
             # Row by row (rows < M only): the one-row sum keeps 8 partials in flight and needs no
             # [MP, 32, 128] product (nor its registers, which would cap the mma loop's occupancy).
             sv = tl.load(svh_ptr + cols).to(tl.float32)
-            for r in range(LIVE):
+            for r in range(M):
                 y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
                 tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
-            for r in range(LIVE, M):
-                tl.store(y_ptr + r * stride_y + cols, tl.zeros([128], dtype=y_ptr.dtype.element_ty))
         else:
             y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
-            y = tl.where(m[:, None] < LIVE, y, 0.0)
             tl.store(
                 y_ptr + m[:, None] * stride_y + cols[None, :],
                 y.to(y_ptr.dtype.element_ty),
@@ -286,17 +282,13 @@ def exl3_gemm(
     out: torch.Tensor | None = None,
     x_rotated: bool = False,
     fixed: bool = False,
-    live: int | None = None,
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
     elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
     128-row block of k (the k-split forced to k / 128, whatever config says), which a row-parallel rank adds to
-    the other ranks' by an integer all-reduce before exl3_fixed.fixed_value. `live`: only rows < live are wanted
-    (the rest are padding): the launch is M rows' (so a row's bits do not depend on `live`), the k-split partials
-    are summed in the last program of each column block for those rows alone (no second launch), and rows
-    live..M come out zero.
+    the other ranks' by an integer all-reduce before exl3_fixed.fixed_value.
     """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
@@ -304,8 +296,6 @@ def exl3_gemm(
     if x.dim() != 2 + pairs_in or x.shape[-1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
     m_rows = x.shape[0]
-    if live is not None and not (1 <= live <= m_rows and not fixed):
-        raise ValueError(f"live {live} must be 1..{m_rows} rows, without fixed")
     cfg = resolved_for(config, m_rows, trellis.shape)
     pairs = input_pairs(cfg, m_rows)
     if x_rotated and pairs != pairs_in:
@@ -342,14 +332,14 @@ def exl3_gemm(
     if cfg.mma and fuse:  # ... as fp16 high / low rows
         xh = torch.empty((blocks, 2, k), dtype=torch.float16, device=x.device)
     ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
-    apart = (cfg.reduce_apart and live is None) or fixed
+    apart = cfg.reduce_apart or fixed
     cnt = counters(x.device, blocks) if split > 1 and not apart else y
     _exl3_gemm_kernel[(blocks, split)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, LIVE=m_rows if live is None else live, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         _fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)

@@ -185,26 +185,3 @@ def test_sinkhorn_matches_the_models_loop(rows):
     )
     got = sinkhorn(logits, 20, 1e-6)
     assert float((got.double() - loop(logits.double(), 20, 1e-6)).abs().max()) < 2e-6
-
-
-@pytest.mark.parametrize(("k", "n", "bits"), [(4096, 1024, 4), (1024, 32768, 4), (4096, 129280, 6)])
-def test_gemm_live_rows_keep_their_bits(k, n, bits):
-    """The decode step's products: 16 padded rows launched, the partials of the live ones summed in the launch
-    (exl3_gemm's `live`); a live row's bits are the same at any live count, padding rows are zero, and the
-    values are the 16-row product's within fp32 summation order."""
-    from tfc.kernels.exl3_gemv import exl3_gemm
-
-    tr, suh, svh, cb = _group(k, n, bits, 2, 5)
-    x = torch.randn(16, k, device="cuda")
-    whole = exl3_gemm(x, tr, suh, svh, cb, out_dtype=torch.float32)
-    outs = {}
-    for live in (1, 2, 4, 8, 12, 16):
-        out = torch.full((16, n), float("nan"), dtype=torch.float32, device="cuda")
-        outs[live] = exl3_gemm(x, tr, suh, svh, cb, out=out, live=live)
-        assert torch.equal(out[live:], torch.zeros_like(out[live:])), live
-    for live in (1, 2, 4, 8, 12):
-        assert torch.equal(outs[live][:live], outs[16][:live]), live
-    again = exl3_gemm(x, tr, suh, svh, cb, out_dtype=torch.float32, live=16)
-    assert torch.equal(again, outs[16]), "the in-launch sum must be deterministic"
-    err = float((outs[16].double() - whole.double()).norm() / whole.double().norm())
-    assert err < 1e-6, err

@@ -114,33 +114,3 @@ def test_gemm_defaults(tk):
     assert not d["1_40"].runs and not d["1_40"].use_dot
     assert not d["4_40"].runs and d["4_40"].use_dot and d["16_40"].use_dot
     assert not any(c.mma for c in d.values())
-
-
-@pytest.mark.parametrize(
-    ("rows", "width", "cfg"),
-    [(16, 32, {"split": 2}), (4, 64, {"split": 2}), (16, 32, {"split": 2, "reduce_apart": True})],
-    ids=["m16_dot", "m4_runs_by_row", "m16_dot_apart"],
-)
-def test_live_rows_keep_their_bits_and_padding_rows_are_zero(tk, rows, width, cfg):
-    """`live`: the launch stays the padded rows' one, so a live row's bits do not depend on how many rows are live
-    (the partials then summed in the launch itself, even for a config that sums them apart), and the padding
-    rows come out zero."""
-    import torch
-
-    g = tk.exl3_gemv
-    (tr, suh, svh, _), dense = random_group(
-        tk.exl3_reference, seeded(f"live_{rows}_{width}"), 128, 256, width, 2
-    )
-    x = torch.randn(rows, 128)
-    config = g.GemmConfig(**cfg)
-    outs = {}
-    for live in (1, 3, rows):
-        y = torch.full((rows, 256), float("nan"), dtype=torch.float32)
-        outs[live] = g.exl3_gemm(x, tr, suh, svh, 2, config=config, out=y, live=live)
-        assert torch.equal(y[live:], torch.zeros_like(y[live:])), live
-    for live in (1, 3):
-        assert torch.equal(outs[live][:live], outs[rows][:live]), live
-    want = x.double() @ dense.double()
-    assert float((outs[rows].double() - want).norm() / want.norm()) < TOL_DOT
-    with pytest.raises(ValueError, match="live"):
-        g.exl3_gemm(x, tr, suh, svh, 2, config=config, live=rows + 1)

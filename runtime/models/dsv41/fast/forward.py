@@ -103,7 +103,6 @@ class FastForward:
         self.trace: list[torch.Tensor] | None = None  # eager runs only: each layer's output streams
         self.routes: list | None = None  # eager runs only: (layer, expert ids) of the live rows
         self.shard = shard or Shard()
-        self.live: int | None = None  # inside a step with exact ops: the key's rows (the rest are padding)
         self.tp = TpProducts(cfg, ops, self.shard, kv.device) if tp or self.shard.world > 1 else None
 
     def engram_span(self) -> tuple[int, int]:
@@ -112,25 +111,15 @@ class FastForward:
         return cols[self.shard.rank] if cols else (0, self.cfg.engram_cols)
 
     def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """x @ the EXL3 group `name`, fp32 (in a decode step of fewer live rows than x has, the padding rows zero)."""
-        live = self.live if self.live is not None and self.live <= x.shape[0] else None
-        return self.ops.linear(x, self.weights.linear(name), live)
+        """x @ the EXL3 group `name`, fp32."""
+        return self.ops.linear(x, self.weights.linear(name))
 
     def step(self, key: StepKey, head_rows: torch.Tensor | None = None) -> None:
         """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows] (with `head_rows`, a
         device index of rows, a multiple of HEAD_ROWS long, in those rows only: a prefill step reads its runs'
         last rows)."""
-        rows = self.buffers.rows if self.ops.exact else key.rows
-        # an exact decode step's EXL3 products sum the key's rows only, in their own launch, at every row count
-        # (the sums then in one order whatever the key: a row's bits stay its own; replay still equals eager)
-        self.live = key.rows if self.ops.exact and rows <= MAX_ROWS and head_rows is None else None
-        try:
-            self._step(key, rows, head_rows)
-        finally:
-            self.live = None
-
-    def _step(self, key: StepKey, rows: int, head_rows: torch.Tensor | None) -> None:
         cfg, b, lay = self.cfg, self.buffers, self.kv.layout
+        rows = b.rows if self.ops.exact else key.rows
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
                           lay.page_tokens, self.ratios, key.context)  # fmt: skip
         table = self.weights.native("embed.weight")

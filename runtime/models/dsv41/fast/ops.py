@@ -26,8 +26,8 @@ class Ops(Protocol):
 
     exact: bool
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
-        """x [r, k] @ W [k, n] -> fp32 [r, n]; `live`: rows live.. are padding and come out zero."""
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """x [r, k] @ W [k, n] -> fp32 [r, n]."""
         ...
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
@@ -97,15 +97,12 @@ def moe_config(
 class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
-    def __init__(self, device: torch.device, exact: bool = True, live_reduce: bool = True) -> None:
+    def __init__(self, device: torch.device, exact: bool = True) -> None:
         from tfc.kernels import engram_rows, exl3_fixed, exl3_gemv, exl3_rows, moe_exl3
         from tfc.kernels.exl3_tl import INTERPRET
 
         self.device = device
         self.exact = exact
-        # A decode step's products sum the live rows' partials in their own launch (else a second launch sums
-        # all 16 rows'); off only to measure the difference (benchmarks/decode_h200.py).
-        self.live_reduce = live_reduce
         self.interpret = INTERPRET
         self._gemm = exl3_gemv.exl3_gemm
         self._fixed_value = exl3_fixed.fixed_value
@@ -146,13 +143,11 @@ class TritonOps:
         twin.many_rows = True
         return twin
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
-        """The fused EXL3 GEMV/GEMM on the arena's trellis (the many-row product on the prefill twin); `live`:
-        the launch stays x's rows', the partials of rows < live are summed in it (exl3_gemm's `live`)."""
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """The fused EXL3 GEMV/GEMM on the arena's trellis (the many-row product on the prefill twin)."""
         if self.many_rows:
             return self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook)
-        live = live if self.live_reduce else None
-        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, live=live)
+        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32)
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip

@@ -85,12 +85,9 @@ class ReferenceOps:
         """These ops: a row's result never depends on the other rows here."""
         return self
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
-        """x @ W in fp32 (rows live.. zero, as the kernel gives them)."""
-        y = x.float() @ self.dense(lin)
-        if live is not None:
-            y[live:] = 0.0
-        return y
+    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
+        """x @ W in fp32."""
+        return x.float() @ self.dense(lin)
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip

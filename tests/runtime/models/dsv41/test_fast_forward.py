@@ -90,26 +90,6 @@ def test_prefill_chunking_and_decode_give_the_same_bits(fast):
     fast.release(1)
 
 
-def test_every_product_of_a_decode_step_sums_the_keys_rows_alone(fast, monkeypatch):
-    # On a GPU `live` moves a product's k-split sums into its own launch; a step of 16 rows must take that path as
-    # well as a step of 1, or their rows would be summed in two orders (prefill in chunks != decode).
-    ops, seen = fast.forward.ops, []
-    plain = ops.linear
-
-    def linear(x, lin, live=None):
-        seen.append((x.shape[0], live))
-        return plain(x, lin, live)
-
-    monkeypatch.setattr(ops, "linear", linear)
-    toks = _tokens(17, 3)
-    for tokens, at in ((toks[:1], 0), (toks[1:17], 1)):  # a 1-row step, then a 16-row one
-        seen.clear()
-        logits = fast.execute(StepPlan((SequenceStep(4, tuple(tokens), at),))).logits
-        assert seen and set(seen) == {(16, len(tokens))}, set(seen)
-        assert all(torch.isfinite(row).all() for row in logits)
-    fast.release(4)
-
-
 def test_concurrent_equals_solo_in_any_slot(fast):
     toks = _tokens(40, 7)
     solo = fast.logits_of(2, toks, 0)
