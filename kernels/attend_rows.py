@@ -1,0 +1,165 @@
+"""The fast attention's `attend_rows` stage as one Triton kernel: sink attention over FP8 rows, FP4 entries.
+
+For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`):
+
+    keys     ring[read[r]] (FP8 window rows, valid[r]) then entries[at[r]] (FP4 entries, ok[r]), decoded in
+             the kernel by kernels/stage_tl.py (kv_rows.unpack_fp8 / unpack_fp4's bits); K = V, every head
+    logits   q[r, h] . key * d**-0.5, -inf where the key is masked (its value zeroed), plus the sink sinks[h]
+    out      softmax(logits, sink) applied to the keys, the sink's value nothing; then the inverse rope
+             rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
+
+One program per (row, block of BLOCK_H = 16 heads: a grid of R x ceil(H / 16)) walks the row's keys in blocks
+of BLOCK_K (window keys, then entry keys), decodes each block once for all its heads and keeps an fp32 online
+softmax whose running maximum starts at the sink (so it is always finite and a row with every key masked gives
+0). Both products are fp32 FMA (`input_precision="ieee"`, never TF32). A row's bits depend only on its own
+inputs and the shapes (H, d, W, k): no split over programs, no atomics, block sizes fixed by the shapes.
+
+Tolerance: a few 1e-6 of the largest output against float64 and the torch stage when logits reach ~50 (fp32's
+rounding of the logits; then the online softmax's rescaling and the summation order against torch's two-pass
+softmax and bmm; tl.exp is ex2.approx on a GPU): the tests hold it to 4e-6 of float64 (1e-5 at Flash shapes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from tfc.kernels.stage_tl import e2m1_value, e4m3_value, rotate, ue8m0_value
+
+__all__ = ["attend_rows", "blocks"]
+
+
+def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 16 keys a block at d > 256 (else 32)."""
+    wide = head_dim > 256
+    return 16, 16 if wide else 32, 8 if wide else 4
+
+
+@triton.jit
+def _step(q, kv, ok, m, den, acc, scale):
+    """Key block kv [BLOCK_K, D] (ok [BLOCK_K]) into the online softmax (m, den, acc) of q [BLOCK_H, D]."""
+    s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
+    return m_new, den, acc
+
+
+@triton.jit
+def _attend_rows_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, cos_ptr, sin_ptr, ent_ptr, at_ptr,
+                        ok_ptr, out_ptr, sq_r, sq_h, sq_d, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w,
+                        s_cos_r, s_cos_c, s_sin_r, s_sin_c, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, so_r, so_h,
+                        s_sink, scale, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr,
+                        KT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = h < H
+    c = tl.arange(0, D)
+    q = tl.load(q_ptr + r * sq_r + h[:, None] * sq_h + c[None, :] * sq_d, mask=hm[:, None], other=0.0)
+    m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
+    den = tl.full([BLOCK_H], 1.0, tl.float32)  # exp(sink - m)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for k0 in range(0, W, BLOCK_K):
+        j = k0 + tl.arange(0, BLOCK_K)
+        ok = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0) != 0
+        row = tl.load(read_ptr + r * s_read_r + j * s_read_w, mask=ok, other=0)
+        base = ring_ptr + row[:, None] * s_ring
+        code = tl.load(base + c[None, :], mask=ok[:, None], other=0).to(tl.int32)
+        sbyte = tl.load(base + D + c[None, :] // 32, mask=ok[:, None], other=0).to(tl.int32)
+        kv = e4m3_value(code) * ue8m0_value(sbyte)  # masked keys load byte 0 everywhere: value 0
+        m, den, acc = _step(q, kv, ok, m, den, acc, scale)
+    for k0 in range(0, KT, BLOCK_K):
+        j = k0 + tl.arange(0, BLOCK_K)
+        ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0) != 0
+        row = tl.load(at_ptr + r * s_at_r + j * s_at_k, mask=ok, other=0)
+        base = ent_ptr + row[:, None] * s_ent
+        byte = tl.load(base + c[None, :] // 2, mask=ok[:, None], other=0).to(tl.int32)
+        code = (byte >> ((c[None, :] & 1) * 4)) & 15  # low nibble first
+        sbyte = tl.load(base + D // 2 + c[None, :] // 16, mask=ok[:, None], other=0).to(tl.int32)
+        kv = e2m1_value(code) * e4m3_value(sbyte)
+        m, den, acc = _step(q, kv, ok, m, den, acc, scale)
+    out = acc / den[:, None]
+    even, odd = tl.split(tl.reshape(out, [BLOCK_H, D // 2, 2]))
+    pair = tl.arange(0, D // 2) - (D // 2 - HALF)  # the pair's index in the rope slice (negative: no rope)
+    rope = pair >= 0
+    cos = tl.load(cos_ptr + r * s_cos_r + pair * s_cos_c, mask=rope, other=1.0)
+    sin = tl.load(sin_ptr + r * s_sin_r + pair * s_sin_c, mask=rope, other=0.0)
+    rot_even, rot_odd = rotate(even, odd, cos[None, :], -sin[None, :])  # the conjugate rotation
+    even = tl.where(rope[None, :], rot_even, even)
+    odd = tl.where(rope[None, :], rot_odd, odd)
+    out = tl.reshape(tl.join(even, odd), [BLOCK_H, D])
+    tl.store(out_ptr + r * so_r + h[:, None] * so_h + c[None, :], out, mask=hm[:, None])
+
+
+def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
+    """ValueError (one line) for what the kernel does not take."""
+    if q.dim() != 3 or q.dtype != torch.float32:
+        raise ValueError(f"attend_rows: q must be fp32 [R, H, d], got {q.dtype} {tuple(q.shape)}")
+    rows, heads, d = q.shape
+    if d < 32 or d & (d - 1):
+        raise ValueError(f"attend_rows: head_dim must be a power of two >= 32, got {d}")
+    if ring.dtype != torch.uint8 or ring.dim() != 2 or ring.shape[1] != d + d // 32 or ring.stride(1) != 1:
+        raise ValueError(
+            f"attend_rows: ring must be uint8 [N, {d + d // 32}] rows, got {ring.dtype} {tuple(ring.shape)}"
+        )
+    if read.dtype != torch.int64 or read.dim() != 2 or read.shape[0] != rows or valid.shape != read.shape:
+        raise ValueError(f"attend_rows: read must be int64 [R, W] and valid bool of its shape, got "
+                         f"{read.dtype} {tuple(read.shape)}, {tuple(valid.shape)}")  # fmt: skip
+    if valid.dtype != torch.bool or read.shape[1] < 1:
+        raise ValueError(
+            f"attend_rows: valid must be bool [R, W >= 1], got {valid.dtype} {tuple(valid.shape)}"
+        )
+    if not sinks.dtype.is_floating_point or sinks.shape != (heads,):
+        raise ValueError(f"attend_rows: sinks must be float [{heads}], got {sinks.dtype} "
+                         f"{tuple(sinks.shape)}")  # fmt: skip
+    half = cos.shape[-1] if cos.dim() == 2 else -1
+    if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[0] != rows or not 0 < 2 * half <= d:
+        raise ValueError(
+            f"attend_rows: cos, sin must be [R, <= d/2], got {tuple(cos.shape)}, {tuple(sin.shape)}"
+        )
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise ValueError(f"attend_rows: cos, sin must be fp32, got {cos.dtype}, {sin.dtype}")
+    if entries is None:
+        if at is not None or ok is not None:
+            raise ValueError("attend_rows: at and ok come with entries")
+        return
+    n = d // 2 + d // 16
+    if entries.dtype != torch.uint8 or entries.dim() != 2 or entries.shape[1] != n or entries.stride(1) != 1:
+        raise ValueError(
+            f"attend_rows: entries must be uint8 [M, {n}], got {entries.dtype} {tuple(entries.shape)}"
+        )
+    if at is None or ok is None or at.dtype != torch.int64 or at.dim() != 2 or at.shape[0] != rows:
+        raise ValueError("attend_rows: at must be int64 [R, k] with ok bool of its shape")
+    if ok.dtype != torch.bool or ok.shape != at.shape or at.shape[1] < 1:
+        raise ValueError(f"attend_rows: ok must be bool [R, k >= 1] as at, got {ok.dtype} {tuple(ok.shape)}")
+
+
+def attend_rows(
+    q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None
+) -> torch.Tensor:
+    """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended."""
+    _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
+    rows, heads, d = q.shape
+    out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return out
+    block_h, block_k, warps = blocks(heads, d)
+    if entries is None:  # no entry loop (KT = 0): the pointers are never read
+        entries, at, ok = ring, read, valid
+        kt = 0
+    else:
+        kt = at.shape[1]
+    valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
+    grid_ = (rows, triton.cdiv(heads, block_h))
+    _attend_rows_kernel[grid_](
+        q, ring, read, valid8, sinks, cos, sin, entries, at, ok8, out,
+        q.stride(0), q.stride(1), q.stride(2), ring.stride(0), read.stride(0), read.stride(1),
+        valid8.stride(0), valid8.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0), ok8.stride(1), out.stride(0),
+        out.stride(1), sinks.stride(0), d**-0.5, H=heads, D=d, HALF=cos.shape[-1], W=read.shape[1], KT=kt,
+        BLOCK_H=block_h, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out

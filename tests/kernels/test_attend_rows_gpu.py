@@ -1,0 +1,154 @@
+"""The attend_rows kernel at DeepSeek-V4.1-Flash shapes on a CUDA GPU (skipped without one).
+
+64 heads (8 on a tensor-parallel rank), d 512, rope 64, window 128, 512 entries: the checks of
+tests/kernels/interpret/test_triton_attend_rows.py (float64 and the torch stage, masked keys on rows of 0xFF
+bytes, a row with no key at all giving 0, a row of near-flat logits) at 1, 16 and 256 rows; a row's bits the
+same alone, among 16 and among 256, run after run, and inside a captured CUDA graph. Errors are relative to
+the largest output; the logits reach ~60, so fp32's rounding of them alone is a few 1e-6 of an output: on the
+CPU the torch stage measured up to 7e-6 from float64 (256 rows) and the kernel, interpreted at these shapes,
+1.3e-6 (16 rows), so the kernel must be within 1e-5 of float64 and 2e-5 of the stage (a GPU's exp is
+ex2.approx); dropping one entry key of the flat row is off by 7e-5, the sink by 8e-3, a wrong format or
+rotation by order 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+TOL, STAGE_TOL = 1e-5, 2e-5
+DIM, HALF, WINDOW, TOPK = 512, 32, 128, 512
+
+
+def _inputs(rows: int, heads: int = 64, entries: bool = True, seed: int = 0):
+    """The stage's arguments (a dict) for `rows` rows at the Flash shapes, built on the CPU, on the GPU."""
+    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
+
+    g = torch.Generator().manual_seed(seed)
+
+    def spread(n: int) -> torch.Tensor:  # rows of values at scales from 2**-4 to 2**3
+        scale = torch.exp2(torch.randint(-4, 4, (n, 1), generator=g).float())
+        return torch.randn(n, DIM, generator=g) * scale
+
+    ring = pack_fp8(spread(3 * WINDOW))
+    ring[-1] = 255  # the row every masked window key reads
+    read = torch.randint(0, ring.shape[0] - 1, (rows, WINDOW), generator=g)
+    valid = torch.rand(rows, WINDOW, generator=g) > 0.2
+    valid[1::4, : WINDOW // 2] = False
+    valid[3::4] = False
+    read[~valid] = ring.shape[0] - 1
+    angle = torch.rand(rows, HALF, generator=g) * 6.3
+    args = {
+        "q": torch.randn(rows, heads, DIM, generator=g) * 1.5,
+        "ring": ring,
+        "read": read,
+        "valid": valid,
+        "sinks": torch.randn(heads, generator=g) * 2.0,
+        "cos": angle.cos(),
+        "sin": angle.sin(),
+    }
+    args["q"][0] *= 0.05  # flat logits: the sink weighs as much as a key
+    if entries:
+        grid = Fp4Grid.on(torch.device("cpu"))
+        pool = pack_fp4(spread(2 * TOPK), 16, True, grid)
+        pool[-1] = 255
+        at = torch.randint(0, pool.shape[0] - 1, (rows, TOPK), generator=g)
+        ok = torch.rand(rows, TOPK, generator=g) > 0.3
+        ok[2::4] = False
+        ok[3::4] = False
+        at[~ok] = pool.shape[0] - 1
+        args |= {"entries": pool, "at": at, "ok": ok}
+    args = {k: v.cuda() for k, v in args.items()}
+    if entries:
+        args["grid"] = Fp4Grid.on(torch.device("cuda"))
+    return args
+
+
+def _float64(a):
+    """The stage's maths in float64 on the decoded keys."""
+    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
+    from tfc.runtime.models.dsv41.rope import apply_rope
+
+    q = a["q"].double()
+    keys, valid = unpack_fp8(a["ring"][a["read"]], DIM), a["valid"]
+    if "entries" in a:
+        keys = torch.cat((keys, unpack_fp4(a["entries"][a["at"]], DIM, 16, True, a["grid"])), dim=1)
+        valid = torch.cat((valid, a["ok"]), dim=1)
+    keys = torch.where(valid.unsqueeze(-1), keys, 0.0).double()
+    logits = torch.einsum("rhd,rkd->rhk", q, keys) * DIM**-0.5
+    logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    sink = a["sinks"].double().view(1, -1, 1).expand(q.shape[0], -1, 1)
+    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+    out = torch.einsum("rhk,rkd->rhd", probs, keys)
+    return apply_rope(out, a["cos"].double()[:, None], a["sin"].double()[:, None], inverse=True)
+
+
+def _stage(a):
+    """The torch stage as written (fp32, TF32 off)."""
+    from tfc.runtime.models.dsv41.fast.attention import attend_rows
+
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return getattr(attend_rows, "stage_fn", attend_rows)(**a)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+
+
+def _rel(x, want) -> float:
+    return float((x.double() - want).abs().max() / want.abs().max())
+
+
+def _rows(a, lo: int, hi: int):
+    """The arguments of rows [lo, hi) alone."""
+    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
+    return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
+
+
+@pytest.mark.parametrize(("rows", "heads", "entries"), [(1, 64, True), (16, 64, True), (256, 64, True),
+                                                        (16, 64, False), (16, 8, True)])  # fmt: skip
+def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries):
+    from tfc.kernels.attend_rows import attend_rows
+
+    a = _inputs(rows, heads, entries)
+    got = attend_rows(**a)
+    torch.cuda.synchronize()
+    assert got.dtype == torch.float32 and got.shape == (rows, heads, DIM)
+    assert torch.isfinite(got).all()
+    if rows > 3:
+        assert torch.equal(got[3], torch.zeros_like(got[3])), "no key at all: the sink alone, nothing out"
+    want, stage = _float64(a), _stage(a)
+    err, stage_err = _rel(got, want), _rel(stage, want)
+    assert err < TOL, (err, stage_err)
+    assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)
+
+
+def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
+    from tfc.kernels.attend_rows import attend_rows
+
+    a = _inputs(256, seed=1)
+    batch = attend_rows(**a)
+    assert torch.equal(attend_rows(**a), batch), "two runs must give the same bits"
+    assert torch.equal(attend_rows(**_rows(a, 0, 16)), batch[:16]), "16 rows differ from the same among 256"
+    assert torch.equal(attend_rows(**_rows(a, 100, 116)), batch[100:116])
+    for r in (0, 1, 2, 5, 255):
+        assert torch.equal(attend_rows(**_rows(a, r, r + 1)), batch[r : r + 1]), f"row {r} alone differs"
+
+
+def test_attend_rows_in_a_cuda_graph():
+    """No host sync and no allocation but the output: it captures, and a replay gives the eager bits."""
+    from tfc.kernels.attend_rows import attend_rows
+
+    a = _inputs(16, seed=2)
+    eager = attend_rows(**a)  # the warm-up compiles the kernel before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attend_rows(**a)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
