@@ -13,6 +13,9 @@
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh decode    # decode_h200's checks and decode steps only (#19)
+#   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage eager / compiled / kernel (stages_h200.py)
+#   bash benchmarks/h200_serving.sh stagedecode  # decode_h200's decode with the stage kernels uncompiled, then the compiled stages
+#   bash benchmarks/h200_serving.sh stageserve   # restarts and tfc generate's decode: stage kernels uncompiled, then the compiled stages
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
@@ -100,6 +103,33 @@ case "$PART" in
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
     tail -15 "$OUT/flash_gpu_tests.txt" ;;
+  stages)  # the stage kernels (tfc.kernels.{kv_pack,attend_rows,mhc_stages,router_pick}): GPU tests, then each stage three ways
+    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
+      "$R/tests/kernels/test_kv_pack_gpu.py" "$R/tests/kernels/test_attend_rows_gpu.py" "$R/tests/kernels/test_mhc_stages_gpu.py" \
+      "$R/tests/kernels/test_router_pick_gpu.py") > "$OUT/stage_kernel_tests.txt" 2>&1
+    tail -15 "$OUT/stage_kernel_tests.txt"
+    timeout 240 python3 benchmarks/stages_h200.py --image "$IMG" --out "$OUT/stages_h200.json" 2>&1 | grep "^\[" | tee "$OUT/stages.log" ;;
+  stagedecode)  # decode_h200's decode steps: stage kernels with nothing compiled (K=1 C=0), then the compiled stages (K=0 C=1)
+    for MODE in "1 0" "0 1"; do
+      read -r K C <<< "$MODE"
+      TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference \
+        --out "$OUT/decode_k${K}_c$C.json" --budget-s 240 2>&1 | grep "^\[" | tee "$OUT/decode_k${K}_c$C.log"
+    done ;;
+  stageserve)  # restarts to ready and tfc generate's decode rate: stage kernels uncompiled (K=1 C=0), compiled stages (K=0 C=1)
+    TOK=$WORK/vocab_tokenizer.json
+    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
+    for MODE in "1 0" "0 1"; do
+      read -r K C <<< "$MODE"
+      D="$OUT/stageserve_k${K}_c$C"
+      TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda \
+        --tokenizer "$TOK" --starts 3 --profile 0 --out "$D" 2>&1 | tail -3
+      for i in 1 2; do
+        (cd /tmp && TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 120 python3 -m tfc generate "$IMG" --device cuda \
+          --prompt "The model reads the prompt" --max-tokens 96 --ignore-eos --json --tokenizer "$TOK" > "$D/generate_$i.json" 2> /dev/null)
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('K=$K C=$C generate', d.get('decode_tok_s'), d.get('token_sha'), d.get('stages'))" \
+          "$D/generate_$i.json"
+      done
+    done ;;
   decode)  # decode_h200's checks and decode part only (1, 4, 16 rows, pinned and unpinned launches), no reference
     timeout 420 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference --out "$OUT/decode_h200.json" \
       --budget-s 400 2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;

@@ -28,8 +28,8 @@ def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = Fa
 
 
 def compiled_stages(runner) -> dict | None:
-    """A runner's compiled stages by how they came ({"loaded", "saved", "traced"}: the fast forward's
-    fusion.COUNTS), or None when it compiled none."""
+    """A runner's compiled stages by how they came ({"loaded", "saved", "traced"}, and "kernels": the fast
+    forward's fusion.COUNTS), or None when it compiled none and ran no stage kernel."""
     stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
     return stages if stages and any(stages.values()) else None
 
@@ -42,4 +42,4 @@ def runner_notes(runner) -> list[str]:
 def stages_line(stages: dict) -> str:
     """The boot log's line for compiled_stages (a restart should show them all loaded)."""
     return (f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "
-            f"{stages['traced']} traced in process")  # fmt: skip
+            f"{stages['traced']} traced in process; {stages.get('kernels', 0)} stages as Triton kernels")  # fmt: skip

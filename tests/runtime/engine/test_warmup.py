@@ -112,8 +112,13 @@ def test_compiled_stages_are_reported_only_when_there_were_any():
 
     counts = {"loaded": 21, "saved": 0, "traced": 0}
     assert compiled_stages(_Runner(counts)) == counts
-    assert stages_line(counts) == "compiled stages: 21 loaded, 0 compiled and saved, 0 traced in process"
-    assert compiled_stages(_Runner({"loaded": 0, "saved": 0, "traced": 0})) is None
+    assert stages_line(counts) == (
+        "compiled stages: 21 loaded, 0 compiled and saved, 0 traced in process; 0 stages as Triton kernels"
+    )
+    kernels = {"loaded": 0, "saved": 0, "traced": 0, "kernels": 15}
+    assert compiled_stages(_Runner(kernels)) == kernels
+    assert stages_line(kernels).endswith("; 15 stages as Triton kernels")
+    assert compiled_stages(_Runner({"loaded": 0, "saved": 0, "traced": 0, "kernels": 0})) is None
     assert compiled_stages(None) is None and compiled_stages(object()) is None
 
 

@@ -30,13 +30,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sinks: torc
     return torch.bmm(probs, values)
 
 
-@fused
+@fused(kernel="tfc.kernels.mhc_stages:rope_heads")
 def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rows [R, heads * d] as heads [R, heads, d], their rope slice rotated."""
     return apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
 
 
-@fused
+@fused(kernel="tfc.kernels.kv_pack:window_rows")
 def window_rows(
     y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
@@ -44,7 +44,7 @@ def window_rows(
     return pack_fp8(apply_rope(plain_rms_norm(y, weight, eps), cos, sin))
 
 
-@fused
+@fused(kernel="tfc.kernels.attend_rows:attend_rows")
 def attend_rows(
     q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None
 ) -> torch.Tensor:

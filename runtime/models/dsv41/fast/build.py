@@ -78,6 +78,7 @@ def build_fast(
     if fuse is None:
         fuse = fusion.wanted(dev.type)
     fusion.enable(fuse)
+    fusion.use_kernels("cuda" if fusion.kernels_wanted() else "off")
     if fuse:
         from tfc.runtime.boot.kernel_cache import stage_dir
 

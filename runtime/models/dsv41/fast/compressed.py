@@ -24,7 +24,7 @@ NEG_INF = float("-inf")
 SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
 
 
-@fused
+@fused(kernel="tfc.kernels.kv_pack:pooled")
 def pooled(
     pending: torch.Tensor, slot: torch.Tensor, at: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -34,13 +34,13 @@ def pooled(
     )
 
 
-@fused
+@fused(kernel="tfc.kernels.kv_pack:entry_rows")
 def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
     """The FP4 entry rows of normalised latents: pack(rope(latent)) with e4m3 scales per 16."""
     return pack_fp4(apply_rope(latent, cos, sin), 16, True, grid)
 
 
-@fused
+@fused(kernel="tfc.kernels.kv_pack:key_rows")
 def key_rows(
     y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, grid
 ) -> torch.Tensor:
@@ -96,20 +96,20 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int,
     return keep.unsqueeze(-1).expand(rows, nb, block).reshape(rows, nb * block)[:, :width]
 
 
-@fused
+@fused(kernel="tfc.kernels.kv_pack:index_query")
 def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
     """The indexer's FP4 queries [R, heads, d]: fake-quantised rope(y)."""
     q = apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
     return fake_fp4(q, 32, grid)
 
 
-@fused(dynamic={"raw": 1})
+@fused(dynamic={"raw": 1}, kernel="tfc.kernels.kv_pack:chunk_scores")
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
 
 
-@fused(dynamic={"scores": 1, "candidates": 1})
+@fused(dynamic={"scores": 1, "candidates": 1}, kernel="tfc.kernels.router_pick:select")
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
            block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""

@@ -13,7 +13,7 @@ import torch
 from tfc.runtime.models.dsv41.fast.fusion import fused
 
 
-@fused
+@fused(kernel="tfc.kernels.mhc_stages:engram_gate")
 def engram_gate(
     streams: torch.Tensor, kv: torch.Tensor, qk: torch.Tensor, eps: float, clamp: float
 ) -> torch.Tensor:

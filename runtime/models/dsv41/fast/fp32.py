@@ -13,14 +13,14 @@ from tfc.runtime.models.dsv41 import csa, mhc
 from tfc.runtime.models.dsv41.fast.fusion import fused
 
 plain_rms_norm = csa.rms_norm.__wrapped__
-rms_norm = fused(plain_rms_norm)
-hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__)
-hc_expand = fused(mhc.hc_expand.__wrapped__)
+rms_norm = fused(plain_rms_norm, kernel="tfc.kernels.mhc_stages:rms_norm")
+hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__, kernel="tfc.kernels.mhc_stages:hc_mix_logits")
+hc_expand = fused(mhc.hc_expand.__wrapped__, kernel="tfc.kernels.mhc_stages:hc_expand")
 hc_collapse = mhc.hc_collapse.__wrapped__
 first_pre = mhc.first_pre
 
 
-@fused
+@fused(kernel="tfc.kernels.mhc_stages:collapse_norm")
 def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(sum_i pre_i * stream_i): a site's input."""
     return plain_rms_norm(hc_collapse(streams, pre), weight, eps)

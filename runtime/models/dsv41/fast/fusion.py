@@ -1,5 +1,10 @@
-"""The fast forward's small-op stages fused on a GPU: each `@fused` function runs torch.compile'd (a few Triton
+"""The fast forward's small-op stages fused on a GPU: each `@fused` function runs as a plain Triton kernel where
+one is named for it (`kernel=`, on CUDA tensors unless TFC_STAGE_KERNELS=0), else torch.compile'd (a few Triton
 kernels where eager launches dozens: the mHC's Sinkhorn alone is ~120 per site), or as written.
+
+A stage kernel (tfc.kernels.*) takes the stage's own arguments and is imported on its first call; it replaces
+the stage in every mode, so a process runs one code for the stage throughout (graph == eager as below). Under
+the CPU interpreter `use_kernels("all")` runs them on CPU tensors too (the tests of the whole forward).
 
 Off by default and on the CPU; `build_fast` turns it on for a CUDA arena unless TFC_COMPILE=0. A stage compiles
 the first time it runs (the eager warm-up before a graph capture), once per input shape (dynamic=False: a
@@ -23,11 +28,11 @@ from typing import Any
 
 from tfc.switches import switched_off
 
-_STATE: dict[str, Any] = {"on": False, "stages": None}
+_STATE: dict[str, Any] = {"on": False, "stages": None, "kernels": "off"}
 NOTES: list[str] = []
 # Compiles of the process by how they came: loaded from the stage folder, compiled and saved there, or traced
-# by torch.compile in process (no folder, or a stage that could not be saved).
-COUNTS = {"loaded": 0, "saved": 0, "traced": 0}
+# by torch.compile in process (no folder, or a stage that could not be saved); and the stages run as kernels.
+COUNTS = {"loaded": 0, "saved": 0, "traced": 0, "kernels": 0}
 
 
 def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
@@ -52,6 +57,40 @@ def enable(on: bool) -> None:
     _STATE["on"] = on
 
 
+def kernels_wanted(env: dict[str, str] | None = None) -> bool:
+    """Whether stages with a Triton kernel run it on CUDA tensors (unless TFC_STAGE_KERNELS=0)."""
+    return not switched_off("TFC_STAGE_KERNELS", env)
+
+
+def use_kernels(where: str) -> None:
+    """Where stage kernels run: "cuda" (CUDA tensors), "all" (any tensors: the CPU interpreter) or "off"."""
+    if where not in ("cuda", "all", "off"):
+        raise ValueError(f"stage kernels run on 'cuda', 'all' or 'off', not {where!r}")
+    _STATE["kernels"] = where
+    _KERNELS.clear()  # imported again: the interpreter's modules differ from the native ones
+
+
+_KERNELS: dict[str, Callable[..., Any]] = {}
+
+
+def _kernel(path: str | None, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+    """The stage kernel `module:function` for this call, or None (no kernel, kernels off, not on CUDA)."""
+    where = _STATE["kernels"]
+    if path is None or where == "off":
+        return None
+    if where == "cuda":
+        first = next((a for a in args if hasattr(a, "is_cuda")), None)
+        if first is None or not first.is_cuda:
+            return None
+    if path not in _KERNELS:
+        import importlib
+
+        module, name = path.split(":")
+        _KERNELS[path] = getattr(importlib.import_module(module), name)
+        COUNTS["kernels"] += 1
+    return _KERNELS[path]
+
+
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
     """Run the stages as written inside the block, whatever `enable` said (restored after it)."""
@@ -64,13 +103,14 @@ def eager() -> Iterator[None]:
 
 
 def fused(
-    fn: Callable[..., Any] | None = None, *, dynamic: dict[str, int] | None = None
+    fn: Callable[..., Any] | None = None, *, dynamic: dict[str, int] | None = None, kernel: str | None = None
 ) -> Callable[..., Any]:
-    """fn, run compiled while fusion is on. `dynamic` {parameter: dim}: that dimension of that tensor argument
-    is compiled as a symbol, not a constant (the entries of a context bucket), so one compile serves every
-    bucket instead of one each the first time a step reaches it."""
+    """fn, run as its Triton `kernel` ("module:function", the same signature) where kernels run, else compiled
+    while fusion is on. `dynamic` {parameter: dim}: that dimension of that tensor argument is compiled as a
+    symbol, not a constant (the entries of a context bucket), so one compile serves every bucket instead of
+    one each the first time a step reaches it."""
     if fn is None:
-        return lambda f: fused(f, dynamic=dynamic)
+        return lambda f: fused(f, dynamic=dynamic, kernel=kernel)
     held: dict[str, Any] = {}
     where = _positions(fn, dynamic or {})
 
@@ -78,6 +118,9 @@ def fused(
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
+        stage_kernel = _kernel(kernel, args, kwargs)
+        if stage_kernel is not None:
+            return stage_kernel(*args, **kwargs)
         if not _STATE["on"] or held.get("failed"):
             return fn(*args, **kwargs)
         import torch
@@ -101,6 +144,7 @@ def fused(
             )
             return fn(*args, **kwargs)
 
+    run.stage_kernel, run.stage_fn = kernel, fn
     return run
 
 

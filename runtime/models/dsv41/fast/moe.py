@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tfc.runtime.models.dsv41.fast.fusion import fused
 
 
-@fused
+@fused(kernel="tfc.kernels.router_pick:split3")
 def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[3R, D]: x as three parts in `dtype` (hi, mid, lo) whose sum is x to within fp32 rounding."""
     hi = x.to(dtype)
@@ -23,7 +23,7 @@ def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat((hi, mid, lo))
 
 
-@fused
+@fused(kernel="tfc.kernels.router_pick:pick")
 def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scaling: float, normalise: bool):
     """(weights [R, k], expert ids [R, k]) from the logits [R, E], or the three parts' products [3R, E] (split)."""
     rows = prod.shape[0] // 3

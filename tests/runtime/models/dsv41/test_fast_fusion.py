@@ -94,3 +94,53 @@ def test_the_indexer_selection_compiles_once_across_context_buckets(fusion_on):
         fusion.enable(True)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert _graphs() - before == 1
+
+
+@pytest.fixture()
+def kernels_restored():
+    was = fusion._STATE["kernels"]
+    yield
+    fusion.use_kernels(was)
+
+
+def test_a_stage_with_a_kernel_runs_it_where_kernels_run_and_only_there(kernels_restored):
+    @fusion.fused(kernel="operator:neg")  # a stand-in kernel with the stage's signature
+    def stage(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    x = torch.arange(3.0)
+    before = fusion.COUNTS["kernels"]
+    fusion.use_kernels("all")
+    assert torch.equal(stage(x), -x) and torch.equal(stage(x), -x)
+    assert fusion.COUNTS["kernels"] == before + 1  # imported once
+    fusion.use_kernels("cuda")  # CPU tensors: the stage as written
+    assert torch.equal(stage(x), x + 1)
+    fusion.use_kernels("off")
+    assert torch.equal(stage(x), x + 1)
+    assert stage.stage_kernel == "operator:neg" and stage.stage_fn(x).equal(x + 1)
+    with pytest.raises(ValueError, match="'cuda', 'all' or 'off'"):
+        fusion.use_kernels("gpu")
+
+
+def test_stage_kernels_run_unless_switched_off():
+    assert fusion.kernels_wanted({}) and not fusion.kernels_wanted({"TFC_STAGE_KERNELS": "0"})
+
+
+def test_every_fused_stage_of_the_forward_names_a_kernel_that_exists():
+    import importlib
+
+    from tfc.runtime.models.dsv41.fast import attention, compressed, engram, fp32, moe
+
+    stages = {
+        name: getattr(m, name)
+        for m in (attention, compressed, engram, fp32, moe)
+        for name in dir(m)
+        if hasattr(getattr(m, name), "stage_fn")
+    }
+    kernels = {name: run.stage_kernel for name, run in stages.items()}
+    assert set(kernels) >= {"attend_rows", "window_rows", "collapse_norm", "hc_mix_logits", "pick", "split3"}
+    for name, path in kernels.items():
+        if path is None:
+            continue
+        module, fn = path.split(":")
+        assert fn == name and callable(getattr(importlib.import_module(module), fn)), path

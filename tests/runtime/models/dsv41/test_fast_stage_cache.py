@@ -47,7 +47,7 @@ def test_a_restart_loads_the_saved_stage_and_traces_nothing(tmp_path):
     assert first["graphs"] >= 1 and not first["notes"] and len(list(tmp_path.glob("select-*.bin"))) == 1
     second = _child(tmp_path)
     assert second["graphs"] == 0 and not second["notes"]  # loaded: no dynamo trace in this process
-    assert second["counts"] == {"loaded": 1, "saved": 0, "traced": 0}
+    assert second["counts"] == {"loaded": 1, "saved": 0, "traced": 0, "kernels": 0}
     assert second["out"] == first["out"]
 
 
@@ -72,7 +72,12 @@ def test_a_stage_compiles_once_per_signature_and_saves_it(saving):
     again = fusion.fused(scaled)  # a fresh wrapper, as in a new process: loads
     assert torch.equal(again(x, 2.0), x * 2 + 1) and len(list(saving.glob("*.bin"))) == 2
     counted = {k: fusion.COUNTS[k] - before[k] for k in before}
-    assert counted == {"loaded": 1, "saved": 2, "traced": 0}  # what tfc serve's boot log reports
+    assert counted == {
+        "loaded": 1,
+        "saved": 2,
+        "traced": 0,
+        "kernels": 0,
+    }  # what tfc serve's boot log reports
 
 
 def test_a_damaged_file_is_compiled_again_over(saving):
