@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib
 import threading
 
-from tfc.switches import switched_off
-
 COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
 def start(device: str, modules: tuple[str, ...] = COMPILER) -> threading.Thread | None:
     """A started thread importing `modules` for a CUDA boot with compiled stages on; None otherwise."""
-    if not device.startswith("cuda") or switched_off("TFC_COMPILE"):
+    from tfc.runtime.models.dsv41.fast.fusion import wanted
+
+    if not device.startswith("cuda") or not wanted("cuda"):
         return None
     thread = threading.Thread(target=_import, args=(modules,), name="tfc-warm-imports", daemon=True)
     thread.start()

@@ -219,3 +219,24 @@ def test_no_compile_is_one_switch_on_every_command_that_runs_the_model(monkeypat
     assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
     assert CliRunner().invoke(probe, ["--no-compile"]).exit_code == 0 and seen["value"] == "0"
     monkeypatch.delenv("TFC_COMPILE", raising=False)
+
+
+def test_stage_kernels_is_one_switch_on_every_command_that_runs_the_model(monkeypatch):
+    from tfc.cli.options import stage_kernels_option
+
+    ctx = click.Context(cli)
+    for name in ("serve", "generate", "load"):
+        assert "--stage-kernels" in [o for p in cli.get_command(ctx, name).params for o in p.opts], name
+    seen = {}
+
+    @click.command()
+    @stage_kernels_option()
+    def probe() -> None:
+        import os
+
+        seen["value"] = os.environ.get("TFC_STAGE_KERNELS")
+
+    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+    assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
+    assert CliRunner().invoke(probe, ["--stage-kernels"]).exit_code == 0 and seen["value"] == "1"
+    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import click
 
-from tfc.cli.options import device_option, example, jobs_option, no_compile_option, seed_option
+from tfc.cli.options import (
+    device_option,
+    example,
+    jobs_option,
+    no_compile_option,
+    seed_option,
+    stage_kernels_option,
+)
 from tfc.cli.progress import byte_bar, count_bar
 from tfc.cli.world_cmd import launch_if_world
 from tfc.errors import TfcError
@@ -46,6 +53,7 @@ class GenerateError(TfcError):
     "--no-graphs", is_flag=True, help="Fast forward: run every step eagerly (same as TFC_GRAPHS=0)."
 )
 @no_compile_option()
+@stage_kernels_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Reference forward's activations (the fast forward's are fixed: see docs/fast-forward.md).")  # fmt: skip
 @jobs_option("Upload threads (default: as `tfc load`).")

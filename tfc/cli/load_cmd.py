@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tfc.cli.options import device_option, example, jobs_option, no_compile_option
+from tfc.cli.options import device_option, example, jobs_option, no_compile_option, stage_kernels_option
 from tfc.cli.progress import byte_bar
 from tfc.cli.world_cmd import launch_if_world
 
@@ -26,6 +26,7 @@ from tfc.cli.world_cmd import launch_if_world
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
 @no_compile_option()
+@stage_kernels_option()
 @jobs_option(
     "Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; "
     "ring and register 8).",

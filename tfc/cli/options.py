@@ -1,4 +1,5 @@
-"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp, --no-compile."""
+"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp, --no-compile,
+--stage-kernels."""
 
 from __future__ import annotations
 
@@ -65,22 +66,34 @@ def jobs_option(help: str, default: int | None = None, old: Sequence[str] = ()) 
     )
 
 
+def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
+    """A flag that sets the environment switch `name` to `value` before anything boots (so rank processes
+    launched after it inherit it)."""
+
+    def switch(ctx: click.Context, param: click.Parameter, on: bool) -> None:
+        if on:
+            os.environ[name] = value
+
+    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help)
+
+
 def no_compile_option() -> Decorator:
-    """--no-compile: the fast forward's small-op stages run as written, not torch.compile'd (TFC_COMPILE=0, set
-    before anything boots, so rank processes launched after it inherit it)."""
-
-    def switch(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            os.environ["TFC_COMPILE"] = "0"
-
-    return click.option(
-        "--no-compile",
-        is_flag=True,
-        expose_value=False,
-        callback=switch,
-        help="Run the fast forward's small-op stages uncompiled (same as TFC_COMPILE=0): a restart skips "
+    """--no-compile: the fast forward's small-op stages run as written, not torch.compile'd (TFC_COMPILE=0)."""
+    return _env_flag(
+        "--no-compile", "TFC_COMPILE", "0",
+        "Run the fast forward's small-op stages uncompiled (same as TFC_COMPILE=0): a restart skips "
         "torch.compile's stack, decode is slower (docs/serving.md).",
-    )
+    )  # fmt: skip
+
+
+def stage_kernels_option() -> Decorator:
+    """--stage-kernels: the fast forward's small-op stages run as plain Triton kernels (TFC_STAGE_KERNELS=1)."""
+    return _env_flag(
+        "--stage-kernels", "TFC_STAGE_KERNELS", "1",
+        "Run the fast forward's small-op stages as plain Triton kernels (same as TFC_STAGE_KERNELS=1): "
+        "nothing is torch.compile'd; not yet measured on a GPU against the compiled stages "
+        "(docs/fast-forward.md).",
+    )  # fmt: skip
 
 
 def store_option(old: Sequence[str] = (), help: str = STORE_HELP) -> Decorator:

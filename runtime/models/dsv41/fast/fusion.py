@@ -1,6 +1,7 @@
-"""The fast forward's small-op stages fused on a GPU: each `@fused` function runs as a plain Triton kernel where
-one is named for it (`kernel=`, on CUDA tensors unless TFC_STAGE_KERNELS=0), else torch.compile'd (a few Triton
-kernels where eager launches dozens: the mHC's Sinkhorn alone is ~120 per site), or as written.
+"""The fast forward's small-op stages fused on a GPU: each `@fused` function runs as the plain Triton kernel named
+for it (`kernel=`, on CUDA tensors with TFC_STAGE_KERNELS=1), else torch.compile'd (a few Triton kernels where
+eager launches dozens: the mHC's Sinkhorn alone is ~120 per site), or as written. With the kernels nothing
+compiles, so a restart imports none of torch.compile's stack.
 
 A stage kernel (tfc.kernels.*) takes the stage's own arguments and is imported on its first call; it replaces
 the stage in every mode, so a process runs one code for the stage throughout (graph == eager as below). Under
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tfc.switches import switched_off
+from tfc.switches import switched_off, switched_on
 
 _STATE: dict[str, Any] = {"on": False, "stages": None, "kernels": "off"}
 NOTES: list[str] = []
@@ -36,8 +37,9 @@ COUNTS = {"loaded": 0, "saved": 0, "traced": 0, "kernels": 0}
 
 
 def wanted(device_type: str, env: dict[str, str] | None = None) -> bool:
-    """Whether stages should compile on this device (CUDA, unless TFC_COMPILE=0)."""
-    return device_type == "cuda" and not switched_off("TFC_COMPILE", env)
+    """Whether stages should compile on this device (CUDA, unless TFC_COMPILE=0 or the stage kernels run: every
+    stage has one, so nothing would be left to compile)."""
+    return device_type == "cuda" and not switched_off("TFC_COMPILE", env) and not kernels_wanted(env)
 
 
 def enable(on: bool) -> None:
@@ -58,8 +60,9 @@ def enable(on: bool) -> None:
 
 
 def kernels_wanted(env: dict[str, str] | None = None) -> bool:
-    """Whether stages with a Triton kernel run it on CUDA tensors (unless TFC_STAGE_KERNELS=0)."""
-    return not switched_off("TFC_STAGE_KERNELS", env)
+    """Whether stages with a Triton kernel run it on CUDA tensors (TFC_STAGE_KERNELS=1: opt-in until they are
+    measured on a GPU against the compiled stages)."""
+    return switched_on("TFC_STAGE_KERNELS", env)
 
 
 def use_kernels(where: str) -> None:

@@ -122,8 +122,9 @@ def test_a_stage_with_a_kernel_runs_it_where_kernels_run_and_only_there(kernels_
         fusion.use_kernels("gpu")
 
 
-def test_stage_kernels_run_unless_switched_off():
-    assert fusion.kernels_wanted({}) and not fusion.kernels_wanted({"TFC_STAGE_KERNELS": "0"})
+def test_stage_kernels_are_opt_in_and_leave_nothing_to_compile():
+    assert not fusion.kernels_wanted({}) and fusion.kernels_wanted({"TFC_STAGE_KERNELS": "1"})
+    assert not fusion.wanted("cuda", {"TFC_STAGE_KERNELS": "1"})
 
 
 def test_every_fused_stage_of_the_forward_names_a_kernel_that_exists():
