@@ -84,6 +84,14 @@ def _rope(ev, od, ch, cs, cos_ptr, sin_ptr, HEAD: tl.constexpr, HALF: tl.constex
 
 
 @triton.jit
+def _rotated_pairs(row, ch, cs, cos_ptr, sin_ptr, HEAD: tl.constexpr, HALF: tl.constexpr, live):
+    """The pairs at even channels ch of one row loaded from `row`, rotated as _rope."""
+    ev = tl.load(row + ch, mask=live, other=0.0)
+    od = tl.load(row + ch + 1, mask=live, other=0.0)
+    return _rope(ev, od, ch, cs, cos_ptr, sin_ptr, HEAD, HALF, live)
+
+
+@triton.jit
 def _amax(ev, od):
     """The largest magnitude of each block (row) of a pair tile."""
     return tl.maximum(tl.max(tl.abs(ev), axis=1), tl.max(tl.abs(od), axis=1))
@@ -149,10 +157,7 @@ def _entry_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, sx, scs, N: tl.constexpr, HA
     g = tl.program_id(1) * TB + tl.arange(0, TB)
     ch = g[:, None] * 16 + 2 * tl.arange(0, 8)[None, :]
     live = ch < N
-    row = x_ptr + r * sx
-    ev = tl.load(row + ch, mask=live, other=0.0)
-    od = tl.load(row + ch + 1, mask=live, other=0.0)
-    ev, od = _rope(ev, od, ch, r * scs, cos_ptr, sin_ptr, N, HALF, live)
+    ev, od = _rotated_pairs(x_ptr + r * sx, ch, r * scs, cos_ptr, sin_ptr, N, HALF, live)
     s8 = e4m3_code(tl.minimum(tl.math.div_rn(tl.maximum(_amax(ev, od), _ENTRY_FLOOR), 6.0), 448.0))
     scale = e4m3_value(s8)[:, None]
     lo = e2m1_code(tl.minimum(tl.maximum(tl.math.div_rn(ev, scale), -6.0), 6.0))
@@ -170,10 +175,7 @@ def _query_kernel(y_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, L: tl.constexpr, D:
     g = tl.program_id(1) * TB + tl.arange(0, TB)
     ch = g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
     live = ch < L
-    row = y_ptr + r * sy
-    ev = tl.load(row + ch, mask=live, other=0.0)
-    od = tl.load(row + ch + 1, mask=live, other=0.0)
-    ev, od = _rope(ev, od, ch, r * scs, cos_ptr, sin_ptr, D, HALF, live)
+    ev, od = _rotated_pairs(y_ptr + r * sy, ch, r * scs, cos_ptr, sin_ptr, D, HALF, live)
     codes, e = _fp4_ue8m0(ev, od)
     scale = pow2(e)[:, None]
     out = out_ptr + r * L

@@ -200,43 +200,29 @@ def test_the_top_help_ends_with_an_example():
     assert _help().rstrip().splitlines()[-1].strip().startswith("Example: tfc ")
 
 
-def test_no_compile_is_one_switch_on_every_command_that_runs_the_model(monkeypatch):
-    from tfc.cli.options import no_compile_option
+@pytest.mark.parametrize(
+    ("option", "flag", "name", "value"),
+    [("no_compile_option", "--no-compile", "TFC_COMPILE", "0"),
+     ("stage_kernels_option", "--stage-kernels", "TFC_STAGE_KERNELS", "1")],
+)  # fmt: skip
+def test_a_stage_switch_is_one_flag_on_every_command_that_runs_the_model(
+    monkeypatch, option, flag, name, value
+):
+    from tfc.cli import options
 
     ctx = click.Context(cli)
-    for name in ("serve", "generate", "load"):
-        assert "--no-compile" in [o for p in cli.get_command(ctx, name).params for o in p.opts], name
+    for command in ("serve", "generate", "load"):
+        assert flag in [o for p in cli.get_command(ctx, command).params for o in p.opts], command
     seen = {}
 
     @click.command()
-    @no_compile_option()
+    @getattr(options, option)()
     def probe() -> None:
         import os
 
-        seen["value"] = os.environ.get("TFC_COMPILE")
+        seen["value"] = os.environ.get(name)
 
-    monkeypatch.delenv("TFC_COMPILE", raising=False)
+    monkeypatch.delenv(name, raising=False)
     assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
-    assert CliRunner().invoke(probe, ["--no-compile"]).exit_code == 0 and seen["value"] == "0"
-    monkeypatch.delenv("TFC_COMPILE", raising=False)
-
-
-def test_stage_kernels_is_one_switch_on_every_command_that_runs_the_model(monkeypatch):
-    from tfc.cli.options import stage_kernels_option
-
-    ctx = click.Context(cli)
-    for name in ("serve", "generate", "load"):
-        assert "--stage-kernels" in [o for p in cli.get_command(ctx, name).params for o in p.opts], name
-    seen = {}
-
-    @click.command()
-    @stage_kernels_option()
-    def probe() -> None:
-        import os
-
-        seen["value"] = os.environ.get("TFC_STAGE_KERNELS")
-
-    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
-    assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
-    assert CliRunner().invoke(probe, ["--stage-kernels"]).exit_code == 0 and seen["value"] == "1"
-    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+    assert CliRunner().invoke(probe, [flag]).exit_code == 0 and seen["value"] == value
+    monkeypatch.delenv(name, raising=False)

@@ -14,6 +14,7 @@ rotation by order 1.
 from __future__ import annotations
 
 import pytest
+from support.stage_checks import attend_float64, attend_inputs
 
 torch = pytest.importorskip("torch")
 
@@ -23,67 +24,15 @@ TOL, STAGE_TOL = 1e-5, 2e-5
 DIM, HALF, WINDOW, TOPK = 512, 32, 128, 512
 
 
-def _inputs(rows: int, heads: int = 64, entries: bool = True, seed: int = 0):
-    """The stage's arguments (a dict) for `rows` rows at the Flash shapes, built on the CPU, on the GPU."""
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
+def _inputs(rows: int, heads: int = 64, entries: bool = True, seed: int = 0) -> dict:
+    """The stage's arguments for `rows` rows at the Flash shapes, built on the CPU, on the GPU."""
+    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
 
-    g = torch.Generator().manual_seed(seed)
-
-    def spread(n: int) -> torch.Tensor:  # rows of values at scales from 2**-4 to 2**3
-        scale = torch.exp2(torch.randint(-4, 4, (n, 1), generator=g).float())
-        return torch.randn(n, DIM, generator=g) * scale
-
-    ring = pack_fp8(spread(3 * WINDOW))
-    ring[-1] = 255  # the row every masked window key reads
-    read = torch.randint(0, ring.shape[0] - 1, (rows, WINDOW), generator=g)
-    valid = torch.rand(rows, WINDOW, generator=g) > 0.2
-    valid[1::4, : WINDOW // 2] = False
-    valid[3::4] = False
-    read[~valid] = ring.shape[0] - 1
-    angle = torch.rand(rows, HALF, generator=g) * 6.3
-    args = {
-        "q": torch.randn(rows, heads, DIM, generator=g) * 1.5,
-        "ring": ring,
-        "read": read,
-        "valid": valid,
-        "sinks": torch.randn(heads, generator=g) * 2.0,
-        "cos": angle.cos(),
-        "sin": angle.sin(),
-    }
-    args["q"][0] *= 0.05  # flat logits: the sink weighs as much as a key
-    if entries:
-        grid = Fp4Grid.on(torch.device("cpu"))
-        pool = pack_fp4(spread(2 * TOPK), 16, True, grid)
-        pool[-1] = 255
-        at = torch.randint(0, pool.shape[0] - 1, (rows, TOPK), generator=g)
-        ok = torch.rand(rows, TOPK, generator=g) > 0.3
-        ok[2::4] = False
-        ok[3::4] = False
-        at[~ok] = pool.shape[0] - 1
-        args |= {"entries": pool, "at": at, "ok": ok}
-    args = {k: v.cuda() for k, v in args.items()}
+    args = attend_inputs(rows, heads, (DIM, HALF, WINDOW, TOPK), entries, seed, q_scale=1.5)
+    args = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     if entries:
         args["grid"] = Fp4Grid.on(torch.device("cuda"))
     return args
-
-
-def _float64(a):
-    """The stage's maths in float64 on the decoded keys."""
-    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
-    from tfc.runtime.models.dsv41.rope import apply_rope
-
-    q = a["q"].double()
-    keys, valid = unpack_fp8(a["ring"][a["read"]], DIM), a["valid"]
-    if "entries" in a:
-        keys = torch.cat((keys, unpack_fp4(a["entries"][a["at"]], DIM, 16, True, a["grid"])), dim=1)
-        valid = torch.cat((valid, a["ok"]), dim=1)
-    keys = torch.where(valid.unsqueeze(-1), keys, 0.0).double()
-    logits = torch.einsum("rhd,rkd->rhk", q, keys) * DIM**-0.5
-    logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
-    sink = a["sinks"].double().view(1, -1, 1).expand(q.shape[0], -1, 1)
-    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
-    out = torch.einsum("rhk,rkd->rhd", probs, keys)
-    return apply_rope(out, a["cos"].double()[:, None], a["sin"].double()[:, None], inverse=True)
 
 
 def _stage(a):
@@ -120,7 +69,7 @@ def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries):
     assert torch.isfinite(got).all()
     if rows > 3:
         assert torch.equal(got[3], torch.zeros_like(got[3])), "no key at all: the sink alone, nothing out"
-    want, stage = _float64(a), _stage(a)
+    want, stage = attend_float64(a, DIM), _stage(a)
     err, stage_err = _rel(got, want), _rel(stage, want)
     assert err < TOL, (err, stage_err)
     assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)

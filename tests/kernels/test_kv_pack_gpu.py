@@ -12,6 +12,7 @@ neighbour. The torch stages run as their bodies (`__wrapped__`): the `@fused` wr
 from __future__ import annotations
 
 import pytest
+from support.stage_checks import code_steps
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -107,7 +108,6 @@ def test_norm_rows_flip_at_most_neighbours(rows, fp8):
     from tfc.kernels import kv_pack as kp
     from tfc.runtime.models.dsv41.fast.attention import window_rows
     from tfc.runtime.models.dsv41.fast.compressed import key_rows
-    from tfc.runtime.models.dsv41.fast.kv_rows import ue8m0_values, unpack_fp4, unpack_fp8
 
     n, grid = (N if fp8 else KEY), _grid("cuda")
     y = _spread(rows, n, 5).cuda()
@@ -116,15 +116,7 @@ def test_norm_rows_flip_at_most_neighbours(rows, fp8):
     torch_stage = window_rows.__wrapped__ if fp8 else key_rows.__wrapped__  # the torch body, not a kernel
     want = torch_stage(y, weight, EPS, cos, sin) if fp8 else torch_stage(y, weight, EPS, cos, sin, grid)
     got = kp.window_rows(y, weight, EPS, cos, sin) if fp8 else kp.key_rows(y, weight, EPS, cos, sin, grid)
-    split = n if fp8 else n // 2
-    scale = torch.maximum(ue8m0_values(got[:, split:]), ue8m0_values(want[:, split:]))
-    scale = scale.repeat_interleave(32, 1)
-    if fp8:
-        a, b = unpack_fp8(got, n), unpack_fp8(want, n)
-        step = torch.maximum(a.abs(), b.abs()) / 8 + scale * 2.0**-9
-    else:
-        a, b = unpack_fp4(got, n, 32, False, grid), unpack_fp4(want, n, 32, False, grid)
-        step = 2 * scale
+    a, b, step = code_steps(got, want, n, fp8, grid)
     differ = a != b
     assert bool(((a - b).abs() <= step)[differ].all()), "a code moved past its neighbour"
     assert float(differ.float().mean()) <= FLIPS

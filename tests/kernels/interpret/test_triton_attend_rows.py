@@ -15,71 +15,15 @@ A row's bits alone equal its bits among others, run after run.
 from __future__ import annotations
 
 import pytest
+from support.stage_checks import attend_float64, attend_inputs
 
 TOL, STAGE_TOL = 4e-6, 8e-6
 HEADS, DIM, HALF, WINDOW, TOPK = 8, 128, 16, 32, 16
 
 
-def _inputs(rows: int, entries: bool, seed: int = 0, heads: int = HEADS):
-    """The stage's arguments (a dict) for `rows` rows at the tiny shapes, on the CPU."""
-    import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
-
-    g = torch.Generator().manual_seed(seed)
-    grid = Fp4Grid.on(torch.device("cpu"))
-
-    def spread(n: int) -> torch.Tensor:  # rows of values at scales from 2**-4 to 2**3
-        scale = torch.exp2(torch.randint(-4, 4, (n, 1), generator=g).float())
-        return torch.randn(n, DIM, generator=g) * scale
-
-    ring = pack_fp8(spread(3 * WINDOW))
-    ring[-1] = 255  # the row every masked window key reads
-    read = torch.randint(0, ring.shape[0] - 1, (rows, WINDOW), generator=g)
-    valid = torch.rand(rows, WINDOW, generator=g) > 0.2
-    valid[1::4, : WINDOW // 2] = False  # near position 0: half the window not written yet
-    valid[3::4] = False
-    read[~valid] = ring.shape[0] - 1
-    angle = torch.rand(rows, HALF, generator=g) * 6.3
-    args = {
-        "q": torch.randn(rows, heads, DIM, generator=g) * 3.0,
-        "ring": ring,
-        "read": read,
-        "valid": valid,
-        "sinks": torch.randn(heads, generator=g) * 2.0,
-        "cos": angle.cos(),
-        "sin": angle.sin(),
-    }
-    args["q"][0] *= 0.05  # flat logits: the sink weighs as much as a key
-    if entries:
-        pool = pack_fp4(spread(2 * TOPK), 16, True, grid)
-        pool[-1] = 255
-        at = torch.randint(0, pool.shape[0] - 1, (rows, TOPK), generator=g)
-        ok = torch.rand(rows, TOPK, generator=g) > 0.3
-        ok[2::4] = False
-        ok[3::4] = False
-        at[~ok] = pool.shape[0] - 1
-        args |= {"entries": pool, "at": at, "ok": ok, "grid": grid}
-    return args
-
-
-def _float64(a) -> object:
-    """The stage's maths in float64 on the decoded keys (the same bytes, exact in fp32)."""
-    import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
-    from tfc.runtime.models.dsv41.rope import apply_rope
-
-    q = a["q"].double()
-    keys, valid = unpack_fp8(a["ring"][a["read"]], DIM), a["valid"]
-    if "entries" in a:
-        keys = torch.cat((keys, unpack_fp4(a["entries"][a["at"]], DIM, 16, True, a["grid"])), dim=1)
-        valid = torch.cat((valid, a["ok"]), dim=1)
-    keys = torch.where(valid.unsqueeze(-1), keys, 0.0).double()
-    logits = torch.einsum("rhd,rkd->rhk", q, keys) * DIM**-0.5
-    logits = logits.masked_fill(~valid.unsqueeze(1), float("-inf"))
-    sink = a["sinks"].double().view(1, -1, 1).expand(q.shape[0], -1, 1)
-    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
-    out = torch.einsum("rhk,rkd->rhd", probs, keys)
-    return apply_rope(out, a["cos"].double()[:, None], a["sin"].double()[:, None], inverse=True)
+def _inputs(rows: int, entries: bool, seed: int = 0, heads: int = HEADS) -> dict:
+    """The stage's arguments for `rows` rows at the tiny shapes, on the CPU."""
+    return attend_inputs(rows, heads, (DIM, HALF, WINDOW, TOPK), entries, seed)
 
 
 def _stage(a):
@@ -100,7 +44,7 @@ def test_attend_rows_matches_the_stage_and_float64(tk, entries, heads):
 
     a = _inputs(4, entries, heads=heads)
     got = tk.attend_rows.attend_rows(**a)
-    want, stage = _float64(a), _stage(a)
+    want, stage = attend_float64(a, DIM), _stage(a)
     assert got.dtype == torch.float32 and got.shape == (4, heads, DIM)
     assert torch.isfinite(got).all()
     assert torch.equal(got[3], torch.zeros_like(got[3])), "no key at all: the sink alone, nothing out"

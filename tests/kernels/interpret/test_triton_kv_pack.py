@@ -13,6 +13,7 @@ very kernels.
 from __future__ import annotations
 
 import pytest
+from support.stage_checks import code_steps
 
 N, HALF, HEADS, D = 128, 16, 16, 128  # the tiny pack's head_dim, rope / 2, index heads and index head_dim
 EPS = 1e-20
@@ -147,7 +148,6 @@ def test_norm_rows_flip_at_most_neighbours(tk, fp8):
     import torch
     from tfc.runtime.models.dsv41.fast.attention import window_rows
     from tfc.runtime.models.dsv41.fast.compressed import key_rows
-    from tfc.runtime.models.dsv41.fast.kv_rows import ue8m0_values, unpack_fp4, unpack_fp8
 
     rows, grid = 48, _grid()
     y = _spread(rows, N, 5)
@@ -157,15 +157,7 @@ def test_norm_rows_flip_at_most_neighbours(tk, fp8):
     want = torch_stage(y, weight, EPS, cos, sin) if fp8 else torch_stage(y, weight, EPS, cos, sin, grid)
     kernel = tk.kv_pack.window_rows if fp8 else tk.kv_pack.key_rows
     got = kernel(y, weight, EPS, cos, sin) if fp8 else kernel(y, weight, EPS, cos, sin, grid)
-    split = N if fp8 else N // 2
-    scale = torch.maximum(ue8m0_values(got[:, split:]), ue8m0_values(want[:, split:]))
-    scale = scale.repeat_interleave(32, 1)
-    if fp8:
-        a, b = unpack_fp8(got, N), unpack_fp8(want, N)
-        step = torch.maximum(a.abs(), b.abs()) / 8 + scale * 2.0**-9
-    else:
-        a, b = unpack_fp4(got, N, 32, False, grid), unpack_fp4(want, N, 32, False, grid)
-        step = 2 * scale
+    a, b, step = code_steps(got, want, N, fp8, grid)
     _neighbours(a, b, step, "window_rows" if fp8 else "key_rows")
     one = [kernel(*args) for args in _row_args(fp8, y, weight, cos, sin, grid, (0, 17, rows - 1))]
     assert torch.equal(torch.cat(one), got[[0, 17, rows - 1]])
