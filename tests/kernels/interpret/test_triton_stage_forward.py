@@ -1,5 +1,6 @@
 """The whole fast forward with every small-op stage as its Triton kernel (interpreted), against the same forward with
-the stages as written, on the tiny image: every kernel takes the forward's real arguments at every layer mode.
+the stages as written, on the tiny image: every kernel takes the forward's real arguments at every layer mode; and
+with the kernels the exact runner keeps a row's bits whatever its chunking, slot and neighbours.
 
 One prefill step of 2 tokens through the loose runner (its steps run the live rows only) with small context
 buckets, which keeps the interpreter's work small; Engram on, so every stage kernel runs: the 16 are counted.
@@ -12,20 +13,33 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
-def test_the_forward_with_every_stage_kernel_matches_the_stages_as_written(tk, tiny_pack, tmp_path):
-    import torch
+@pytest.fixture(scope="module")
+def image(tiny_pack, tmp_path_factory):
+    """The tiny pack's prepared TP=1 image with its Engram tables."""
     from support.dsv41_image import prepared_image
+
+    return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
+
+
+def _runner(image, exact: bool):
+    """(booted, a fast runner of 3 slots with small context buckets) on the CPU."""
     from tfc.runtime.boot.rank import boot
-    from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    booted = boot(image, device="cpu")
+    return booted, build_fast(booted, slots=3, tokens_per_slot=128, context_step=64, page_tokens=32, fuse=False,
+                              draft=False, exact=exact)  # fmt: skip
+
+
+def test_the_forward_with_every_stage_kernel_matches_the_stages_as_written(tk, image):
+    import torch
+    from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
-    booted = boot(prepared_image(tiny_pack, tmp_path / "store"), device="cpu")
-    runner = build_fast(booted, slots=2, tokens_per_slot=128, context_step=64, page_tokens=32, fuse=False,
-                        draft=False, exact=False)  # fmt: skip
+    booted, runner = _runner(image, exact=False)
     plan = StepPlan((SequenceStep(0, (5, 42), 0),))
     got = {}
     try:
@@ -41,3 +55,23 @@ def test_the_forward_with_every_stage_kernel_matches_the_stages_as_written(tk, t
     assert got["off_kernels"] == 0 and got["all_kernels"] == 16
     torch.testing.assert_close(got["all"], got["off"], rtol=0, atol=1e-5)
     assert torch.equal(got["all"].argmax(-1), got["off"].argmax(-1)) and got["off"].std() > 0.1
+
+
+def test_with_the_stage_kernels_a_prompt_chunked_beside_another_keeps_its_bits(tk, image):
+    import torch
+    from tfc.runtime.models.dsv41.fast import fusion
+    from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+    booted, runner = _runner(image, exact=True)
+    toks, other = [(37 * i + 5) % 600 for i in range(12)], [(11 * i + 3) % 600 for i in range(12)]
+    fusion.use_kernels("all")
+    try:
+        whole = runner.execute(StepPlan((SequenceStep(0, tuple(toks), 0),))).logits[0]
+        runner.release(0)
+        runner.execute(StepPlan((SequenceStep(1, tuple(toks[:5]), 0),)))
+        rest = StepPlan((SequenceStep(1, tuple(toks[5:]), 5), SequenceStep(2, tuple(other[:9]), 0)))
+        chunked = runner.execute(rest).logits[0]
+    finally:
+        fusion.use_kernels("off")
+        booted.close()
+    assert torch.equal(whole, chunked)  # another chunking, another slot, a neighbour in the step
