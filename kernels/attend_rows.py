@@ -29,6 +29,11 @@ from tfc.kernels.stage_tl import e2m1_value, e4m3_value, rotate, ue8m0_value
 __all__ = ["attend_rows", "blocks"]
 
 
+# The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers (ptxas for
+# sm_90: benchmarks/stage_kernels_sm90.py); the arithmetic, so the bits, are the same either way.
+STAGES = 1
+
+
 def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 16 keys a block at d > 256 (else 32)."""
     wide = head_dim > 256
@@ -160,6 +165,6 @@ def attend_rows(
         valid8.stride(0), valid8.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0), ok8.stride(1), out.stride(0),
         out.stride(1), sinks.stride(0), d**-0.5, H=heads, D=d, HALF=cos.shape[-1], W=read.shape[1], KT=kt,
-        BLOCK_H=block_h, BLOCK_K=block_k, num_warps=warps,
+        BLOCK_H=block_h, BLOCK_K=block_k, num_warps=warps, num_stages=STAGES,
     )  # fmt: skip
     return out
