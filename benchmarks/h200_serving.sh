@@ -103,7 +103,7 @@ case "$PART" in
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
     tail -15 "$OUT/flash_gpu_tests.txt" ;;
-  stages)  # the stage kernels (tfc.kernels.{kv_pack,attend_rows,mhc_stages,router_pick}): GPU tests, then each stage three ways
+  stages)  # the stage kernels (tfc.kernels.{kv_pack,index_scores,attend_rows,mhc_stages,router_pick}): GPU tests, then each stage three ways
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kv_pack_gpu.py" "$R/tests/kernels/test_attend_rows_gpu.py" "$R/tests/kernels/test_mhc_stages_gpu.py" \
       "$R/tests/kernels/test_router_pick_gpu.py") > "$OUT/stage_kernel_tests.txt" 2>&1

@@ -53,6 +53,7 @@ SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 def _launches(torch) -> list[tuple[str, str, object]]:
     """(entry point, variant, call(rows)) of every Flash launch of the stage kernels."""
     from tfc.kernels import attend_rows as ar
+    from tfc.kernels import index_scores as ks
     from tfc.kernels import kv_pack as kp
     from tfc.kernels import mhc_stages as mh
     from tfc.kernels import router_pick as rp
@@ -87,7 +88,7 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         ("kv_pack.entry_rows", "n 512, rope 64", lambda r: kp.entry_rows(e(r, HEAD_DIM), *rope(r), None)),
         ("kv_pack.index_query", "32 heads x 128", lambda r: kp.index_query(
             e(r, IDX_HEADS * IDX_DIM), IDX_HEADS, *rope(r), None)),
-        ("kv_pack.chunk_scores", f"chunk of {CHUNK} keys, 32 heads x 128", lambda r: kp.chunk_scores(
+        ("index_scores.chunk_scores", f"chunk of {CHUNK} keys, 32 heads x 128", lambda r: ks.chunk_scores(
             e(r, CHUNK, IDX_DIM // 2 + IDX_DIM // 32, dtype=u8), e(r, IDX_HEADS, IDX_DIM), e(r, IDX_HEADS),
             None)),
         ("kv_pack.pooled", f"ratio {RATIO}, n 512", lambda r: kp.pooled(

@@ -1,4 +1,5 @@
-"""The cached rows' packing stages and the indexer's scoring as plain Triton kernels (no torch.compile).
+"""The cached rows' packing stages as plain Triton kernels (no torch.compile); the indexer's scores of packed keys
+are kernels/index_scores.py.
 
 Drop-in replacements, same signatures, shapes and dtypes, of the `@fused` torch stages in
 runtime/models/dsv41/fast/attention.py and compressed.py (byte formats: fast/kv_rows.py):
@@ -7,7 +8,6 @@ runtime/models/dsv41/fast/attention.py and compressed.py (byte formats: fast/kv_
     entry_rows(latent, cos, sin, grid)            pack_fp4(rope(latent), 16, e4m3)       uint8 [R, n/2 + n/16]
     key_rows(y, weight, eps, cos, sin, grid)      pack_fp4(rope(rms_norm(y)), 32, ue8m0) uint8 [R, n/2 + n/32]
     index_query(y, heads, cos, sin, grid)         fake_fp4(rope(y as heads), 32)         fp32 [R, heads, d]
-    chunk_scores(raw, q, weights, grid)           index_scores(q, unpack_fp4(raw), w)    fp32 [R, c]
     pooled(pending, slot, at, weight, eps)        rms_norm(sum_i kv_i * softmax(gate)_i) fp32 [R, n]
 
 rope rotates the adjacent (even, odd) pairs of the trailing 2 * cos.shape[-1] channels (of each head). The
@@ -17,11 +17,8 @@ at 448 as torch's cast does. Every kernel is compiled without fused multiply-add
 each product and sum rounds as torch's eager ops do.
 
 Against the torch stages in fp32:
-  - bit for bit: entry_rows, index_query, the packers given the same normalised rotated values, and
-    chunk_scores. The rope is one rounded product per term and one rounded sum, as in torch; a 32-channel
-    partial dot of FP4 values is exact in fp32 (TF32 products of 2-bit mantissas, sums of 13 bits at most),
-    then the blocks and the heads add in fixed_sum's tree. q must hold FP4 values (index_query's output):
-    other values would lose bits to TF32. CUDA torch divides an entry's amax by 6 as a product by 1/6, so
+  - bit for bit: entry_rows, index_query, and the packers given the same normalised rotated values. The rope
+    is one rounded product per term and one rounded sum, as in torch. CUDA torch divides an entry's amax by 6 as a product by 1/6, so
     there (only) a rare entry scale may differ from these IEEE quotients.
   - window_rows, key_rows: rms_norm sums the squares in another order (its 1/sqrt correctly rounded, as
     torch's CPU rsqrt; CUDA's rsqrtf is approximate), so a normalised value may differ by an ulp, and a code
@@ -47,16 +44,14 @@ from tfc.kernels.stage_tl import (
     pow2,
     pow2_ceil_exp,
     rotate,
-    ue8m0_value,
 )
 
-__all__ = ["chunk_scores", "entry_rows", "index_query", "key_rows", "pooled", "window_rows"]
+__all__ = ["NO_FMA", "entry_rows", "index_query", "key_rows", "pooled", "unit_stride", "window_rows"]
 
 MAX_ROW = 8192  # widest row a whole-row kernel (window_rows, key_rows) holds
 MAX_POOL = 32768  # ring rows x channels (both rounded up to powers of two) a pooled program holds
 TILE = 512  # channels a program of entry_rows / index_query takes
-ENTRIES = 64  # entries a program of chunk_scores scores (CJ)
-_OPTS = {"enable_fp_fusion": False}  # products and sums round as torch's eager ops
+NO_FMA = {"enable_fp_fusion": False}  # products and sums round as torch's eager ops
 # kv_rows' constants (FP8_MAX = 448, FP4_MAX = 6), each rounded to fp32 where a kernel uses it, as torch does
 _FP8_FLOOR = tl.constexpr(1e-4)  # the smallest amax a window row's block scale takes
 _FP8_INV = tl.constexpr(1.0 / 448.0)
@@ -184,65 +179,6 @@ def _query_kernel(y_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, L: tl.constexpr, D:
 
 
 @triton.jit
-def _part(entry, live, q_row, sqh, b: tl.constexpr, D: tl.constexpr, H: tl.constexpr):
-    """[CJ, H]: the exact dots of the entries' 32-channel block b with every head's query block b."""
-    m = tl.arange(0, 16)
-    byte = tl.load(entry[:, None] + (b * 16 + m)[None, :], mask=live[:, None], other=0).to(tl.int32)
-    q = q_row + tl.arange(0, H)[None, :] * sqh + (b * 32 + 2 * m)[:, None]
-    acc = tl.dot(e2m1_value(byte & 15), tl.load(q), input_precision="tf32")
-    acc = tl.dot(e2m1_value(byte >> 4), tl.load(q + 1), acc, input_precision="tf32")
-    scale = ue8m0_value(tl.load(entry + D // 2 + b, mask=live, other=0).to(tl.int32))
-    return acc * scale[:, None]
-
-
-@triton.jit
-def _halve(t, CJ: tl.constexpr, S: tl.constexpr):
-    """[CJ, S] -> [CJ, S / 2]: the first half of the columns plus the second (a step of fixed_sum's tree)."""
-    return tl.sum(tl.reshape(t, [CJ, 2, S // 2]), axis=1)
-
-
-@triton.jit
-def _scores_kernel(raw_ptr, q_ptr, w_ptr, out_ptr, C, srr, src, sqr, sqh, swr, scale, D: tl.constexpr,
-                   H: tl.constexpr, CJ: tl.constexpr):  # fmt: skip
-    """CJ entries of one row: sum_h w[h] * relu(q[h] . key) * scale, blocks and heads summed as fixed_sum."""
-    r = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1) * CJ + tl.arange(0, CJ)
-    live = j < C
-    entry = raw_ptr + r * srr + j.to(tl.int64) * src
-    q_row = q_ptr + r * sqr
-    NB: tl.constexpr = D // 32
-    if NB == 1:
-        dots = _part(entry, live, q_row, sqh, 0, D, H)
-    elif NB == 2:
-        dots = _part(entry, live, q_row, sqh, 0, D, H) + _part(entry, live, q_row, sqh, 1, D, H)
-    elif NB == 4:
-        dots = (_part(entry, live, q_row, sqh, 0, D, H) + _part(entry, live, q_row, sqh, 2, D, H)) + (
-            _part(entry, live, q_row, sqh, 1, D, H) + _part(entry, live, q_row, sqh, 3, D, H)
-        )
-    else:
-        dots = (
-            (_part(entry, live, q_row, sqh, 0, D, H) + _part(entry, live, q_row, sqh, 4, D, H))
-            + (_part(entry, live, q_row, sqh, 2, D, H) + _part(entry, live, q_row, sqh, 6, D, H))
-        ) + (
-            (_part(entry, live, q_row, sqh, 1, D, H) + _part(entry, live, q_row, sqh, 5, D, H))
-            + (_part(entry, live, q_row, sqh, 3, D, H) + _part(entry, live, q_row, sqh, 7, D, H))
-        )
-    w = tl.load(w_ptr + r * swr + tl.arange(0, H)).to(tl.float32)
-    t = (tl.maximum(dots, 0.0) * scale) * w[None, :]
-    t = _halve(t, CJ, H)
-    t = _halve(t, CJ, H // 2)
-    t = _halve(t, CJ, H // 4)
-    t = _halve(t, CJ, H // 8)
-    if H >= 32:
-        t = _halve(t, CJ, H // 16)
-    if H >= 64:
-        t = _halve(t, CJ, H // 32)
-    if H >= 128:
-        t = _halve(t, CJ, H // 64)
-    tl.store(out_ptr + r * C + j, tl.reshape(t, [CJ]), mask=live)
-
-
-@triton.jit
 def _pooled_kernel(p_ptr, slot_ptr, at_ptr, w_ptr, out_ptr, G, N, ssr, sar, sac, sp0, sp1, sp2, eps,
                    GB: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """One row: the softmax(gate)-weighted sum of its G ring rows' kv, then rms_norm."""
@@ -269,7 +205,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _unit(t: torch.Tensor) -> torch.Tensor:
+def unit_stride(t: torch.Tensor) -> torch.Tensor:
     """t with a unit stride in its last dimension (a copy only where it has none)."""
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
@@ -286,7 +222,7 @@ def _rope_tables(cos: torch.Tensor, sin: torch.Tensor, rows: int, width: int) ->
         raise ValueError(f"cos, sin {tuple(cos.shape)}, {tuple(sin.shape)} must be [{rows}, <= {width // 2}]")
     if cos.dtype != torch.float32 or sin.dtype != torch.float32:
         raise ValueError(f"cos / sin must be fp32; got {cos.dtype} / {sin.dtype}")
-    cos, sin = _unit(cos), _unit(sin)
+    cos, sin = unit_stride(cos), unit_stride(sin)
     if cos.stride(0) != sin.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
     return cos, sin
@@ -299,14 +235,14 @@ def _pack_rows(y, weight, eps, cos, sin, fp8: bool, norm: bool = True) -> torch.
     rows, n = y.shape
     if n > MAX_ROW or weight.shape != (n,):
         raise ValueError(f"{name}: n = {n} (at most {MAX_ROW}) needs weight [{n}]; got {tuple(weight.shape)}")
-    y, weight = _unit(y), weight.contiguous()
+    y, weight = unit_stride(y), weight.contiguous()
     cos, sin = _rope_tables(cos, sin, rows, n)
     out = torch.empty((rows, n + n // 32 if fp8 else n // 2 + n // 32), dtype=torch.uint8, device=y.device)
     if rows:
         nb = _pow2(n // 32)
         _row_kernel[(rows,)](y, weight, cos, sin, out, y.stride(0), cos.stride(0), eps, N=n,
                              HALF=cos.shape[1], NB=nb, NORM=norm, FP8=fp8, num_warps=4 if nb >= 8 else 1,
-                             **_OPTS)  # fmt: skip
+                             **NO_FMA)  # fmt: skip
     return out
 
 
@@ -328,13 +264,13 @@ def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid)
     """The FP4 entry rows uint8 [R, n/2 + n/16] of latents [R, n]: pack_fp4(rope(latent), 16, e4m3)."""
     _rows("entry_rows latent", latent, 16)
     rows, n = latent.shape
-    x = _unit(latent)
+    x = unit_stride(latent)
     cos, sin = _rope_tables(cos, sin, rows, n)
     out = torch.empty((rows, n // 2 + n // 16), dtype=torch.uint8, device=x.device)
     tb = min(_pow2(n // 16), TILE // 16)
     if rows:
         _entry_kernel[(rows, triton.cdiv(n // 16, tb))](
-            x, cos, sin, out, x.stride(0), cos.stride(0), N=n, HALF=cos.shape[1], TB=tb, num_warps=4, **_OPTS
+            x, cos, sin, out, x.stride(0), cos.stride(0), N=n, HALF=cos.shape[1], TB=tb, num_warps=4, **NO_FMA
         )
     return out
 
@@ -346,36 +282,14 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     if heads < 1 or width % heads or (width // heads) % 32:
         raise ValueError(f"index_query: {width} channels do not split into {heads} heads of a multiple of 32")
     d = width // heads
-    y = _unit(y)
+    y = unit_stride(y)
     cos, sin = _rope_tables(cos, sin, rows, d)
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=y.device)
     tb = min(_pow2(width // 32), TILE // 32)
     if rows:
         launch = (rows, triton.cdiv(width // 32, tb))
         _query_kernel[launch](y, cos, sin, out, y.stride(0), cos.stride(0), L=width, D=d, HALF=cos.shape[1],
-                              TB=tb, num_warps=4, **_OPTS)  # fmt: skip
-    return out
-
-
-def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
-    """Scores fp32 [R, c] of index key rows raw uint8 [R, c, d/2 + d/32] against FP4 queries q [R, H, d]."""
-    if q.dim() != 3 or q.dtype != torch.float32:
-        raise ValueError(f"chunk_scores q must be fp32 [R, H, d]; got {q.dtype} {tuple(q.shape)}")
-    rows, heads, d = q.shape
-    if d % 32 or d // 32 not in (1, 2, 4, 8) or heads not in (16, 32, 64, 128):
-        raise ValueError(f"chunk_scores takes d in 32, 64, 128, 256 and 16 to 128 heads; got {heads} x {d}")
-    if raw.dim() != 3 or raw.dtype != torch.uint8 or raw.shape[0] != rows or raw.shape[2] != d // 2 + d // 32:
-        raise ValueError(f"chunk_scores raw {tuple(raw.shape)} must be uint8 [{rows}, c, {d // 2 + d // 32}]")
-    if weights.shape != (rows, heads):
-        raise ValueError(f"chunk_scores weights must be [{rows}, {heads}]; got {tuple(weights.shape)}")
-    raw, q, weights = _unit(raw), _unit(q), _unit(weights)
-    c = raw.shape[1]
-    out = torch.empty((rows, c), dtype=torch.float32, device=q.device)
-    if rows and c:
-        launch = (rows, triton.cdiv(c, ENTRIES))
-        _scores_kernel[launch](raw, q, weights, out, c, raw.stride(0), raw.stride(1), q.stride(0),
-                               q.stride(1), weights.stride(0), d**-0.5, D=d, H=heads, CJ=ENTRIES, num_warps=4,
-                               **_OPTS)  # fmt: skip
+                              TB=tb, num_warps=4, **NO_FMA)  # fmt: skip
     return out
 
 
@@ -393,11 +307,11 @@ def pooled(
     rows, group = at.shape
     if group < 1 or _pow2(group) * _pow2(n) > MAX_POOL:
         raise ValueError(f"pooled: {group} ring rows of {n} channels exceed {MAX_POOL} values a program")
-    pending, weight = _unit(pending), weight.contiguous()
+    pending, weight = unit_stride(pending), weight.contiguous()
     out = torch.empty((rows, n), dtype=torch.float32, device=pending.device)
     if rows:
         p0, p1, p2, _ = pending.stride()
         _pooled_kernel[(rows,)](pending, slot, at, weight, out, group, n, slot.stride(0), at.stride(0),
                                 at.stride(1), p0, p1, p2, eps, GB=_pow2(group), NB=_pow2(n), num_warps=4,
-                                **_OPTS)  # fmt: skip
+                                **NO_FMA)  # fmt: skip
     return out

@@ -147,7 +147,7 @@ def test_index_query_is_torchs_bits(rows):
 @pytest.mark.parametrize(("rows", "entries"), [(16, 4096), (2048, 300)])
 def test_chunk_scores_are_torchs_and_ignore_the_chunk(rows, entries):
     """chunk_scores: torch's scores exactly; an entry's score the same in any chunk, alone or among rows."""
-    from tfc.kernels import kv_pack as kp
+    from tfc.kernels import index_scores as kp
     from tfc.runtime.models.dsv41.fast.compressed import chunk_scores
     from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4
 

@@ -208,14 +208,14 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(tk):
 
     grid = _grid()
     raw, q, weights = _index_inputs(3, 70, 11)
-    got = tk.kv_pack.chunk_scores(raw, q, weights, grid)
+    got = tk.index_scores.chunk_scores(raw, q, weights, grid)
     want = chunk_scores.__wrapped__(raw, q, weights, grid)
     assert got.shape == (3, 70) and torch.equal(got, want)
-    part = tk.kv_pack.chunk_scores(raw[:, 9:30], q, weights, grid)  # a strided view, another chunk width
+    part = tk.index_scores.chunk_scores(raw[:, 9:30], q, weights, grid)  # a strided view, another chunk width
     assert torch.equal(part, got[:, 9:30])
-    alone = tk.kv_pack.chunk_scores(raw[1:2, 40:], q[1:2], weights[1:2], grid)
+    alone = tk.index_scores.chunk_scores(raw[1:2, 40:], q[1:2], weights[1:2], grid)
     assert torch.equal(alone, got[1:2, 40:])
-    assert tk.kv_pack.chunk_scores(raw[:, :0], q, weights, grid).shape == (3, 0)
+    assert tk.index_scores.chunk_scores(raw[:, :0], q, weights, grid).shape == (3, 0)
 
 
 @pytest.mark.parametrize("group", [2, 3])
@@ -257,7 +257,7 @@ def test_unsupported_shapes_raise(tk):
         kp.index_query(torch.zeros(2, 16 * 48), 16, cos, sin, grid)  # heads of 48 channels
     raw, q, weights = _index_inputs(2, 4, 0)
     with pytest.raises(ValueError):
-        kp.chunk_scores(raw, q[:, :8], weights[:, :8], grid)  # 8 heads
+        tk.index_scores.chunk_scores(raw, q[:, :8], weights[:, :8], grid)  # 8 heads
     with pytest.raises(ValueError):
         index = torch.zeros(2, 1, dtype=torch.int64)
         kp.pooled(torch.zeros(2, 2, 4, N), index, index.expand(2, 2), torch.ones(64), EPS)  # weight of 64

@@ -103,7 +103,7 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     return fake_fp4(q, 32, grid)
 
 
-@fused(dynamic={"raw": 1}, kernel="tfc.kernels.kv_pack:chunk_scores")
+@fused(dynamic={"raw": 1}, kernel="tfc.kernels.index_scores:chunk_scores")
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)

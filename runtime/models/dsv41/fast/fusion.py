@@ -96,7 +96,8 @@ def _kernel(path: str | None, args: tuple, kwargs: dict) -> Callable[..., Any] |
 
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
-    """Run the stages as written inside the block, whatever `enable` said (restored after it)."""
+    """Compile no stage inside the block, whatever `enable` said (restored after it); a stage kernel still runs
+    where kernels run."""
     was = _STATE["on"]
     _STATE["on"] = False
     try:
