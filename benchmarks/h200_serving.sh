@@ -16,6 +16,8 @@
 #   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage eager / compiled / kernel (stages_h200.py)
 #   bash benchmarks/h200_serving.sh stagedecode  # decode_h200's decode with the stage kernels uncompiled, then the compiled stages
 #   bash benchmarks/h200_serving.sh stageserve   # restarts and tfc generate's decode: stage kernels uncompiled, then the compiled stages
+#                                   (STAGE_MODES="1 0" for stagedecode / stageserve: the stage kernels alone)
+#   bash benchmarks/h200_serving.sh stagetests   # test_fast_gpu.py's exactness tests on the tiny image with the stage kernels on
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
@@ -43,7 +45,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|stagetests) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -109,8 +111,14 @@ case "$PART" in
       "$R/tests/kernels/test_router_pick_gpu.py") > "$OUT/stage_kernel_tests.txt" 2>&1
     tail -15 "$OUT/stage_kernel_tests.txt"
     timeout 240 python3 benchmarks/stages_h200.py --image "$IMG" --out "$OUT/stages_h200.json" 2>&1 | grep "^\[" | tee "$OUT/stages.log" ;;
+  stagetests)  # the tiny image's graph == eager, concurrent == solo, chunking, pinned and teacher-forced tests, stage kernels on
+    (cd /tmp && TFC_STAGE_KERNELS=1 TFC_INSTANT_FAILURES=1 timeout "${TFC_STAGETESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+      -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_gpu.py" \
+      -k "graph_replay or concurrent or chunking or pinned or teacher or restored") > "$OUT/stage_fast_gpu_tests.txt" 2>&1
+    grep -v "^DEBUG\|^INFO " "$OUT/stage_fast_gpu_tests.txt" | tail -15 ;;
   stagedecode)  # decode_h200's decode steps: stage kernels with nothing compiled (K=1 C=0), then the compiled stages (K=0 C=1)
-    for MODE in "1 0" "0 1"; do
+    IFS=, read -ra MODES <<< "${STAGE_MODES:-1 0,0 1}"
+    for MODE in "${MODES[@]}"; do
       read -r K C <<< "$MODE"
       TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference \
         --out "$OUT/decode_k${K}_c$C.json" --budget-s 240 2>&1 | grep "^\[" | tee "$OUT/decode_k${K}_c$C.log"
@@ -118,7 +126,8 @@ case "$PART" in
   stageserve)  # restarts to ready and tfc generate's decode rate: stage kernels uncompiled (K=1 C=0), compiled stages (K=0 C=1)
     TOK=$WORK/vocab_tokenizer.json
     python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    for MODE in "1 0" "0 1"; do
+    IFS=, read -ra MODES <<< "${STAGE_MODES:-1 0,0 1}"
+    for MODE in "${MODES[@]}"; do
       read -r K C <<< "$MODE"
       D="$OUT/stageserve_k${K}_c$C"
       TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda \

@@ -175,7 +175,7 @@ def main() -> None:
         module, attr = path.split(":")
         kernel = getattr(importlib.import_module(module), attr)
         row = measure(fn, kernel, a, k)
-        row.update(kernel=path, calls_a_step=count)
+        row.update(stage_kernel=path, calls_a_step=count)
         res["stages"][name] = row
         print(f"[{name}] {json.dumps(row)}", flush=True)
     rows = [r for r in res["stages"].values() if isinstance(r, dict) and "error" not in r]
