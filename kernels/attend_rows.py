@@ -1,4 +1,4 @@
-"""The fast attention's `attend_rows` stage as one Triton kernel: sink attention over FP8 rows, FP4 entries.
+"""The fast attention's `attend_rows` stage in Triton: sink attention over FP8 rows, FP4 entries.
 
 For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`):
 
@@ -8,11 +8,15 @@ For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`
     out      softmax(logits, sink) applied to the keys, the sink's value nothing; then the inverse rope
              rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
 
-One program per (row, block of BLOCK_H = 16 heads: a grid of R x ceil(H / 16)) walks the row's keys in blocks
-of BLOCK_K (window keys, then entry keys), decodes each block once for all its heads and keeps an fp32 online
-softmax whose running maximum starts at the sink (so it is always finite and a row with every key masked gives
-0). Both products are fp32 FMA (`input_precision="ieee"`, never TF32). A row's bits depend only on its own
-inputs and the shapes (H, d, W, k): no split over programs, no atomics, block sizes fixed by the shapes.
+Two launches. The first splits each row's keys into runs of SPLIT_BLOCKS key blocks (window runs, then entry
+runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ceil(H / 16) x runs, so a one-row
+decode step still fills tens of multiprocessors. Each program decodes its key blocks once for all its heads and
+keeps an fp32 online softmax whose running maximum starts at the sink (always finite, so a run with every key
+masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of fp32 partials. The
+second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides
+and takes the rope off. Both products are fp32 FMA (`input_precision="ieee"`, never TF32). A row's bits
+depend only on its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed
+order, no atomics; rows are launched in chunks that bound the scratch (MAX_SCRATCH), which cannot change them.
 
 Tolerance: a few 1e-6 of the largest output against float64 and the torch stage when logits reach ~50 (fp32's
 rounding of the logits; then the online softmax's rescaling and the summation order against torch's two-pass
@@ -32,6 +36,9 @@ __all__ = ["attend_rows", "blocks"]
 # The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers (ptxas for
 # sm_90: benchmarks/stage_kernels_sm90.py); the arithmetic, so the bits, are the same either way.
 STAGES = 1
+SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks
+CHUNK = 32  # channels of q . key a product takes at a time
+MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
 
 
 def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -40,11 +47,51 @@ def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
     return 16, 16 if wide else 32, 8 if wide else 4
 
 
+def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
+    """(window runs, entry runs) of SPLIT_BLOCKS * block_k keys each."""
+    keys = SPLIT_BLOCKS * block_k
+    return triton.cdiv(window, keys), triton.cdiv(entries, keys)
+
+
 @triton.jit
-def _step(q, kv, ok, m, den, acc, scale):
-    """Key block kv [BLOCK_K, D] (ok [BLOCK_K]) into the online softmax (m, den, acc) of q [BLOCK_H, D]."""
-    s = tl.dot(q, tl.trans(kv), input_precision="ieee") * scale
-    s = tl.where(ok[None, :], s, float("-inf"))
+def _window_keys(ring_ptr, row, ok, c, s_ring, D: tl.constexpr):
+    """Window keys [BLOCK_K, len(c)] fp32: columns c of FP8 ring rows `row` (masked keys give 0)."""
+    base = ring_ptr + row[:, None] * s_ring
+    code = tl.load(base + c[None, :], mask=ok[:, None], other=0).to(tl.int32)
+    sbyte = tl.load(base + D + c[None, :] // 32, mask=ok[:, None], other=0).to(tl.int32)
+    return e4m3_value(code) * ue8m0_value(sbyte)
+
+
+@triton.jit
+def _entry_keys(ent_ptr, row, ok, c, s_ent, D: tl.constexpr):
+    """Entry keys [BLOCK_K, len(c)] fp32: columns c of FP4 entries `row` (masked keys give 0)."""
+    base = ent_ptr + row[:, None] * s_ent
+    byte = tl.load(base + c[None, :] // 2, mask=ok[:, None], other=0).to(tl.int32)
+    code = (byte >> ((c[None, :] & 1) * 4)) & 15  # low nibble first
+    sbyte = tl.load(base + D // 2 + c[None, :] // 16, mask=ok[:, None], other=0).to(tl.int32)
+    return e2m1_value(code) * e4m3_value(sbyte)
+
+
+@triton.jit
+def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
+    """q . key [BLOCK_H, BLOCK_K] in chunks of DC channels (a whole-d FMA product's operands would spill)."""
+    s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+    for d0 in tl.static_range(0, D, DC):
+        cc = d0 + tl.arange(0, DC)
+        qc = tl.load(q_ptr + qs + cc[None, :], mask=hm[:, None], other=0.0)
+        if ENTRY:
+            kc = _entry_keys(keys_ptr, row, ok, cc, s_keys, D)
+        else:
+            kc = _window_keys(keys_ptr, row, ok, cc, s_keys, D)
+        s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
+    return s
+
+
+@triton.jit
+def _step(s, kv, ok, m, den, acc, scale):
+    """A key block's logits s [BLOCK_H, BLOCK_K] and keys kv [BLOCK_K, D] into the online softmax (m, den, acc)."""
+    s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
@@ -54,38 +101,65 @@ def _step(q, kv, ok, m, den, acc, scale):
 
 
 @triton.jit
-def _attend_rows_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, cos_ptr, sin_ptr, ent_ptr, at_ptr,
-                        ok_ptr, out_ptr, sq_r, sq_h, sq_d, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w,
-                        s_cos_r, s_cos_c, s_sin_r, s_sin_c, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, so_r, so_h,
-                        s_sink, scale, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr, W: tl.constexpr,
-                        KT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at_ptr, ok_ptr, pm_ptr, pd_ptr,
+                    pa_ptr, sq_r, sq_h, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w, s_ent, s_at_r,
+                    s_at_k, s_ok_r, s_ok_k, s_sink, scale, H: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
+                    KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr):  # fmt: skip
+    """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator)."""
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    run = tl.program_id(2)
+    hm = h < H
+    c = tl.arange(0, D)
+    qs = r * sq_r + h[:, None] * sq_h  # q's channels are unit-strided (attend_rows makes them so)
+    m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
+    den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    if run < RW:
+        for b in range(SPLIT):
+            j = (run * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
+            ok = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0) != 0
+            row = tl.load(read_ptr + r * s_read_r + j * s_read_w, mask=ok, other=0)
+            s = _logits(q_ptr, qs, ring_ptr, row, ok, s_ring, D, DC, False, BLOCK_H, BLOCK_K, hm)
+            kv = _window_keys(ring_ptr, row, ok, c, s_ring, D)
+            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
+    else:
+        for b in range(SPLIT):
+            j = ((run - RW) * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
+            ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0) != 0
+            row = tl.load(at_ptr + r * s_at_r + j * s_at_k, mask=ok, other=0)
+            s = _logits(q_ptr, qs, ent_ptr, row, ok, s_ent, D, DC, True, BLOCK_H, BLOCK_K, hm)
+            kv = _entry_keys(ent_ptr, row, ok, c, s_ent, D)
+            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
+    at = (r * NR + run) * H + h  # partials [rows, runs, H] and [rows, runs, H, D]
+    tl.store(pm_ptr + at, m, mask=hm)
+    tl.store(pd_ptr + at, den, mask=hm)
+    tl.store(pa_ptr + at[:, None] * D + c[None, :], acc, mask=hm[:, None])
+
+
+@triton.jit
+def _fold_kernel(pm_ptr, pd_ptr, pa_ptr, sinks_ptr, cos_ptr, sin_ptr, out_ptr, s_sink, s_cos_r, s_cos_c,
+                 s_sin_r, s_sin_c, so_r, so_h, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
+                 NR: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """One row's runs folded in order into the sink's softmax, divided, the query's rope taken off."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
     c = tl.arange(0, D)
-    q = tl.load(q_ptr + r * sq_r + h[:, None] * sq_h + c[None, :] * sq_d, mask=hm[:, None], other=0.0)
-    m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
+    m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)
     den = tl.full([BLOCK_H], 1.0, tl.float32)  # exp(sink - m)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
-    for k0 in range(0, W, BLOCK_K):
-        j = k0 + tl.arange(0, BLOCK_K)
-        ok = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0) != 0
-        row = tl.load(read_ptr + r * s_read_r + j * s_read_w, mask=ok, other=0)
-        base = ring_ptr + row[:, None] * s_ring
-        code = tl.load(base + c[None, :], mask=ok[:, None], other=0).to(tl.int32)
-        sbyte = tl.load(base + D + c[None, :] // 32, mask=ok[:, None], other=0).to(tl.int32)
-        kv = e4m3_value(code) * ue8m0_value(sbyte)  # masked keys load byte 0 everywhere: value 0
-        m, den, acc = _step(q, kv, ok, m, den, acc, scale)
-    for k0 in range(0, KT, BLOCK_K):
-        j = k0 + tl.arange(0, BLOCK_K)
-        ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0) != 0
-        row = tl.load(at_ptr + r * s_at_r + j * s_at_k, mask=ok, other=0)
-        base = ent_ptr + row[:, None] * s_ent
-        byte = tl.load(base + c[None, :] // 2, mask=ok[:, None], other=0).to(tl.int32)
-        code = (byte >> ((c[None, :] & 1) * 4)) & 15  # low nibble first
-        sbyte = tl.load(base + D // 2 + c[None, :] // 16, mask=ok[:, None], other=0).to(tl.int32)
-        kv = e2m1_value(code) * e4m3_value(sbyte)
-        m, den, acc = _step(q, kv, ok, m, den, acc, scale)
+    for run in range(NR):
+        at = (r * NR + run) * H + h
+        m_run = tl.load(pm_ptr + at, mask=hm, other=0.0)
+        den_run = tl.load(pd_ptr + at, mask=hm, other=0.0)
+        acc_run = tl.load(pa_ptr + at[:, None] * D + c[None, :], mask=hm[:, None], other=0.0)
+        m_new = tl.maximum(m, m_run)
+        alpha, beta = tl.exp(m - m_new), tl.exp(m_run - m_new)
+        den = den * alpha + den_run * beta
+        acc = acc * alpha[:, None] + acc_run * beta[:, None]
+        m = m_new
     out = acc / den[:, None]
     even, odd = tl.split(tl.reshape(out, [BLOCK_H, D // 2, 2]))
     pair = tl.arange(0, D // 2) - (D // 2 - HALF)  # the pair's index in the rope slice (negative: no rope)
@@ -152,19 +226,33 @@ def attend_rows(
     if rows == 0:
         return out
     block_h, block_k, warps = blocks(heads, d)
-    if entries is None:  # no entry loop (KT = 0): the pointers are never read
+    if entries is None:  # no entry runs (KT = 0): the pointers are never read
         entries, at, ok = ring, read, valid
         kt = 0
     else:
         kt = at.shape[1]
+    window = read.shape[1]
+    rw, re = runs(window, kt, block_k)
+    nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
-    grid_ = (rows, triton.cdiv(heads, block_h))
-    _attend_rows_kernel[grid_](
-        q, ring, read, valid8, sinks, cos, sin, entries, at, ok8, out,
-        q.stride(0), q.stride(1), q.stride(2), ring.stride(0), read.stride(0), read.stride(1),
-        valid8.stride(0), valid8.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0), ok8.stride(1), out.stride(0),
-        out.stride(1), sinks.stride(0), d**-0.5, H=heads, D=d, HALF=cos.shape[-1], W=read.shape[1], KT=kt,
-        BLOCK_H=block_h, BLOCK_K=block_k, num_warps=warps, num_stages=STAGES,
-    )  # fmt: skip
+    q = q if q.stride(2) == 1 else q.contiguous()
+    chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
+    hb = triton.cdiv(heads, block_h)
+    for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
+        hi = min(rows, lo + chunk)
+        part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
+        part_d = torch.empty_like(part_m)
+        part_a = torch.empty((hi - lo, nr, heads, d), dtype=torch.float32, device=q.device)
+        _partial_kernel[(hi - lo, hb, nr)](
+            q[lo:hi], ring, read[lo:hi], valid8[lo:hi], sinks, entries, at[lo:hi], ok8[lo:hi], part_m, part_d,
+            part_a, q.stride(0), q.stride(1), ring.stride(0), read.stride(0), read.stride(1), valid8.stride(0), valid8.stride(1),
+            entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0), ok8.stride(1), sinks.stride(0),
+            d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
+            SPLIT=SPLIT_BLOCKS, DC=CHUNK, num_warps=warps, num_stages=STAGES,
+        )  # fmt: skip
+        _fold_kernel[(hi - lo, hb)](
+            part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),
+            cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), out.stride(0), out.stride(1),
+            H=heads, D=d, HALF=cos.shape[-1], NR=nr, BLOCK_H=block_h, num_warps=warps,
+        )  # fmt: skip
     return out

@@ -6,8 +6,9 @@ bytes, a row with no key at all giving 0, a row of near-flat logits) at 1, 16 an
 same alone, among 16 and among 256, run after run, and inside a captured CUDA graph. Errors are relative to
 the largest output; the logits reach ~60, so fp32's rounding of them alone is a few 1e-6 of an output: on the
 CPU the torch stage measured up to 7e-6 from float64 (256 rows) and the kernel, interpreted at these shapes,
-1.3e-6 (16 rows), so the kernel must be within 1e-5 of float64 and 2e-5 of the stage (a GPU's exp is
-ex2.approx); dropping one entry key of the flat row is off by 7e-5, the sink by 8e-3, a wrong format or
+1.3e-6 (16 rows), and on the H200 the stage itself was 1.29e-5 from float64 at 256 rows (the logits'
+rounding grows with their size), so the kernel must be within 2e-5 of float64 and of the stage (a GPU's exp
+is ex2.approx); dropping one entry key of the flat row is off by 7e-5, the sink by 8e-3, a wrong format or
 rotation by order 1.
 """
 
@@ -20,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
 
-TOL, STAGE_TOL = 1e-5, 2e-5
+TOL, STAGE_TOL = 2e-5, 2e-5
 DIM, HALF, WINDOW, TOPK = 512, 32, 128, 512
 
 

@@ -52,6 +52,16 @@ def _spread(rows: int, n: int, seed: int) -> torch.Tensor:
     return x
 
 
+def _differences(got: torch.Tensor, want: torch.Tensor, source: torch.Tensor) -> str:
+    """The count of differing elements and the first few: index, got, want, the source row's values there."""
+    at = (got != want).nonzero()
+    first = [(tuple(i.tolist()), got[tuple(i)].item(), want[tuple(i)].item()) for i in at[:6]]
+    rows = sorted({int(i[0]) for i in at[:6]})
+    return f"{len(at)} of {got.numel()} differ, first {first}; source rows {rows}: " + "; ".join(
+        f"{r}: {source[r, :8].tolist()}" for r in rows[:2]
+    )
+
+
 def _alone(fn, picks, *tensors):
     """fn's result for each picked row alone, concatenated (the row arguments sliced, the others passed)."""
     return torch.cat([fn(*(t[i : i + 1] for t in tensors)) for i in picks])
@@ -94,7 +104,7 @@ def test_entry_rows_are_torchs_bytes(rows):
     grid = _grid("cuda")
     got = kp.entry_rows(latent.cuda(), cos.cuda(), sin.cuda(), grid)
     want = entry_rows.__wrapped__(latent, cos, sin, _grid("cpu"))
-    assert torch.equal(got.cpu(), want)
+    assert torch.equal(got.cpu(), want), _differences(got.cpu(), want, latent)
     assert torch.equal(kp.entry_rows(latent.cuda(), cos.cuda(), sin.cuda(), grid), got)  # deterministic
     latent, cos, sin = latent.cuda(), cos.cuda(), sin.cuda()
     alone = _alone(lambda a, c, s: kp.entry_rows(a, c, s, grid), (2, rows - 1), latent, cos, sin)
@@ -138,7 +148,10 @@ def test_index_query_is_torchs_bits(rows):
     grid = _grid("cuda")
     got = kp.index_query(y.cuda(), HEADS, cos.cuda(), sin.cuda(), grid)
     want = index_query.__wrapped__(y, HEADS, cos, sin, _grid("cpu"))
-    assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32))
+    got_bits, want_bits = got.cpu().view(torch.int32), want.view(torch.int32)
+    assert torch.equal(got_bits, want_bits), _differences(got.cpu(), want, y) + (
+        f"; bits {got_bits[got_bits != want_bits][:4].tolist()} != {want_bits[got_bits != want_bits][:4].tolist()}"
+    )
     y, cos, sin = y.cuda(), cos.cuda(), sin.cuda()
     alone = _alone(lambda a, c, s: kp.index_query(a, HEADS, c, s, grid), (1, rows - 1), y, cos, sin)
     assert torch.equal(alone.view(torch.int32), got[[1, rows - 1]].view(torch.int32))

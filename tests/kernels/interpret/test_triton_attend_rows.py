@@ -65,6 +65,22 @@ def test_attend_rows_row_alone_and_deterministic(tk):
         assert torch.equal(tk.attend_rows.attend_rows(**one), batch[r : r + 1]), f"row {r} alone differs"
 
 
+def test_attend_rows_runs_and_row_chunks_keep_the_bits(tk, monkeypatch):
+    """A window of 160 keys is two runs (the second partly masked by its length), 40 entries one: within the
+    bounds; launched in chunks of one row (the scratch bound at its least) the rows keep their bits."""
+    import torch
+
+    a = attend_inputs(3, HEADS, (DIM, HALF, 160, 40), True, seed=3)
+    assert tk.attend_rows.runs(160, 40, tk.attend_rows.blocks(HEADS, DIM)[1]) == (2, 1)
+    got = tk.attend_rows.attend_rows(**a)
+    want, stage = attend_float64(a, DIM), _stage(a)
+    err, stage_err = _rel(got, want), _rel(stage, want)
+    assert err < TOL, (err, stage_err)
+    assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)
+    monkeypatch.setattr(tk.attend_rows, "MAX_SCRATCH", 1)
+    assert torch.equal(tk.attend_rows.attend_rows(**a), got), "rows launched one at a time differ"
+
+
 def test_attend_rows_refuses_what_it_does_not_take(tk):
     import torch
 
