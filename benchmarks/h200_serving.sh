@@ -207,7 +207,7 @@ case "$PART" in
   parallel)
     timeout 300 python3 benchmarks/parallel_cpu.py --reps ${REPS:-3} --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \
       2>&1 | tail -12 ;;
-  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|stagenotes|nocompile ..." >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/h200_serving.sh prefill|prefilltests|tests|servetests|drafttests|drafting|warmup|flashtests|retests|speed|sampling|serve|prefix|restore|parallel|bootprof|serveprof|stagenotes|nocompile|stages|stagedecode|stageserve|stagetests ..." >&2; exit 2 ;;
 esac
 done
 # A device call brings back a few files only: everything in one archive (and the logs' tails above).
