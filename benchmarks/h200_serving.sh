@@ -16,7 +16,7 @@
 #   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage eager / compiled / kernel (stages_h200.py)
 #   bash benchmarks/h200_serving.sh stagedecode  # decode_h200's decode with the stage kernels uncompiled, then the compiled stages
 #   bash benchmarks/h200_serving.sh stageserve   # restarts and tfc generate's decode: stage kernels uncompiled, then the compiled stages
-#                                   (STAGE_MODES="1 0" for stagedecode / stageserve: the stage kernels alone)
+#                                   (STAGE_MODES="1 0" for stagedecode / stageserve: the stage kernels alone; STAGE_STARTS=6: 6 starts a mode)
 #   bash benchmarks/h200_serving.sh stagetests   # test_fast_gpu.py's exactness tests on the tiny image with the stage kernels on
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
@@ -131,7 +131,7 @@ case "$PART" in
       read -r K C <<< "$MODE"
       D="$OUT/stageserve_k${K}_c$C"
       TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda \
-        --tokenizer "$TOK" --starts 3 --profile 0 --out "$D" 2>&1 | tail -3
+        --tokenizer "$TOK" --starts "${STAGE_STARTS:-3}" --profile 0 --out "$D" 2>&1 | tail -3
       for i in 1 2; do
         (cd /tmp && TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 120 python3 -m tfc generate "$IMG" --device cuda \
           --prompt "The model reads the prompt" --max-tokens 96 --ignore-eos --json --tokenizer "$TOK" > "$D/generate_$i.json" 2> /dev/null)

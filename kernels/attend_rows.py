@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.stage_tl import e2m1_value, e4m3_value, rotate, ue8m0_value
+from tfc.kernels.stage_tl import e2m1_value, e4m3_value, negate, rotate, ue8m0_value
 
 __all__ = ["attend_rows", "blocks"]
 
@@ -166,7 +166,7 @@ def _fold_kernel(pm_ptr, pd_ptr, pa_ptr, sinks_ptr, cos_ptr, sin_ptr, out_ptr, s
     rope = pair >= 0
     cos = tl.load(cos_ptr + r * s_cos_r + pair * s_cos_c, mask=rope, other=1.0)
     sin = tl.load(sin_ptr + r * s_sin_r + pair * s_sin_c, mask=rope, other=0.0)
-    rot_even, rot_odd = rotate(even, odd, cos[None, :], -sin[None, :])  # the conjugate rotation
+    rot_even, rot_odd = rotate(even, odd, cos[None, :], negate(sin)[None, :])  # the conjugate rotation
     even = tl.where(rope[None, :], rot_even, even)
     odd = tl.where(rope[None, :], rot_odd, odd)
     out = tl.reshape(tl.join(even, odd), [BLOCK_H, D])

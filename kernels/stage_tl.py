@@ -13,6 +13,7 @@ as CUDA and torch do.
     e2m1_code(q)        q in [-6, 6] -> the nearest e2m1 code, ties to the even code, sign in bit 3
     e2m1_value(c)       a 4-bit e2m1 code -> fp32 (exact)
     rotate(ev, od, c, s) the rope's (even, odd) pair rotated by (cos, sin)
+    negate(x)           -x by its sign bit, as torch negates (-(+0.0) is -0.0 under every Triton)
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ import triton.language as tl
 def _bits(x):
     """The int32 bits of fp32 x."""
     return x.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def negate(x):
+    """-x of fp32 x by flipping its sign bit: Triton 3.6 lowers `-x` to `0 - x`, which makes -(+0.0) +0.0."""
+    return (_bits(x) ^ -2147483648).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -56,7 +63,7 @@ def e4m3_value(b):
     mag = tl.where(
         e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
     )
-    return tl.where((b & 128) != 0, -mag, mag)
+    return tl.where((b & 128) != 0, negate(mag), mag)
 
 
 @triton.jit
@@ -90,7 +97,7 @@ def e2m1_value(c):
     e = i >> 1
     big = (1.0 + (i & 1).to(tl.float32) * 0.5) * pow2(e - 1)
     mag = tl.where(i < 2, i.to(tl.float32) * 0.5, big)
-    return tl.where((c & 8) != 0, -mag, mag)
+    return tl.where((c & 8) != 0, negate(mag), mag)
 
 
 @triton.jit

@@ -53,7 +53,9 @@ def fake_quant_fp4(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> tor
     b = x.float().reshape(*x.shape[:-1], n // block, block)
     amax = b.abs().amax(-1)
     if e4m3_scale:
-        scale = (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).to(torch.float8_e4m3fn).float()
+        # saturated as torch >= 2.13 casts; older torch turns a finite overflow (amax > 2880) into NaN
+        scale = (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).clamp_max(FP8_MAX)
+        scale = scale.to(torch.float8_e4m3fn).float()
     else:
         scale = pow2_ceil(amax.clamp_min(FP4_MAX * 2.0**-126) * (1.0 / FP4_MAX))
     scale = scale.unsqueeze(-1)

@@ -24,7 +24,7 @@ def _apply(tk, name: str, x):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(out_ptr + i, _FN["f"](tl.load(x_ptr + i, mask=i < n)), mask=i < n)
 
-    out_dtype = torch.float32 if name.endswith("value") or name == "pow2" else torch.int32
+    out_dtype = torch.float32 if name.endswith("value") or name in ("pow2", "negate") else torch.int32
     out = torch.empty(x.shape, dtype=out_dtype)
     kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
     return out
@@ -84,3 +84,10 @@ def test_e2m1_code_is_kv_rows_and_value_its_table(tk, scale):
     assert torch.equal(_apply(tk, "e2m1_code", q), e2m1_codes(q, grid).to(torch.int32))
     c = torch.arange(16, dtype=torch.int32)
     assert torch.equal(_apply(tk, "e2m1_value", c).view(torch.int32), grid.table.view(torch.int32))
+
+
+def test_negate_is_torchs_negation_signed_zeros_included(tk):
+    import torch
+
+    x = torch.cat((_values(), torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 448.0, 2**-149])))
+    assert torch.equal(_apply(tk, "negate", x).view(torch.int32), (-x).view(torch.int32))

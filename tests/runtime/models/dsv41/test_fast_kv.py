@@ -61,6 +61,18 @@ def test_row_formats_equal_the_reference_quantisers_bit_for_bit(scale):
     assert torch.equal(fake_fp4(x[:, :128], 32, GRID), fake_quant_fp4(x[:, :128], 32))
 
 
+def test_an_entry_scale_past_e4m3s_range_saturates_on_every_torch():
+    """amax / 6 over 448: the scale byte is 448's (0x7E) and the values finite, not torch <= 2.11's NaN cast."""
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(7)) * 2.0**14
+    x[0, :16] = 3e5  # amax / 6 = 5e4
+    scales = pack_fp4(x, 16, True, GRID)[:, 256:]
+    assert int(scales[0, 0]) == 0x7E and bool((scales != 0x7F).all())
+    assert bool(fake_quant_fp4(x, 16, e4m3_scale=True).isfinite().all())
+    assert torch.equal(
+        unpack_fp4(pack_fp4(x, 16, True, GRID), 512, 16, True, GRID), fake_quant_fp4(x, 16, True)
+    )
+
+
 def test_flash_bytes_per_token_are_the_formats_own():
     layout = kv_layout(_config(flash_config()), 16)
     assert (layout.window_row.nbytes, layout.entry_row.nbytes, layout.key_row.nbytes) == (528, 288, 68)
