@@ -203,7 +203,7 @@ def test_the_top_help_ends_with_an_example():
 @pytest.mark.parametrize(
     ("option", "flag", "name", "value"),
     [("no_compile_option", "--no-compile", "TFC_COMPILE", "0"),
-     ("stage_kernels_option", "--stage-kernels", "TFC_STAGE_KERNELS", "1")],
+     ("stage_kernels_option", "--no-stage-kernels", "TFC_STAGE_KERNELS", "0")],
 )  # fmt: skip
 def test_a_stage_switch_is_one_flag_on_every_command_that_runs_the_model(
     monkeypatch, option, flag, name, value

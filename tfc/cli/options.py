@@ -78,21 +78,22 @@ def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
 
 
 def no_compile_option() -> Decorator:
-    """--no-compile: the fast forward's small-op stages run as written, not torch.compile'd (TFC_COMPILE=0)."""
+    """--no-compile: with --no-stage-kernels, the small-op stages run as written, not torch.compile'd
+    (TFC_COMPILE=0)."""
     return _env_flag(
         "--no-compile", "TFC_COMPILE", "0",
-        "Run the fast forward's small-op stages uncompiled (same as TFC_COMPILE=0): a restart skips "
-        "torch.compile's stack, decode is slower (docs/serving.md).",
+        "With --no-stage-kernels, run the fast forward's small-op stages as written, not compiled (same as "
+        "TFC_COMPILE=0): decode is slower (docs/serving.md).",
     )  # fmt: skip
 
 
 def stage_kernels_option() -> Decorator:
-    """--stage-kernels: the fast forward's small-op stages run as plain Triton kernels (TFC_STAGE_KERNELS=1)."""
+    """--no-stage-kernels: the fast forward's small-op stages torch.compile'd, not run as their plain Triton
+    kernels (TFC_STAGE_KERNELS=0)."""
     return _env_flag(
-        "--stage-kernels", "TFC_STAGE_KERNELS", "1",
-        "Run the fast forward's small-op stages as plain Triton kernels (same as TFC_STAGE_KERNELS=1): "
-        "nothing is torch.compile'd; not yet measured on a GPU against the compiled stages "
-        "(docs/fast-forward.md).",
+        "--no-stage-kernels", "TFC_STAGE_KERNELS", "0",
+        "Compile the fast forward's small-op stages with torch.compile instead of running their Triton "
+        "kernels (same as TFC_STAGE_KERNELS=0): slower restarts (docs/fast-forward.md).",
     )  # fmt: skip
 
 

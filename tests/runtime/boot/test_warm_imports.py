@@ -12,14 +12,14 @@ def test_a_cpu_boot_or_compiling_off_starts_nothing(monkeypatch):
     monkeypatch.setenv("TFC_COMPILE", "0")
     assert warm_imports.start("cuda:0") is None
     monkeypatch.delenv("TFC_COMPILE")
-    monkeypatch.setenv("TFC_STAGE_KERNELS", "1")  # the stage kernels: nothing compiles
+    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)  # the stage kernels, the default: none compiles
     assert warm_imports.start("cuda:0") is None
     warm_imports.finish(None)
 
 
 def test_a_cuda_boot_imports_in_a_thread_and_a_failing_import_is_left_to_its_user(monkeypatch):
     monkeypatch.delenv("TFC_COMPILE", raising=False)
-    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+    monkeypatch.setenv("TFC_STAGE_KERNELS", "0")  # the compiled stages
     monkeypatch.delitem(sys.modules, "colorsys", raising=False)
     thread = warm_imports.start("cuda:0", ("colorsys", "tfc_no_such_module", "json"))
     assert thread is not None and thread.daemon

@@ -1,5 +1,5 @@
 """The fast forward's small-op stages fused on a GPU: each `@fused` function runs as the plain Triton kernel named
-for it (`kernel=`, on CUDA tensors with TFC_STAGE_KERNELS=1), else torch.compile'd (a few Triton kernels where
+for it (`kernel=`, on CUDA tensors unless TFC_STAGE_KERNELS=0), else torch.compile'd (a few Triton kernels where
 eager launches dozens: the mHC's Sinkhorn alone is ~120 per site), or as written. With the kernels nothing
 compiles, so a restart imports none of torch.compile's stack.
 
@@ -7,7 +7,8 @@ A stage kernel (tfc.kernels.*) takes the stage's own arguments and is imported o
 the stage in every mode, so a process runs one code for the stage throughout (graph == eager as below). Under
 the CPU interpreter `use_kernels("all")` runs them on CPU tensors too (the tests of the whole forward).
 
-Off by default and on the CPU; `build_fast` turns it on for a CUDA arena unless TFC_COMPILE=0. A stage compiles
+Compiling is off by default and on the CPU; `build_fast` turns it on for a CUDA arena when the stage kernels are
+off (TFC_STAGE_KERNELS=0), unless TFC_COMPILE=0 (then the stages run as written). A stage compiles
 the first time it runs (the eager warm-up before a graph capture), once per input shape (dynamic=False: a
 step's shapes depend on its key only), except in the dimensions it names dynamic: the indexer's entries follow
 the context bucket, so they compile once as a symbol and a step reaching a new bucket compiles nothing. A stage
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tfc.switches import switched_off, switched_on
+from tfc.switches import switched_off
 
 _STATE: dict[str, Any] = {"on": False, "stages": None, "kernels": "off"}
 NOTES: list[str] = []
@@ -60,9 +61,9 @@ def enable(on: bool) -> None:
 
 
 def kernels_wanted(env: dict[str, str] | None = None) -> bool:
-    """Whether stages with a Triton kernel run it on CUDA tensors (TFC_STAGE_KERNELS=1: opt-in until they are
-    measured on a GPU against the compiled stages)."""
-    return switched_on("TFC_STAGE_KERNELS", env)
+    """Whether stages with a Triton kernel run it on CUDA tensors (the default; TFC_STAGE_KERNELS=0: the
+    compiled stages instead)."""
+    return not switched_off("TFC_STAGE_KERNELS", env)
 
 
 def use_kernels(where: str) -> None:

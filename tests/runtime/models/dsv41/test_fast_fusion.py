@@ -14,12 +14,12 @@ def fusion_on():
     fusion.enable(False)
 
 
-def test_stages_compile_on_cuda_unless_switched_off():
-    assert fusion.wanted("cuda", {}) and fusion.wanted("cuda", {"TFC_COMPILE": "1"})
-    assert not fusion.wanted("cuda", {"TFC_COMPILE": "0"}) and not fusion.wanted(
-        "cuda", {"TFC_COMPILE": "off"}
-    )
-    assert not fusion.wanted("cpu", {})
+def test_stages_compile_on_cuda_without_the_kernels_unless_switched_off():
+    compiled = {"TFC_STAGE_KERNELS": "0"}
+    assert fusion.wanted("cuda", compiled) and fusion.wanted("cuda", compiled | {"TFC_COMPILE": "1"})
+    assert not fusion.wanted("cuda", compiled | {"TFC_COMPILE": "0"})
+    assert not fusion.wanted("cuda", compiled | {"TFC_COMPILE": "off"})
+    assert not fusion.wanted("cpu", compiled)
 
 
 def test_a_stage_dynamo_cannot_take_runs_eagerly_and_says_so(fusion_on):
@@ -122,9 +122,11 @@ def test_a_stage_with_a_kernel_runs_it_where_kernels_run_and_only_there(kernels_
         fusion.use_kernels("gpu")
 
 
-def test_stage_kernels_are_opt_in_and_leave_nothing_to_compile():
-    assert not fusion.kernels_wanted({}) and fusion.kernels_wanted({"TFC_STAGE_KERNELS": "1"})
-    assert not fusion.wanted("cuda", {"TFC_STAGE_KERNELS": "1"})
+def test_stage_kernels_are_the_default_and_leave_nothing_to_compile():
+    assert fusion.kernels_wanted({}) and not fusion.kernels_wanted({"TFC_STAGE_KERNELS": "0"})
+    assert not fusion.wanted("cuda", {}) and not fusion.wanted("cuda", {"TFC_STAGE_KERNELS": "1"})
+    off = {"TFC_STAGE_KERNELS": "0"}
+    assert fusion.wanted("cuda", off) and not fusion.wanted("cpu", off)
 
 
 def test_every_fused_stage_of_the_forward_names_a_kernel_that_exists():
