@@ -226,3 +226,21 @@ def test_a_stage_switch_is_one_flag_on_every_command_that_runs_the_model(
     assert CliRunner().invoke(probe, []).exit_code == 0 and seen["value"] is None
     assert CliRunner().invoke(probe, [flag]).exit_code == 0 and seen["value"] == value
     monkeypatch.delenv(name, raising=False)
+
+
+def test_the_old_stage_kernels_flag_still_runs_and_is_hidden(monkeypatch):
+    from tfc.cli import options
+
+    seen = {}
+
+    @click.command()
+    @options.stage_kernels_option()
+    def probe() -> None:
+        import os
+
+        seen["value"] = os.environ.get("TFC_STAGE_KERNELS")
+
+    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+    assert CliRunner().invoke(probe, ["--stage-kernels"]).exit_code == 0 and seen["value"] == "1"
+    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+    assert "--stage-kernels " not in CliRunner().invoke(probe, ["--help"]).output

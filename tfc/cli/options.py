@@ -1,5 +1,5 @@
 """Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp, --no-compile,
---stage-kernels."""
+--no-stage-kernels."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def jobs_option(help: str, default: int | None = None, old: Sequence[str] = ()) 
     )
 
 
-def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
+def _env_flag(flag: str, name: str, value: str, help: str, hidden: bool = False) -> Decorator:
     """A flag that sets the environment switch `name` to `value` before anything boots (so rank processes
     launched after it inherit it)."""
 
@@ -74,7 +74,7 @@ def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
         if on:
             os.environ[name] = value
 
-    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help)
+    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help, hidden=hidden)
 
 
 def no_compile_option() -> Decorator:
@@ -90,11 +90,13 @@ def no_compile_option() -> Decorator:
 def stage_kernels_option() -> Decorator:
     """--no-stage-kernels: the fast forward's small-op stages torch.compile'd, not run as their plain Triton
     kernels (TFC_STAGE_KERNELS=0)."""
-    return _env_flag(
+    off = _env_flag(
         "--no-stage-kernels", "TFC_STAGE_KERNELS", "0",
         "Compile the fast forward's small-op stages with torch.compile instead of running their Triton "
         "kernels (same as TFC_STAGE_KERNELS=0): slower restarts (docs/fast-forward.md).",
     )  # fmt: skip
+    on = _env_flag("--stage-kernels", "TFC_STAGE_KERNELS", "1", "The default; kept for scripts.", hidden=True)
+    return lambda command: off(on(command))
 
 
 def store_option(old: Sequence[str] = (), help: str = STORE_HELP) -> Decorator:
