@@ -48,7 +48,7 @@ VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k3
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
-COMPILED = True  # the default width also timed with its small-op stages compiled
+COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
