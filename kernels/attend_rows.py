@@ -245,8 +245,9 @@ def attend_rows(
         part_a = torch.empty((hi - lo, nr, heads, d), dtype=torch.float32, device=q.device)
         _partial_kernel[(hi - lo, hb, nr)](
             q[lo:hi], ring, read[lo:hi], valid8[lo:hi], sinks, entries, at[lo:hi], ok8[lo:hi], part_m, part_d,
-            part_a, q.stride(0), q.stride(1), ring.stride(0), read.stride(0), read.stride(1), valid8.stride(0),
-            valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0), ok8.stride(1), sinks.stride(0),
+            part_a, q.stride(0), q.stride(1), ring.stride(0), read.stride(0), read.stride(1),
+            valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
+            ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
             SPLIT=SPLIT_BLOCKS, DC=CHUNK, num_warps=warps, num_stages=STAGES,
         )  # fmt: skip

@@ -212,7 +212,9 @@ def test_a_stage_switch_is_one_flag_on_every_command_that_runs_the_model(
 
     ctx = click.Context(cli)
     for command in ("serve", "generate", "load"):
-        assert flag in [o for p in cli.get_command(ctx, command).params for o in p.opts], command
+        assert flag in [o for p in cli.get_command(ctx, command).params for o in p.opts + p.secondary_opts], (
+            command
+        )
     seen = {}
 
     @click.command()
@@ -228,7 +230,7 @@ def test_a_stage_switch_is_one_flag_on_every_command_that_runs_the_model(
     monkeypatch.delenv(name, raising=False)
 
 
-def test_the_old_stage_kernels_flag_still_runs_and_is_hidden(monkeypatch):
+def test_the_stage_kernels_flag_sets_its_switch_either_way_and_only_when_given(monkeypatch):
     from tfc.cli import options
 
     seen = {}
@@ -240,7 +242,7 @@ def test_the_old_stage_kernels_flag_still_runs_and_is_hidden(monkeypatch):
 
         seen["value"] = os.environ.get("TFC_STAGE_KERNELS")
 
+    for args, value in (([], None), (["--stage-kernels"], "1"), (["--no-stage-kernels"], "0")):
+        monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+        assert CliRunner().invoke(probe, args).exit_code == 0 and seen["value"] == value, args
     monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
-    assert CliRunner().invoke(probe, ["--stage-kernels"]).exit_code == 0 and seen["value"] == "1"
-    monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
-    assert "--stage-kernels " not in CliRunner().invoke(probe, ["--help"]).output

@@ -53,7 +53,7 @@ def _spread(rows: int, n: int, seed: int) -> torch.Tensor:
 
 
 def _differences(got: torch.Tensor, want: torch.Tensor, source: torch.Tensor) -> str:
-    """The count of differing elements and the first few (index, got, want), the first source rows' leading values."""
+    """How many elements differ, the first few (index, got, want), their source rows' leading values."""
     at = (got != want).nonzero()
     first = [(tuple(i.tolist()), got[tuple(i)].item(), want[tuple(i)].item()) for i in at[:6]]
     rows = sorted({int(i[0]) for i in at[:6]})

@@ -66,7 +66,7 @@ def jobs_option(help: str, default: int | None = None, old: Sequence[str] = ()) 
     )
 
 
-def _env_flag(flag: str, name: str, value: str, help: str, hidden: bool = False) -> Decorator:
+def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
     """A flag that sets the environment switch `name` to `value` before anything boots (so rank processes
     launched after it inherit it)."""
 
@@ -74,7 +74,7 @@ def _env_flag(flag: str, name: str, value: str, help: str, hidden: bool = False)
         if on:
             os.environ[name] = value
 
-    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help, hidden=hidden)
+    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help)
 
 
 def no_compile_option() -> Decorator:
@@ -88,15 +88,19 @@ def no_compile_option() -> Decorator:
 
 
 def stage_kernels_option() -> Decorator:
-    """--no-stage-kernels: the fast forward's small-op stages torch.compile'd, not run as their plain Triton
-    kernels (TFC_STAGE_KERNELS=0)."""
-    off = _env_flag(
-        "--no-stage-kernels", "TFC_STAGE_KERNELS", "0",
-        "Compile the fast forward's small-op stages with torch.compile instead of running their Triton "
-        "kernels (same as TFC_STAGE_KERNELS=0): slower restarts (docs/fast-forward.md).",
+    """--stage-kernels / --no-stage-kernels: the fast forward's small-op stages as their plain Triton kernels
+    (the default) or torch.compile'd; either, when given, sets TFC_STAGE_KERNELS to 1 or 0."""
+
+    def switch(ctx: click.Context, param: click.Parameter, on: bool | None) -> None:
+        if on is not None:
+            os.environ["TFC_STAGE_KERNELS"] = "1" if on else "0"
+
+    return click.option(
+        "--stage-kernels/--no-stage-kernels", default=None, expose_value=False, callback=switch,
+        help="Run the fast forward's small-op stages as plain Triton kernels (the default), or with "
+        "--no-stage-kernels (TFC_STAGE_KERNELS=0) compile them with torch.compile: slower restarts "
+        "(docs/fast-forward.md).",
     )  # fmt: skip
-    on = _env_flag("--stage-kernels", "TFC_STAGE_KERNELS", "1", "The default; kept for scripts.", hidden=True)
-    return lambda command: off(on(command))
 
 
 def store_option(old: Sequence[str] = (), help: str = STORE_HELP) -> Decorator:

@@ -34,6 +34,12 @@ def round_e2m1(q: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.signbit(q), -mag, mag)
 
 
+def e4m3_block_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The e4m3 scale (float8_e4m3fn) of FP4 blocks with largest magnitudes amax: amax / 6, floored at 2**-9 and
+    saturated at 448 (torch >= 2.13 saturates a finite overflow; older torch casts it to NaN)."""
+    return (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).clamp_max(FP8_MAX).to(torch.float8_e4m3fn)
+
+
 def fake_quant_fp8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """FP8 e4m3 with one power-of-two scale per `block` channels (the window KV cache)."""
     n = x.shape[-1]
@@ -53,9 +59,7 @@ def fake_quant_fp4(x: torch.Tensor, block: int, e4m3_scale: bool = False) -> tor
     b = x.float().reshape(*x.shape[:-1], n // block, block)
     amax = b.abs().amax(-1)
     if e4m3_scale:
-        # saturated as torch >= 2.13 casts; older torch turns a finite overflow (amax > 2880) into NaN
-        scale = (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).clamp_max(FP8_MAX)
-        scale = scale.to(torch.float8_e4m3fn).float()
+        scale = e4m3_block_scale(amax).float()
     else:
         scale = pow2_ceil(amax.clamp_min(FP4_MAX * 2.0**-126) * (1.0 / FP4_MAX))
     scale = scale.unsqueeze(-1)

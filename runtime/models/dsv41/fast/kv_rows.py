@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from tfc.runtime.models.dsv41.quant import FP4_MAX, FP8_MAX
+from tfc.runtime.models.dsv41.quant import FP4_MAX, FP8_MAX, e4m3_block_scale
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -124,8 +124,7 @@ def pack_fp4(x: torch.Tensor, block: int, e4m3_scale: bool, grid: Fp4Grid) -> to
     b = x.float().reshape(*x.shape[:-1], n // block, block)
     amax = b.abs().amax(-1)
     if e4m3_scale:
-        scale8 = (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).clamp_max(FP8_MAX)  # saturated, as quant.py
-        s8 = scale8.to(torch.float8_e4m3fn)
+        s8 = e4m3_block_scale(amax)
         scale, sbyte = s8.float(), s8.view(torch.uint8)
     else:
         scale, sbyte = _ue8m0(pow2_exponent(amax.clamp_min(FP4_MAX * 2.0**-126) * (1.0 / FP4_MAX)))
