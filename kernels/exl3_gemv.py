@@ -48,11 +48,18 @@ REDUCE_FLIGHT = 8
 
 
 @triton.jit
-def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False):
+def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False, goff_ptr=None, KG=0,
+                   GROUPED: tl.constexpr = False):  # fmt: skip
     """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
-    SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest."""
+    SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest. GROUPED: grid axis 2 is the
+    group, whose KG columns of x and xh start at g * KG and whose suh lies goff[1, g] halves from suh_ptr."""
     blk = tl.program_id(0) * 128
     m = tl.program_id(1)
+    if GROUPED:
+        g = tl.program_id(2)
+        suh_ptr += tl.load(goff_ptr + tl.num_programs(2) + g)
+        x_ptr += g * KG
+        xh_ptr += g * KG
     xh = rotated128(x_ptr + m * stride_x, suh_ptr, blk)
     cols = blk + tl.arange(0, 128)
     if SPLIT:
@@ -95,10 +102,26 @@ def _exl3_gemm_kernel(
     MMA_NACC: tl.constexpr = 16,
     MMA_SPLIT: tl.constexpr = False,
     REDUCE: tl.constexpr = True,
+    goff_ptr=None,
+    XHG=0,
+    GROUPED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     tn = N // 16
+    if GROUPED:
+        # Group g of a grouped launch (grid axis 2): its trellis, suh and svh lie goff[:, g] elements from
+        # group 0's; its x and y columns, rotated input, partials and counters follow group 0's.
+        g = tl.program_id(2)
+        ng = tl.num_programs(2)
+        t_ptr += tl.load(goff_ptr + g)
+        suh_ptr += tl.load(goff_ptr + ng + g)
+        svh_ptr += tl.load(goff_ptr + 2 * ng + g)
+        x_ptr += g * KDIM
+        xh_ptr += g * XHG
+        y_ptr += g * N
+        ws_ptr += g * tl.num_programs(0) * SPLIT * (MP * 128)
+        cnt_ptr += g * tl.num_programs(0)
     nw: tl.constexpr = W // 2
     cols = pid_n * 128 + tl.arange(0, 128)
     block = ws_ptr + pid_n * SPLIT * (MP * 128)
@@ -215,11 +238,17 @@ def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT
 
 
 @triton.jit
-def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FLIGHT: tl.constexpr = 8):
+def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FLIGHT: tl.constexpr = 8,
+                   goff_ptr=None, N=0, GROUPED: tl.constexpr = False):  # fmt: skip
     """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row),
-    FLIGHT partials loaded at a time."""
+    FLIGHT partials loaded at a time; GROUPED: per (block, row, group) as in the GEMM kernel."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
+    if GROUPED:
+        g = tl.program_id(2)
+        ws_ptr += g * tl.num_programs(0) * SPLIT * (MP * 128)
+        svh_ptr += tl.load(goff_ptr + 2 * tl.num_programs(2) + g)
+        y_ptr += g * N
     cols = pid_n * 128 + tl.arange(0, 128)
     src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
     y = rotate_sum(src, SPLIT, MP * 128, 128, 1, FLIGHT) * tl.load(svh_ptr + cols).to(tl.float32)
@@ -252,14 +281,46 @@ def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, .
     return bool(cfg.use_dot) and not input_pairs(cfg, rows)
 
 
-def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool = False) -> torch.Tensor:
+def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool = False,
+                 groups: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """xh = had128(x * suh): fp16 for the matrix-unit path, fp32 for the FMA paths (one row or the run decode);
-    split: [M, 2, k] fp16, each row as its high part then the rest (the weights-as-A mma decode, <= 4 rows)."""
+    split: [M, 2, k] fp16, each row as its high part then the rest (the weights-as-A mma decode, <= 4 rows);
+    groups (group_offsets): x [M, G * k] as G groups of k columns, each rotated by its own suh."""
     m_rows, k = x.shape
     dtype = torch.float16 if use_dot or split else torch.float32
     xh = torch.empty((m_rows, 2, k) if split else (m_rows, k), dtype=dtype, device=x.device)
-    _rotate_kernel[(k // 128, m_rows)](x, suh, xh, k, x.stride(0), SPLIT=split, num_warps=1)
+    kg, ng = suh.shape[0], 1 if groups is None else groups.shape[1]
+    _rotate_kernel[(kg // 128, m_rows, ng)](x, suh, xh, k, x.stride(0), SPLIT=split, num_warps=1,
+                                            goff_ptr=suh if groups is None else groups, KG=kg,
+                                            GROUPED=groups is not None)  # fmt: skip
     return xh
+
+
+def group_offsets(
+    trellises: list[torch.Tensor], suhs: list[torch.Tensor], svhs: list[torch.Tensor]
+) -> torch.Tensor:
+    """int64 [3, G] on their device: where each group's trellis (in int32 words), suh and svh (in halves) lie
+    from group 0's, for exl3_gemm(..., groups=); the groups must share their shapes, dtypes and device."""
+    shapes = {
+        (tuple(t.shape), tuple(u.shape), tuple(v.shape))
+        for t, u, v in zip(trellises, suhs, svhs, strict=True)
+    }
+    views = [*trellises, *suhs, *svhs]
+    if len(shapes) != 1 or any(not t.is_contiguous() or t.device != views[0].device for t in views):
+        raise ValueError("grouped EXL3 products need contiguous groups of one shape on one device")
+    if {t.dtype for t in trellises} != {torch.int16} or {t.dtype for t in suhs + svhs} != {torch.float16}:
+        raise ValueError("grouped EXL3 products need int16 trellises and float16 scales")
+    rows = []
+    for group, size in ((trellises, 4), (suhs, 2), (svhs, 2)):
+        gaps = [t.data_ptr() - group[0].data_ptr() for t in group]
+        if any(gap % size for gap in gaps):
+            raise ValueError(
+                f"grouped EXL3 products: group offsets {gaps} are not whole {size}-byte elements"
+            )
+        rows.append([gap // size for gap in gaps])
+    if trellises[0].data_ptr() % 4:
+        raise ValueError("grouped EXL3 products: the first trellis is not 4-byte aligned")
+    return torch.tensor(rows, dtype=torch.int64, device=trellises[0].device)
 
 
 def rotate_for(
@@ -282,8 +343,13 @@ def exl3_gemm(
     out: torch.Tensor | None = None,
     x_rotated: bool = False,
     fixed: bool = False,
+    groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
+
+    `groups` (group_offsets of G groups of this trellis's shape, these views group 0's): one launch of G
+    products, y [M, G * n] = each group's k columns of x [M, G * k] @ its W, each group computed exactly as its
+    own exl3_gemm with the same config would (same decode, k-split and order, so the same bits).
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
     elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
@@ -292,9 +358,12 @@ def exl3_gemm(
     """
     tk, tn, width = trellis.shape
     k, n = 16 * tk, 16 * tn
+    ng = 1 if groups is None else groups.shape[1]
+    if groups is not None and (x_rotated or fixed or groups.shape[0] != 3):
+        raise ValueError("grouped products take x unrotated, give fp values, and need group_offsets' [3, G]")
     pairs_in = x_rotated and x.dim() == 3 and x.shape[1] == 2  # rotate_for's high / low pairs
-    if x.dim() != 2 + pairs_in or x.shape[-1] != k or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {k}]")
+    if x.dim() != 2 + pairs_in or x.shape[-1] != ng * k or not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {ng * k}]")
     m_rows = x.shape[0]
     cfg = resolved_for(config, m_rows, trellis.shape)
     pairs = input_pairs(cfg, m_rows)
@@ -321,32 +390,38 @@ def exl3_gemm(
         split = tk // 8
     if tk % (split * (bk // 16)):
         raise ValueError(f"split {split} x block_k {bk} does not divide k = {k}")
-    want = (2, m_rows, n) if fixed else (m_rows, n)
+    want = (2, m_rows, n) if fixed else (m_rows, ng * n)
     y = out if out is not None else torch.empty(want, dtype=torch.int64 if fixed else out_dtype or x.dtype,
                                                  device=x.device)  # fmt: skip
     if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
         raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
-    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs)
+    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs, groups)
+    xhg = k  # where group g's rotated input starts: g * xhg elements on
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
-        xh = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
+        xh = torch.empty((ng * blocks, k), dtype=torch.float32, device=x.device)
+        xhg = blocks * k
     if cfg.mma and fuse:  # ... as fp16 high / low rows
-        xh = torch.empty((blocks, 2, k), dtype=torch.float16, device=x.device)
-    ws = torch.empty((blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
+        xh = torch.empty((ng * blocks, 2, k), dtype=torch.float16, device=x.device)
+        xhg = blocks * 2 * k
+    ws = torch.empty((ng * blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     apart = cfg.reduce_apart or fixed
-    cnt = counters(x.device, blocks) if split > 1 and not apart else y
-    _exl3_gemm_kernel[(blocks, split)](
+    cnt = counters(x.device, ng * blocks) if split > 1 and not apart else y
+    grouped = {"goff_ptr": groups, "GROUPED": True} if groups is not None else {}
+    _exl3_gemm_kernel[(blocks, split, ng)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, **grouped,
+        **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         _fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
     elif apart:
-        _reduce_kernel[(blocks, m_rows)](
-            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8)
-        )
+        _reduce_kernel[(blocks, m_rows, ng)](
+            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
+            N=n, **grouped,
+        )  # fmt: skip
     return y
 
 
@@ -363,6 +438,7 @@ __all__ = [
     "counters",
     "exl3_gemm",
     "exl3_gemm_reference",
+    "group_offsets",
     "resolved_for",
     "rotate_for",
     "rotate_input",

@@ -128,6 +128,39 @@ def test_gemm_mma_wt_fused_one_row(bits, groups):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("cfg", [{}, {"fuse_rotation": True}, {"mma": 0, "use_dot": True}], ids=["default", "fused", "dot"])
+def test_gemm_grouped_flash_wo_a(rows, cfg):
+    """Eight wo_a groups (4096 -> 1024, 4 bit) in one grouped launch, their views in one buffer at their own
+    offsets: each group's bits as its own exl3_gemm with the same config (mma decode, fused rotation at one row,
+    the matrix units), x read as column slices of the attention output."""
+    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, group_offsets
+
+    if cfg.get("fuse_rotation") and rows > 1:
+        pytest.skip("the rotation fuses at one row only")
+    k, n, ng = 4096, 1024, 8
+    made = [_group(k, n, 4, 0, 100 + g) for g in range(ng)]
+    words = made[0][0].numel()
+    pool = torch.zeros(ng * (words + 2 * 4096), dtype=torch.int16, device="cuda")
+    views = []
+    for g, (tr, suh, svh, _) in enumerate(made):
+        at = (ng - 1 - g) * (words + 2 * 4096) + 2048 * (g % 3)  # reversed order, uneven gaps
+        t = pool[at : at + words].view(tr.shape)
+        su = pool[at + words : at + words + k].view(torch.float16)
+        sv = pool[at + words + k : at + words + k + n].view(torch.float16)
+        t.copy_(tr), su.copy_(suh), sv.copy_(svh)
+        views.append((t, su, sv))
+    out = torch.randn(rows, 64 * 512, device="cuda")
+    config = GemmConfig(**cfg)
+    offsets = group_offsets(*([v[i] for v in views] for i in range(3)))
+    got = exl3_gemm(out, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets)
+    again = exl3_gemm(out, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets)
+    assert torch.equal(got, again)
+    for g, (t, su, sv) in enumerate(views):
+        alone = exl3_gemm(out[:, g * k : (g + 1) * k], t, su, sv, 0, out_dtype=torch.float32, config=config)
+        assert torch.equal(got[:, g * n : (g + 1) * n], alone), f"group {g}"
+
+
 @pytest.mark.parametrize(
     ("layout", "mma"),
     [

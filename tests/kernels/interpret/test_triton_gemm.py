@@ -114,3 +114,77 @@ def test_gemm_defaults(tk):
     assert not d["1_40"].runs and not d["1_40"].use_dot
     assert not d["4_40"].runs and d["4_40"].use_dot and d["16_40"].use_dot
     assert not any(c.mma for c in d.values())
+
+
+GROUPED_CASES = [
+    # (name, width, codebook, rows, config kwargs); k = 128 (256 fused), n = 256, three groups
+    ("m16_dot_last", 32, 1, 16, {"use_dot": True, "split": 2}),
+    ("m16_dot_apart", 64, 0, 16, {"use_dot": True, "split": 2, "reduce_apart": True}),
+    ("m1_gather_fused", 32, 2, 1, {"runs": False, "fuse_rotation": True, "split": 2}),
+    ("m3_runs_apart", 48, 2, 3, {"split": 4, "reduce_apart": True}),
+    ("m1_runs_fused", 64, 1, 1, {"fuse_rotation": True, "split": 2}),
+]
+GROUPED_FAST = {"m16_dot_last", "m16_dot_apart", "m1_gather_fused"}
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "cb", "rows", "cfg"),
+    [
+        pytest.param(*c, id=c[0], marks=() if c[0] in GROUPED_FAST else pytest.mark.slow)
+        for c in GROUPED_CASES
+    ],
+)
+def test_grouped_gemm_gives_each_groups_own_bits(tk, name, width, cb, rows, cfg):
+    """One grouped launch over three groups at uneven places in one buffer equals three exl3_gemm calls bit for
+    bit, x read as column slices of a wider tensor (the attention output the wo_a groups take)."""
+    import torch
+
+    g = tk.exl3_gemv
+    rng = seeded(f"grouped_{name}")
+    k, n, ng = (256 if cfg.get("fuse_rotation") else 128), 256, 3
+    made = [random_group(tk.exl3_reference, rng, k, n, width, cb)[0] for _ in range(ng)]
+    # the groups' trellis, suh, svh laid out in one buffer with gaps, in another order than the groups'
+    t_words, s_halves = made[0][0].numel(), k + n
+    pool = torch.zeros(ng * (t_words + s_halves) + 4096, dtype=torch.int16)
+    trellises, suhs, svhs = [], [], []
+    at = 96
+    for i in (2, 0, 1):
+        tr, suh, svh, _ = made[i]
+        view = pool[at : at + t_words].view(tr.shape)
+        view.copy_(tr)
+        at += t_words + 34
+        su = pool[at : at + k].view(torch.float16)
+        su.copy_(suh)
+        at += k + 6
+        sv = pool[at : at + n].view(torch.float16)
+        sv.copy_(svh)
+        at += n + 2
+        trellises.append((i, view, su, sv))
+    trellises.sort(key=lambda item: item[0])
+    trellises, suhs, svhs = ([item[j] for item in trellises] for j in (1, 2, 3))
+    wide = torch.randn(rows, ng * k + 64, dtype=torch.float16)
+    x = wide[:, 32 : 32 + ng * k]
+    config = g.GemmConfig(**cfg)
+    offsets = g.group_offsets(trellises, suhs, svhs)
+    got = torch.full((rows, ng * n), float("nan"), dtype=torch.float32)
+    g.exl3_gemm(x, trellises[0], suhs[0], svhs[0], cb, config=config, out=got, groups=offsets)
+    for i in range(ng):
+        alone = g.exl3_gemm(x[:, i * k : (i + 1) * k], trellises[i], suhs[i], svhs[i], cb, config=config,
+                            out_dtype=torch.float32)  # fmt: skip
+        assert torch.equal(got[:, i * n : (i + 1) * n], alone), f"group {i} differs from its own launch"
+    assert (g.counters(x.device, 1) == 0).all(), "arrival counters left non-zero"
+
+
+def test_group_offsets_refuse_groups_that_do_not_match(tk):
+    """Groups of other shapes, or at offsets that are not whole elements, are refused with a ValueError."""
+    import torch
+
+    g = tk.exl3_gemv
+    tr = torch.zeros(8, 16, 32, dtype=torch.int16)
+    s = torch.zeros(128, dtype=torch.float16)
+    with pytest.raises(ValueError, match="one shape"):
+        g.group_offsets([tr, tr[:4]], [s, s], [s, s[:64]])
+    pool = torch.zeros(tr.numel() + 2, dtype=torch.int16)
+    odd = pool[1 : 1 + tr.numel()].view(tr.shape)
+    with pytest.raises(ValueError, match="whole 4-byte"):
+        g.group_offsets([tr, odd], [s, s], [s, s])

@@ -58,6 +58,17 @@ def attend_rows(
     return apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
 
 
+def wo_a(f, p: str, out: torch.Tensor, local: tuple[int, ...]) -> torch.Tensor:
+    """The grouped output projection of this rank's wo_a groups (`local`, of the heads' outputs out [R, H * d]),
+    joined: one grouped launch where the groups are a run of heads."""
+    lins = [f.weights.linear(f"{p}.wo_a.slice.{g}") for g in local]
+    k = lins[0].k
+    if local != tuple(range(local[0], local[0] + len(local))):
+        return torch.cat([f.ops.linear(out[:, g * k : (g + 1) * k], lin) for g, lin in zip(local, lins, strict=True)],
+                         dim=-1)  # fmt: skip
+    return f.ops.linear_groups(out[:, local[0] * k : (local[-1] + 1) * k], lins)
+
+
 def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -> torch.Tensor:
     """One attention layer on the step's rows x [R, D]; writes its window rows (and, on full layers, entries)."""
     cfg, w = f.cfg, f.weights
@@ -80,12 +91,7 @@ def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) 
         compressed = {"entries": f.kv.entries[mode.kv_source], "at": at, "ok": ok, "grid": f.grid}
     sinks = w.native(f"{p}.attn_sink") if f.tp is None else f.tp.every_head(w.native(f"{p}.attn_sink"))
     out = attend_rows(q, ring, sc.window_read, sc.window_valid, sinks, cos, sin, **compressed)
-    per = heads // cfg.o_groups
-    groups = [
-        f.lin(out[:, g * per : (g + 1) * per].reshape(rows, -1), f"{p}.wo_a.slice.{g}")
-        for g in f.shard.local_groups(cfg.o_groups)
-    ]
-    mixed = torch.cat(groups, dim=-1)
+    mixed = wo_a(f, p, out.reshape(rows, -1), f.shard.local_groups(cfg.o_groups))
     if f.tp is None:
         return f.lin(mixed, f"{p}.wo_b")
     return f.tp.rows(mixed, w.linear(f"{p}.wo_b"), cfg.o_groups * cfg.o_lora_rank)

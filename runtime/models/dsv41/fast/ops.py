@@ -30,6 +30,11 @@ class Ops(Protocol):
         """x [r, k] @ W [k, n] -> fp32 [r, n]."""
         ...
 
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+        """x [r, G * k] @ G groups of one shape, group g on columns g * k.. -> fp32 [r, G * n], each group's
+        values as its own `linear` gives them."""
+        ...
+
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
         """Routed experts ids [r, k] (weights [r, k]) plus the shared expert, clamped SwiGLU -> fp32 [r, D]."""
@@ -94,6 +99,12 @@ def moe_config(
     return MoeConfig(split_gate_up=s1, split_down=s2, block_k=bk, mma=mma, waves=waves)
 
 
+def per_group(ops: Ops, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+    """linear_groups as one `linear` a group (group g on x's columns g * k..), joined along the columns."""
+    k = lins[0].k
+    return torch.cat([ops.linear(x[:, g * k : (g + 1) * k], lin) for g, lin in enumerate(lins)], dim=-1)
+
+
 class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
@@ -115,6 +126,8 @@ class TritonOps:
         self._gather = engram_rows.gather_rows
         self._lut = engram_rows.bf16_lut(device)
         self._configs: dict[tuple[int, int], Any] = {}
+        self._group_offsets = exl3_gemv.group_offsets
+        self._groups: dict[tuple[str, ...], torch.Tensor | None] = {}
         self.notes: list[str] = []
         self._mm_dtype = device.type == "cuda" and self._probe_mm_dtype()
 
@@ -148,6 +161,26 @@ class TritonOps:
         if self.many_rows:
             return self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook)
         return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32)
+
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+        """One grouped GEMM launch (rotation, products, sums) for groups of one shape, width and codebook; each
+        group its own `linear` on the prefill twin or where they differ."""
+        key = tuple(lin.name for lin in lins)
+        if key not in self._groups:
+            first = lins[0]
+            same = all(
+                lin.trellis.shape == first.trellis.shape and lin.codebook == first.codebook for lin in lins
+            )
+            self._groups[key] = (
+                self._group_offsets([lin.trellis for lin in lins], [lin.suh for lin in lins],
+                                    [lin.svh for lin in lins]) if same and len(lins) > 1 else None
+            )  # fmt: skip
+        offsets = self._groups[key]
+        if self.many_rows or offsets is None:
+            return per_group(self, x, lins)
+        first = lins[0]
+        return self._gemm(x, first.trellis, first.suh, first.svh, first.codebook, out_dtype=torch.float32,
+                          groups=offsets)  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip

@@ -89,6 +89,12 @@ class ReferenceOps:
         """x @ W in fp32."""
         return x.float() @ self.dense(lin)
 
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+        """One `linear` a group, joined along the columns."""
+        from tfc.runtime.models.dsv41.fast.ops import per_group
+
+        return per_group(self, x, lins)
+
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
         """Each token's routed pairs in slot order, then the shared expert (weight 1)."""

@@ -45,6 +45,13 @@ for name in ("layers.0.attn.wkv", "layers.1.attn.wq_a", "layers.2.attn.wo_b", "l
     x = torch.randn(16, lin.k, generator=gen)
     got, want = ops.linear(x, lin), ref.linear(x, lin)
     out["linear"][name] = [float((got - want).abs().max() / want.abs().max()), lin.codebook, int(lin.trellis.shape[-1])]
+lins = [w.linear(f"layers.1.attn.wo_a.slice.{g}") for g in range(cfg.o_groups)]
+x = torch.randn(16, cfg.o_groups * lins[0].k, generator=gen)
+got = ops.linear_groups(x, lins)
+alone = torch.cat([ops.linear(x[:, g * lins[0].k : (g + 1) * lins[0].k], lin) for g, lin in enumerate(lins)], -1)
+want = ref.linear_groups(x, lins)
+out["wo_a_groups"] = [bool(torch.equal(got, alone)), float((got - want).abs().max() / want.abs().max()),
+                      ops._groups[tuple(lin.name for lin in lins)] is not None]
 for layer in (2,):
     tables = w.experts(f"layers.{layer}")
     x = torch.randn(2, cfg.hidden_size, generator=gen)
@@ -92,6 +99,9 @@ def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(imag
     )  # codebooks, 2.5 and 8 bits
     for name, (err, _, _) in got["linear"].items():
         assert err < 2e-3, name
+    # a layer's wo_a groups in one grouped launch on their arena views: each group's bits as its own launch
+    same, err, grouped = got["wo_a_groups"]
+    assert same and grouped and err < 2e-3, got["wo_a_groups"]
     err, layout, mma, moe_widths = got["moe"]["2"]
     assert (
         layout == "ragged" and mma == 0 and 40 in moe_widths and 96 in moe_widths
