@@ -17,7 +17,8 @@
 #   bash benchmarks/h200_serving.sh stagedecode  # decode_h200's decode with the stage kernels uncompiled, then the compiled stages
 #   bash benchmarks/h200_serving.sh stageserve   # restarts and tfc generate's decode: stage kernels uncompiled, then the compiled stages
 #                                   (STAGE_MODES="1 0" for stagedecode / stageserve: the stage kernels alone; STAGE_STARTS=6: 6 starts a mode)
-#   bash benchmarks/h200_serving.sh grouped   # the grouped wo_a launch's GPU tests, then grouped_h200.py on the slice (#19)
+#   bash benchmarks/h200_serving.sh grouped   # the grouped / live-row / skipping kernels' GPU tests and the tiny image's exactness tests (#19)
+#   bash benchmarks/h200_serving.sh variants  # step_variants_h200.py: the decode step against variants of itself (STEP_VARIANTS, #19)
 #   bash benchmarks/h200_serving.sh stagetests   # test_fast_gpu.py's exactness tests on the tiny image with the stage kernels on
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
@@ -46,7 +47,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|stagetests) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -140,13 +141,15 @@ case "$PART" in
           "$D/generate_$i.json"
       done
     done ;;
-  grouped)  # the grouped GEMM's GPU tests (kernel, tiny-image exactness), then one launch per wo_a group against the grouped one
+  grouped)  # the grouped GEMM's, live rows' and attend_rows' GPU tests, the tiny image's exactness tests
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_GROUPED_TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
-      --tb=short "$R/tests/kernels/test_kernels_gpu.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" \
-      -k "grouped or graph_replay or concurrent or chunking or pinned or teacher") > "$OUT/grouped_gpu_tests.txt" 2>&1
-    grep -v "^DEBUG\|^INFO " "$OUT/grouped_gpu_tests.txt" | tail -12
-    timeout "${TFC_GROUPED_S:-300}" python3 benchmarks/grouped_h200.py --image "$IMG" --out "$OUT/grouped_h200.json" \
-      --budget-s "$(( ${TFC_GROUPED_S:-300} - 60 ))" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -8 ;;
+      --tb=short "$R/tests/kernels/test_kernels_gpu.py" "$R/tests/kernels/test_attend_rows_gpu.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" \
+      -k "grouped or attend_rows or graph_replay or concurrent or chunking or pinned or teacher") > "$OUT/grouped_gpu_tests.txt" 2>&1
+    grep -v "^DEBUG\|^INFO " "$OUT/grouped_gpu_tests.txt" | tail -14 ;;
+  variants)  # the decode step on the slice against variants of itself (step_variants_h200.py)
+    timeout "${TFC_VARIANTS_S:-300}" python3 benchmarks/step_variants_h200.py --image "$IMG" --out "$OUT/step_variants.json" \
+      --variants "${STEP_VARIANTS:-no_skip,all_rows,mix256,mix128}" --budget-s "$(( ${TFC_VARIANTS_S:-300} - 60 ))" 2>&1 \
+      | grep -v "^DEBUG\|^INFO " | tail -8 ;;
   decode)  # decode_h200's checks and decode part only (1, 4, 16 rows, pinned and unpinned launches), no reference
     timeout 420 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference --out "$OUT/decode_h200.json" \
       --budget-s 400 2>&1 | grep "^\[" | tee "$OUT/decode.log" ;;

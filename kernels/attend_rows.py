@@ -13,6 +13,8 @@ runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ce
 decode step still fills tens of multiprocessors. Each program decodes its key blocks once for all its heads and
 keeps an fp32 online softmax whose running maximum starts at the sink (always finite, so a run with every key
 masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of fp32 partials. The
+partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0 and 0 whatever
+its keys, so such a run stores them and reads nothing: the same bits, without the work. The
 second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides
 and takes the rope off. Both products are fp32 FMA (`input_precision="ieee"`, never TF32). A row's bits
 depend only on its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed
@@ -39,6 +41,7 @@ STAGES = 1
 SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks
 CHUNK = 32  # channels of q . key a product takes at a time
 MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
+SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
 
 
 def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -105,8 +108,10 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
                     pa_ptr, sq_r, sq_h, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w, s_ent, s_at_r,
                     s_at_k, s_ok_r, s_ok_k, s_sink, scale, H: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                     KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr):  # fmt: skip
-    """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator)."""
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr,
+                    SKIP_EMPTY: tl.constexpr = True):  # fmt: skip
+    """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
+    with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     run = tl.program_id(2)
@@ -116,8 +121,14 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
+    span = tl.arange(0, SPLIT * BLOCK_K)
     if run < RW:
-        for b in range(SPLIT):
+        todo = SPLIT
+        if SKIP_EMPTY:
+            j = run * SPLIT * BLOCK_K + span
+            there = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0).to(tl.int32)
+            todo = tl.where(tl.max(there) > 0, SPLIT, 0)
+        for b in range(todo):
             j = (run * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
             ok = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0) != 0
             row = tl.load(read_ptr + r * s_read_r + j * s_read_w, mask=ok, other=0)
@@ -125,7 +136,12 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
             kv = _window_keys(ring_ptr, row, ok, c, s_ring, D)
             m, den, acc = _step(s, kv, ok, m, den, acc, scale)
     else:
-        for b in range(SPLIT):
+        todo = SPLIT
+        if SKIP_EMPTY:
+            j = (run - RW) * SPLIT * BLOCK_K + span
+            there = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0).to(tl.int32)
+            todo = tl.where(tl.max(there) > 0, SPLIT, 0)
+        for b in range(todo):
             j = ((run - RW) * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
             ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0) != 0
             row = tl.load(at_ptr + r * s_at_r + j * s_at_k, mask=ok, other=0)
@@ -217,9 +233,22 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
 
 
 def attend_rows(
-    q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None
+    q,
+    ring,
+    read,
+    valid,
+    sinks,
+    cos,
+    sin,
+    entries=None,
+    at=None,
+    ok=None,
+    grid=None,
+    skip_empty: bool | None = None,
 ) -> torch.Tensor:
-    """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended."""
+    """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
+    (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
+    same)."""
     _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
     rows, heads, d = q.shape
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
@@ -238,6 +267,7 @@ def attend_rows(
     q = q if q.stride(2) == 1 else q.contiguous()
     chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
     hb = triton.cdiv(heads, block_h)
+    skip = SKIP_EMPTY if skip_empty is None else skip_empty
     for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
         hi = min(rows, lo + chunk)
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
@@ -249,7 +279,7 @@ def attend_rows(
             valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
-            SPLIT=SPLIT_BLOCKS, DC=CHUNK, num_warps=warps, num_stages=STAGES,
+            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, num_warps=warps, num_stages=STAGES,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),

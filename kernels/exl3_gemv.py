@@ -105,6 +105,7 @@ def _exl3_gemm_kernel(
     goff_ptr=None,
     XHG=0,
     GROUPED: tl.constexpr = False,
+    LIVE=MAX_ROWS,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -196,7 +197,18 @@ def _exl3_gemm_kernel(
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     if REDUCE:  # else _reduce_kernel, launched next, sums the partials
         _reduce_last(
-            cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP, (RUNS and MP > 1) or MMA
+            cnt_ptr,
+            svh_ptr,
+            y_ptr,
+            block,
+            pid_n,
+            cols,
+            M,
+            stride_y,
+            SPLIT,
+            MP,
+            (RUNS and MP > 1) or MMA,
+            LIVE,
         )
 
 
@@ -211,8 +223,9 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
 
 @triton.jit
 def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP: tl.constexpr,
-                 BY_ROW: tl.constexpr):  # fmt: skip
-    """The last program of a column block to arrive sums its SPLIT partials, rotates, scales, stores."""
+                 BY_ROW: tl.constexpr, LIVE):  # fmt: skip
+    """The last program of a column block to arrive sums its SPLIT partials, rotates, scales, stores (rows from
+    LIVE on: zeros)."""
     m = tl.arange(0, MP)
     release_fence()
     last = pid_n >= 0
@@ -224,10 +237,14 @@ def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT
             # [MP, 32, 128] product (nor its registers, which would cap the mma loop's occupancy).
             sv = tl.load(svh_ptr + cols).to(tl.float32)
             for r in range(M):
-                y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
+                if r < LIVE:
+                    y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
+                else:
+                    y = tl.zeros([1, 128], tl.float32)
                 tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
         else:
             y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
+            y = tl.where(m[:, None] < LIVE, y, 0.0)
             tl.store(
                 y_ptr + m[:, None] * stride_y + cols[None, :],
                 y.to(y_ptr.dtype.element_ty),
@@ -239,9 +256,10 @@ def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT
 
 @triton.jit
 def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FLIGHT: tl.constexpr = 8,
-                   goff_ptr=None, N=0, GROUPED: tl.constexpr = False):  # fmt: skip
+                   goff_ptr=None, N=0, GROUPED: tl.constexpr = False, LIVE=MAX_ROWS):  # fmt: skip
     """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row),
-    FLIGHT partials loaded at a time; GROUPED: per (block, row, group) as in the GEMM kernel."""
+    FLIGHT partials loaded at a time (rows from LIVE on: zeros, nothing read); GROUPED: per (block, row, group)
+    as in the GEMM kernel."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     if GROUPED:
@@ -251,7 +269,10 @@ def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FL
         y_ptr += g * N
     cols = pid_n * 128 + tl.arange(0, 128)
     src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
-    y = rotate_sum(src, SPLIT, MP * 128, 128, 1, FLIGHT) * tl.load(svh_ptr + cols).to(tl.float32)
+    if r < LIVE:
+        y = rotate_sum(src, SPLIT, MP * 128, 128, 1, FLIGHT) * tl.load(svh_ptr + cols).to(tl.float32)
+    else:
+        y = tl.zeros([1, 128], tl.float32)
     tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
 
 
@@ -344,12 +365,16 @@ def exl3_gemm(
     x_rotated: bool = False,
     fixed: bool = False,
     groups: torch.Tensor | None = None,
+    live: int | None = None,
 ) -> torch.Tensor:
     """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
 
     `groups` (group_offsets of G groups of this trellis's shape, these views group 0's): one launch of G
     products, y [M, G * n] = each group's k columns of x [M, G * k] @ its W, each group computed exactly as its
     own exl3_gemm with the same config would (same decode, k-split and order, so the same bits).
+
+    `live`: only x's first `live` rows are wanted; y's later rows come back as zeros, their partials never
+    summed (the product itself runs every row as before, so a wanted row's bits do not change).
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
     elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
@@ -365,6 +390,9 @@ def exl3_gemm(
     if x.dim() != 2 + pairs_in or x.shape[-1] != ng * k or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {ng * k}]")
     m_rows = x.shape[0]
+    live = m_rows if live is None else live
+    if not 1 <= live <= m_rows or (fixed and live != m_rows):
+        raise ValueError(f"live {live} must be 1..{m_rows} rows (all of them for fixed-point sums)")
     cfg = resolved_for(config, m_rows, trellis.shape)
     pairs = input_pairs(cfg, m_rows)
     if x_rotated and pairs != pairs_in:
@@ -412,7 +440,7 @@ def exl3_gemm(
         m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, **grouped,
+        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
         **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
@@ -420,7 +448,7 @@ def exl3_gemm(
     elif apart:
         _reduce_kernel[(blocks, m_rows, ng)](
             ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
-            N=n, **grouped,
+            N=n, LIVE=live, **grouped,
         )  # fmt: skip
     return y
 

@@ -3,7 +3,8 @@
 64 heads (8 on a tensor-parallel rank), d 512, rope 64, window 128, 512 entries: the checks of
 tests/kernels/interpret/test_triton_attend_rows.py (float64 and the torch stage, masked keys on rows of 0xFF
 bytes, a row with no key at all giving 0, a row of near-flat logits) at 1, 16 and 256 rows; a row's bits the
-same alone, among 16 and among 256, run after run, and inside a captured CUDA graph. Errors are relative to
+same alone, among 16 and among 256, run after run, with or without its empty runs skipped, and inside a captured
+CUDA graph. Errors are relative to
 the largest output; the logits reach ~60, so fp32's rounding of them alone is a few 1e-6 of an output: on the
 CPU the torch stage measured up to 7e-6 from float64 (256 rows) and the kernel, interpreted at these shapes,
 1.3e-6 (16 rows), and on the H200 the stage itself was 1.29e-5 from float64 at 256 rows (the logits'
@@ -82,6 +83,8 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
     a = _inputs(256, seed=1)
     batch = attend_rows(**a)
     assert torch.equal(attend_rows(**a), batch), "two runs must give the same bits"
+    # rows 1, 5, ... have their first run of window keys empty, rows 2, 3, ... no entry, rows 3, 7, ... no key
+    assert torch.equal(attend_rows(**a, skip_empty=False), batch), "skipping empty runs moved bits"
     assert torch.equal(attend_rows(**_rows(a, 0, 16)), batch[:16]), "16 rows differ from the same among 256"
     assert torch.equal(attend_rows(**_rows(a, 100, 116)), batch[100:116])
     for r in (0, 1, 2, 5, 255):

@@ -129,7 +129,9 @@ def test_gemm_mma_wt_fused_one_row(bits, groups):
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16])
-@pytest.mark.parametrize("cfg", [{}, {"fuse_rotation": True}, {"mma": 0, "use_dot": True}], ids=["default", "fused", "dot"])
+@pytest.mark.parametrize(
+    "cfg", [{}, {"fuse_rotation": True}, {"mma": 0, "use_dot": True}], ids=["default", "fused", "dot"]
+)
 def test_gemm_grouped_flash_wo_a(rows, cfg):
     """Eight wo_a groups (4096 -> 1024, 4 bit) in one grouped launch, their views in one buffer at their own
     offsets: each group's bits as its own exl3_gemm with the same config (mma decode, fused rotation at one row,
@@ -159,6 +161,9 @@ def test_gemm_grouped_flash_wo_a(rows, cfg):
     for g, (t, su, sv) in enumerate(views):
         alone = exl3_gemm(out[:, g * k : (g + 1) * k], t, su, sv, 0, out_dtype=torch.float32, config=config)
         assert torch.equal(got[:, g * n : (g + 1) * n], alone), f"group {g}"
+    # the decode steps' pinned launch with one live row: that row's bits, zeros after it
+    one = exl3_gemm(out, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets, live=1)
+    assert torch.equal(one[:1], got[:1]) and not one[1:].any()
 
 
 @pytest.mark.parametrize(

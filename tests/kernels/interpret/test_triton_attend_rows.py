@@ -9,7 +9,7 @@ an output by ~50 * 6e-8: over 18 cases (six seeds of each case below) the kernel
 measured 1.4e-7 to 1.7e-6 from float64 and the torch stage's two-pass softmax 4.5e-7 to 3.0e-6, so the kernel
 must be within 4e-6 of float64 and 8e-6 of the stage; a dropped sink, a row's entries masked, a wrong scale,
 nibble order or rotation is off by 5e-2 to order 1.
-A row's bits alone equal its bits among others, run after run.
+A row's bits alone equal its bits among others, run after run, and with its empty runs skipped or computed.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def test_attend_rows_matches_the_stage_and_float64(tk, entries, heads):
     assert got.dtype == torch.float32 and got.shape == (4, heads, DIM)
     assert torch.isfinite(got).all()
     assert torch.equal(got[3], torch.zeros_like(got[3])), "no key at all: the sink alone, nothing out"
+    assert torch.equal(tk.attend_rows.attend_rows(**a, skip_empty=False), got), (
+        "skipping empty runs moved bits"
+    )
     err, stage_err = _rel(got, want), _rel(stage, want)
     assert err < TOL, (err, stage_err)
     assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)
@@ -77,6 +80,9 @@ def test_attend_rows_runs_and_row_chunks_keep_the_bits(tk, monkeypatch):
     err, stage_err = _rel(got, want), _rel(stage, want)
     assert err < TOL, (err, stage_err)
     assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)
+    assert torch.equal(tk.attend_rows.attend_rows(**a, skip_empty=False), got), (
+        "skipping empty runs moved bits"
+    )
     monkeypatch.setattr(tk.attend_rows, "MAX_SCRATCH", 1)
     assert torch.equal(tk.attend_rows.attend_rows(**a), got), "rows launched one at a time differ"
 

@@ -188,3 +188,37 @@ def test_group_offsets_refuse_groups_that_do_not_match(tk):
     odd = pool[1 : 1 + tr.numel()].view(tr.shape)
     with pytest.raises(ValueError, match="whole 4-byte"):
         g.group_offsets([tr, odd], [s, s], [s, s])
+
+
+@pytest.mark.parametrize(
+    ("name", "width", "cb", "rows", "cfg"),
+    [
+        pytest.param("m16_dot_last", 32, 1, 16, {"use_dot": True, "split": 2}, id="m16_dot_last"),
+        pytest.param(
+            "m16_dot_apart",
+            64,
+            0,
+            16,
+            {"use_dot": True, "split": 2, "reduce_apart": True},
+            id="m16_dot_apart",
+        ),
+        pytest.param("m3_runs_by_row", 48, 2, 3, {"split": 4}, id="m3_runs_by_row", marks=pytest.mark.slow),
+    ],
+)
+def test_gemm_live_rows_keep_their_bits_and_zero_the_rest(tk, name, width, cb, rows, cfg):
+    """exl3_gemm(live=): the first `live` rows as every row's launch gives them, the rest zeros (whichever way
+    the partials are summed: in the last program, apart, row by row)."""
+    import torch
+
+    g = tk.exl3_gemv
+    (tr, suh, svh, _), _ = random_group(tk.exl3_reference, seeded(f"live_{name}"), 128, 256, width, cb)
+    x = torch.randn(rows, 128)
+    config = g.GemmConfig(**cfg)
+    every = g.exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32)
+    for live in (1, rows - 1):
+        got = torch.full((rows, 256), float("nan"), dtype=torch.float32)
+        g.exl3_gemm(x, tr, suh, svh, cb, config=config, out=got, live=live)
+        assert torch.equal(got[:live], every[:live]), f"live {live}: a wanted row moved"
+        assert not got[live:].any(), f"live {live}: the other rows are not zeros"
+    with pytest.raises(ValueError, match="live"):
+        g.exl3_gemm(x, tr, suh, svh, cb, config=config, live=rows + 1)

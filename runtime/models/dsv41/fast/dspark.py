@@ -22,7 +22,7 @@ import torch
 from tfc.runtime.graphs.graph_cache import GraphCache
 from tfc.runtime.models.dsv41.dspark import Draft, DraftError, DsparkBase, check_config, greedy
 from tfc.runtime.models.dsv41.dspark_state import DraftState
-from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows
+from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows, wo_a
 from tfc.runtime.models.dsv41.fast.forward import FastForward, mhc_sites
 from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, rms_norm
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
@@ -180,12 +180,8 @@ class FastDsparkDrafter(DsparkBase):
         valid = torch.cat((ctx_valid, own)).unsqueeze(0).expand(rows, -1)
         out = attend(q, keys, valid, f.weights.native(f"{p}.attn_sink"))
         out = apply_rope(out, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
-        per = heads // cfg.o_groups
-        groups = [
-            f.lin(out[:, g * per : (g + 1) * per].reshape(rows, -1), f"{p}.wo_a.slice.{g}")
-            for g in range(cfg.o_groups)
-        ]
-        return f.lin(torch.cat(groups, dim=-1), f"{p}.wo_b")
+        mixed = wo_a(f, p, out.reshape(rows, -1), tuple(range(cfg.o_groups)))
+        return f.lin(mixed, f"{p}.wo_b")
 
 
 def fast_dspark_slots(forward: FastForward, graphs: GraphCache | None = None):

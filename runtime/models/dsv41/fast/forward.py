@@ -104,6 +104,7 @@ class FastForward:
         self.routes: list | None = None  # eager runs only: (layer, expert ids) of the live rows
         self.shard = shard or Shard()
         self.tp = TpProducts(cfg, ops, self.shard, kv.device) if tp or self.shard.world > 1 else None
+        self.live: int | None = None  # inside a step: its live rows when fewer than its rows (see lin)
 
     def engram_span(self) -> tuple[int, int]:
         """[first, last) of the Engram hash columns this rank gathers rows of (all of them at TP=1)."""
@@ -111,15 +112,23 @@ class FastForward:
         return cols[self.shard.rank] if cols else (0, self.cfg.engram_cols)
 
     def lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """x @ the EXL3 group `name`, fp32."""
-        return self.ops.linear(x, self.weights.linear(name))
+        """x @ the EXL3 group `name`, fp32 (inside a step whose live rows are fewer than its rows, the rows after
+        them zeros: their partial sums are skipped)."""
+        return self.ops.linear(x, self.weights.linear(name), self.live)
 
     def step(self, key: StepKey, head_rows: torch.Tensor | None = None) -> None:
         """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows] (with `head_rows`, a
         device index of rows, a multiple of HEAD_ROWS long, in those rows only: a prefill step reads its runs'
         last rows)."""
+        rows = self.buffers.rows if self.ops.exact else key.rows
+        self.live = key.rows if key.rows < rows else None
+        try:
+            self._step(key, rows, head_rows)
+        finally:
+            self.live = None
+
+    def _step(self, key: StepKey, rows: int, head_rows: torch.Tensor | None) -> None:
         cfg, b, lay = self.cfg, self.buffers, self.kv.layout
-        rows = b.rows if self.ops.exact else key.rows
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
                           lay.page_tokens, self.ratios, key.context)  # fmt: skip
         table = self.weights.native("embed.weight")

@@ -26,13 +26,14 @@ class Ops(Protocol):
 
     exact: bool
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
-        """x [r, k] @ W [k, n] -> fp32 [r, n]."""
+    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
+        """x [r, k] @ W [k, n] -> fp32 [r, n]; with `live`, rows from `live` on are zeros (a wanted row's
+        values unchanged)."""
         ...
 
-    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """x [r, G * k] @ G groups of one shape, group g on columns g * k.. -> fp32 [r, G * n], each group's
-        values as its own `linear` gives them."""
+        values as its own `linear` gives them (`live` as there)."""
         ...
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
@@ -99,10 +100,17 @@ def moe_config(
     return MoeConfig(split_gate_up=s1, split_down=s2, block_k=bk, mma=mma, waves=waves)
 
 
-def per_group(ops: Ops, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+def padded_rows(y: torch.Tensor, live: int | None) -> torch.Tensor:
+    """y with its rows from `live` on zeroed (in place; None: y as it is)."""
+    if live is not None and live < y.shape[0]:
+        y[live:] = 0
+    return y
+
+
+def per_group(ops: Ops, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
     """linear_groups as one `linear` a group (group g on x's columns g * k..), joined along the columns."""
     k = lins[0].k
-    return torch.cat([ops.linear(x[:, g * k : (g + 1) * k], lin) for g, lin in enumerate(lins)], dim=-1)
+    return torch.cat([ops.linear(x[:, g * k : (g + 1) * k], lin, live) for g, lin in enumerate(lins)], dim=-1)
 
 
 class TritonOps:
@@ -156,13 +164,14 @@ class TritonOps:
         twin.many_rows = True
         return twin
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
-        """The fused EXL3 GEMV/GEMM on the arena's trellis (the many-row product on the prefill twin)."""
+    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
+        """The fused EXL3 GEMV/GEMM on the arena's trellis, the partial sums of the `live` rows only (the
+        many-row product on the prefill twin, every row)."""
         if self.many_rows:
-            return self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook)
-        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32)
+            return padded_rows(self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook), live)
+        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, live=live)
 
-    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """One grouped GEMM launch (rotation, products, sums) for groups of one shape, width and codebook; each
         group its own `linear` on the prefill twin or where they differ."""
         key = tuple(lin.name for lin in lins)
@@ -177,10 +186,10 @@ class TritonOps:
             )  # fmt: skip
         offsets = self._groups[key]
         if self.many_rows or offsets is None:
-            return per_group(self, x, lins)
+            return per_group(self, x, lins, live)
         first = lins[0]
         return self._gemm(x, first.trellis, first.suh, first.svh, first.codebook, out_dtype=torch.float32,
-                          groups=offsets)  # fmt: skip
+                          groups=offsets, live=live)  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip

@@ -85,15 +85,17 @@ class ReferenceOps:
         """These ops: a row's result never depends on the other rows here."""
         return self
 
-    def linear(self, x: torch.Tensor, lin: Exl3Linear) -> torch.Tensor:
-        """x @ W in fp32."""
-        return x.float() @ self.dense(lin)
+    def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
+        """x @ W in fp32 (rows from `live` on: zeros)."""
+        from tfc.runtime.models.dsv41.fast.ops import padded_rows
 
-    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear]) -> torch.Tensor:
+        return padded_rows(x.float() @ self.dense(lin), live)
+
+    def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """One `linear` a group, joined along the columns."""
         from tfc.runtime.models.dsv41.fast.ops import per_group
 
-        return per_group(self, x, lins)
+        return per_group(self, x, lins, live)
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""The decode step on the Flash slice against variants of itself, same arena, same run (issue #19).
+
+Run on the GPU machine from the repository root, after `source benchmarks/_h200_setup.sh`:
+    python3 benchmarks/step_variants_h200.py --image <slice rank0> --out $OUT/step_variants.json
+(`bash benchmarks/h200_serving.sh variants` makes the slice and runs it; STEP_VARIANTS picks them.)
+Every variant is its own runner (own graphs) whose launches are made with one switch turned:
+- apart: a launch (rotation, product, sums) per wo_a group instead of the grouped one;
+- no_skip: attend_rows computes the runs with no key there (a padding row's, past a row's entries);
+- all_rows: the EXL3 products sum every row's partials, not only the live rows';
+- mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; default 512).
+Parts, each in the JSON as it ends:
+- site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
+- decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
+  (bit for bit, or the relative difference and top-1 where a variant changes a summation order), the graphed
+  step timed (medians of 30, the runners interleaved), the byte floor as decode_h200.py defines it;
+- profile: torch.profiler over eager 1-row steps of the default: kernels a step, GPU time a step, the top 30.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_env import Parts, ensure_tfc
+
+ensure_tfc()
+
+import torch  # noqa: E402
+from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
+
+REPS = 30
+DEFAULT_VARIANTS = "no_skip,all_rows,mix256,mix128"
+
+
+def interleaved_us(fns: dict, reps: int = REPS) -> dict:
+    """Median µs of each fn, the fns run in turn rep by rep (so drift of the clock hits them alike)."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    times: dict = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times[name].append(a.elapsed_time(b) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def kernel_profile(runner, tile, steps: int = 5) -> dict:
+    """Kernels and GPU time a step of eager runs of `tile`'s step, the top 30 kernels by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner.forward.buffers.load(tile, None)
+    for _ in range(3):
+        runner.forward.step(tile.key)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            runner.forward.step(tile.key)
+        torch.cuda.synchronize()
+    events = sorted(
+        (e for e in p.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total
+    )
+    return {
+        "gpu_us_per_step": sum(e.device_time_total for e in events) / steps,
+        "kernels_per_step": sum(e.count for e in events) / steps,
+        "top": [{"name": e.key[:100], "us_per_step": e.device_time_total / steps, "calls": e.count / steps}
+                for e in events[:30]],
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def switched(name: str):
+    """The module switches of variant `name` turned while its launches are made (captured or eager)."""
+    from tfc.kernels import attend_rows, mhc_stages
+
+    saved = (attend_rows.SKIP_EMPTY, mhc_stages.MIX_SPLIT)
+    if name == "no_skip":
+        attend_rows.SKIP_EMPTY = False
+    if name.startswith("mix"):
+        mhc_stages.MIX_SPLIT = int(name[3:])
+    try:
+        yield
+    finally:
+        attend_rows.SKIP_EMPTY, mhc_stages.MIX_SPLIT = saved
+
+
+def variant_runner(booted, name: str):
+    """A runner of its own graphs and ops on the booted arena, its ops switched as variant `name` says."""
+    from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
+    from tfc.runtime.models.dsv41.fast import ops as ops_module
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    runner = build_fast(SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings())),
+                        slots=16, tokens_per_slot=CONTEXT + 2048, engram=False)  # fmt: skip
+    ops = runner.forward.ops
+    if name == "apart":
+        ops.linear_groups = lambda x, lins, live=None: ops_module.per_group(ops, x, lins, live)
+    if name == "all_rows":
+        linear, groups = ops.linear, ops.linear_groups
+        ops.linear = lambda x, lin, live=None: linear(x, lin)
+        ops.linear_groups = lambda x, lins, live=None: groups(x, lins)
+    return runner
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", required=True, help="the slice's prepared rank image")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument(
+        "--variants", default=DEFAULT_VARIANTS, help=f"comma-separated (default {DEFAULT_VARIANTS})"
+    )
+    ap.add_argument("--budget-s", type=float, default=360.0, help="parts that would start later are skipped")
+    args = ap.parse_args()
+
+    from tfc.runtime.boot.rank import boot
+    from tfc.runtime.models.dsv41.fast import ops as ops_module
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    names = [v for v in args.variants.split(",") if v]
+    res: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "variants": names,
+        "parts": {},
+    }
+    parts = Parts(res, Path(args.out), args.budget_s)
+    booted = boot(Path(args.image), device="cuda")
+    runners = {"default": build_fast(booted, slots=16, tokens_per_slot=CONTEXT + 2048, engram=False)}
+    runners |= {name: variant_runner(booted, name) for name in names}
+    if len({id(r.forward.ops) for r in runners.values()}) != len(runners):
+        raise RuntimeError("the runners share their ops")
+    default = runners["default"]
+    cfg = default.forward.cfg
+    parts("rates", lambda: res.update(copy_gbps=copy_gbps()))
+
+    def site() -> None:
+        ops, w = default.forward.ops, default.forward.weights
+        lins = [w.linear(f"layers.0.attn.wo_a.slice.{g}") for g in range(cfg.o_groups)]
+        x = torch.randn(16, cfg.o_groups * lins[0].k, device=DEV)
+        one = graphed(lambda: ops.linear_groups(x, lins))
+        each = graphed(lambda: ops_module.per_group(ops, x, lins))
+        same = bool(torch.equal(ops.linear_groups(x, lins), ops_module.per_group(ops, x, lins)))
+        t = interleaved_us({"grouped_us": one, "apart_us": each})
+        res["site"] = {"shape": [lins[0].k, lins[0].n, int(lins[0].trellis.shape[-1]) // 16], "groups": len(lins),
+                       "bits_equal": same, "bytes": sum(lin.nbytes for lin in lins), **t,
+                       "speedup": t["apart_us"] / t["grouped_us"]}  # fmt: skip
+
+    parts("site", site)
+
+    def decode() -> None:
+        floor = Floor(default, flash_config())
+        rate = res["copy_gbps"] * 1e9
+        table = {}
+        for rows in ROWS:
+            tiles = {name: decode_tile(r, rows) for name, r in runners.items()}
+            logits, eager_equal = {}, {}
+            for name, r in runners.items():
+                with switched(name):
+                    logits[name] = r.launch(tiles[name])[:rows].clone()
+                    r.forward.step(tiles[name].key)
+                eager_equal[name] = bool(torch.equal(logits[name], r.forward.buffers.logits[:rows]))
+            routes = routes_of(default, tiles["default"])
+            t = interleaved_us(
+                {name: (lambda r=r, k=tiles[name].key: r.replay(k)) for name, r in runners.items()}
+            )
+            floor_us = (floor.slice_layers(routes, rows) + floor.head) / rate * 1e6
+            base = logits["default"]
+            table[rows] = {
+                "step_us": t, "floor_us": floor_us, "graph_equals_eager": eager_equal,
+                "floor_ratio": {name: floor_us / us for name, us in t.items()},
+                "default_speedup": {name: us / t["default"] for name, us in t.items() if name != "default"},
+                "logits_equal_default": {name: bool(torch.equal(v, base)) for name, v in logits.items()},
+                "logits_rel_diff": {name: float((v - base).norm() / base.norm()) for name, v in logits.items()},
+                "top1_equal": {name: bool(torch.equal(v.argmax(-1), base.argmax(-1))) for name, v in logits.items()},
+            }  # fmt: skip
+            for r in runners.values():
+                for s in range(rows):
+                    r.kv.release(s)
+        res["decode"] = table
+
+    parts("decode", decode)
+    parts("profile", lambda: res.update(profile=kernel_profile(default, decode_tile(default, 1))))
+    parts.save()
+    print({k: res.get(k) for k in ("site", "decode")})
+
+
+if __name__ == "__main__":
+    main()
