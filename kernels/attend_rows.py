@@ -125,8 +125,8 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     if run < RW:
         todo = SPLIT
         if SKIP_EMPTY:
-            j = run * SPLIT * BLOCK_K + span
-            there = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0).to(tl.int32)
+            js = run * SPLIT * BLOCK_K + span
+            there = tl.load(valid_ptr + r * s_valid_r + js * s_valid_w, mask=js < W, other=0).to(tl.int32)
             todo = tl.where(tl.max(there) > 0, SPLIT, 0)
         for b in range(todo):
             j = (run * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -138,8 +138,8 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     else:
         todo = SPLIT
         if SKIP_EMPTY:
-            j = (run - RW) * SPLIT * BLOCK_K + span
-            there = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0).to(tl.int32)
+            js = (run - RW) * SPLIT * BLOCK_K + span
+            there = tl.load(ok_ptr + r * s_ok_r + js * s_ok_k, mask=js < KT, other=0).to(tl.int32)
             todo = tl.where(tl.max(there) > 0, SPLIT, 0)
         for b in range(todo):
             j = ((run - RW) * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
