@@ -143,6 +143,7 @@ class FastForward:
         if head_rows is None:
             b.logits[:rows].copy_(self.head(out))
         else:  # HEAD_ROWS at a time: a row's logits do not depend on how many rows a step reads
+            self.live = None  # rows gathered from the step's, every one wanted
             for lo in range(0, head_rows.numel(), HEAD_ROWS):
                 at = head_rows[lo : lo + HEAD_ROWS]
                 b.logits[at] = self.head(out[at])
