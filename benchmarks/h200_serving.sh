@@ -148,7 +148,7 @@ case "$PART" in
     grep -v "^DEBUG\|^INFO " "$OUT/grouped_gpu_tests.txt" | tail -14 ;;
   variants)  # the decode step on the slice against variants of itself (step_variants_h200.py)
     timeout "${TFC_VARIANTS_S:-300}" python3 benchmarks/step_variants_h200.py --image "$IMG" --out "$OUT/step_variants.json" \
-      --variants "${STEP_VARIANTS:-no_skip,all_rows,mix256,mix128}" --budget-s "$(( ${TFC_VARIANTS_S:-300} - 60 ))" 2>&1 \
+      --variants "${STEP_VARIANTS:-apart,mix512,split2,split1}" --budget-s "$(( ${TFC_VARIANTS_S:-300} - 60 ))" 2>&1 \
       | grep -v "^DEBUG\|^INFO " | tail -8 ;;
   decode)  # decode_h200's checks and decode part only (1, 4, 16 rows, pinned and unpinned launches), no reference
     timeout 420 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference --out "$OUT/decode_h200.json" \

@@ -8,7 +8,9 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - apart: a launch (rotation, product, sums) per wo_a group instead of the grouped one;
 - no_skip: attend_rows computes the runs with no key there (a padding row's, past a row's entries);
 - all_rows: the EXL3 products sum every row's partials, not only the live rows';
-- mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; default 512).
+- mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
+  run 1, 128 since);
+- split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4).
 Parts, each in the JSON as it ends:
 - site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
 - decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
@@ -35,7 +37,7 @@ import torch  # noqa: E402
 from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
 
 REPS = 30
-DEFAULT_VARIANTS = "no_skip,all_rows,mix256,mix128"
+DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
 def interleaved_us(fns: dict, reps: int = REPS) -> dict:
@@ -84,15 +86,17 @@ def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
     from tfc.kernels import attend_rows, mhc_stages
 
-    saved = (attend_rows.SKIP_EMPTY, mhc_stages.MIX_SPLIT)
+    saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT)
     if name == "no_skip":
         attend_rows.SKIP_EMPTY = False
+    if name.startswith("split"):
+        attend_rows.SPLIT_BLOCKS = int(name[5:])
     if name.startswith("mix"):
         mhc_stages.MIX_SPLIT = int(name[3:])
     try:
         yield
     finally:
-        attend_rows.SKIP_EMPTY, mhc_stages.MIX_SPLIT = saved
+        attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT = saved
 
 
 def variant_runner(booted, name: str):
@@ -161,6 +165,9 @@ def main() -> None:
     def decode() -> None:
         floor = Floor(default, flash_config())
         rate = res["copy_gbps"] * 1e9
+        lin = default.forward.weights.linear("head")
+        x = torch.randn(16, lin.k, device=DEV)
+        head_us = interleaved_us({"head": graphed(lambda: default.forward.ops.linear(x, lin))})["head"]
         table = {}
         for rows in ROWS:
             tiles = {name: decode_tile(r, rows) for name, r in runners.items()}
@@ -174,10 +181,15 @@ def main() -> None:
             t = interleaved_us(
                 {name: (lambda r=r, k=tiles[name].key: r.replay(k)) for name, r in runners.items()}
             )
-            floor_us = (floor.slice_layers(routes, rows) + floor.head) / rate * 1e6
+            layers_floor = floor.slice_layers(routes, rows)
+            floor_us = (layers_floor + floor.head) / rate * 1e6
+            # whole Flash (TP=1, 4k context) at the efficiency the slice's layers reached (decode_h200.py's way)
+            eff = layers_floor / rate * 1e6 / max(t["default"] - head_us, 1e-9)
+            flash_us = floor.flash_layers(routes, rows) / rate * 1e6 / eff + head_us
             base = logits["default"]
             table[rows] = {
-                "step_us": t, "floor_us": floor_us, "graph_equals_eager": eager_equal,
+                "step_us": t, "floor_us": floor_us, "graph_equals_eager": eager_equal, "head_us": head_us,
+                "flash_step_us": flash_us, "flash_tok_s": rows / flash_us * 1e6,
                 "floor_ratio": {name: floor_us / us for name, us in t.items()},
                 "default_speedup": {name: us / t["default"] for name, us in t.items() if name != "default"},
                 "logits_equal_default": {name: bool(torch.equal(v, base)) for name, v in logits.items()},
