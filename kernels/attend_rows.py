@@ -232,20 +232,8 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
         raise ValueError(f"attend_rows: ok must be bool [R, k >= 1] as at, got {ok.dtype} {tuple(ok.shape)}")
 
 
-def attend_rows(
-    q,
-    ring,
-    read,
-    valid,
-    sinks,
-    cos,
-    sin,
-    entries=None,
-    at=None,
-    ok=None,
-    grid=None,
-    skip_empty: bool | None = None,
-) -> torch.Tensor:
+def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,
+                skip_empty: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
     (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
     same)."""

@@ -196,20 +196,8 @@ def _exl3_gemm_kernel(
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     if REDUCE:  # else _reduce_kernel, launched next, sums the partials
-        _reduce_last(
-            cnt_ptr,
-            svh_ptr,
-            y_ptr,
-            block,
-            pid_n,
-            cols,
-            M,
-            stride_y,
-            SPLIT,
-            MP,
-            (RUNS and MP > 1) or MMA,
-            LIVE,
-        )
+        _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
+                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
 
 
 @triton.jit

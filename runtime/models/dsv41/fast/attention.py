@@ -59,14 +59,15 @@ def attend_rows(
 
 
 def wo_a(f, p: str, out: torch.Tensor, local: tuple[int, ...]) -> torch.Tensor:
-    """The grouped output projection of the wo_a groups `local` (of the heads' outputs out [R, H * d]), joined:
-    one grouped launch where the groups are a run of heads (`f.live` as in f.lin)."""
+    """The grouped output projection of the wo_a groups `local` (of the heads' outputs out [R, H * d]), joined,
+    in one grouped launch (`f.live` as in f.lin); groups that are not a run of heads are gathered first."""
     lins = [f.weights.linear(f"{p}.wo_a.slice.{g}") for g in local]
-    k, live = lins[0].k, f.live
-    if local != tuple(range(local[0], local[0] + len(local))):
-        return torch.cat([f.ops.linear(out[:, g * k : (g + 1) * k], lin, live)
-                          for g, lin in zip(local, lins, strict=True)], dim=-1)  # fmt: skip
-    return f.ops.linear_groups(out[:, local[0] * k : (local[-1] + 1) * k], lins, live)
+    k = lins[0].k
+    if local == tuple(range(local[0], local[0] + len(local))):
+        x = out[:, local[0] * k : (local[-1] + 1) * k]
+    else:
+        x = torch.cat([out[:, g * k : (g + 1) * k] for g in local], dim=-1)
+    return f.ops.linear_groups(x, lins, f.live)
 
 
 def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) -> torch.Tensor:
