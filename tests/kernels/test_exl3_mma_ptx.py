@@ -377,7 +377,7 @@ def stubbed(monkeypatch):
 def test_weights_as_a_host_side(stubbed, rows, pairs):
     """exl3_gemm's launches for GemmConfig(mma_wt=True), kernels stubbed (no GPU): up to 4 rows the rotation
     writes fp16 high / low pairs [M, 2, k] and the kernel reads 2 M x rows with 8 sums per group; the row
-    stride is k either way; more than one row sums the partials apart, one program per (block, row)."""
+    stride is k either way; more than one row sums the partials apart, one program per (block, row, group)."""
     import torch
 
     gemv, stubs, group = stubbed
@@ -390,9 +390,9 @@ def test_weights_as_a_host_side(stubbed, rows, pairs):
     ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
     assert kw["MMA"] == 2 and kw["MMA_SPLIT"] == pairs and kw["MMA_NACC"] == (16 if rows > 8 else 8)
     assert args[8] == rows and args[10] == k  # M (the real rows) and the x row stride
-    assert kw["REDUCE"] == (rows == 1)
+    assert kw["REDUCE"] == (rows == 1) and kw["LIVE"] == rows
     reduce = stubs["_reduce_kernel"].calls
-    assert [c[0] for c in reduce] == ([] if rows == 1 else [(n // 128, rows)])
+    assert [c[0] for c in reduce] == ([] if rows == 1 else [(n // 128, rows, 1)])  # one group
     # A pre-rotated input must be rotate_for's form for this config.
     with pytest.raises(ValueError, match="rotate_for"):
         wrong = torch.randn(rows, k).half() if pairs else torch.randn(rows, 2, k)
