@@ -127,8 +127,9 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "MP": "constexpr", "BK": "constexpr", "SPLIT": "i32", "FUSE_ROT": "constexpr", "USE_DOT": "constexpr",
            "RUNS": "constexpr", "KDIM": "i32", "TPE": "constexpr", "MMA": "constexpr",
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
-           "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr"}  # fmt: skip
-    consts = {"W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs" or fused,
+           "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr",
+           "goff_ptr": "constexpr", "XHG": "i32", "GROUPED": "constexpr", "LIVE": "i32"}  # fmt: skip
+    consts = {"goff_ptr": None, "GROUPED": False, "W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs" or fused,
               "USE_DOT": kind == "mma", "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
               "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
     consts |= mma_asm(width, 2, rows, par, wt, fused) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_fixed import fixed_words
 from tfc.kernels.exl3_launch import (
     GemmConfig,
     counters,
+    group_offsets,
     input_pairs,
     num_sms,
     pick_split,
@@ -26,14 +26,12 @@ from tfc.kernels.exl3_launch import (
 )
 from tfc.kernels.exl3_mma import mma_asm, mma_partials
 from tfc.kernels.exl3_runs import runs_cols, runs_rows, store_cols
+from tfc.kernels.exl3_sums import fixed_reduce_kernel, reduce_kernel, reduce_last
 from tfc.kernels.exl3_tl import (
     INTERPRET,
     cb_decode,
-    fwht128,
     load_states,
     next_pow2,
-    release_fence,
-    rotate_sum,
     rotated128,
     rotated_slice,
     store_pair,
@@ -195,9 +193,9 @@ def _exl3_gemm_kernel(
         if not USE_DOT:
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
-    if REDUCE:  # else _reduce_kernel, launched next, sums the partials
-        _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
-                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
+    if REDUCE:  # else reduce_kernel, launched next, sums the partials
+        reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
+                    (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
 
 
 @triton.jit
@@ -207,80 +205,6 @@ def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
     for blk in range((r_lo // 128) * 128, r_hi, 128):
         store_pair(xs + blk + i, K, rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
     tl.debug_barrier()
-
-
-@triton.jit
-def _reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP: tl.constexpr,
-                 BY_ROW: tl.constexpr, LIVE):  # fmt: skip
-    """The last program of a column block to arrive sums its SPLIT partials, rotates, scales, stores (rows from
-    LIVE on: zeros)."""
-    m = tl.arange(0, MP)
-    release_fence()
-    last = pid_n >= 0
-    if SPLIT > 1:
-        last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-    if last:
-        if BY_ROW:
-            # Row by row (rows < M only): the one-row sum keeps 8 partials in flight and needs no
-            # [MP, 32, 128] product (nor its registers, which would cap the mma loop's occupancy).
-            sv = tl.load(svh_ptr + cols).to(tl.float32)
-            for r in range(M):
-                if r < LIVE:
-                    y = rotate_sum(block + r * 128, SPLIT, MP * 128, 128, 1) * sv
-                else:
-                    y = tl.zeros([1, 128], tl.float32)
-                tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
-        else:
-            y = rotate_sum(block, SPLIT, MP * 128, 128, MP) * tl.load(svh_ptr + cols).to(tl.float32)[None, :]
-            y = tl.where(m[:, None] < LIVE, y, 0.0)
-            tl.store(
-                y_ptr + m[:, None] * stride_y + cols[None, :],
-                y.to(y_ptr.dtype.element_ty),
-                mask=m[:, None] < M,
-            )
-        if SPLIT > 1:
-            tl.atomic_xchg(cnt_ptr + pid_n, 0)
-
-
-@triton.jit
-def _reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, MP: tl.constexpr, FLIGHT: tl.constexpr = 8,
-                   goff_ptr=None, N=0, GROUPED: tl.constexpr = False, LIVE=MAX_ROWS):  # fmt: skip
-    """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row),
-    FLIGHT partials loaded at a time (rows from LIVE on: zeros, nothing read); GROUPED: per (block, row, group)
-    as in the GEMM kernel."""
-    pid_n = tl.program_id(0)
-    r = tl.program_id(1)
-    if GROUPED:
-        g = tl.program_id(2)
-        ws_ptr += g * tl.num_programs(0) * SPLIT * (MP * 128)
-        svh_ptr += tl.load(goff_ptr + 2 * tl.num_programs(2) + g)
-        y_ptr += g * N
-    cols = pid_n * 128 + tl.arange(0, 128)
-    src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
-    if r < LIVE:
-        y = rotate_sum(src, SPLIT, MP * 128, 128, 1, FLIGHT) * tl.load(svh_ptr + cols).to(tl.float32)
-    else:
-        y = tl.zeros([1, 128], tl.float32)
-    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _fixed_reduce_kernel(ws_ptr, svh_ptr, acc_ptr, M, N, SPLIT, MP: tl.constexpr):
-    """acc[:, row, block] = the fixed-point words of had128(partial) * svh summed over the block's SPLIT partials
-    (one 128-row block of k each): one program per (block, row)."""
-    pid_n = tl.program_id(0)
-    r = tl.program_id(1)
-    cols = pid_n * 128 + tl.arange(0, 128)
-    src = ws_ptr + pid_n * SPLIT * (MP * 128) + r * 128
-    sv = tl.load(svh_ptr + cols).to(tl.float32) * 0.08838834764831845
-    hi = tl.zeros([128], dtype=tl.int64)
-    lo = tl.zeros([128], dtype=tl.int64)
-    for s in range(SPLIT):
-        h, q = fixed_words(fwht128(tl.load(src + s * (MP * 128) + tl.arange(0, 128))) * sv)
-        hi += h
-        lo += q
-    tl.store(acc_ptr + r * N + cols, hi)
-    tl.store(acc_ptr + (M + r) * N + cols, lo)
 
 
 def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
@@ -303,33 +227,6 @@ def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool 
                                             goff_ptr=suh if groups is None else groups, KG=kg,
                                             GROUPED=groups is not None)  # fmt: skip
     return xh
-
-
-def group_offsets(
-    trellises: list[torch.Tensor], suhs: list[torch.Tensor], svhs: list[torch.Tensor]
-) -> torch.Tensor:
-    """int64 [3, G] on their device: where each group's trellis (in int32 words), suh and svh (in halves) lie
-    from group 0's, for exl3_gemm(..., groups=); the groups must share their shapes, dtypes and device."""
-    shapes = {
-        (tuple(t.shape), tuple(u.shape), tuple(v.shape))
-        for t, u, v in zip(trellises, suhs, svhs, strict=True)
-    }
-    views = [*trellises, *suhs, *svhs]
-    if len(shapes) != 1 or any(not t.is_contiguous() or t.device != views[0].device for t in views):
-        raise ValueError("grouped EXL3 products need contiguous groups of one shape on one device")
-    if {t.dtype for t in trellises} != {torch.int16} or {t.dtype for t in suhs + svhs} != {torch.float16}:
-        raise ValueError("grouped EXL3 products need int16 trellises and float16 scales")
-    rows = []
-    for group, size in ((trellises, 4), (suhs, 2), (svhs, 2)):
-        gaps = [t.data_ptr() - group[0].data_ptr() for t in group]
-        if any(gap % size for gap in gaps):
-            raise ValueError(
-                f"grouped EXL3 products: group offsets {gaps} are not whole {size}-byte elements"
-            )
-        rows.append([gap // size for gap in gaps])
-    if trellises[0].data_ptr() % 4:
-        raise ValueError("grouped EXL3 products: the first trellis is not 4-byte aligned")
-    return torch.tensor(rows, dtype=torch.int64, device=trellises[0].device)
 
 
 def rotate_for(
@@ -432,11 +329,11 @@ def exl3_gemm(
         **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
-        _fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
+        fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
     elif apart:
-        _reduce_kernel[(blocks, m_rows, ng)](
-            ws, svh, y, y.stride(0), split, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
-            N=n, LIVE=live, **grouped,
+        reduce_kernel[(blocks, m_rows, ng)](
+            ws, svh, y, y.stride(0), split, live, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
+            N=n, **grouped,
         )  # fmt: skip
     return y
 

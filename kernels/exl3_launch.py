@@ -1,5 +1,5 @@
 """Launch choices of the EXL3 GEMM (GemmConfig, resolved from the shape) and what the GEMM and the MoE share:
-k-splits, the SM count, arrival counters."""
+k-splits, the SM count, arrival counters; where a grouped launch's groups lie (group_offsets)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,33 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
     return bufs[-1]
 
 
+def group_offsets(
+    trellises: list[torch.Tensor], suhs: list[torch.Tensor], svhs: list[torch.Tensor]
+) -> torch.Tensor:
+    """int64 [3, G] on their device: where each group's trellis (in int32 words), suh and svh (in halves) lie
+    from group 0's, for exl3_gemm(..., groups=); the groups must share their shapes, dtypes and device."""
+    shapes = {
+        (tuple(t.shape), tuple(u.shape), tuple(v.shape))
+        for t, u, v in zip(trellises, suhs, svhs, strict=True)
+    }
+    views = [*trellises, *suhs, *svhs]
+    if len(shapes) != 1 or any(not t.is_contiguous() or t.device != views[0].device for t in views):
+        raise ValueError("grouped EXL3 products need contiguous groups of one shape on one device")
+    if {t.dtype for t in trellises} != {torch.int16} or {t.dtype for t in suhs + svhs} != {torch.float16}:
+        raise ValueError("grouped EXL3 products need int16 trellises and float16 scales")
+    rows = []
+    for group, size in ((trellises, 4), (suhs, 2), (svhs, 2)):
+        gaps = [t.data_ptr() - group[0].data_ptr() for t in group]
+        if any(gap % size for gap in gaps):
+            raise ValueError(
+                f"grouped EXL3 products: group offsets {gaps} are not whole {size}-byte elements"
+            )
+        rows.append([gap // size for gap in gaps])
+    if trellises[0].data_ptr() % 4:
+        raise ValueError("grouped EXL3 products: the first trellis is not 4-byte aligned")
+    return torch.tensor(rows, dtype=torch.int64, device=trellises[0].device)
+
+
 def num_sms(device: torch.device) -> int:
     """Multiprocessor count (132 on an H200; a nominal 8 on the CPU interpreter)."""
     if device.type != "cuda":
@@ -190,6 +217,7 @@ __all__ = [
     "GemmConfig",
     "counters",
     "even_split",
+    "group_offsets",
     "input_pairs",
     "mma_groups",
     "mma_waves",

@@ -363,7 +363,7 @@ def stubbed(monkeypatch):
     import torch
     from tfc.kernels import exl3_gemv
 
-    stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "_reduce_kernel")}
+    stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "reduce_kernel")}
     for name, stub in stubs.items():
         monkeypatch.setattr(exl3_gemv, name, stub)
     k, n = 512, 256
@@ -391,7 +391,7 @@ def test_weights_as_a_host_side(stubbed, rows, pairs):
     assert kw["MMA"] == 2 and kw["MMA_SPLIT"] == pairs and kw["MMA_NACC"] == (16 if rows > 8 else 8)
     assert args[8] == rows and args[10] == k  # M (the real rows) and the x row stride
     assert kw["REDUCE"] == (rows == 1) and kw["LIVE"] == rows
-    reduce = stubs["_reduce_kernel"].calls
+    reduce = stubs["reduce_kernel"].calls
     assert [c[0] for c in reduce] == ([] if rows == 1 else [(n // 128, rows, 1)])  # one group
     # A pre-rotated input must be rotate_for's form for this config.
     with pytest.raises(ValueError, match="rotate_for"):
@@ -408,7 +408,7 @@ def test_weights_as_a_fused_host_side(stubbed):
     k, n = 512, 256
     cfg = gemv.GemmConfig(mma=2, mma_wt=True, fuse_rotation=True)
     gemv.exl3_gemm(torch.randn(1, k).half(), *group, config=cfg, out=torch.empty(1, n))
-    assert not stubs["_rotate_kernel"].calls and not stubs["_reduce_kernel"].calls
+    assert not stubs["_rotate_kernel"].calls and not stubs["reduce_kernel"].calls
     ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
     assert kw["FUSE_ROT"] and kw["MMA_SPLIT"] and "ld.global.b32" in kw["MMA_FRAG"]
     assert args[1].shape == (n // 128, 2, k) and args[1].dtype == torch.float16
