@@ -22,6 +22,9 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth): GPU time by
   kernel, the largest first.
+`--paths scratch,tiles` times every prefill on both paths of the many-row products (kernels/exl3_scratch.py: each
+weight decoded once a step into a scratch; kernels/exl3_rows.py's tiles: decoded again in every tile of rows) and
+checks the second's last logits against the first's.
 """
 
 from __future__ import annotations
@@ -49,12 +52,20 @@ PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
+PATHS = ("scratch",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
     from tfc.kernels import exl3_rows
 
     exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = variant
+
+
+def set_path(path: str) -> None:
+    """The many-row products through the decoded scratch ("scratch") or decoding in each tile ("tiles")."""
+    from tfc.kernels import exl3_rows
+
+    exl3_rows.SCRATCH = path == "scratch"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -120,6 +131,14 @@ def checks(runner, res: dict) -> None:
     runner.release(3)
     res["checks"] = {"chunkings_equal": equal, "wide_vs_decode_rel_l2": rel(whole, decoded),
                      "top1_equal": bool(whole.argmax() == decoded.argmax())}  # fmt: skip
+    for path in PATHS[1:]:  # the other paths' last logits against the first's
+        set_path(path)
+        other = prompt_logits(runner, 3, toks, len(toks))
+        set_path(PATHS[0])
+        res["checks"][f"{path}_vs_{PATHS[0]}"] = {
+            "rel_l2": rel(other, whole),
+            "top1_equal": bool(other.argmax() == whole.argmax()),
+        }
     if not all(equal.values()):
         raise RuntimeError(f"prefill chunkings differ: {equal}")
 
@@ -167,21 +186,27 @@ def prefill(runner, res: dict) -> None:
         for n in PREFILL:
             toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
             plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
-            with (
-                fusion.eager() if not compiled else contextlib.nullcontext()
-            ):  # other widths: nothing compiled
-                first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
-                wall = run(r, plan)
-            steps = -(-n // step_rows)
-            flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
-            row[n] = {"wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps, "flash_s": flash_s,
-                      "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
-                      "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
-            if compiled:
-                with fusion.eager():  # the same steps with the small-op stages uncompiled
-                    run(r, plan)
-                    row[n]["wall_eager_stages_s"] = run(r, plan)
-            res["prefill"] = table | {wide: row}
+            for path in PATHS if wide else PATHS[:1]:  # the decode steps run no many-row product
+                set_path(path)
+                with (
+                    fusion.eager() if not compiled else contextlib.nullcontext()
+                ):  # other widths: nothing compiled
+                    first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
+                    wall = run(r, plan)
+                steps = -(-n // step_rows)
+                flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
+                key = n if path == PATHS[0] else f"{n}_{path}"
+                row[key] = {"path": path, "wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps,
+                            "flash_s": flash_s, "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
+                            "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
+                print(f"[prefill] width {wide} prompt {n} {path}: {n / wall:.0f} slice tok/s, "
+                      f"{row[key]['peak_fraction']:.2%} of the bf16 peak", flush=True)  # fmt: skip
+                if compiled:
+                    with fusion.eager():  # the same steps with the small-op stages uncompiled
+                        run(r, plan)
+                        row[key]["wall_eager_stages_s"] = run(r, plan)
+                res["prefill"] = table | {wide: row}
+            set_path(PATHS[0])
         table[wide] = row
         if r is not runner:
             del r
@@ -240,8 +265,12 @@ def main() -> None:
     ap.add_argument(
         "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
     )
+    ap.add_argument(
+        "--paths", default="scratch", help="the many-row products' paths, comma-separated: scratch, tiles"
+    )
     args = ap.parse_args()
-    global PREFILL, WIDES, COMPILED, WIDE
+    global PREFILL, WIDES, COMPILED, WIDE, PATHS
+    PATHS = tuple(args.paths.split(","))
     WIDE = args.wide
     PREFILL = tuple(int(v) for v in args.prompts.split(","))
     WIDES = tuple(int(v) for v in args.widths.split(","))

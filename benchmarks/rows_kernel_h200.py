@@ -11,7 +11,12 @@ TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time 
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
 x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5); `kernels_s` times the
 two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation;
-`rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. Beside it:
+`rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. The
+scratch path (`exl3_scratch`: the weight decoded once a call into fp16, then tensor-core tiles) is timed the same
+way for each of SCRATCH_VARIANTS at 256 and 2,048 rows, beside the tile path's default at both, with its decode
+alone (`decode_s`, `decode_gweights_s`: weights decoded a second, each once) and its product alone by difference
+(`product_tflops`: 2 x rows x k x n over the kernels' time less the decode's; the product runs two fp16 mma
+products a k step, the rows' high and low halves). Beside it:
 `exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
 reach, and torch's bf16 product of the same shape. (That 16-row figure is eager, one call at a time: its host
 launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the default variant
@@ -36,14 +41,15 @@ from decode_h200 import timed  # noqa: E402
 
 SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
 # (rows a tile, warps, k rows a step, stages, register cap)
-VARIANTS = {
-    "bm64_w8_k32_s3": (64, 8, 32, 3, None), "bm64_w8_k32_s1": (64, 8, 32, 1, None),
-    "bm64_w8_k32_s1_r128": (64, 8, 32, 1, 128), "bm64_w8_k16_s1": (64, 8, 16, 1, None),
-    "bm64_w8_k16_s1_r128": (64, 8, 16, 1, 128), "bm128_w8_k16_s1": (128, 8, 16, 1, None),
-    "bm32_w4_k32_s1": (32, 4, 32, 1, None), "bm64_w4_k32_s1": (64, 4, 32, 1, None),
-    "bm64_w4_k16_s1_r128": (64, 4, 16, 1, 128),
+VARIANTS = {"bm64_w4_k32_s1": (64, 4, 32, 1, None)}  # the tile path's default (earlier runs compared others)
+# the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
+SCRATCH_VARIANTS = {
+    "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm64_w4_s4_t2_d4": (64, 4, 4, 2, 4),
+    "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4), "scratch_bm64_w4_s3_t1_d4": (64, 4, 3, 1, 4),
+    "scratch_bm64_w4_s3_t2_d8": (64, 4, 3, 2, 8), "scratch_bm64_w4_s3_t1_d2": (64, 4, 3, 1, 2),
 }  # fmt: skip
 ROWS = 256
+ROW_COUNTS = (256, 2048)  # rows the scratch variants and the tile default are timed at
 MUL1 = 2
 
 
@@ -98,6 +104,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
     y = torch.empty(ROWS, n, device="cuda")
+    exl3_rows.SCRATCH = False
     for vname, (bm, warps, bk, stages, cap) in VARIANTS.items():
         exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
         exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
@@ -120,11 +127,86 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
             row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
               flush=True)  # fmt: skip
+    row["scratch"] = scratch_paths(trellis, suh, svh, bits, n, k, gen)
     row["compiled"] = compiled_stats()
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
     exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 4, 32
     exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = 1, None
     return row
+
+
+def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Generator) -> dict:
+    """The scratch path's variants and the tile path's default at ROW_COUNTS rows: checked, then timed."""
+    from tfc.kernels import exl3_rows, exl3_scratch
+    from tfc.kernels.exl3_decode import exl3_decode
+
+    dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32).double()
+    words = trellis.contiguous().view(torch.int32).reshape(-1)
+    one = torch.zeros(1, dtype=torch.int64, device="cuda")
+    widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
+    out: dict = {}
+    for rows in ROW_COUNTS:
+        x = torch.randn(rows, k, device="cuda", generator=gen)
+        want = x.double() @ dense
+        halves = exl3_rows.rotate_rows(x, suh)
+        y = torch.empty(rows, n, device="cuda")
+        flops = 2 * rows * k * n
+        at = out.setdefault(str(rows), {})
+        for vname, variant in {
+            **{f"tiles_{a}": (a, b) for a, b in VARIANTS.items()},
+            **SCRATCH_VARIANTS,
+        }.items():
+            scratch = not vname.startswith("tiles_")
+            exl3_rows.SCRATCH = scratch
+            if scratch:
+                (
+                    bm,
+                    exl3_scratch.NUM_WARPS,
+                    exl3_scratch.NUM_STAGES,
+                    exl3_scratch.TILE_ROWS,
+                    exl3_scratch.DECODE_WARPS,
+                ) = variant
+                exl3_rows.BLOCK_M = bm
+            else:
+                exl3_rows.BLOCK_M = variant[1][0]
+            tiles = exl3_rows.dense_tiles(rows, x.device)
+
+            def kernels_only(tiles=tiles, halves=halves, y=y):
+                return exl3_rows.launch_rows(halves, words, one, widths, one.int() + MUL1, svh, tiles, n,
+                                             (16 * bits,), MUL1, y)  # fmt: skip
+
+            try:
+                got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+                err = float((got.double() - want).norm() / want.norm())
+                kern = timed(kernels_only, reps=10)
+                r = {
+                    "rel_err": err,
+                    "ok": err < 1e-5,
+                    "kernels_s": kern,
+                    "kernel_tflops": flops / kern / 1e12,
+                }
+                if scratch:
+                    hit = exl3_scratch.entries_with_rows(tiles, 1)
+                    buf = torch.empty((1, k, n), dtype=torch.float16, device="cuda")
+                    dec = timed(lambda hit=hit, buf=buf: exl3_scratch.decode_round(words, one, widths, one.int() + MUL1, hit,
+                                                                      buf, 0, (16 * bits,), MUL1), reps=10)  # fmt: skip
+                    want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
+                    r |= {"decode_s": dec, "decode_gweights_s": k * n / dec / 1e9,
+                          "decode_exact": bool(torch.equal(buf[0], want_hat)),
+                          "product_tflops": flops / max(kern - dec, 1e-9) / 1e12}  # fmt: skip
+                at[vname] = r
+            except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
+                at[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
+                  flush=True)  # fmt: skip
+    exl3_rows.SCRATCH, exl3_rows.BLOCK_M = True, 64
+    exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = (
+        4,
+        3,
+        2,
+        4,
+    )
+    return out
 
 
 def main() -> None:

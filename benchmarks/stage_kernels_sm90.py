@@ -2,7 +2,8 @@
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
 The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py and router_pick.py (device
-helpers in kernels/stage_tl.py). Nothing here needs a GPU or a CUDA driver: each entry point is called on
+helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
+both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing here needs a GPU or a CUDA driver: each entry point is called on
 empty CPU tensors of the Flash shapes (rows R = 16, decode, and 2048, prefill) with Triton's launch caught,
 so the kernel, constexprs, num_warps, options (enable_fp_fusion) and the arguments' dtypes and
 specialisations (divisibility by 16, strides of 1) are the entry point's own; each distinct launch is then
@@ -53,10 +54,12 @@ SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 def _launches(torch) -> list[tuple[str, str, object]]:
     """(entry point, variant, call(rows)) of every Flash launch of the stage kernels."""
     from tfc.kernels import attend_rows as ar
+    from tfc.kernels import exl3_rows as xr
     from tfc.kernels import index_scores as ks
     from tfc.kernels import kv_pack as kp
     from tfc.kernels import mhc_stages as mh
     from tfc.kernels import router_pick as rp
+    from tfc.kernels.expert_table import ExpertTable
 
     bf16, i64, u8 = torch.bfloat16, torch.int64, torch.uint8
     e = torch.empty
@@ -77,6 +80,28 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         """select without making candidates, given a candidate mask or none."""
         c = e(r, SELECT_COLS, dtype=torch.bool) if cand else None
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
+
+    def rows_gemm(r, scratch):
+        """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""
+        xr.SCRATCH = scratch
+        return xr.exl3_gemm_rows(torch.zeros(r, D), torch.zeros(D // 16, Q_LORA // 16, 64, dtype=torch.int16),
+                                 e(D, dtype=torch.float16), e(Q_LORA, dtype=torch.float16), 2)  # fmt: skip
+
+    def table(k, n, ragged):
+        """An expert table's shapes: 4-bit stacked, or ragged widths of 2-6 bits with codebooks per entry."""
+        widths = (32, 48, 64, 80, 96) if ragged else (64,)
+        return ExpertTable("ragged" if ragged else "stack", torch.zeros(EXPERTS + 1, dtype=torch.int32).view(torch.int16),
+                           torch.zeros(EXPERTS + 1, dtype=i64), torch.full((EXPERTS + 1,), 64, dtype=torch.int32),
+                           torch.full((EXPERTS + 1,), 2, dtype=torch.int32), e(EXPERTS + 1, k, dtype=torch.float16),
+                           e(EXPERTS + 1, n, dtype=torch.float16), k, n, -1 if ragged else 2, widths)  # fmt: skip
+
+    def rows_moe(r, scratch, widths):
+        """The prefill's MoE (gate/up and down tables) on one path."""
+        xr.SCRATCH = scratch
+        ragged = widths != "4 bit"
+        ids = torch.zeros(r, TOP_K, dtype=i64)
+        return xr.moe_rows(torch.zeros(r, D), ids, torch.ones(r, TOP_K), table(D, 2048, ragged),
+                           table(D, 2048, ragged), table(2048, D, ragged), 10.0)  # fmt: skip
 
     streams = lambda r: e(r, HC, D)  # noqa: E731
     m = (2 + HC) * HC
@@ -113,6 +138,10 @@ def _launches(torch) -> list[tuple[str, str, object]]:
             e(3 * r, EXPERTS), True, e(EXPERTS), TOP_K, SCALING, True)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, no candidates", lambda r: select(r, False)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, candidates", lambda r: select(r, True)),
+        *[(f"exl3_rows.exl3_gemm_rows ({path})", f"k {D}, n {Q_LORA}, 4 bit", lambda r, s=s: rows_gemm(r, s))
+          for path, s in (("scratch", True), ("tiles", False))],
+        *[(f"exl3_rows.moe_rows ({path})", f"E {EXPERTS}, top {TOP_K}, {w}", lambda r, s=s, w=w: rows_moe(r, s, w))
+          for path, s in (("scratch", True), ("tiles", False)) for w in ("4 bit", "ragged 2-6 bit")],
     ]  # fmt: skip
 
 

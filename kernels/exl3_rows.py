@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_scratch import scratch_rows
 from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
@@ -27,6 +28,9 @@ BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 4  # warps a program (decode.md's rows-kernel runs compare the launch variants)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (more were slower: decode.md, rows-kernel runs)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
+# Decode each entry with rows once a call into a scratch, then multiply every tile from it (kernels/exl3_scratch.py),
+# instead of decoding the weights again in every tile's loop (decode.md, prefill run 11, times both).
+SCRATCH = True
 
 
 @triton.jit
@@ -184,11 +188,15 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     if k % BLOCK_K or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
     if tiles.numel() and m:
-        _rows_kernel[(tiles.shape[0], n // 128)](
-            xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
-            WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
-        )  # fmt: skip
+        if SCRATCH:
+            scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
+                         out, BLOCK_M)  # fmt: skip
+        else:
+            _rows_kernel[(tiles.shape[0], n // 128)](
+                xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
+                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
+                num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
+            )  # fmt: skip
         per_row = row_entries is not None
         _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0), PER_ROW=per_row,
                                       num_warps=1)  # fmt: skip

@@ -1,6 +1,8 @@
 """The many-row EXL3 kernel (prefill) against float64 references under the CPU interpreter (see conftest.py):
 a linear at row counts across tile edges, a row's bits alone and among others, the MoE over stacked and
-ragged tables, the device-built tile list, and the rotation kernel against the torch rotation, bit for bit.
+ragged tables, each through the decoded scratch and through the tile path; the scratch's decode against the
+reference's W-hat and its rounds; the device-built tile list, and the rotation kernel against the torch
+rotation, bit for bit.
 
 The input goes in as fp16 high / low halves of the fp32 rotation and the output Hadamard runs as fp32
 butterflies: both keep fp32-level error (measured ~1e-7 relative here), so 1e-5 would catch a dropped half
@@ -15,9 +17,15 @@ from support.exl3_inputs import random_group, seeded
 TOL = 1e-5
 
 
+PATHS = pytest.mark.parametrize("scratch", [True, False], ids=["scratch", "tiles"])
+
+
+@PATHS
 @pytest.mark.parametrize(("width", "codebook", "rows"), [(32, 2, 70), (48, 0, 64), (64, 1, 3)])
-def test_rows_gemm_matches_float64_and_each_row_is_alone(tk, width, codebook, rows):
+def test_rows_gemm_matches_float64_and_each_row_is_alone(tk, monkeypatch, scratch, width, codebook, rows):
     import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", scratch)
 
     rng = seeded(f"rows_{width}_{codebook}_{rows}")
     (trellis, suh, svh, cb), dense = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
@@ -37,7 +45,7 @@ def test_rows_gemm_matches_float64_and_each_row_is_alone(tk, width, codebook, ro
 D, INTER, ROUTED, TOPK, TOKENS, LIMIT = 128, 256, 4, 2, 37, 0.3
 
 
-def _tables(tk, rng, layout: str):
+def _tables(tk, rng, layout: str, groups_out: list | None = None):
     tables, dense = [], []
     for proj, (k, n) in enumerate([(D, INTER), (D, INTER), (INTER, D)]):
         if layout == "stack":
@@ -45,14 +53,19 @@ def _tables(tk, rng, layout: str):
         else:  # mixed integer widths, and for w3 mixed codebooks (chosen per entry at run time)
             specs = [(w, e % 3 if proj == 1 else 2) for e, w in enumerate((32, 48, 64, 32, 96))]
         groups = [random_group(tk.exl3_reference, rng, k, n, w, c) for w, c in specs]
+        if groups_out is not None:
+            groups_out.append([g[0] for g in groups])
         tables.append(tk.expert_table.ExpertTable.build([g[0] for g in groups], layout=layout))
         dense.append([g[1] for g in groups])
     return tables, dense
 
 
+@PATHS
 @pytest.mark.parametrize("layout", ["stack", "ragged"])
-def test_moe_rows_matches_the_float64_reference(tk, layout):
+def test_moe_rows_matches_the_float64_reference(tk, monkeypatch, scratch, layout):
     import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", scratch)
 
     rng = seeded(f"moe_rows_{layout}")
     tables, dense = _tables(tk, rng, layout)
@@ -70,6 +83,37 @@ def test_moe_rows_matches_the_float64_reference(tk, layout):
     other[1::2] *= 2.0
     again = tk.exl3_rows.moe_rows(other, ids, wts, *tables, swiglu_limit=LIMIT)
     assert torch.equal(again[::2], y[::2]), "a token's bits must not depend on the other tokens' values"
+
+
+@pytest.mark.parametrize("layout", ["stack", "ragged"])
+def test_the_scratch_holds_each_entrys_w_hat_and_its_rounds_keep_the_bits(tk, monkeypatch, layout):
+    import torch
+
+    rng = seeded(f"scratch_{layout}")
+    groups: list = []
+    tables, _ = _tables(tk, rng, layout, groups)
+    w1 = tables[0]
+    # The decode alone: every entry with rows gets the reference's W-hat exactly, the others are not written.
+    hit = torch.tensor([1, 0, 3, 0, 2], dtype=torch.int32)
+    scratch = torch.full((w1.entries, D, INTER), float("nan"), dtype=torch.float16)
+    tk.exl3_scratch._decode_entries_kernel[((D // 128) * (INTER // 128), w1.entries)](
+        w1.words, w1.offsets, w1.widths, w1.codebooks, hit, scratch, 0, w1.entries, INTER, D,
+        WIDTHS=tuple(w1.width_set), CB=w1.codebook, TK=tk.exl3_scratch.TILE_ROWS, KB=tk.exl3_scratch.DECODE_ROWS,
+    )  # fmt: skip
+    for e in range(w1.entries):
+        if hit[e]:
+            trellis, _, _, codebook = groups[0][e]
+            want = tk.exl3_reference.decode_rotated(trellis.numpy(), int(codebook))
+            assert torch.equal(scratch[e].float(), torch.from_numpy(want).float()), e
+        else:
+            assert bool(scratch[e].isnan().all()), e
+    # The MoE with the scratch one entry a round (five rounds) against every entry in one: equal bits.
+    x = torch.randn(TOKENS, D)
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    wts = torch.rand(TOKENS, TOPK) + 0.1
+    one = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
+    monkeypatch.setattr(tk.exl3_scratch, "SCRATCH_BYTES", 1)
+    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), one)
 
 
 def test_expert_tiles_cover_each_entrys_rows_once():
