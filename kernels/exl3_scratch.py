@@ -2,8 +2,8 @@
 
 The tile path (`exl3_rows._rows_kernel`) decodes an entry's weights again in every tile of rows, inside the
 product's loop, where the window gathers stall it. Here a first kernel decodes W-hat of every entry that has
-rows once into an fp16 scratch (exact: the codebooks' values are fp16), each warp's lanes gathering inside one
-16x16 tile; a second multiplies the tiles' rows from it with the same operands as the tile path (the rows' fp16
+rows once into an fp16 scratch (exact: the codebooks' values are fp16), a lane decoding eight weights of a
+tile from the three or four words of their windows (the mma B fragment's order, as the decode path's kernels); a second multiplies the tiles' rows from it with the same operands as the tile path (the rows' fp16
 high and low halves, fp32 sums over k in BK steps, high then low). A row is summed over k in one order whatever
 rows share its tile or call, so its bits never depend on its neighbours or the row count. The scratch holds
 SCRATCH_BYTES of entries at a time: a table of hundreds of experts takes several rounds, each round's tiles
@@ -15,14 +15,23 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import decode_at
+from tfc.kernels.exl3_tl import cb_decode, cb_decode_rt
 
 SCRATCH_BYTES = 2 << 30  # decoded entries held at once (one entry at least, whatever its size)
 DECODE_ROWS = 128  # k rows a decode program takes (a multiple of 16 * TILE_ROWS)
-TILE_ROWS = 2  # 16-row tile rows a decode step takes (x 8 tile columns: its tensor is [256, 8 x TILE_ROWS])
+TILE_ROWS = 2  # 16-row tile rows a decode step takes (x 8 tile columns x 32 lanes: its tensors' length)
 DECODE_WARPS = 4  # warps a decode program
 NUM_WARPS = 4  # warps a product program
 NUM_STAGES = 3  # software-pipelining stages of the product's k loop (loads of the scratch and the halves)
+
+
+@triton.jit
+def _window_state(a, b, c, s, WORDS: tl.constexpr):
+    """The 16 bits at MSB-first position s of words a, b, c (64-bit pairs w0:w1, w1:w2, w2:w3)."""
+    st = tl.where(s <= 48, a >> tl.maximum(48 - s, 0), b >> tl.minimum(tl.maximum(80 - s, 0), 63))
+    if WORDS > 3:
+        st = tl.where(s <= 80, st, c >> tl.minimum(tl.maximum(112 - s, 0), 63))
+    return (st & 0xFFFF).to(tl.uint32)
 
 
 @triton.jit
@@ -30,29 +39,43 @@ def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, 
                   KB: tl.constexpr):  # fmt: skip
     """W-hat rows kb * KB.. of column block nb (128 columns) of the entry at start, into dst ([k, N] fp16).
 
-    A step's tensor is [256, tiles]: a tile's elements row-major down the first axis (the faster one in the
-    layouts Triton picks here), so a warp's lanes gather inside one tile's ring of words and store runs of 16
-    columns."""
+    An element of the step's tensors is one lane of a tile as the mma B fragment holds it (spec §5: lane t's
+    stream positions 8t .. 8t + 7): its window's three or four words are loaded once and its eight states cut
+    from them, instead of two gathered words a weight."""
     tn = N // 16
-    nw: tl.constexpr = W // 2
-    t = tl.arange(0, TK * 8)  # the step's tiles: TK tile rows of 8 tile columns
-    i = tl.arange(0, 256)
-    r = i // 16
-    c = i % 16
-    # stream position of element (r, c) of a tile (spec §5), then its window's words and shift
-    pos = 8 * ((r >> 1) & 3) + 2 * (r >> 3) + (r & 1) + 32 * (c & 7) + 4 * (c >> 3)
-    e1 = ((pos + 1) * W >> 4) - 1
-    j = e1 >> 5
-    shift = (31 - (e1 & 31))[:, None]
-    jp = tl.where(j == 0, nw - 1, j - 1)
-    tile = (((t // 8) * tn + t % 8) * nw)[None, :]
-    off_j, off_jp = j[:, None] + tile, jp[:, None] + tile
-    at = r[:, None] + ((t // 8) * 16)[None, :]  # k row within the step
-    cols = c[:, None] + (nb * 128 + (t % 8) * 16)[None, :]
+    nw: tl.constexpr = W // 2  # int32 words a tile
+    ring: tl.constexpr = 16 * W  # bits a tile
+    WORDS: tl.constexpr = 3 if W <= 96 else 4
+    g = tl.arange(0, TK * 8 * 32)  # the step's tiles (TK tile rows of 8 tile columns) x 32 lanes
+    tile = g // 32
+    t = g % 32
+    first = (((8 * t + 1) * W) >> 4) - 16  # the lane's first window's first bit (before the ring wraps)
+    at = (first + ring) % ring
+    j0 = at >> 5
+    toff = ((tile // 8) * tn + tile % 8) * nw
+    rows = (tile // 8) * 16 + 2 * (t & 3)  # position 8t + q sits at row rows + (q & 1) + 8 (q >> 1 & 1)
+    cols = nb * 128 + (tile % 8) * 16 + (t >> 2)  # and column cols + 8 (q >> 2)
     base = start + nb * 8 * nw + (kb * (KB // 16)) * tn * nw
     for kk in tl.static_range(0, KB, 16 * TK):
-        v = decode_at(base + (kk // 16) * tn * nw, off_j, off_jp, shift, cb, CB)
-        tl.store(dst + (kb * KB + kk + at).to(tl.int64) * N + cols, v)
+        words = base + (kk // 16) * tn * nw + toff
+        w0 = tl.load(words + j0).to(tl.uint32, bitcast=True).to(tl.uint64)
+        w1 = tl.load(words + (j0 + 1) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+        w2 = tl.load(words + (j0 + 2) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+        a, b, c = (w0 << 32) | w1, (w1 << 32) | w2, w2
+        if WORDS > 3:
+            c = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+        out = dst + (kb * KB + kk + rows).to(tl.int64) * N + cols
+        outs = (out, out + N, out + 8 * N, out + 9 * N)  # rows + 0, 1, 8, 9
+        for q in tl.static_range(8):
+            if W % 16 == 0:  # K bits a weight: the windows K bits apart
+                s = (at & 31) + q * (W // 16)
+            else:
+                s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
+            if CB >= 0:
+                v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
+            else:
+                v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
+            tl.store(outs[(q & 1) + 2 * ((q >> 1) & 1)] + 8 * (q >> 2), v)
 
 
 @triton.jit

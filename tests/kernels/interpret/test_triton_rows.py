@@ -116,6 +116,22 @@ def test_the_scratch_holds_each_entrys_w_hat_and_its_rounds_keep_the_bits(tk, mo
     assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), one)
 
 
+@pytest.mark.parametrize("width", [16, 24, 40, 56, 80, 112, 128])
+def test_the_scratch_decode_gives_w_hat_at_every_width(tk, width):
+    import torch
+
+    rng = seeded(f"scratch_width_{width}")
+    (trellis, _, _, cb), _ = random_group(
+        tk.exl3_reference, rng, 128, 256, width, 2 if width % 16 else width % 3
+    )
+    scratch = torch.empty((1, 128, 256), dtype=torch.float16)
+    one = torch.zeros(1, dtype=torch.int64)
+    tk.exl3_scratch.decode_round(trellis.reshape(-1).view(torch.int32), one, torch.full((1,), width, dtype=torch.int32),
+                                 one.int() + cb, torch.ones(1, dtype=torch.int32), scratch, 0, (width,), cb)  # fmt: skip
+    want = tk.exl3_reference.decode_rotated(trellis.numpy(), cb)
+    assert torch.equal(scratch[0].float(), torch.from_numpy(want).float())
+
+
 def test_expert_tiles_cover_each_entrys_rows_once():
     import torch
     from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles
