@@ -8,6 +8,7 @@
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #   bash benchmarks/h200_serving.sh rowsncu     # Nsight Compute on that kernel: stalls, pipes, its SASS opcodes (#19)
+#   bash benchmarks/h200_serving.sh scratchncu  # Nsight Compute on the prefill's scratch decode (scratch_decode_ncu.py, #19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
@@ -47,7 +48,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -93,6 +94,13 @@ case "$PART" in
       cuobjdump -sass "$c" > "$OUT/sass_rows.txt"
     done
     head -30 "$OUT/sass_rows_hist.txt" ;;
+  scratchncu)  # Nsight Compute on the scratch decode (6-bit 4096 x 16384, then 3-bit 4096 x 4096)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    timeout 200 "$NCU" --clock-control none -k regex:_decode_entries_kernel --launch-skip 1 --launch-count 4 \
+      --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
+      python3 benchmarks/scratch_decode_ncu.py > "$OUT/ncu_scratch.txt" 2>&1
+    grep -E "exact|Duration|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|stalled|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit" "$OUT/ncu_scratch.txt" | head -80 ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
     (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout "${TFC_PREFILLTESTS_S:-420}" python3 -m pytest -q \
       -p no:cacheprovider -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1
