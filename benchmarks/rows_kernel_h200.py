@@ -44,9 +44,8 @@ SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384
 VARIANTS = {"bm64_w4_k32_s1": (64, 4, 32, 1, None)}  # the tile path's default (earlier runs compared others)
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
 SCRATCH_VARIANTS = {
-    "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm64_w4_s4_t2_d4": (64, 4, 4, 2, 4),
-    "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4), "scratch_bm64_w4_s3_t1_d4": (64, 4, 3, 1, 4),
-    "scratch_bm64_w4_s3_t2_d8": (64, 4, 3, 2, 8), "scratch_bm64_w4_s3_t1_d2": (64, 4, 3, 1, 2),
+    "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4),
+    "scratch_bm64_w4_s3_t1_d2": (64, 4, 3, 1, 2), "scratch_bm64_w4_s3_t4_d4": (64, 4, 3, 4, 4),
 }  # fmt: skip
 ROWS = 256
 ROW_COUNTS = (256, 2048)  # rows the scratch variants and the tile default are timed at

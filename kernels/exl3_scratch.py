@@ -53,29 +53,50 @@ def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, 
     at = (first + ring) % ring
     j0 = at >> 5
     toff = ((tile // 8) * tn + tile % 8) * nw
-    rows = (tile // 8) * 16 + 2 * (t & 3)  # position 8t + q sits at row rows + (q & 1) + 8 (q >> 1 & 1)
-    cols = nb * 128 + (tile % 8) * 16 + (t >> 2)  # and column cols + 8 (q >> 2)
+    # Lane t = 4 tc + tr holds positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc
+    # of its tile. The eight values are joined, permuted to the tile's row-major order and stored 16 columns a run.
+    tt = tl.arange(0, TK * 8)
+    r = tl.arange(0, 16)
+    c = tl.arange(0, 16)
+    rows = ((tt // 8) * 16)[:, None, None] + r[None, :, None]
+    cols = (nb * 128 + (tt % 8) * 16)[:, None, None] + c[None, None, :]
     base = start + nb * 8 * nw + (kb * (KB // 16)) * tn * nw
     for kk in tl.static_range(0, KB, 16 * TK):
         words = base + (kk // 16) * tn * nw + toff
         w0 = tl.load(words + j0).to(tl.uint32, bitcast=True).to(tl.uint64)
         w1 = tl.load(words + (j0 + 1) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
         w2 = tl.load(words + (j0 + 2) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-        a, b, c = (w0 << 32) | w1, (w1 << 32) | w2, w2
+        a, b, c3 = (w0 << 32) | w1, (w1 << 32) | w2, w2
         if WORDS > 3:
-            c = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-        out = dst + (kb * KB + kk + rows).to(tl.int64) * N + cols
-        outs = (out, out + N, out + 8 * N, out + 9 * N)  # rows + 0, 1, 8, 9
-        for q in tl.static_range(8):
-            if W % 16 == 0:  # K bits a weight: the windows K bits apart
-                s = (at & 31) + q * (W // 16)
-            else:
-                s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
-            if CB >= 0:
-                v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
-            else:
-                v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
-            tl.store(outs[(q & 1) + 2 * ((q >> 1) & 1)] + 8 * (q >> 2), v)
+            c3 = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+        v0 = _lane_value(a, b, c3, at, t, first, 0, cb, W, CB, WORDS)
+        v1 = _lane_value(a, b, c3, at, t, first, 1, cb, W, CB, WORDS)
+        v2 = _lane_value(a, b, c3, at, t, first, 2, cb, W, CB, WORDS)
+        v3 = _lane_value(a, b, c3, at, t, first, 3, cb, W, CB, WORDS)
+        v4 = _lane_value(a, b, c3, at, t, first, 4, cb, W, CB, WORDS)
+        v5 = _lane_value(a, b, c3, at, t, first, 5, cb, W, CB, WORDS)
+        v6 = _lane_value(a, b, c3, at, t, first, 6, cb, W, CB, WORDS)
+        v7 = _lane_value(a, b, c3, at, t, first, 7, cb, W, CB, WORDS)
+        v = tl.join(tl.join(tl.join(v0, v1), tl.join(v2, v3)), tl.join(tl.join(v4, v5), tl.join(v6, v7)))
+        v = tl.reshape(v, [TK * 8, 8, 4, 2, 2, 2])  # tile, tc, tr, ql, qh, qc (join adds its axis last)
+        v = tl.reshape(tl.permute(v, [0, 4, 2, 3, 5, 1]), [TK * 8, 16, 16])  # tile, (qh tr ql), (qc tc)
+        tl.store(dst + (kb * KB + kk + rows).to(tl.int64) * N + cols, v)
+
+
+@triton.jit
+def _lane_value(
+    a, b, c, at, t, first, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.constexpr, WORDS: tl.constexpr
+):
+    """fp16 W-hat at stream position 8t + q of each lane, cut from its words (a, b, c: _window_state's pairs)."""
+    if W % 16 == 0:  # K bits a weight: the windows K bits apart
+        s = (at & 31) + q * (W // 16)
+    else:
+        s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
+    if CB >= 0:
+        v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
+    else:
+        v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
+    return v
 
 
 @triton.jit
