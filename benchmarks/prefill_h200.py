@@ -22,9 +22,10 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth): GPU time by
   kernel, the largest first.
-`--paths scratch,tiles` times every prefill on both paths of the many-row products (kernels/exl3_scratch.py: each
-weight decoded once a step into a scratch; kernels/exl3_rows.py's tiles: decoded again in every tile of rows) and
-checks the second's last logits against the first's.
+`--paths dense,scratch,tiles` times every prefill on each path of the many-row products (scratch: every weight
+decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded again in every tile of rows,
+kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
+checks the others' last logits against the first's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
-PATHS = ("scratch",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
+PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -62,10 +63,11 @@ def set_variant(variant: tuple[int, int, int]) -> None:
 
 
 def set_path(path: str) -> None:
-    """The many-row products through the decoded scratch ("scratch") or decoding in each tile ("tiles")."""
+    """The many-row products through the decoded scratch ("scratch": all; "dense": the linears, the MoE on the
+    tiles) or decoding in each tile ("tiles")."""
     from tfc.kernels import exl3_rows
 
-    exl3_rows.SCRATCH = path == "scratch"
+    exl3_rows.SCRATCH = {"scratch": "all", "dense": "dense", "tiles": "none"}[path]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -266,7 +268,9 @@ def main() -> None:
         "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
     )
     ap.add_argument(
-        "--paths", default="scratch", help="the many-row products' paths, comma-separated: scratch, tiles"
+        "--paths",
+        default="dense",
+        help="the many-row products' paths, comma-separated: dense, scratch, tiles",
     )
     args = ap.parse_args()
     global PREFILL, WIDES, COMPILED, WIDE, PATHS

@@ -103,7 +103,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
     y = torch.empty(ROWS, n, device="cuda")
-    exl3_rows.SCRATCH = False
+    exl3_rows.SCRATCH = "none"
     for vname, (bm, warps, bk, stages, cap) in VARIANTS.items():
         exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
         exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
@@ -156,7 +156,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
             **SCRATCH_VARIANTS,
         }.items():
             scratch = not vname.startswith("tiles_")
-            exl3_rows.SCRATCH = scratch
+            exl3_rows.SCRATCH = "all" if scratch else "none"
             if scratch:
                 (
                     bm,
@@ -198,7 +198,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
                 at[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
                   flush=True)  # fmt: skip
-    exl3_rows.SCRATCH, exl3_rows.BLOCK_M = True, 64
+    exl3_rows.SCRATCH, exl3_rows.BLOCK_M = "dense", 64
     exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = (
         4,
         3,

@@ -83,7 +83,7 @@ def _launches(torch) -> list[tuple[str, str, object]]:
 
     def rows_gemm(r, scratch):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""
-        xr.SCRATCH = scratch
+        xr.SCRATCH = "all" if scratch else "none"
         return xr.exl3_gemm_rows(torch.zeros(r, D), torch.zeros(D // 16, Q_LORA // 16, 64, dtype=torch.int16),
                                  e(D, dtype=torch.float16), e(Q_LORA, dtype=torch.float16), 2)  # fmt: skip
 
@@ -97,7 +97,7 @@ def _launches(torch) -> list[tuple[str, str, object]]:
 
     def rows_moe(r, scratch, widths):
         """The prefill's MoE (gate/up and down tables) on one path."""
-        xr.SCRATCH = scratch
+        xr.SCRATCH = "all" if scratch else "none"
         ragged = widths != "4 bit"
         ids = torch.zeros(r, TOP_K, dtype=i64)
         return xr.moe_rows(torch.zeros(r, D), ids, torch.ones(r, TOP_K), table(D, 2048, ragged),

@@ -28,9 +28,11 @@ BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 4  # warps a program (decode.md's rows-kernel runs compare the launch variants)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (more were slower: decode.md, rows-kernel runs)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
-# Decode each entry with rows once a call into a scratch, then multiply every tile from it (kernels/exl3_scratch.py),
-# instead of decoding the weights again in every tile's loop (decode.md, prefill run 11, times both).
-SCRATCH = True
+# Which products decode their weights once a call into a scratch and multiply every tile from it
+# (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
+# MoE's tables keep the tiles: a 2,048-row step has ~32 rows an expert, one tile, so the scratch's writes and
+# reads cost more than they save), "all" or "none" (decode.md, prefill run 11, times the three).
+SCRATCH = "dense"
 
 
 @triton.jit
@@ -178,9 +180,11 @@ def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, tor
 
 def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tensor,
                 codebooks: torch.Tensor, svh: torch.Tensor, tiles: torch.Tensor, n: int, width_set: tuple[int, ...],
-                codebook: int, out: torch.Tensor, row_entries: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                codebook: int, out: torch.Tensor, row_entries: torch.Tensor | None = None,
+                scratch: bool = False) -> torch.Tensor:  # fmt: skip
     """out[r] for every row r of every tile (tiles int64 [T, 3]: entry, first row, rows); halves: split_halves;
-    svh [n] (one linear), or [entries, n] with row_entries [M] naming each row's entry."""
+    svh [n] (one linear), or [entries, n] with row_entries [M] naming each row's entry; `scratch`: through the
+    decoded scratch, else decoding in each tile."""
     xh, inv = halves
     m, two, k = xh.shape
     if two != 2 or xh.dtype != torch.float16 or not xh.is_contiguous():
@@ -188,7 +192,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     if k % BLOCK_K or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
     if tiles.numel() and m:
-        if SCRATCH:
+        if scratch:
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
                          out, BLOCK_M)  # fmt: skip
         else:
@@ -221,7 +225,8 @@ def exl3_gemm_rows(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, sv
     one = torch.zeros(1, dtype=torch.int64, device=dev)
     return launch_rows(rotated_pairs(x, suh), trellis.contiguous().view(torch.int32).reshape(-1), one,
                        torch.full((1,), width, dtype=torch.int32, device=dev), one.int() + codebook, svh,
-                       dense_tiles(x.shape[0], dev), n, (width,), codebook, y)  # fmt: skip
+                       dense_tiles(x.shape[0], dev), n, (width,), codebook, y,
+                       scratch=SCRATCH in ("dense", "all"))  # fmt: skip
 
 
 def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
@@ -247,7 +252,7 @@ def _table_rows(
 ) -> torch.Tensor:
     out = torch.empty((halves[0].shape[0], table.n), dtype=torch.float32, device=halves[0].device)
     return launch_rows(halves, table.words, table.offsets, table.widths, table.codebooks, table.svh, tiles, table.n,
-                       table.width_set, table.codebook, out, entries)  # fmt: skip
+                       table.width_set, table.codebook, out, entries, scratch=SCRATCH == "all")  # fmt: skip
 
 
 def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: ExpertTable,

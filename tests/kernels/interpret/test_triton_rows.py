@@ -17,7 +17,7 @@ from support.exl3_inputs import random_group, seeded
 TOL = 1e-5
 
 
-PATHS = pytest.mark.parametrize("scratch", [True, False], ids=["scratch", "tiles"])
+PATHS = pytest.mark.parametrize("scratch", ["all", "none"], ids=["scratch", "tiles"])
 
 
 @PATHS
