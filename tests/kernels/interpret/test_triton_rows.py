@@ -132,6 +132,25 @@ def test_the_scratch_decode_gives_w_hat_at_every_width(tk, width):
     assert torch.equal(scratch[0].float(), torch.from_numpy(want).float())
 
 
+def test_the_default_sends_the_linears_through_the_scratch_and_the_moe_to_the_tiles(tk, monkeypatch):
+    import torch
+
+    assert tk.exl3_rows.SCRATCH == "dense"
+    calls = []
+    real = tk.exl3_rows.scratch_rows
+    monkeypatch.setattr(
+        tk.exl3_rows, "scratch_rows", lambda *a, **k: calls.append(a[3].numel()) or real(*a, **k)
+    )
+    rng = seeded("default_paths")
+    (trellis, suh, svh, cb), _ = random_group(tk.exl3_reference, rng, 128, 256, 32, 2)
+    tk.exl3_rows.exl3_gemm_rows(torch.randn(5, 128), trellis, suh, svh, cb)
+    assert calls == [1], "a linear goes through the scratch"
+    tables, _ = _tables(tk, rng, "stack")
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    tk.exl3_rows.moe_rows(torch.randn(TOKENS, D), ids, torch.rand(TOKENS, TOPK), *tables, swiglu_limit=LIMIT)
+    assert calls == [1], "the MoE's tables stay on the tiles"
+
+
 def test_expert_tiles_cover_each_entrys_rows_once():
     import torch
     from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles
