@@ -11,6 +11,8 @@ using it can be captured); tiles with no rows return at once.
 
 `exl3_gemm_rows` is y = x @ W for a linear; `moe_rows` the clamped-SwiGLU MoE over expert tables with the
 pairs grouped by expert (the routed pairs, then each token's shared expert), summed per token in slot order.
+By default (`SCRATCH`) the linears' products run through kernels/exl3_scratch.py instead of `_rows_kernel`:
+decoded once a call, not once a tile; the rotation, the tiles and `_finish_kernel` are the same on both paths.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The tile path (`exl3_rows._rows_kernel`) decodes an entry's weights again in every tile of rows, inside the
 product's loop, where the window gathers stall it. Here a first kernel decodes W-hat of every entry that has
 rows once into an fp16 scratch (exact: the codebooks' values are fp16), a lane decoding eight weights of a
-tile from the three or four words of their windows (the mma B fragment's order, as the decode path's kernels); a second multiplies the tiles' rows from it with the same operands as the tile path (the rows' fp16
-high and low halves, fp32 sums over k in BK steps, high then low). A row is summed over k in one order whatever
+tile from the three or four words of their windows (the mma B fragment's order, as the decode path's kernels)
+and storing them as 16-column runs; a second multiplies the tiles' rows from it with the same operands as the
+tile path (the rows' fp16 high and low halves, fp32 sums over k in BK steps, high then low). A row is summed over k in one order whatever
 rows share its tile or call, so its bits never depend on its neighbours or the row count. The scratch holds
 SCRATCH_BYTES of entries at a time: a table of hundreds of experts takes several rounds, each round's tiles
 skipping the entries outside it. Device work only: no host sync, whatever the rows' entries.
