@@ -151,28 +151,18 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
         y = torch.empty(rows, n, device="cuda")
         flops = 2 * rows * k * n
         at = out.setdefault(str(rows), {})
-        for vname, variant in {
-            **{f"tiles_{a}": (a, b) for a, b in VARIANTS.items()},
-            **SCRATCH_VARIANTS,
-        }.items():
-            scratch = not vname.startswith("tiles_")
+        tile_variants = {f"tiles_{name}": None for name in VARIANTS}  # the tile path's default (64-row tiles)
+        for vname, variant in {**tile_variants, **SCRATCH_VARIANTS}.items():
+            scratch = variant is not None
             exl3_rows.SCRATCH = "all" if scratch else "none"
+            exl3_rows.BLOCK_M = 64
             if scratch:
-                (
-                    bm,
-                    exl3_scratch.NUM_WARPS,
-                    exl3_scratch.NUM_STAGES,
-                    exl3_scratch.TILE_ROWS,
-                    exl3_scratch.DECODE_WARPS,
-                ) = variant
-                exl3_rows.BLOCK_M = bm
-            else:
-                exl3_rows.BLOCK_M = variant[1][0]
+                exl3_rows.BLOCK_M, exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = variant  # fmt: skip
             tiles = exl3_rows.dense_tiles(rows, x.device)
 
-            def kernels_only(tiles=tiles, halves=halves, y=y):
+            def kernels_only(tiles=tiles, halves=halves, y=y, scratch=scratch):
                 return exl3_rows.launch_rows(halves, words, one, widths, one.int() + MUL1, svh, tiles, n,
-                                             (16 * bits,), MUL1, y)  # fmt: skip
+                                             (16 * bits,), MUL1, y, scratch=scratch)  # fmt: skip
 
             try:
                 got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)

@@ -8,6 +8,7 @@ group and a 3-bit 4096 x 4096 one decoded three times each, checked against `exl
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     from tfc.kernels import exl3_scratch
     from tfc.kernels.exl3_decode import exl3_decode
 

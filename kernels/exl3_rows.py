@@ -32,8 +32,8 @@ NUM_STAGES = 1  # software-pipelining stages of the k loop (more were slower: de
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
-# MoE's tables keep the tiles: a 2,048-row step has ~32 rows an expert, one tile, so the scratch's writes and
-# reads cost more than they save), "all" or "none" (decode.md, prefill run 11, times the three).
+# MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none".
+# benchmarks/decode.md ("Prefill runs 11-14") compares the three.
 SCRATCH = "dense"
 
 

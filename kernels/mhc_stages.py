@@ -37,8 +37,8 @@ from tfc.kernels.stage_tl import rotate
 
 MAX_ROW = 16384  # widest row a whole-row kernel holds (one program a row)
 MIX_ROWS = 32  # rows a program of the mix product takes (BR)
-# The slice of K = hc * D a program of the mix product takes (KC): 160 programs at Flash's K = 20480, which a
-# decode step measured faster than 512's 40 (benchmarks/decode.md).
+# The slice of K = hc * D a program of the mix product takes (KC); benchmarks/decode.md (decode run 10) compares
+# the slice widths.
 MIX_SPLIT = 128
 MIX_STEP = 32  # K per tl.dot of the mix product (BK)
 EXPAND_BLOCK = 512  # columns a program of hc_expand takes
