@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
+#   bash benchmarks/h200_serving.sh attendrows  # attend_rows_h200.py: the attention kernel's products on the matrix units against FMA (#19)
 #   bash benchmarks/h200_serving.sh rowsncu     # Nsight Compute on that kernel: stalls, pipes, its SASS opcodes (#19)
 #   bash benchmarks/h200_serving.sh scratchncu  # Nsight Compute on the prefill's scratch decode (scratch_decode_ncu.py, #19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
@@ -48,7 +49,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|attendrows|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -80,6 +81,8 @@ case "$PART" in
       --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
   rowskernel)  # the many-row EXL3 product alone: launch variants, registers and spills, the 16-row kernel beside it
     timeout "${TFC_ROWS_S:-300}" python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
+  attendrows)  # the attention kernel alone at Flash shapes: matrix-unit pieces against FMA, blocks, runs, rows
+    timeout "${TFC_ATTEND_S:-300}" python3 benchmarks/attend_rows_h200.py --out "$OUT/attend_rows_h200.json" ${TFC_ATTEND_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   rowsncu)  # Nsight Compute on the rows kernel (3-bit 4096 x 4096, 256 rows): speed of light, stalls, SASS opcodes
     export TRITON_CACHE_DIR=/tmp/tc_rows; rm -rf "$TRITON_CACHE_DIR"
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)

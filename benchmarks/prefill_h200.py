@@ -25,7 +25,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
 `--paths dense,scratch,tiles` times every prefill on each path of the many-row products (scratch: every weight
 decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded again in every tile of rows,
 kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
-checks the others' last logits against the first's.
+checks the others' last logits against the first's; `fma` is dense with the attention's products as fp32 FMA
+(attend_rows.PIECES 0) instead of bf16 pieces on the matrix units.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
+ATTEND_PIECES = 3  # attend_rows.PIECES of every path but "fma" (the kernel's default)
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -64,10 +66,12 @@ def set_variant(variant: tuple[int, int, int]) -> None:
 
 def set_path(path: str) -> None:
     """The many-row products through the decoded scratch ("scratch": all; "dense": the linears, the MoE on the
-    tiles) or decoding in each tile ("tiles")."""
-    from tfc.kernels import exl3_rows
+    tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
+    (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path)."""
+    from tfc.kernels import attend_rows, exl3_rows
 
-    exl3_rows.SCRATCH = {"scratch": "all", "dense": "dense", "tiles": "none"}[path]
+    exl3_rows.SCRATCH = {"scratch": "all", "dense": "dense", "tiles": "none", "fma": "dense"}[path]
+    attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -270,7 +274,7 @@ def main() -> None:
     ap.add_argument(
         "--paths",
         default="dense",
-        help="the many-row products' paths, comma-separated: dense, scratch, tiles",
+        help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention)",
     )
     args = ap.parse_args()
     global PREFILL, WIDES, COMPILED, WIDE, PATHS

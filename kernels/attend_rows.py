@@ -16,7 +16,14 @@ masked gives nothing) and writes its (maximum, denominator, accumulator) to a sc
 partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0 and 0 whatever
 its keys, so such a run stores them and reads nothing: the same bits, without the work. The
 second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides
-and takes the rope off. Both products are fp32 FMA (`input_precision="ieee"`, never TF32). A row's bits
+and takes the rope off.
+
+The products (PIECES). Both run on the matrix units (3, the default): every key is exact in bf16 (an e4m3 value
+times a power of two, an e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three
+bf16 pieces whose sum is the fp32 value exactly, so each product of the logits q . key and of the weights' sum
+over the keys is fp32's exact product, summed in fp32: fp32's result in another summation order, not bf16's.
+With 0 both are fp32 FMA (`input_precision="ieee"`, never TF32); 1 or 2 pieces are speed variants that drop the
+smaller pieces (bf16's or 16 bits' operands), not fp32's result. A row's bits
 depend only on its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed
 order, no atomics; rows are launched in chunks that bound the scratch (MAX_SCRATCH), which cannot change them.
 
@@ -30,9 +37,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_tl import INTERPRET
 from tfc.kernels.stage_tl import e2m1_value, e4m3_value, negate, rotate, ue8m0_value
 
 __all__ = ["attend_rows", "blocks"]
+
+# The interpreter multiplies bf16 tensors as their raw 16-bit words, so there the pieces are widened to fp32 first
+# (the same exact products; its sums are numpy's either way).
+_WIDEN = tl.constexpr(INTERPRET)
 
 
 # The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers (ptxas for
@@ -42,6 +54,7 @@ SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks
 CHUNK = 32  # channels of q . key a product takes at a time
 MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
 SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
+PIECES = 3  # bf16 pieces of the query and the weights on the matrix units (3: exact); 0: fp32 FMA products
 
 
 def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
@@ -104,12 +117,87 @@ def _step(s, kv, ok, m, den, acc, scale):
 
 
 @triton.jit
+def _split3(x):
+    """fp32 x as three bf16 pieces (hi, mid, lo) whose sum is x exactly: each the top 8 significant bits of
+    what is left, cut by a mask (truncation, so no rounding mode matters and the interpreter gives the same)."""
+    hi = (x.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+    rest = x - hi
+    mid = (rest.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+    return hi.to(tl.bfloat16), mid.to(tl.bfloat16), (rest - mid).to(tl.bfloat16)
+
+
+@triton.jit
+def _mma(a, b, acc):
+    """acc + a @ b of bf16 a, b with fp32 sums (widened to fp32 first where _WIDEN)."""
+    if _WIDEN:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _dot3(a_hi, a_mid, a_lo, b, acc, PIECES: tl.constexpr):
+    """acc + (a_hi + a_mid + a_lo) @ b on the matrix units (bf16 products are exact in fp32), smallest piece
+    first; PIECES < 3 drops the smallest (a speed variant, no longer fp32's products)."""
+    if PIECES >= 3:
+        acc = _mma(a_lo, b, acc)
+    if PIECES >= 2:
+        acc = _mma(a_mid, b, acc)
+    return _mma(a_hi, b, acc)
+
+
+@triton.jit
+def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_K: tl.constexpr):  # fmt: skip
+    """_step with both products on the matrix units: keys kv [BLOCK_K, D] are exact in bf16 (an e4m3 value
+    times a power of two, an e2m1 value times an e4m3 one), the query and the weights in three pieces each."""
+    kb = kv.to(tl.bfloat16)
+    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kb), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
+    s = tl.where(ok[None, :], s * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, axis=1)
+    p_hi, p_mid, p_lo = _split3(p)
+    acc = _dot3(p_hi, p_mid, p_lo, kb, acc * alpha[:, None], PIECES)
+    return m_new, den, acc
+
+
+@triton.jit
+def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, q_hi, q_mid,
+         q_lo, m, den, acc, scale, hm, N: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
+         PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+         SKIP_EMPTY: tl.constexpr):  # fmt: skip
+    """The SPLIT key blocks from key `first` of a row's N window keys (or entries, ENTRY) into (m, den, acc);
+    none when no key of the run is there (SKIP_EMPTY)."""
+    c = tl.arange(0, D)
+    todo = SPLIT
+    if SKIP_EMPTY:
+        js = first + tl.arange(0, SPLIT * BLOCK_K)
+        there = tl.load(ok_ptr + r * s_ok_r + js * s_ok_k, mask=js < N, other=0).to(tl.int32)
+        todo = tl.where(tl.max(there) > 0, SPLIT, 0)
+    for b in range(todo):
+        j = first + b * BLOCK_K + tl.arange(0, BLOCK_K)
+        ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < N, other=0) != 0
+        row = tl.load(idx_ptr + r * s_idx_r + j * s_idx_k, mask=ok, other=0)
+        if ENTRY:
+            kv = _entry_keys(keys_ptr, row, ok, c, s_keys, D)
+        else:
+            kv = _window_keys(keys_ptr, row, ok, c, s_keys, D)
+        if PIECES == 0:
+            s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, BLOCK_H, BLOCK_K, hm)
+            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
+        else:
+            m, den, acc = _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES, BLOCK_H, BLOCK_K)
+    return m, den, acc
+
+
+@triton.jit
 def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at_ptr, ok_ptr, pm_ptr, pd_ptr,
                     pa_ptr, sq_r, sq_h, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w, s_ent, s_at_r,
                     s_at_k, s_ok_r, s_ok_k, s_sink, scale, H: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                     KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr,
-                    SKIP_EMPTY: tl.constexpr = True):  # fmt: skip
+                    SKIP_EMPTY: tl.constexpr = True, PIECES: tl.constexpr = 0):  # fmt: skip
     """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
     with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give."""
     r = tl.program_id(0).to(tl.int64)
@@ -121,33 +209,18 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
-    span = tl.arange(0, SPLIT * BLOCK_K)
-    if run < RW:
-        todo = SPLIT
-        if SKIP_EMPTY:
-            js = run * SPLIT * BLOCK_K + span
-            there = tl.load(valid_ptr + r * s_valid_r + js * s_valid_w, mask=js < W, other=0).to(tl.int32)
-            todo = tl.where(tl.max(there) > 0, SPLIT, 0)
-        for b in range(todo):
-            j = (run * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
-            ok = tl.load(valid_ptr + r * s_valid_r + j * s_valid_w, mask=j < W, other=0) != 0
-            row = tl.load(read_ptr + r * s_read_r + j * s_read_w, mask=ok, other=0)
-            s = _logits(q_ptr, qs, ring_ptr, row, ok, s_ring, D, DC, False, BLOCK_H, BLOCK_K, hm)
-            kv = _window_keys(ring_ptr, row, ok, c, s_ring, D)
-            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
+    if PIECES == 0:  # the FMA products load q's chunks as they go
+        q_hi, q_mid, q_lo = _split3(tl.zeros([BLOCK_H, D], tl.float32))  # unused
     else:
-        todo = SPLIT
-        if SKIP_EMPTY:
-            js = (run - RW) * SPLIT * BLOCK_K + span
-            there = tl.load(ok_ptr + r * s_ok_r + js * s_ok_k, mask=js < KT, other=0).to(tl.int32)
-            todo = tl.where(tl.max(there) > 0, SPLIT, 0)
-        for b in range(todo):
-            j = ((run - RW) * SPLIT + b) * BLOCK_K + tl.arange(0, BLOCK_K)
-            ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < KT, other=0) != 0
-            row = tl.load(at_ptr + r * s_at_r + j * s_at_k, mask=ok, other=0)
-            s = _logits(q_ptr, qs, ent_ptr, row, ok, s_ent, D, DC, True, BLOCK_H, BLOCK_K, hm)
-            kv = _entry_keys(ent_ptr, row, ok, c, s_ent, D)
-            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
+        q_hi, q_mid, q_lo = _split3(tl.load(q_ptr + qs + c[None, :], mask=hm[:, None], other=0.0))
+    if run < RW:
+        m, den, acc = _run(q_ptr, qs, ring_ptr, read_ptr, valid_ptr, s_ring, s_read_r, s_read_w, s_valid_r,
+                           s_valid_w, r, run * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, W, D,
+                           DC, False, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
+    else:
+        m, den, acc = _run(q_ptr, qs, ent_ptr, at_ptr, ok_ptr, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, r,
+                           (run - RW) * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, KT, D, DC,
+                           True, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
     at = (r * NR + run) * H + h  # partials [rows, runs, H] and [rows, runs, H, D]
     tl.store(pm_ptr + at, m, mask=hm)
     tl.store(pd_ptr + at, den, mask=hm)
@@ -233,10 +306,10 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
 
 
 def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,
-                skip_empty: bool | None = None) -> torch.Tensor:  # fmt: skip
+                skip_empty: bool | None = None, pieces: int | None = None) -> torch.Tensor:  # fmt: skip
     """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
     (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
-    same)."""
+    same; pieces, default PIECES: the products' operands, see PIECES)."""
     _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
     rows, heads, d = q.shape
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
@@ -256,6 +329,9 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
     hb = triton.cdiv(heads, block_h)
     skip = SKIP_EMPTY if skip_empty is None else skip_empty
+    pieces = PIECES if pieces is None else pieces
+    if pieces not in (0, 1, 2, 3):
+        raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
     for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
         hi = min(rows, lo + chunk)
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
@@ -267,7 +343,7 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
             valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
-            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, num_warps=warps, num_stages=STAGES,
+            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, num_warps=warps, num_stages=STAGES,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),

@@ -59,13 +59,15 @@ def _rows(a, lo: int, hi: int):
     return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
 
 
-@pytest.mark.parametrize(("rows", "heads", "entries"), [(1, 64, True), (16, 64, True), (256, 64, True),
-                                                        (16, 64, False), (16, 8, True)])  # fmt: skip
-def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries):
+@pytest.mark.parametrize(("rows", "heads", "entries", "pieces"),
+                         [(1, 64, True, 3), (16, 64, True, 3), (256, 64, True, 3), (16, 64, False, 3),
+                          (16, 8, True, 3), (256, 64, True, 0), (16, 64, False, 0)])  # fmt: skip
+def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries, pieces):
+    """pieces 3: the products on the matrix units from bf16 pieces (the default); 0: fp32 FMA."""
     from tfc.kernels.attend_rows import attend_rows
 
     a = _inputs(rows, heads, entries)
-    got = attend_rows(**a)
+    got = attend_rows(**a, pieces=pieces)
     torch.cuda.synchronize()
     assert got.dtype == torch.float32 and got.shape == (rows, heads, DIM)
     assert torch.isfinite(got).all()

@@ -37,23 +37,37 @@ def _rel(x, want) -> float:
     return float((x.double() - want).abs().max() / want.abs().max())
 
 
+@pytest.mark.parametrize("pieces", [3, 0])
 @pytest.mark.parametrize(("entries", "heads"), [(True, HEADS), (False, HEADS), (True, 20)])
-def test_attend_rows_matches_the_stage_and_float64(tk, entries, heads):
-    """20 heads: two programs of heads, the second part masked (a tensor-parallel rank's count may be any)."""
+def test_attend_rows_matches_the_stage_and_float64(tk, entries, heads, pieces):
+    """20 heads: two programs of heads, the second part masked (a tensor-parallel rank's count may be any).
+    pieces 3: the products on the matrix units from bf16 pieces (the default), 0: fp32 FMA."""
     import torch
 
     a = _inputs(4, entries, heads=heads)
-    got = tk.attend_rows.attend_rows(**a)
+    got = tk.attend_rows.attend_rows(**a, pieces=pieces)
     want, stage = attend_float64(a, DIM), _stage(a)
     assert got.dtype == torch.float32 and got.shape == (4, heads, DIM)
     assert torch.isfinite(got).all()
     assert torch.equal(got[3], torch.zeros_like(got[3])), "no key at all: the sink alone, nothing out"
-    assert torch.equal(tk.attend_rows.attend_rows(**a, skip_empty=False), got), (
+    assert torch.equal(tk.attend_rows.attend_rows(**a, skip_empty=False, pieces=pieces), got), (
         "skipping empty runs moved bits"
     )
     err, stage_err = _rel(got, want), _rel(stage, want)
     assert err < TOL, (err, stage_err)
     assert _rel(got, stage.double()) < STAGE_TOL, (err, stage_err)
+
+
+def test_attend_rows_pieces_are_the_operands(tk):
+    """The default runs the three pieces; fewer pieces are not fp32's operands: one bf16 piece of the query and
+    weights measured 5e-3 to 8e-3 off, two 2e-5 to 3.4e-5 (outside TOL), three 1.5e-7 to 2.4e-7, so the third piece is what holds the tolerance."""
+    a = _inputs(4, True, seed=4)
+    want = attend_float64(a, DIM)
+    assert tk.attend_rows.PIECES == 3
+    errs = [_rel(tk.attend_rows.attend_rows(**a, pieces=n), want) for n in (1, 2, 3)]
+    assert errs[0] > 1e-4 and errs[1] > TOL > errs[2], errs
+    with pytest.raises(ValueError, match="pieces"):
+        tk.attend_rows.attend_rows(**a, pieces=4)
 
 
 def test_attend_rows_row_alone_and_deterministic(tk):

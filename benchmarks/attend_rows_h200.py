@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The attention kernel (`kernels/attend_rows.py`) alone at DeepSeek-V4.1-Flash shapes on an H100/H200: its products
+on the matrix units (bf16 pieces) against fp32 FMA, key blocks and runs, at decode and prefill row counts.
+
+    python3 benchmarks/attend_rows_h200.py --out $OUT/attend_rows_h200.json
+
+A compressed layer's shapes (64 heads, d 512, rope 32 pairs, a 128-key window and 512 entries), every key there
+(a long context: the most work a row can have): a ring of 4,096 FP8 rows read as sliding windows, a pool of
+8,192 FP4 entries read at random. For each variant (products: PIECES 0 = fp32 FMA, 1-3 = bf16 pieces; keys a
+block; key blocks a run; warps) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
+the whole call (both launches), and TFLOP/s = 4 x heads x keys x d a row (the logits and the weighted sum) over
+it. Each variant is checked on the spread inputs of the tests (`support.stage_checks.attend_inputs`: masked keys
+on rows of 0xFF bytes, empty runs, a flat row) at 64 rows against float64 (largest error relative to the largest
+output) and against the default's bits; a row's bits alone must equal its bits among the 2,048. Beside them:
+torch's bf16 product of the same two matrix shapes as a batch (the matrix units' rate on this work without the
+key decode), and registers / spills of each compiled variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _bench_env import ensure_tfc
+
+ensure_tfc()
+
+import torch  # noqa: E402
+from decode_h200 import timed  # noqa: E402
+
+HEADS, DIM, HALF, WINDOW, TOPK = 64, 512, 32, 128, 512
+RING_ROWS, POOL_ROWS = 4096, 8192
+ROW_COUNTS = (1, 16, 2048)
+PREFILL_ROWS = 2048
+# name: (pieces, keys a block, key blocks a run, warps)
+VARIANTS = {
+    "fma_k16_s4_w8": (0, 16, 4, 8), "mma3_k16_s4_w8": (3, 16, 4, 8), "mma3_k32_s4_w8": (3, 32, 4, 8),
+    "mma3_k16_s4_w4": (3, 16, 4, 4), "mma3_k16_s8_w8": (3, 16, 8, 8), "mma3_k32_s16_w8": (3, 32, 16, 8),
+    "mma2_k16_s4_w8": (2, 16, 4, 8), "mma1_k16_s4_w8": (1, 16, 4, 8),
+}  # fmt: skip
+DEFAULT = "mma3_k16_s4_w8"
+
+
+def full_inputs(rows: int, gen: torch.Generator) -> dict:
+    """Every key there: windows sliding over a ring of RING_ROWS FP8 rows, TOPK entries of POOL_ROWS at random."""
+    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
+
+    dev = torch.device("cuda")
+    grid = Fp4Grid.on(dev)
+
+    def spread(n: int) -> torch.Tensor:
+        scale = torch.exp2(torch.randint(-4, 4, (n, 1), device=dev, generator=gen).float())
+        return torch.randn(n, DIM, device=dev, generator=gen) * scale
+
+    pos = torch.arange(rows, device=dev)[:, None] * 7 + torch.arange(WINDOW, device=dev)[None, :]
+    angle = torch.rand(rows, HALF, device=dev, generator=gen) * 6.3
+    return {"q": torch.randn(rows, HEADS, DIM, device=dev, generator=gen) * 1.5, "ring": pack_fp8(spread(RING_ROWS)),
+            "read": pos % RING_ROWS, "valid": torch.ones(rows, WINDOW, dtype=torch.bool, device=dev),
+            "sinks": torch.randn(HEADS, device=dev, generator=gen), "cos": angle.cos(), "sin": angle.sin(),
+            "entries": pack_fp4(spread(POOL_ROWS), 16, True, grid),
+            "at": torch.randint(0, POOL_ROWS, (rows, TOPK), device=dev, generator=gen),
+            "ok": torch.ones(rows, TOPK, dtype=torch.bool, device=dev), "grid": grid}  # fmt: skip
+
+
+def spread_inputs() -> dict:
+    """The tests' inputs at 64 rows (masked keys, empty runs, a flat row) on the GPU."""
+    from support.stage_checks import attend_inputs
+    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+
+    a = attend_inputs(64, HEADS, (DIM, HALF, WINDOW, TOPK), True, 0, q_scale=1.5)
+    a = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
+    return a | {"grid": Fp4Grid.on(torch.device("cuda"))}
+
+
+def rows_of(a: dict, lo: int, hi: int) -> dict:
+    """The arguments of rows [lo, hi) alone."""
+    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
+    return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
+
+
+def use(variant: tuple[int, int, int, int]):
+    """Set the kernel module to a variant; returns the call with its pieces."""
+    from tfc.kernels import attend_rows as ar
+
+    pieces, block_k, split, warps = variant
+    ar.blocks = lambda heads, head_dim: (16, block_k, warps)
+    ar.SPLIT_BLOCKS = split
+    return lambda a: ar.attend_rows(**a, pieces=pieces)
+
+
+def compiled_stats() -> list[dict]:
+    """Registers and spills of every compiled specialisation of the first launch (Triton's kernel cache)."""
+    from tfc.kernels import attend_rows as ar
+
+    out = []
+    try:
+        for caches in ar._partial_kernel.device_caches.values():
+            for kern in caches[0].values():
+                kern._init_handles()
+                out.append({"regs": kern.n_regs, "spills": kern.n_spills, "warps": kern.metadata.num_warps,
+                            "shared": kern.metadata.shared})  # fmt: skip
+    except Exception as exc:  # a Triton without these fields: say so, time anyway
+        out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
+def torch_bf16_rate(rows: int) -> float:
+    """TFLOP/s of torch's bf16 batched products of the same shapes (q [H, d] x keys [d, K], then [H, K] x [K, d])."""
+    keys = WINDOW + TOPK
+    q = torch.randn(rows, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(rows, keys, DIM, device="cuda", dtype=torch.bfloat16)
+    p = torch.randn(rows, HEADS, keys, device="cuda", dtype=torch.bfloat16)
+    s = timed(lambda: (torch.bmm(q, k.transpose(1, 2)), torch.bmm(p, k)), reps=10)
+    return 4 * rows * HEADS * keys * DIM / s / 1e12
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    args = ap.parse_args()
+    names = [n for n in args.variants.split(",") if n]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"attend_rows_h200: unknown variants {unknown}; known: {list(VARIANTS)}")
+    from support.stage_checks import attend_float64
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "python": platform.python_version(), "shape": [HEADS, DIM, WINDOW, TOPK], "variants": {}}  # fmt: skip
+    spread = spread_inputs()
+    want = attend_float64(spread, DIM)
+    full = {rows: full_inputs(rows, gen) for rows in ROW_COUNTS}
+    flops = {rows: 4 * rows * HEADS * (WINDOW + TOPK) * DIM for rows in ROW_COUNTS}
+    default = use(VARIANTS[DEFAULT])(spread)
+    for name in names:
+        call = use(VARIANTS[name])
+        got = call(spread)
+        big = call(full[PREFILL_ROWS])
+        alone = all(
+            torch.equal(call(rows_of(full[PREFILL_ROWS], r, r + 1)), big[r : r + 1]) for r in (0, 5, 2047)
+        )
+        out = {"err_vs_float64": float((got.double() - want).abs().max() / want.abs().max()),
+               "bits_equal_default": bool(torch.equal(got, default)), "row_alone_equal": alone, "rows": {}}  # fmt: skip
+        for rows in ROW_COUNTS:
+            s = timed(lambda rows=rows, call=call: call(full[rows]), reps=20 if rows < PREFILL_ROWS else 10)
+            out["rows"][rows] = {"s": s, "tflops": flops[rows] / s / 1e12}
+        res["variants"][name] = out
+        print(name, json.dumps(out), flush=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    res["torch_bf16_tflops"] = {rows: torch_bf16_rate(rows) for rows in (16, PREFILL_ROWS)}
+    res["compiled"] = compiled_stats()
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print("torch bf16", res["torch_bf16_tflops"])
+
+
+if __name__ == "__main__":
+    main()
