@@ -13,7 +13,8 @@ it. Each variant is checked on the spread inputs of the tests (`support.stage_ch
 on rows of 0xFF bytes, empty runs, a flat row) at 64 rows against float64 (largest error relative to the largest
 output) and against the default's bits; a row's bits alone must equal its bits among the 2,048. Beside them:
 torch's bf16 product of the same two matrix shapes as a batch (the matrix units' rate on this work without the
-key decode), and registers / spills of each compiled variant.
+key decode), and registers / spills of each compiled variant. `--ncu` runs the first of `--variants` at 2,048 rows
+three times and nothing else, for `h200_serving.sh attendncu`.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    ap.add_argument("--ncu", action="store_true",
+                    help="only run the first variant at PREFILL_ROWS three times (for Nsight Compute)")  # fmt: skip
     args = ap.parse_args()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
@@ -131,6 +134,12 @@ def main() -> None:
     from support.stage_checks import attend_float64
 
     gen = torch.Generator(device="cuda").manual_seed(0)
+    if args.ncu:
+        call, full = use(VARIANTS[names[0]]), full_inputs(PREFILL_ROWS, gen)
+        for _ in range(3):
+            call(full)
+        torch.cuda.synchronize()
+        return
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                  "python": platform.python_version(), "shape": [HEADS, DIM, WINDOW, TOPK], "variants": {}}  # fmt: skip
     spread = spread_inputs()

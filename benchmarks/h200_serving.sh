@@ -8,6 +8,7 @@
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #   bash benchmarks/h200_serving.sh attendrows  # attend_rows_h200.py: the attention kernel's products on the matrix units against FMA (#19)
+#   bash benchmarks/h200_serving.sh attendncu   # Nsight Compute on that kernel's first launch at 2,048 rows (#19)
 #   bash benchmarks/h200_serving.sh rowsncu     # Nsight Compute on that kernel: stalls, pipes, its SASS opcodes (#19)
 #   bash benchmarks/h200_serving.sh scratchncu  # Nsight Compute on the prefill's scratch decode (scratch_decode_ncu.py, #19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
@@ -49,7 +50,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|attendrows|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -83,6 +84,14 @@ case "$PART" in
     timeout "${TFC_ROWS_S:-300}" python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   attendrows)  # the attention kernel alone at Flash shapes: matrix-unit pieces against FMA, blocks, runs, rows
     timeout "${TFC_ATTEND_S:-300}" python3 benchmarks/attend_rows_h200.py --out "$OUT/attend_rows_h200.json" ${TFC_ATTEND_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
+  attendncu)  # Nsight Compute on attend_rows' first launch at 2,048 rows (TFC_ATTEND_VARIANT, default the kernel's default)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    timeout 240 "$NCU" --clock-control none -k regex:_partial_kernel --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+      --section Occupancy --section LaunchStats --section InstructionStats --section MemoryWorkloadAnalysis \
+      --section SourceCounters --print-details all python3 benchmarks/attend_rows_h200.py --ncu --out /tmp/unused.json \
+      --variants "${TFC_ATTEND_VARIANT:-mma3_k16_s4_w8}" > "$OUT/ncu_attend.txt" 2>&1
+    grep -E "Duration|Issue Slots Busy|Executed Ipc Active|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|stalled|Pipe|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Shared|Bank" "$OUT/ncu_attend.txt" | head -70 ;;
   rowsncu)  # Nsight Compute on the rows kernel (3-bit 4096 x 4096, 256 rows): speed of light, stalls, SASS opcodes
     export TRITON_CACHE_DIR=/tmp/tc_rows; rm -rf "$TRITON_CACHE_DIR"
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
