@@ -40,11 +40,10 @@ ROW_COUNTS = (1, 16, 2048)
 PREFILL_ROWS = 2048
 # name: (pieces, keys a block, key blocks a run, warps)
 VARIANTS = {
-    "fma_k16_s4_w8": (0, 16, 4, 8), "mma3_k16_s4_w8": (3, 16, 4, 8), "mma3_k32_s4_w8": (3, 32, 4, 8),
-    "mma3_k16_s4_w16": (3, 16, 4, 16), "mma3_k32_s4_w16": (3, 32, 4, 16), "mma3_k64_s4_w16": (3, 64, 4, 16),
-    "mma3_k32_s16_w8": (3, 32, 16, 8), "mma1_k16_s4_w8": (1, 16, 4, 8), "mma1_k32_s4_w16": (1, 32, 4, 16),
+    "fma_k16_s4_w8": (0, 16, 4, 8), "mma3_k32_s4_w8": (3, 32, 4, 8), "mma3_k16_s4_w8": (3, 16, 4, 8),
+    "mma3_k16_s4_w4": (3, 16, 4, 4), "mma1_k32_s4_w8": (1, 32, 4, 8),
 }  # fmt: skip
-DEFAULT = "mma3_k16_s4_w8"
+DEFAULT = "mma3_k32_s4_w8"
 
 
 def full_inputs(rows: int, gen: torch.Generator) -> dict:
@@ -89,7 +88,7 @@ def use(variant: tuple[int, int, int, int]):
     from tfc.kernels import attend_rows as ar
 
     pieces, block_k, split, warps = variant
-    ar.blocks = lambda heads, head_dim: (16, block_k, warps)
+    ar.blocks = lambda heads, head_dim, pieces=None: (16, block_k, warps)
     ar.SPLIT_BLOCKS = split
     return lambda a: ar.attend_rows(**a, pieces=pieces)
 

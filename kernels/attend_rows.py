@@ -57,10 +57,12 @@ SKIP_EMPTY = True  # runs with no key there store the sink's partials without re
 PIECES = 3  # bf16 pieces of the query and the weights on the matrix units (3: exact); 0: fp32 FMA products
 
 
-def blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 16 keys a block at d > 256 (else 32)."""
+def blocks(heads: int, head_dim: int, pieces: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 32 keys a block (16 at d > 256 with the
+    FMA products, whose operands would spill at 32)."""
     wide = head_dim > 256
-    return 16, 16 if wide else 32, 8 if wide else 4
+    fma = (PIECES if pieces is None else pieces) == 0
+    return 16, 16 if wide and fma else 32, 8 if wide else 4
 
 
 def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
@@ -70,29 +72,50 @@ def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _window_keys(ring_ptr, row, ok, c0, s_ring, D: tl.constexpr, NC: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Window keys [BLOCK_K, NC] fp32: columns c0.. c0 + NC of FP8 ring rows `row` (masked keys give 0). The
-    codes and the NC / 32 scale bytes are loaded as runs, each scale spread over its 32 codes in registers."""
+def _window_keys(ring_ptr, row, ok, c, s_ring, D: tl.constexpr):
+    """Window keys [BLOCK_K, len(c)] fp32: columns c of FP8 ring rows `row` (masked keys give 0)."""
     base = ring_ptr + row[:, None] * s_ring
-    code = tl.load(base + c0 + tl.arange(0, NC)[None, :], mask=ok[:, None], other=0).to(tl.int32)
-    g = tl.arange(0, NC // 32)
-    scale = ue8m0_value(tl.load(base + D + c0 // 32 + g[None, :], mask=ok[:, None], other=0).to(tl.int32))
-    value = tl.reshape(e4m3_value(code), [BLOCK_K, NC // 32, 32]) * scale[:, :, None]
-    return tl.reshape(value, [BLOCK_K, NC])
+    code = tl.load(base + c[None, :], mask=ok[:, None], other=0).to(tl.int32)
+    sbyte = tl.load(base + D + c[None, :] // 32, mask=ok[:, None], other=0).to(tl.int32)
+    return e4m3_value(code) * ue8m0_value(sbyte)
 
 
 @triton.jit
-def _entry_keys(ent_ptr, row, ok, c0, s_ent, D: tl.constexpr, NC: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Entry keys [BLOCK_K, NC] fp32: columns c0.. c0 + NC of FP4 entries `row` (masked keys give 0). The
-    NC / 2 code bytes are loaded as runs and split into nibbles (low first); each of the NC / 16 e4m3 scales
-    spread over its 16 values in registers."""
+def _entry_keys(ent_ptr, row, ok, c, s_ent, D: tl.constexpr):
+    """Entry keys [BLOCK_K, len(c)] fp32: columns c of FP4 entries `row` (masked keys give 0)."""
     base = ent_ptr + row[:, None] * s_ent
-    byte = tl.load(base + c0 // 2 + tl.arange(0, NC // 2)[None, :], mask=ok[:, None], other=0).to(tl.int32)
-    code = tl.reshape(tl.join(byte & 15, (byte >> 4) & 15), [BLOCK_K, NC])
-    g = tl.arange(0, NC // 16)
-    scale = e4m3_value(tl.load(base + D // 2 + c0 // 16 + g[None, :], mask=ok[:, None], other=0).to(tl.int32))
-    value = tl.reshape(e2m1_value(code), [BLOCK_K, NC // 16, 16]) * scale[:, :, None]
-    return tl.reshape(value, [BLOCK_K, NC])
+    byte = tl.load(base + c[None, :] // 2, mask=ok[:, None], other=0).to(tl.int32)
+    code = (byte >> ((c[None, :] & 1) * 4)) & 15  # low nibble first
+    sbyte = tl.load(base + D // 2 + c[None, :] // 16, mask=ok[:, None], other=0).to(tl.int32)
+    return e2m1_value(code) * e4m3_value(sbyte)
+
+
+@triton.jit
+def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
+    """q . key [BLOCK_H, BLOCK_K] in chunks of DC channels (a whole-d FMA product's operands would spill)."""
+    s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+    for d0 in tl.static_range(0, D, DC):
+        cc = d0 + tl.arange(0, DC)
+        qc = tl.load(q_ptr + qs + cc[None, :], mask=hm[:, None], other=0.0)
+        if ENTRY:
+            kc = _entry_keys(keys_ptr, row, ok, cc, s_keys, D)
+        else:
+            kc = _window_keys(keys_ptr, row, ok, cc, s_keys, D)
+        s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
+    return s
+
+
+@triton.jit
+def _step(s, kv, ok, m, den, acc, scale):
+    """A key block's logits s [BLOCK_H, BLOCK_K] and keys kv [BLOCK_K, D] into the online softmax (m, den, acc)."""
+    s = tl.where(ok[None, :], s * scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    den = den * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
+    return m_new, den, acc
 
 
 @triton.jit
@@ -125,58 +148,30 @@ def _dot3(a_hi, a_mid, a_lo, b, acc, PIECES: tl.constexpr):
 
 
 @triton.jit
-def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
-            PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
-    """q . key [BLOCK_H, BLOCK_K] in chunks of DC channels (whole-d operands would spill): fp32 FMA (PIECES 0)
-    or the query's bf16 pieces on the matrix units."""
-    s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
-    for d0 in range(0, D, DC):  # not unrolled: each chunk's operands die before the next
-        qc = tl.load(q_ptr + qs + d0 + tl.arange(0, DC)[None, :], mask=hm[:, None], other=0.0)
-        if ENTRY:
-            kc = _entry_keys(keys_ptr, row, ok, d0, s_keys, D, DC, BLOCK_K)
-        else:
-            kc = _window_keys(keys_ptr, row, ok, d0, s_keys, D, DC, BLOCK_K)
-        if PIECES == 0:
-            s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
-        else:
-            q_hi, q_mid, q_lo = _split3(qc)
-            s = _dot3(q_hi, q_mid, q_lo, tl.trans(kc.to(tl.bfloat16)), s, PIECES)
-    return s
-
-
-@triton.jit
-def _step(s, kv, ok, m, den, acc, scale):
-    """A key block's logits s [BLOCK_H, BLOCK_K] and keys kv [BLOCK_K, D] into the online softmax (m, den, acc)."""
-    s = tl.where(ok[None, :], s * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    den = den * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
-    return m_new, den, acc
-
-
-@triton.jit
-def _step_mma(s, kv, ok, m, den, acc, scale, PIECES: tl.constexpr):
-    """_step with the weighted sum on the matrix units: keys kv [BLOCK_K, D] are exact in bf16 (an e4m3 value
-    times a power of two, an e2m1 value times an e4m3 one), the weights in bf16 pieces."""
+def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_K: tl.constexpr):  # fmt: skip
+    """_step with both products on the matrix units: keys kv [BLOCK_K, D] are exact in bf16 (an e4m3 value
+    times a power of two, an e2m1 value times an e4m3 one), the query and the weights in three pieces each."""
+    kb = kv.to(tl.bfloat16)
+    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kb), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
     s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     den = den * alpha + tl.sum(p, axis=1)
     p_hi, p_mid, p_lo = _split3(p)
-    acc = _dot3(p_hi, p_mid, p_lo, kv.to(tl.bfloat16), acc * alpha[:, None], PIECES)
+    acc = _dot3(p_hi, p_mid, p_lo, kb, acc * alpha[:, None], PIECES)
     return m_new, den, acc
 
 
 @triton.jit
-def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, m, den, acc,
-         scale, hm, N: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
+def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, q_hi, q_mid,
+         q_lo, m, den, acc, scale, hm, N: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
          PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
          SKIP_EMPTY: tl.constexpr):  # fmt: skip
     """The SPLIT key blocks from key `first` of a row's N window keys (or entries, ENTRY) into (m, den, acc);
     none when no key of the run is there (SKIP_EMPTY)."""
+    c = tl.arange(0, D)
     todo = SPLIT
     if SKIP_EMPTY:
         js = first + tl.arange(0, SPLIT * BLOCK_K)
@@ -186,15 +181,15 @@ def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r,
         j = first + b * BLOCK_K + tl.arange(0, BLOCK_K)
         ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < N, other=0) != 0
         row = tl.load(idx_ptr + r * s_idx_r + j * s_idx_k, mask=ok, other=0)
-        s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, PIECES, BLOCK_H, BLOCK_K, hm)
-        if ENTRY:  # decoded whole after the logits, so the two decodes' registers are not live at once
-            kv = _entry_keys(keys_ptr, row, ok, 0, s_keys, D, D, BLOCK_K)
+        if ENTRY:
+            kv = _entry_keys(keys_ptr, row, ok, c, s_keys, D)
         else:
-            kv = _window_keys(keys_ptr, row, ok, 0, s_keys, D, D, BLOCK_K)
+            kv = _window_keys(keys_ptr, row, ok, c, s_keys, D)
         if PIECES == 0:
+            s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, BLOCK_H, BLOCK_K, hm)
             m, den, acc = _step(s, kv, ok, m, den, acc, scale)
         else:
-            m, den, acc = _step_mma(s, kv, ok, m, den, acc, scale, PIECES)
+            m, den, acc = _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES, BLOCK_H, BLOCK_K)
     return m, den, acc
 
 
@@ -216,13 +211,17 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
+    if PIECES == 0:  # the FMA products load q's chunks as they go
+        q_hi, q_mid, q_lo = _split3(tl.zeros([BLOCK_H, D], tl.float32))  # unused
+    else:
+        q_hi, q_mid, q_lo = _split3(tl.load(q_ptr + qs + c[None, :], mask=hm[:, None], other=0.0))
     if run < RW:
         m, den, acc = _run(q_ptr, qs, ring_ptr, read_ptr, valid_ptr, s_ring, s_read_r, s_read_w, s_valid_r,
-                           s_valid_w, r, run * SPLIT * BLOCK_K, m, den, acc, scale, hm, W, D,
+                           s_valid_w, r, run * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, W, D,
                            DC, False, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
     else:
         m, den, acc = _run(q_ptr, qs, ent_ptr, at_ptr, ok_ptr, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, r,
-                           (run - RW) * SPLIT * BLOCK_K, m, den, acc, scale, hm, KT, D, DC,
+                           (run - RW) * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, KT, D, DC,
                            True, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
     at = (r * NR + run) * H + h  # partials [rows, runs, H] and [rows, runs, H, D]
     tl.store(pm_ptr + at, m, mask=hm)
@@ -318,7 +317,10 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
     if rows == 0:
         return out
-    block_h, block_k, warps = blocks(heads, d)
+    pieces = PIECES if pieces is None else pieces
+    if pieces not in (0, 1, 2, 3):
+        raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
+    block_h, block_k, warps = blocks(heads, d, pieces)
     if entries is None:  # no entry runs (KT = 0): the pointers are never read
         entries, at, ok = ring, read, valid
         kt = 0
@@ -332,9 +334,6 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
     hb = triton.cdiv(heads, block_h)
     skip = SKIP_EMPTY if skip_empty is None else skip_empty
-    pieces = PIECES if pieces is None else pieces
-    if pieces not in (0, 1, 2, 3):
-        raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
     for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
         hi = min(rows, lo + chunk)
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
