@@ -6,8 +6,8 @@ on the matrix units (bf16 pieces) against fp32 FMA, key blocks and runs, at deco
 
 A compressed layer's shapes (64 heads, d 512, rope 32 pairs, a 128-key window and 512 entries), every key there
 (a long context: the most work a row can have): a ring of 4,096 FP8 rows read as sliding windows, a pool of
-8,192 FP4 entries read at random. For each variant (products: PIECES 0 = fp32 FMA, 1-3 = bf16 pieces; keys a
-block; key blocks a run; warps) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
+8,192 FP4 entries read at random. For each variant (products: PIECES 0 = fp32 FMA, 1-3 = bf16 pieces; heads a
+program; keys a block; key blocks a run; warps) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
 a CUDA graph's replay of the whole call (both launches, no host launch work), and TFLOP/s = 4 x heads x keys x d a row (the logits and the weighted sum) over
 it. Each variant is checked on the spread inputs of the tests (`support.stage_checks.attend_inputs`: masked keys
 on rows of 0xFF bytes, empty runs, a flat row) at 64 rows against float64 (largest error relative to the largest
@@ -38,12 +38,13 @@ HEADS, DIM, HALF, WINDOW, TOPK = 64, 512, 32, 128, 512
 RING_ROWS, POOL_ROWS = 4096, 8192
 ROW_COUNTS = (1, 16, 2048)
 PREFILL_ROWS = 2048
-# name: (pieces, keys a block, key blocks a run, warps)
+# name: (pieces, heads a block, keys a block, key blocks a run, warps)
 VARIANTS = {
-    "fma_k16_s4_w8": (0, 16, 4, 8), "mma3_k32_s4_w8": (3, 32, 4, 8), "mma3_k16_s4_w8": (3, 16, 4, 8),
-    "mma3_k16_s4_w4": (3, 16, 4, 4), "mma1_k32_s4_w8": (1, 32, 4, 8),
+    "fma_h16_k16_s4_w8": (0, 16, 16, 4, 8), "mma3_h16_k32_s4_w8": (3, 16, 32, 4, 8),
+    "mma3_h16_k16_s4_w8": (3, 16, 16, 4, 8), "mma3_h32_k16_s4_w8": (3, 32, 16, 4, 8),
+    "mma3_h16_k16_s4_w4": (3, 16, 16, 4, 4), "mma1_h16_k32_s4_w8": (1, 16, 32, 4, 8),
 }  # fmt: skip
-DEFAULT = "mma3_k32_s4_w8"
+DEFAULT = "mma3_h16_k32_s4_w8"  # the kernel's own choice at these shapes (attend_rows.blocks)
 
 
 def full_inputs(rows: int, gen: torch.Generator) -> dict:
@@ -83,12 +84,12 @@ def rows_of(a: dict, lo: int, hi: int) -> dict:
     return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
 
 
-def use(variant: tuple[int, int, int, int]):
+def use(variant: tuple[int, int, int, int, int]):
     """Set the kernel module to a variant; returns the call with its pieces."""
     from tfc.kernels import attend_rows as ar
 
-    pieces, block_k, split, warps = variant
-    ar.blocks = lambda heads, head_dim, pieces=None: (16, block_k, warps)
+    pieces, block_h, block_k, split, warps = variant
+    ar.blocks = lambda heads, head_dim, pieces=None: (block_h, block_k, warps)
     ar.SPLIT_BLOCKS = split
     return lambda a: ar.attend_rows(**a, pieces=pieces)
 

@@ -90,7 +90,7 @@ case "$PART" in
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
       --section Occupancy --section LaunchStats --section InstructionStats --section MemoryWorkloadAnalysis \
       --section SourceCounters --print-details all python3 benchmarks/attend_rows_h200.py --ncu --out /tmp/unused.json \
-      --variants "${TFC_ATTEND_VARIANT:-mma3_k16_s4_w8}" > "$OUT/ncu_attend.txt" 2>&1
+      --variants "${TFC_ATTEND_VARIANT:-mma3_h16_k32_s4_w8}" > "$OUT/ncu_attend.txt" 2>&1
     grep -E "Duration|Issue Slots Busy|Executed Ipc Active|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|stalled|Pipe|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Shared|Bank" "$OUT/ncu_attend.txt" | head -70 ;;
   rowsncu)  # Nsight Compute on the rows kernel (3-bit 4096 x 4096, 256 rows): speed of light, stalls, SASS opcodes
     export TRITON_CACHE_DIR=/tmp/tc_rows; rm -rf "$TRITON_CACHE_DIR"
