@@ -25,6 +25,21 @@ def ensure_tfc() -> None:
             setattr(sys.modules["tfc"], name.split(".", 1)[1], module)
 
 
+def compiled_stats(kernel) -> list[dict]:
+    """Registers, spills, warps, stages and shared memory of every compiled specialisation of a Triton kernel (its
+    kernel cache), or the error of a Triton without these fields (the caller times anyway)."""
+    out = []
+    try:
+        for caches in kernel.device_caches.values():
+            for kern in caches[0].values():
+                kern._init_handles()
+                out.append({"regs": kern.n_regs, "spills": kern.n_spills, "warps": kern.metadata.num_warps,
+                            "stages": kern.metadata.num_stages, "shared": kern.metadata.shared})  # fmt: skip
+    except Exception as exc:
+        out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return out
+
+
 class Parts:
     """A benchmark's named parts: each timed, a failure kept as its traceback's tail, the JSON rewritten after
     each, parts that would start past `budget_s` skipped."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _bench_env import ensure_tfc
+from _bench_env import compiled_stats, ensure_tfc
 
 ensure_tfc()
 
@@ -94,22 +94,6 @@ def use(variant: tuple[int, int, int, int, int]):
     return lambda a: ar.attend_rows(**a, pieces=pieces)
 
 
-def compiled_stats() -> list[dict]:
-    """Registers and spills of every compiled specialisation of the first launch (Triton's kernel cache)."""
-    from tfc.kernels import attend_rows as ar
-
-    out = []
-    try:
-        for caches in ar._partial_kernel.device_caches.values():
-            for kern in caches[0].values():
-                kern._init_handles()
-                out.append({"regs": kern.n_regs, "spills": kern.n_spills, "warps": kern.metadata.num_warps,
-                            "shared": kern.metadata.shared})  # fmt: skip
-    except Exception as exc:  # a Triton without these fields: say so, time anyway
-        out.append({"error": f"{type(exc).__name__}: {exc}"})
-    return out
-
-
 def torch_bf16_rate(rows: int) -> float:
     """TFLOP/s of torch's bf16 batched products of the same shapes (q [H, d] x keys [d, K], then [H, K] x [K, d])."""
     keys = WINDOW + TOPK
@@ -164,7 +148,9 @@ def main() -> None:
         print(name, json.dumps(out), flush=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
     res["torch_bf16_tflops"] = {rows: torch_bf16_rate(rows) for rows in (16, PREFILL_ROWS)}
-    res["compiled"] = compiled_stats()
+    from tfc.kernels import attend_rows
+
+    res["compiled"] = compiled_stats(attend_rows._partial_kernel)
     Path(args.out).write_text(json.dumps(res, indent=1))
     print("torch bf16", res["torch_bf16_tflops"])
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc
+from _bench_env import compiled_stats, ensure_tfc
 
 ensure_tfc()
 
@@ -50,22 +50,6 @@ SCRATCH_VARIANTS = {
 ROWS = 256
 ROW_COUNTS = (256, 2048)  # rows the scratch variants and the tile default are timed at
 MUL1 = 2
-
-
-def compiled_stats() -> list[dict]:
-    """Registers and spills of every compiled specialisation of the rows kernel (Triton's kernel cache)."""
-    from tfc.kernels import exl3_rows
-
-    out = []
-    try:
-        for caches in exl3_rows._rows_kernel.device_caches.values():
-            for kern in caches[0].values():
-                kern._init_handles()
-                out.append({"regs": kern.n_regs, "spills": kern.n_spills, "warps": kern.metadata.num_warps,
-                            "stages": kern.metadata.num_stages, "shared": kern.metadata.shared})  # fmt: skip
-    except Exception as exc:  # a Triton without these fields: say so, time anyway
-        out.append({"error": f"{type(exc).__name__}: {exc}"})
-    return out
 
 
 def group(k: int, n: int, bits: int, gen: torch.Generator):
@@ -127,7 +111,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
         print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
               flush=True)  # fmt: skip
     row["scratch"] = scratch_paths(trellis, suh, svh, bits, n, k, gen)
-    row["compiled"] = compiled_stats()
+    row["compiled"] = compiled_stats(exl3_rows._rows_kernel)
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
     exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 4, 32
     exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = 1, None
