@@ -78,12 +78,6 @@ def spread_inputs() -> dict:
     return a | {"grid": Fp4Grid.on(torch.device("cuda"))}
 
 
-def rows_of(a: dict, lo: int, hi: int) -> dict:
-    """The arguments of rows [lo, hi) alone."""
-    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
-    return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
-
-
 def use(variant: tuple[int, int, int, int, int]):
     """Set the kernel module to a variant; returns the call with its pieces."""
     from tfc.kernels import attend_rows as ar
@@ -113,9 +107,9 @@ def main() -> None:
     args = ap.parse_args()
     names = [n for n in args.variants.split(",") if n]
     unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"attend_rows_h200: unknown variants {unknown}; known: {list(VARIANTS)}")
-    from support.stage_checks import attend_float64
+    if unknown or not names:
+        ap.error(f"unknown variants {unknown or '(none given)'}; known: {', '.join(VARIANTS)}")
+    from support.stage_checks import attend_float64, attend_rows_of
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     if args.ncu:
@@ -136,7 +130,8 @@ def main() -> None:
         got = call(spread)
         big = call(full[PREFILL_ROWS])
         alone = all(
-            torch.equal(call(rows_of(full[PREFILL_ROWS], r, r + 1)), big[r : r + 1]) for r in (0, 5, 2047)
+            torch.equal(call(attend_rows_of(full[PREFILL_ROWS], r, r + 1)), big[r : r + 1])
+            for r in (0, 5, 2047)
         )
         out = {"err_vs_float64": float((got.double() - want).abs().max() / want.abs().max()),
                "bits_equal_default": bool(torch.equal(got, default)), "row_alone_equal": alone, "rows": {}}  # fmt: skip

@@ -279,9 +279,16 @@ def main() -> None:
     args = ap.parse_args()
     global PREFILL, WIDES, COMPILED, WIDE, PATHS
     PATHS = tuple(args.paths.split(","))
+    if not PATHS or any(p not in ("dense", "scratch", "tiles", "fma") for p in PATHS):
+        ap.error(f"--paths takes dense, scratch, tiles, fma; got {args.paths!r}")
+    try:
+        PREFILL = tuple(int(v) for v in args.prompts.split(","))
+        WIDES = tuple(int(v) for v in args.widths.split(","))
+    except ValueError:
+        ap.error(
+            f"--prompts and --widths take comma-separated integers; got {args.prompts!r}, {args.widths!r}"
+        )
     WIDE = args.wide
-    PREFILL = tuple(int(v) for v in args.prompts.split(","))
-    WIDES = tuple(int(v) for v in args.widths.split(","))
     COMPILED = not args.eager
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast

@@ -40,9 +40,7 @@ from tfc.kernels.exl3_tl import (
 )
 
 MAX_ROWS = 16
-# Partials the second launch sums at a time (its warps: this / 8); more in flight measured no faster
-# (benchmarks/kernels.md).
-REDUCE_FLIGHT = 8
+REDUCE_FLIGHT = 8  # partials the second launch sums at a time (its warps: this / 8; benchmarks/kernels.md)
 
 
 @triton.jit

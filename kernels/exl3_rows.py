@@ -27,13 +27,13 @@ from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
 BLOCK_K = 32  # k rows decoded per loop iteration
-NUM_WARPS = 4  # warps a program (decode.md's rows-kernel runs compare the launch variants)
-NUM_STAGES = 1  # software-pipelining stages of the k loop (more were slower: decode.md, rows-kernel runs)
+NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
+NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
-# MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none".
-# benchmarks/decode.md ("Prefill runs 11-14") compares the three.
+# MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
+# (timed against each other by benchmarks/prefill_h200.py --paths).
 SCRATCH = "dense"
 
 
@@ -155,7 +155,7 @@ def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh
 
 
 # The rotation in one kernel a row instead of torch's ~25 launches, on a GPU (the bits are the torch path's:
-# test_triton_rows.py under the interpreter, rows_kernel_h200.py on the H200; its timing: benchmarks/decode.md).
+# test_triton_rows.py under the interpreter, rows_kernel_h200.py on a GPU, which also times it).
 ROTATE_IN_KERNEL = True
 
 

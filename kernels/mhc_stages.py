@@ -37,9 +37,7 @@ from tfc.kernels.stage_tl import rotate
 
 MAX_ROW = 16384  # widest row a whole-row kernel holds (one program a row)
 MIX_ROWS = 32  # rows a program of the mix product takes (BR)
-# The slice of K = hc * D a program of the mix product takes (KC); benchmarks/decode.md (decode run 10) compares
-# the slice widths.
-MIX_SPLIT = 128
+MIX_SPLIT = 128  # K = hc * D a program of the mix product takes (KC; step_variants_h200.py mix<N>)
 MIX_STEP = 32  # K per tl.dot of the mix product (BK)
 EXPAND_BLOCK = 512  # columns a program of hc_expand takes
 ROPE_TILE = 2048  # channels a program of rope_heads takes (heads per program = ROPE_TILE // d, at least 1)

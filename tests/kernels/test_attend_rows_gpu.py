@@ -16,7 +16,7 @@ rotation by order 1.
 from __future__ import annotations
 
 import pytest
-from support.stage_checks import attend_float64, attend_inputs
+from support.stage_checks import attend_float64, attend_inputs, attend_rows_of
 
 torch = pytest.importorskip("torch")
 
@@ -53,12 +53,6 @@ def _rel(x, want) -> float:
     return float((x.double() - want).abs().max() / want.abs().max())
 
 
-def _rows(a, lo: int, hi: int):
-    """The arguments of rows [lo, hi) alone."""
-    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
-    return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
-
-
 @pytest.mark.parametrize(("rows", "heads", "entries", "pieces"),
                          [(1, 64, True, 3), (16, 64, True, 3), (256, 64, True, 3), (16, 64, False, 3),
                           (16, 8, True, 3), (256, 64, True, 0), (16, 64, False, 0)])  # fmt: skip
@@ -87,10 +81,14 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
     assert torch.equal(attend_rows(**a), batch), "two runs must give the same bits"
     # rows 1, 5, ... have their first run of window keys empty, rows 2, 3, ... no entry, rows 3, 7, ... no key
     assert torch.equal(attend_rows(**a, skip_empty=False), batch), "skipping empty runs moved bits"
-    assert torch.equal(attend_rows(**_rows(a, 0, 16)), batch[:16]), "16 rows differ from the same among 256"
-    assert torch.equal(attend_rows(**_rows(a, 100, 116)), batch[100:116])
+    assert torch.equal(attend_rows(**attend_rows_of(a, 0, 16)), batch[:16]), (
+        "16 rows differ from the same among 256"
+    )
+    assert torch.equal(attend_rows(**attend_rows_of(a, 100, 116)), batch[100:116])
     for r in (0, 1, 2, 5, 255):
-        assert torch.equal(attend_rows(**_rows(a, r, r + 1)), batch[r : r + 1]), f"row {r} alone differs"
+        assert torch.equal(attend_rows(**attend_rows_of(a, r, r + 1)), batch[r : r + 1]), (
+            f"row {r} alone differs"
+        )
 
 
 def test_attend_rows_in_a_cuda_graph():

@@ -1,4 +1,4 @@
-"""Checks the stage kernels' interpreter and GPU tests share: the attention in float64, a packed row's code steps."""
+"""Checks the stage kernels' interpreter and GPU tests share: the attention in float64, its rows alone, a packed row's code steps."""
 
 from __future__ import annotations
 
@@ -21,6 +21,12 @@ def attend_float64(a: dict, dim: int):
     probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("rhk,rkd->rhd", probs, keys)
     return apply_rope(out, a["cos"].double()[:, None], a["sin"].double()[:, None], inverse=True)
+
+
+def attend_rows_of(a: dict, lo: int, hi: int) -> dict:
+    """attend_rows' arguments `a` for rows [lo, hi) alone (the per-row tensors sliced, the shared ones kept)."""
+    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
+    return {k: (v[lo:hi] if k in per_row else v) for k, v in a.items()}
 
 
 def code_steps(got, want, n: int, fp8: bool, grid):

@@ -15,7 +15,7 @@ A row's bits alone equal its bits among others, run after run, and with its empt
 from __future__ import annotations
 
 import pytest
-from support.stage_checks import attend_float64, attend_inputs
+from support.stage_checks import attend_float64, attend_inputs, attend_rows_of
 
 TOL, STAGE_TOL = 4e-6, 8e-6
 HEADS, DIM, HALF, WINDOW, TOPK = 8, 128, 16, 32, 16
@@ -76,9 +76,8 @@ def test_attend_rows_row_alone_and_deterministic(tk):
     a = _inputs(3, True, seed=1)
     batch = tk.attend_rows.attend_rows(**a)
     assert torch.equal(tk.attend_rows.attend_rows(**a), batch), "two runs must give the same bits"
-    per_row = ("q", "read", "valid", "cos", "sin", "at", "ok")
     for r in range(3):
-        one = {k: (v[r : r + 1] if k in per_row else v) for k, v in a.items()}
+        one = attend_rows_of(a, r, r + 1)
         assert torch.equal(tk.attend_rows.attend_rows(**one), batch[r : r + 1]), f"row {r} alone differs"
 
 

@@ -28,7 +28,7 @@ from tfc.switches import switched_off, switched_on
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
 # Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
 # eager): the MoE decodes every expert a step hits once a step, so rows a step set how many rows share a decode
-# (decode.md's prefill runs compare the widths).
+# (benchmarks/prefill_h200.py --widths times them).
 PREFILL_ROWS = 2048
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
