@@ -51,6 +51,18 @@ EPS = 1e-6
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
+def _error_line(exc: BaseException) -> str:
+    """A compile error as one string: its message's head and tail and its causes' (Triton's location first)."""
+    parts = []
+    while exc is not None and len(parts) < 4:
+        msg = str(exc).strip()
+        parts.append(
+            f"{type(exc).__name__}: " + (msg if len(msg) <= 1600 else f"{msg[:800]} ... {msg[-800:]}")
+        )
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(parts)
+
+
 def _launches(torch) -> list[tuple[str, str, object]]:
     """(entry point, variant, call(rows)) of every Flash launch of the stage kernels."""
     from tfc.kernels import attend_rows as ar
@@ -297,7 +309,7 @@ def main() -> None:
                 try:
                     row |= compile_one(fn, sig, consts, attrs, options, target)
                 except Exception as exc:  # a kernel that does not lower or assemble: kept, the rest go on
-                    row["error"] = f"{type(exc).__name__}: {str(exc).strip()[:2000]}"
+                    row["error"] = _error_line(exc)
                 kernels[key] = row
                 brief = {k: row.get(k) for k in ("n_regs", "n_spills", "shared", "compile_s", "error")}
                 print(f"{row['kernel']:34s} {variant:40s} R {rows:5d} {brief}", flush=True)

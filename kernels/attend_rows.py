@@ -40,7 +40,7 @@ import triton.language as tl
 from tfc.kernels.exl3_tl import INTERPRET
 from tfc.kernels.stage_tl import e2m1_value, e4m3_value, negate, rotate, ue8m0_value
 
-__all__ = ["attend_rows", "blocks"]
+__all__ = ["attend_rows", "blocks", "decoded_table", "predecodes"]
 
 # The interpreter multiplies bf16 tensors as their raw 16-bit words, so there the pieces are widened to fp32 first
 # (the same exact products; its sums are numpy's either way).
@@ -55,6 +55,12 @@ CHUNK = 32  # channels of q . key a product takes at a time
 MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
 SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
 PIECES = 3  # bf16 pieces of the query and the weights on the matrix units (3: exact); 0: fp32 FMA products
+# The key tables decoded to bf16 once a call, before the runs, when the runs would decode their rows at least
+# PREDECODE times over, from PREDECODE_ROWS rows (a prefill step's), up to PREDECODE_BYTES of bf16 tables.
+PREDECODE = 4
+PREDECODE_ROWS = 64
+PREDECODE_BYTES = 1 << 30
+DECODE_ROWS = 16  # table rows a program of the table decode takes
 
 
 def blocks(heads: int, head_dim: int, pieces: int | None = None) -> tuple[int, int, int]:
@@ -63,6 +69,12 @@ def blocks(heads: int, head_dim: int, pieces: int | None = None) -> tuple[int, i
     wide = head_dim > 256
     fma = (PIECES if pieces is None else pieces) == 0
     return 16, 16 if wide and fma else 32, 8 if wide else 4
+
+
+def predecodes(rows: int, head_blocks: int, keys: int, table_rows: int, head_dim: int) -> bool:
+    """Whether a call decodes its key tables to bf16 first (PREDECODE): the same keys, so the same bits."""
+    worth = rows * head_blocks * keys >= PREDECODE * table_rows
+    return rows >= PREDECODE_ROWS and worth and table_rows * head_dim * 2 <= PREDECODE_BYTES
 
 
 def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
@@ -91,17 +103,38 @@ def _entry_keys(ent_ptr, row, ok, c, s_ent, D: tl.constexpr):
 
 
 @triton.jit
+def _keys(keys_ptr, row, ok, c, s_keys, D: tl.constexpr, ENTRY: tl.constexpr, DECODED: tl.constexpr,
+          OUT: tl.constexpr):  # fmt: skip
+    """Keys [BLOCK_K, len(c)] as OUT (exact in bf16 and fp32): read from a bf16 table [N, D] (DECODED), else
+    decoded from FP8 ring rows or FP4 entries (ENTRY); the same values either way (masked keys give 0)."""
+    if DECODED:
+        kv = tl.load(keys_ptr + row[:, None] * D + c[None, :], mask=ok[:, None], other=0.0)
+    elif ENTRY:
+        kv = _entry_keys(keys_ptr, row, ok, c, s_keys, D)
+    else:
+        kv = _window_keys(keys_ptr, row, ok, c, s_keys, D)
+    return kv.to(OUT)
+
+
+@triton.jit
+def _decode_kernel(src_ptr, out_ptr, n, s_src, D: tl.constexpr, ENTRY: tl.constexpr, BLOCK_R: tl.constexpr):
+    """DECODE_ROWS rows of an FP8 ring (or FP4 entries, ENTRY) decoded into a bf16 table [n, D], exactly."""
+    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = row < n
+    c = tl.arange(0, D)
+    kv = _keys(src_ptr, row, ok, c, s_src, D, ENTRY, False, tl.bfloat16)
+    tl.store(out_ptr + row[:, None] * D + c[None, :], kv, mask=ok[:, None])
+
+
+@triton.jit
 def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
+            DECODED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
     """q . key [BLOCK_H, BLOCK_K] in chunks of DC channels (a whole-d FMA product's operands would spill)."""
     s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
     for d0 in tl.static_range(0, D, DC):
         cc = d0 + tl.arange(0, DC)
         qc = tl.load(q_ptr + qs + cc[None, :], mask=hm[:, None], other=0.0)
-        if ENTRY:
-            kc = _entry_keys(keys_ptr, row, ok, cc, s_keys, D)
-        else:
-            kc = _window_keys(keys_ptr, row, ok, cc, s_keys, D)
+        kc = _keys(keys_ptr, row, ok, cc, s_keys, D, ENTRY, DECODED, tl.float32)
         s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
     return s
 
@@ -152,7 +185,7 @@ def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexp
               BLOCK_K: tl.constexpr):  # fmt: skip
     """_step with both products on the matrix units: keys kv [BLOCK_K, D] are exact in bf16 (an e4m3 value
     times a power of two, an e2m1 value times an e4m3 one), the query and the weights in three pieces each."""
-    kb = kv.to(tl.bfloat16)
+    kb = kv.to(tl.bfloat16)  # exact (already bf16 from _keys in _run)
     s = _dot3(q_hi, q_mid, q_lo, tl.trans(kb), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
     s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -167,8 +200,8 @@ def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexp
 @triton.jit
 def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, q_hi, q_mid,
          q_lo, m, den, acc, scale, hm, N: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
-         PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-         SKIP_EMPTY: tl.constexpr):  # fmt: skip
+         DECODED: tl.constexpr, PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+         SPLIT: tl.constexpr, SKIP_EMPTY: tl.constexpr):  # fmt: skip
     """The SPLIT key blocks from key `first` of a row's N window keys (or entries, ENTRY) into (m, den, acc);
     none when no key of the run is there (SKIP_EMPTY)."""
     c = tl.arange(0, D)
@@ -181,14 +214,12 @@ def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r,
         j = first + b * BLOCK_K + tl.arange(0, BLOCK_K)
         ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < N, other=0) != 0
         row = tl.load(idx_ptr + r * s_idx_r + j * s_idx_k, mask=ok, other=0)
-        if ENTRY:
-            kv = _entry_keys(keys_ptr, row, ok, c, s_keys, D)
-        else:
-            kv = _window_keys(keys_ptr, row, ok, c, s_keys, D)
         if PIECES == 0:
-            s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, BLOCK_H, BLOCK_K, hm)
+            kv = _keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.float32)
+            s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, DECODED, BLOCK_H, BLOCK_K, hm)
             m, den, acc = _step(s, kv, ok, m, den, acc, scale)
         else:
+            kv = _keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.bfloat16)
             m, den, acc = _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES, BLOCK_H, BLOCK_K)
     return m, den, acc
 
@@ -199,9 +230,11 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
                     s_at_k, s_ok_r, s_ok_k, s_sink, scale, H: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                     KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr,
-                    SKIP_EMPTY: tl.constexpr = True, PIECES: tl.constexpr = 0):  # fmt: skip
+                    SKIP_EMPTY: tl.constexpr = True, PIECES: tl.constexpr = 0,
+                    DECODED: tl.constexpr = False):  # fmt: skip
     """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
-    with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give."""
+    with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give.
+    DECODED: ring and entries are their bf16 tables (_decode_kernel), read instead of decoded."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     run = tl.program_id(2)
@@ -218,11 +251,11 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     if run < RW:
         m, den, acc = _run(q_ptr, qs, ring_ptr, read_ptr, valid_ptr, s_ring, s_read_r, s_read_w, s_valid_r,
                            s_valid_w, r, run * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, W, D,
-                           DC, False, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
+                           DC, False, DECODED, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
     else:
         m, den, acc = _run(q_ptr, qs, ent_ptr, at_ptr, ok_ptr, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, r,
                            (run - RW) * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, KT, D, DC,
-                           True, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
+                           True, DECODED, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
     at = (r * NR + run) * H + h  # partials [rows, runs, H] and [rows, runs, H, D]
     tl.store(pm_ptr + at, m, mask=hm)
     tl.store(pd_ptr + at, den, mask=hm)
@@ -307,11 +340,24 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
         raise ValueError(f"attend_rows: ok must be bool [R, k >= 1] as at, got {ok.dtype} {tuple(ok.shape)}")
 
 
+def decoded_table(packed: torch.Tensor, head_dim: int, entry: bool) -> torch.Tensor:
+    """bf16 [N, head_dim] of FP8 ring rows (or FP4 entries, entry): every key's exact value, as the runs decode it."""
+    n = packed.shape[0]
+    out = torch.empty((n, head_dim), dtype=torch.bfloat16, device=packed.device)
+    if n:
+        _decode_kernel[(triton.cdiv(n, DECODE_ROWS),)](
+            packed, out, n, packed.stride(0), D=head_dim, ENTRY=entry, BLOCK_R=DECODE_ROWS, num_warps=4
+        )
+    return out
+
+
 def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,
-                skip_empty: bool | None = None, pieces: int | None = None) -> torch.Tensor:  # fmt: skip
+                skip_empty: bool | None = None, pieces: int | None = None,
+                predecode: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
     (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
-    same; pieces, default PIECES: the products' operands, see PIECES)."""
+    same; pieces, default PIECES: the products' operands, see PIECES; predecode, default `predecodes`: the
+    key tables decoded to bf16 once first, the same keys, so the same bits)."""
     _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
     rows, heads, d = q.shape
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
@@ -334,6 +380,11 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
     hb = triton.cdiv(heads, block_h)
     skip = SKIP_EMPTY if skip_empty is None else skip_empty
+    table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
+    decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
+    if decoded:
+        ring = decoded_table(ring, d, False)
+        entries = decoded_table(entries, d, True) if kt else ring
     for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
         hi = min(rows, lo + chunk)
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
@@ -345,7 +396,8 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
             valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
-            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, num_warps=warps, num_stages=STAGES,
+            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, DECODED=decoded, num_warps=warps,
+            num_stages=STAGES,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),

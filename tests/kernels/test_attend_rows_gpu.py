@@ -3,8 +3,8 @@
 64 heads (8 on a tensor-parallel rank), d 512, rope 64, window 128, 512 entries: the checks of
 tests/kernels/interpret/test_triton_attend_rows.py (float64 and the torch stage, masked keys on rows of 0xFF
 bytes, a row with no key at all giving 0, a row of near-flat logits) at 1, 16 and 256 rows; a row's bits the
-same alone, among 16 and among 256, run after run, with or without its empty runs skipped, and inside a captured
-CUDA graph. Errors are relative to
+same alone, among 16 and among 256, run after run, with or without its empty runs skipped, with the key tables
+decoded first or in the runs, and inside a captured CUDA graph. Errors are relative to
 the largest output; the logits reach ~60, so fp32's rounding of them alone is a few 1e-6 of an output: on the
 CPU the torch stage measured up to 7e-6 from float64 (256 rows) and the kernel, interpreted at these shapes,
 1.3e-6 (16 rows), and on the H200 the stage itself was 1.29e-5 from float64 at 256 rows (the logits'
@@ -89,6 +89,22 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
         assert torch.equal(attend_rows(**attend_rows_of(a, r, r + 1)), batch[r : r + 1]), (
             f"row {r} alone differs"
         )
+
+
+@pytest.mark.parametrize("pieces", [3, 0])
+def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
+    """The key tables decoded to bf16 first (the default at 256 rows) give the bits of the keys decoded in the
+    runs (the default at 16), on the matrix units and with FMA."""
+    from tfc.kernels.attend_rows import attend_rows, blocks, predecodes
+
+    a = _inputs(256, seed=3)
+    hb = 64 // blocks(64, DIM, pieces)[0]
+    tables = a["ring"].shape[0] + a["entries"].shape[0]
+    keys = WINDOW + TOPK
+    assert predecodes(256, hb, keys, tables, DIM) and not predecodes(16, hb, keys, tables, DIM)
+    got = attend_rows(**a, pieces=pieces)
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False)), "decoded tables moved bits"
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=True))
 
 
 def test_attend_rows_in_a_cuda_graph():

@@ -70,6 +70,38 @@ def test_attend_rows_pieces_are_the_operands(tk):
         tk.attend_rows.attend_rows(**a, pieces=4)
 
 
+@pytest.mark.parametrize("pieces", [3, 0])
+@pytest.mark.parametrize("entries", [True, False])
+def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
+    """The key tables decoded to bf16 first (a prefill step's many rows) give the bits of the keys decoded in
+    the runs: the tables hold every key's exact value, the 0xFF rows' NaN and inf included (masked, never read)."""
+    import torch
+    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
+
+    a = _inputs(4, entries, seed=2)
+    got = tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=True)
+    assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=False))
+    ring = tk.attend_rows.decoded_table(a["ring"], DIM, False)
+    assert ring.dtype == torch.bfloat16
+    assert torch.equal(ring[:-1].float(), unpack_fp8(a["ring"][:-1], DIM)), "a window key's value moved"
+    if entries:
+        table = tk.attend_rows.decoded_table(a["entries"], DIM, True)
+        want = unpack_fp4(a["entries"], DIM, 16, True, a["grid"])
+        finite = torch.isfinite(want).all(dim=1)
+        assert torch.equal(table[finite].float(), want[finite]), "an entry key's value moved"
+
+
+def test_attend_rows_predecodes_a_prefill_steps_rows_only(tk):
+    """The tables are decoded first only for many rows that would decode them several times over."""
+    pre = tk.attend_rows.predecodes
+    assert not pre(16, 4, 640, 2_000, 512), "a decode step's 16 rows keep decoding in the runs"
+    assert pre(2048, 4, 640, 40_000, 512)
+    assert not pre(2048, 4, 640, 2_000_000, 64), (
+        "tables over a quarter of the runs' key reads are not decoded first"
+    )
+    assert not pre(4096, 4, 640, 1_500_000, 512), "tables past PREDECODE_BYTES are not decoded first"
+
+
 def test_attend_rows_row_alone_and_deterministic(tk):
     import torch
 
