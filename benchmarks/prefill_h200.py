@@ -26,7 +26,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
 decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded again in every tile of rows,
 kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
 checks the others' last logits against the first's; `fma` is dense with the attention's products as fp32 FMA
-(attend_rows.PIECES 0) instead of bf16 pieces on the matrix units.
+(attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
+decoded in its runs (attend_rows.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 ro
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = 3  # attend_rows.PIECES of every path but "fma" (the kernel's default)
+PREDECODE_ROWS = 64  # attend_rows.PREDECODE_ROWS of every path but "inrun" (the kernel's default)
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun")
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -67,11 +70,13 @@ def set_variant(variant: tuple[int, int, int]) -> None:
 def set_path(path: str) -> None:
     """The many-row products through the decoded scratch ("scratch": all; "dense": the linears, the MoE on the
     tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
-    (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path)."""
+    (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
+    attention's keys decoded in its runs, never its tables first."""
     from tfc.kernels import attend_rows, exl3_rows
 
-    exl3_rows.SCRATCH = {"scratch": "all", "dense": "dense", "tiles": "none", "fma": "dense"}[path]
+    exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
+    attend_rows.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -274,13 +279,14 @@ def main() -> None:
     ap.add_argument(
         "--paths",
         default="dense",
-        help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention)",
+        help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
+        " inrun (dense, the attention's keys decoded in its runs)",
     )
     args = ap.parse_args()
     global PREFILL, WIDES, COMPILED, WIDE, PATHS
     PATHS = tuple(args.paths.split(","))
-    if not PATHS or any(p not in ("dense", "scratch", "tiles", "fma") for p in PATHS):
-        ap.error(f"--paths takes dense, scratch, tiles, fma; got {args.paths!r}")
+    if not PATHS or any(p not in PATH_NAMES for p in PATHS):
+        ap.error(f"--paths takes {', '.join(PATH_NAMES)}; got {args.paths!r}")
     try:
         PREFILL = tuple(int(v) for v in args.prompts.split(","))
         WIDES = tuple(int(v) for v in args.widths.split(","))
