@@ -48,7 +48,7 @@ VARIANTS = {
     "mma3_h32_k32_s4_w8_pre": (3, 32, 32, 4, 8, True), "mma3_h32_k64_s2_w8_pre": (3, 32, 64, 2, 8, True),
     "mma3_h16_k32_s4_w4_pre": (3, 16, 32, 4, 4, True), "mma1_h16_k32_s4_w8_pre": (1, 16, 32, 4, 8, True),
 }  # fmt: skip
-DEFAULT = "mma3_h16_k32_s4_w8"  # the kernel's blocks at these shapes (attend_rows.blocks); _pre from 64 rows
+DEFAULT = "mma3_h16_k32_s4_w8"  # the kernel's blocks at these shapes (attend_rows.blocks); from 64 rows mma3_h16_k32_s4_w4_pre
 
 
 def full_inputs(rows: int, gen: torch.Generator) -> dict:
@@ -87,7 +87,7 @@ def use(variant: tuple[int, int, int, int, int, bool]):
     from tfc.kernels import attend_rows as ar
 
     pieces, block_h, block_k, split, warps, pre = variant
-    ar.blocks = lambda heads, head_dim, pieces=None: (block_h, block_k, warps)
+    ar.blocks = lambda heads, head_dim, pieces=None, decoded=False: (block_h, block_k, warps)
     ar.SPLIT_BLOCKS = split
     return lambda a: ar.attend_rows(**a, pieces=pieces, predecode=pre)
 

@@ -63,12 +63,15 @@ PREDECODE_BYTES = 1 << 30
 DECODE_ROWS = 16  # table rows a program of the table decode takes
 
 
-def blocks(heads: int, head_dim: int, pieces: int | None = None) -> tuple[int, int, int]:
+def blocks(
+    heads: int, head_dim: int, pieces: int | None = None, decoded: bool = False
+) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 32 keys a block (16 at d > 256 with the
-    FMA products, whose operands would spill at 32)."""
+    FMA products, whose operands would spill at 32); 8 warps at d > 256 but on the matrix units from decoded
+    tables (`predecodes`), whose keys take fewer registers. Warps and heads a program change no bit."""
     wide = head_dim > 256
     fma = (PIECES if pieces is None else pieces) == 0
-    return 16, 16 if wide and fma else 32, 8 if wide else 4
+    return 16, 16 if wide and fma else 32, 8 if wide and (fma or not decoded) else 4
 
 
 def predecodes(rows: int, head_blocks: int, keys: int, table_rows: int, head_dim: int) -> bool:
@@ -366,22 +369,22 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     pieces = PIECES if pieces is None else pieces
     if pieces not in (0, 1, 2, 3):
         raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
-    block_h, block_k, warps = blocks(heads, d, pieces)
     if entries is None:  # no entry runs (KT = 0): the pointers are never read
         entries, at, ok = ring, read, valid
         kt = 0
     else:
         kt = at.shape[1]
     window = read.shape[1]
+    table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
+    hb = triton.cdiv(heads, blocks(heads, d, pieces)[0])
+    decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
+    block_h, block_k, warps = blocks(heads, d, pieces, decoded)
     rw, re = runs(window, kt, block_k)
     nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
     q = q if q.stride(2) == 1 else q.contiguous()
     chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
-    hb = triton.cdiv(heads, block_h)
     skip = SKIP_EMPTY if skip_empty is None else skip_empty
-    table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
-    decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
     if decoded:
         ring = decoded_table(ring, d, False)
         entries = decoded_table(entries, d, True) if kt else ring
