@@ -10,7 +10,10 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - all_rows: the EXL3 products sum every row's partials, not only the live rows';
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
-- split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4).
+- split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
+- fma: attend_rows' products as fp32 FMA (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units;
+- pre: attend_rows' key tables decoded to bf16 first at every row count (attend_rows.predecode; by default
+  only from PREDECODE_ROWS rows, a prefill step's).
 Parts, each in the JSON as it ends:
 - site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
 - decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
@@ -37,6 +40,7 @@ import torch  # noqa: E402
 from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
 
 REPS = 30
+NAMED = ("apart", "no_skip", "all_rows", "fma", "pre")  # and mix<N>, split<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
@@ -81,12 +85,25 @@ def kernel_profile(runner, tile, steps: int = 5) -> dict:
     }  # fmt: skip
 
 
+def known_variant(name: str) -> bool:
+    """Whether `name` is a variant this script makes."""
+    for prefix in ("mix", "split"):
+        if name.startswith(prefix):
+            return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
+    return name in NAMED
+
+
 @contextlib.contextmanager
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
     from tfc.kernels import attend_rows, mhc_stages
 
-    saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT)
+    saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
+             attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE)  # fmt: skip
+    if name == "fma":
+        attend_rows.PIECES = 0
+    if name == "pre":
+        attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE = 1, 0
     if name == "no_skip":
         attend_rows.SKIP_EMPTY = False
     if name.startswith("split"):
@@ -96,7 +113,8 @@ def switched(name: str):
     try:
         yield
     finally:
-        attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT = saved
+        (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
+         attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):
@@ -132,6 +150,9 @@ def main() -> None:
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     names = [v for v in args.variants.split(",") if v]
+    bad = [v for v in names if not known_variant(v)]
+    if bad or not names:
+        ap.error(f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>")
     res: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
