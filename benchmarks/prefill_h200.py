@@ -230,7 +230,8 @@ def profile(runner, res: dict) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    n = max(2048, 2 * WIDE)  # the profiled step's context, and at least one step before it
+    # the profiled step's context, and at least one step before it (within a slot's tokens)
+    n = min(max(2048, 2 * WIDE), runner.capacity.tokens_per_slot - 1)
     toks = np.random.default_rng(1).integers(0, runner.info.vocab_size, n).tolist()
     runner.execute(StepPlan((SequenceStep(12, tuple(toks[:-WIDE]), 0, prompt=True),)))
     torch.cuda.synchronize()
