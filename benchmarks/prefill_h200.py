@@ -20,8 +20,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
   bf16 peak (2 x Flash's active weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
-- profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth): GPU time by
-  kernel, the largest first.
+- profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth, within a
+  slot's tokens) on the first of --paths: GPU time by kernel, the largest first.
 `--paths dense,scratch,tiles` times every prefill on each path of the many-row products (scratch: every weight
 decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded again in every tile of rows,
 kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
@@ -310,6 +310,7 @@ def main() -> None:
         booted, slots=16, tokens_per_slot=max(PREFILL) + 1024, engram=False, prefill_rows=WIDE
     )
     res["image_bytes"] = booted.arena.nbytes
+    set_path(PATHS[0])  # the checks, the profile and each part's first timing run on the first path
     parts("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
     from tfc.runtime.models.dsv41.fast import fusion
 
