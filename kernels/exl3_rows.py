@@ -13,6 +13,7 @@ using it can be captured); tiles with no rows return at once.
 pairs grouped by expert (the routed pairs, then each token's shared expert), summed per token in slot order.
 By default (`SCRATCH`) the linears' products run through kernels/exl3_scratch.py instead of `_rows_kernel`:
 decoded once a call, not once a tile; the rotation, the tiles and `_finish_kernel` are the same on both paths.
+The MoE's tables take the scratch too from MOE_SCRATCH_TOKENS tokens a call (`moe_scratch`), a wide prefill step's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's c
 # MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
 # (timed against each other by benchmarks/prefill_h200.py --paths).
 SCRATCH = "dense"
+# With "dense", the MoE's tables take the scratch too from this many tokens a call (a wide prefill step: enough
+# rows an expert that its tiles would decode it several times); a call's tokens are its step's static rows.
+MOE_SCRATCH_TOKENS = 8192
 
 
 @triton.jit
@@ -249,12 +253,16 @@ def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
     return torch.stack((e, first_row[e] + local * BLOCK_M, torch.where(i < ends[-1], rows, 0)), dim=1)
 
 
-def _table_rows(
-    halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor, entries: torch.Tensor
-) -> torch.Tensor:
+def moe_scratch(tokens: int) -> bool:
+    """Whether a MoE call of `tokens` tokens decodes its tables into the scratch (SCRATCH, MOE_SCRATCH_TOKENS)."""
+    return SCRATCH == "all" or (SCRATCH == "dense" and tokens >= MOE_SCRATCH_TOKENS)
+
+
+def _table_rows(halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor,
+                entries: torch.Tensor, scratch: bool) -> torch.Tensor:  # fmt: skip
     out = torch.empty((halves[0].shape[0], table.n), dtype=torch.float32, device=halves[0].device)
     return launch_rows(halves, table.words, table.offsets, table.widths, table.codebooks, table.svh, tiles, table.n,
-                       table.width_set, table.codebook, out, entries, scratch=SCRATCH == "all")  # fmt: skip
+                       table.width_set, table.codebook, out, entries, scratch=scratch)  # fmt: skip
 
 
 def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: ExpertTable,
@@ -273,12 +281,13 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
     xs = x[token].float()
-    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries)
-    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries)
+    scratch = moe_scratch(tokens)
+    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries, scratch)
+    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries, scratch)
     if swiglu_limit > 0:
         gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
     act = F.silu(gate) * up * wts.reshape(-1)[order, None]
-    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles, entries)
+    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles, entries, scratch)
     per_pair = torch.empty_like(down)
     per_pair[order] = down
     per_pair = per_pair.view(tokens, topk + 1, -1)
@@ -288,4 +297,12 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     return y
 
 
-__all__ = ["BLOCK_M", "exl3_gemm_rows", "expert_tiles", "moe_rows", "rotated_pairs", "split_halves"]
+__all__ = [
+    "BLOCK_M",
+    "exl3_gemm_rows",
+    "expert_tiles",
+    "moe_rows",
+    "moe_scratch",
+    "rotated_pairs",
+    "split_halves",
+]
