@@ -13,7 +13,7 @@ using it can be captured); tiles with no rows return at once.
 pairs grouped by expert (the routed pairs, then each token's shared expert), summed per token in slot order.
 By default (`SCRATCH`) the linears' products run through kernels/exl3_scratch.py instead of `_rows_kernel`:
 decoded once a call, not once a tile; the rotation, the tiles and `_finish_kernel` are the same on both paths.
-The MoE's tables take the scratch too from MOE_SCRATCH_TOKENS tokens a call (`moe_scratch`), a wide prefill step's.
+The MoE's tables take the scratch too in prefill steps of MOE_SCRATCH_TOKENS rows or more (`moe_scratch`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's c
 # MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
 # (timed against each other by benchmarks/prefill_h200.py --paths).
 SCRATCH = "dense"
-# With "dense", the MoE's tables take the scratch too from this many tokens a call (a wide prefill step: enough
-# rows an expert that its tiles would decode it several times); a call's tokens are its step's static rows.
+# With "dense", the MoE's tables take the scratch too in prefill steps of this many rows or more (enough rows an
+# expert that its tiles would decode it several times).
 MOE_SCRATCH_TOKENS = 8192
 
 
@@ -253,9 +253,10 @@ def expert_tiles(entries: torch.Tensor, count: int) -> torch.Tensor:
     return torch.stack((e, first_row[e] + local * BLOCK_M, torch.where(i < ends[-1], rows, 0)), dim=1)
 
 
-def moe_scratch(tokens: int) -> bool:
-    """Whether a MoE call of `tokens` tokens decodes its tables into the scratch (SCRATCH, MOE_SCRATCH_TOKENS)."""
-    return SCRATCH == "all" or (SCRATCH == "dense" and tokens >= MOE_SCRATCH_TOKENS)
+def moe_scratch(step_rows: int) -> bool:
+    """Whether the MoE of `step_rows`-row prefill steps decodes its tables into the scratch (SCRATCH,
+    MOE_SCRATCH_TOKENS): by the steps' width, never a call's live rows, so a token's bits keep to its width."""
+    return SCRATCH == "all" or (SCRATCH == "dense" and step_rows >= MOE_SCRATCH_TOKENS)
 
 
 def _table_rows(halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, tiles: torch.Tensor,
@@ -266,9 +267,11 @@ def _table_rows(halves: tuple[torch.Tensor, torch.Tensor], table: ExpertTable, t
 
 
 def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: ExpertTable,
-             w3: ExpertTable, w2: ExpertTable, swiglu_limit: float = 0.0) -> torch.Tensor:  # fmt: skip
+             w3: ExpertTable, w2: ExpertTable, swiglu_limit: float = 0.0,
+             scratch: bool | None = None) -> torch.Tensor:  # fmt: skip
     """fp32 [T, D]: per token, its routed pairs (slot order) then the shared expert, each
-    act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight, summed as act W2 (moe_exl3's maths)."""
+    act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight, summed as act W2 (moe_exl3's maths); the tables
+    through the decoded scratch with `scratch` (default: SCRATCH is "all"), else decoded in the tiles."""
     tokens, topk = topk_ids.shape
     shared = w1.entries - 1
     dev = x.device
@@ -281,7 +284,7 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
     xs = x[token].float()
-    scratch = moe_scratch(tokens)
+    scratch = SCRATCH == "all" if scratch is None else scratch
     gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries, scratch)
     up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries, scratch)
     if swiglu_limit > 0:

@@ -151,10 +151,12 @@ def test_the_default_sends_the_linears_through_the_scratch_and_the_moe_to_the_ti
     ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
     tk.exl3_rows.moe_rows(torch.randn(TOKENS, D), ids, torch.rand(TOKENS, TOPK), *tables, swiglu_limit=LIMIT)
     assert calls == [1], "the MoE's tables stay on the tiles"
-    assert tk.exl3_rows.moe_scratch(8192) and not tk.exl3_rows.moe_scratch(8191)
-    monkeypatch.setattr(tk.exl3_rows, "MOE_SCRATCH_TOKENS", TOKENS)
-    tk.exl3_rows.moe_rows(torch.randn(TOKENS, D), ids, torch.rand(TOKENS, TOPK), *tables, swiglu_limit=LIMIT)
-    assert calls == [1, 5, 5, 5], "from MOE_SCRATCH_TOKENS tokens a call the MoE's tables take the scratch"
+    assert tk.exl3_rows.moe_scratch(8192) and not tk.exl3_rows.moe_scratch(8191), (
+        "wide steps take the scratch"
+    )
+    tk.exl3_rows.moe_rows(torch.randn(TOKENS, D), ids, torch.rand(TOKENS, TOPK), *tables, swiglu_limit=LIMIT,
+                          scratch=True)  # fmt: skip
+    assert calls == [1, 5, 5, 5], "the MoE's tables take the scratch when asked"
 
 
 def test_expert_tiles_cover_each_entrys_rows_once():

@@ -147,7 +147,7 @@ def build_fast(
     if prefill_rows:
         wide = StepBuffers(cfg.vocab_size, len(row_lo), cols[1] - cols[0], dev, len(capture) * cfg.hidden_size,
                            prefill_rows)  # fmt: skip
-        prefill = FastForward(cfg, weights, ops.for_prefill(), kv, rope, wide, tables is not None, capture,
+        prefill = FastForward(cfg, weights, ops.for_prefill(prefill_rows), kv, rope, wide, tables is not None, capture,
                               shard, tp_exact)  # fmt: skip
     drafter, note = None, "built without a drafter (draft=False)"
     if draft:

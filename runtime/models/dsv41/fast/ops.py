@@ -66,9 +66,10 @@ class Ops(Protocol):
         """a [r, k] bf16 @ w [n, k]^T bf16 -> fp32 [r, n] (products exact, fp32 sums)."""
         ...
 
-    def for_prefill(self) -> Ops:
-        """The ops of the prefill forward: EXL3 products and the MoE through the many-row kernels whatever
-        the rows (so a prompt token's bits do not depend on its chunk's length); may be these ops."""
+    def for_prefill(self, rows: int) -> Ops:
+        """The ops of a prefill forward of `rows`-row steps: EXL3 products and the MoE through the many-row
+        kernels whatever the live rows (so a prompt token's bits do not depend on its chunk's length); may be
+        these ops."""
         ...
 
 
@@ -128,8 +129,9 @@ class TritonOps:
         self._pinned: dict[tuple[str, int], Any] = {}
         self._moe = moe_exl3.moe_exl3
         self._gemm_rows = exl3_rows.exl3_gemm_rows
-        self._moe_rows = exl3_rows.moe_rows
+        self._moe_rows, self._moe_scratch = exl3_rows.moe_rows, exl3_rows.moe_scratch
         self.many_rows = False
+        self.step_rows = 0  # the prefill twin's step width (for_prefill)
         self._moe_default = moe_exl3.MoeConfig()
         self._gather = engram_rows.gather_rows
         self._lut = engram_rows.bf16_lut(device)
@@ -158,10 +160,12 @@ class TritonOps:
             self.notes.append(f"aten::mm.dtype off by {err:.2e} of its scale: bf16 products widen per call")
         return err <= 1e-5
 
-    def for_prefill(self) -> TritonOps:
-        """A twin of these ops on the many-row kernels (kernels/exl3_rows.py), sharing their state."""
+    def for_prefill(self, rows: int) -> TritonOps:
+        """A twin of these ops on the many-row kernels (kernels/exl3_rows.py) for `rows`-row steps, sharing
+        their state; its MoE's path is chosen by that width, never by a call's live rows."""
         twin = copy.copy(self)
         twin.many_rows = True
+        twin.step_rows = rows
         return twin
 
     def linear(self, x: torch.Tensor, lin: Exl3Linear, live: int | None = None) -> torch.Tensor:
@@ -195,7 +199,9 @@ class TritonOps:
             limit: float) -> torch.Tensor:  # fmt: skip
         """The MoE kernel over the block's expert tables (grouped by expert on the prefill twin)."""
         if self.many_rows:
-            return self._moe_rows(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit)
+            scratch = self._moe_scratch(self.step_rows)
+            return self._moe_rows(x, ids, weights, tables.w1, tables.w3, tables.w2, swiglu_limit=limit,
+                                  scratch=scratch)  # fmt: skip
         config = self._moe_default
         if self.exact:
             key = (id(tables), 0)

@@ -81,7 +81,7 @@ class ReferenceOps:
             trellis = torch.from_numpy(raw.view(np.int16).reshape(tk, tn, width))
         return self._decoded((table.trellis.data_ptr(), e), trellis, table.suh[e], table.svh[e], codebook)
 
-    def for_prefill(self) -> ReferenceOps:
+    def for_prefill(self, rows: int) -> ReferenceOps:
         """These ops: a row's result never depends on the other rows here."""
         return self
 

@@ -1,0 +1,30 @@
+"""The fast forward's ops (runtime/models/dsv41/fast/ops.py) as the prefill forward's twin: the MoE's path."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(("width", "scratch"), [(2048, False), (8192, True), (16384, True)])
+def test_the_prefill_twins_moe_path_follows_its_step_width_not_its_live_rows(monkeypatch, width, scratch):
+    """A wide prefill step's MoE decodes its tables into the scratch (kernels/exl3_rows.MOE_SCRATCH_TOKENS),
+    at every count of live rows: a prompt's last, short chunk keeps its width's path, so its bits."""
+    from tfc.kernels import exl3_rows
+    from tfc.runtime.models.dsv41.fast.ops import TritonOps
+
+    ops = TritonOps(torch.device("cpu"))
+    twin = ops.for_prefill(width)
+    assert twin.many_rows and not ops.many_rows
+    seen = []
+    monkeypatch.setattr(twin, "_moe_rows", lambda *a, **k: seen.append(k["scratch"]))
+    tables = type("Tables", (), {"w1": None, "w3": None, "w2": None})()
+    for live in (1, 300, width):
+        twin.moe(
+            torch.zeros(live, 8), torch.zeros(live, 2, dtype=torch.int64), torch.ones(live, 2), tables, 0.0
+        )
+    assert seen == [scratch] * 3
+    monkeypatch.setattr(exl3_rows, "SCRATCH", "all")
+    twin.moe(torch.zeros(1, 8), torch.zeros(1, 2, dtype=torch.int64), torch.ones(1, 2), tables, 0.0)
+    assert seen[-1], "SCRATCH 'all' sends every width's MoE through the scratch"
