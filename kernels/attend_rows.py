@@ -8,15 +8,22 @@ For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`
     out      softmax(logits, sink) applied to the keys, the sink's value nothing; then the inverse rope
              rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
 
-Two launches. The first splits each row's keys into runs of SPLIT_BLOCKS key blocks (window runs, then entry
-runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ceil(H / 16) x runs, so a one-row
-decode step still fills tens of multiprocessors. Each program decodes its key blocks once for all its heads and
-keeps an fp32 online softmax whose running maximum starts at the sink (always finite, so a run with every key
-masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of fp32 partials. The
-partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0 and 0 whatever
-its keys, so such a run stores them and reads nothing: the same bits, without the work. The
-second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides
-and takes the rope off.
+Two launches (three with predecode, below). The first splits each row's keys into runs of SPLIT_BLOCKS key blocks
+(window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ceil(H /
+16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program decodes its key blocks
+once for all its heads and keeps an fp32 online softmax whose running maximum starts at the sink (always finite,
+so a run with every key masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of
+fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
+and 0 whatever its keys, so such a run stores them and reads nothing: the same bits, without the work. The
+second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides and
+takes the rope off.
+
+The keys (predecode). A prefill step's many rows read the same keys many times over (each row's window
+overlaps its neighbours', every block of heads decodes them again), so from PREDECODE_ROWS rows a call, where the
+runs would decode the tables' rows at least PREDECODE times over, the layer's ring and entry pool are first
+decoded to bf16 tables (`decoded_table`, a third launch) and the runs read keys from them (DECODED). Every key is
+exact in bf16 and the runs convert their decoded keys to bf16 for the products anyway, so both give the same
+bits; a decode step's few rows keep the in-run decode (the tables' decode costs what the pool holds).
 
 The products (PIECES). Both run on the matrix units (3, the default): every key is exact in bf16 (an e4m3 value
 times a power of two, an e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three
