@@ -15,7 +15,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   and 256 + 1 (the last logits equal bit for bit), and its last logits against the decode steps' (relative L2);
 - prefill: 2k and 16k-token prompts through the prefill forward (steps of 256, 1024 and 2048 rows, or 0: the
   decode steps, 16 rows a step, graphed; the MoE
-  decodes every expert a step hits once a step, so rows a step set how many rows share a decode), wall time, slice tok/s, the
+  decodes every expert a step hits once a step, so rows a step set how many rows share a decode), wall time (the
+  median of --repeats timed prefills after a first, 3 by default; one until prefill run 19), slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
   slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
   bf16 peak (2 x Flash's active weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,6 +57,7 @@ PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
+REPEATS = 3  # timed prefills of each prompt, width and path after the first (their median is the figure)
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = 3  # attend_rows.PIECES of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = 64  # attend_rows.PREDECODE_ROWS of every path but "inrun" (the kernel's default)
@@ -203,11 +206,12 @@ def prefill(runner, res: dict) -> None:
                     fusion.eager() if not compiled else contextlib.nullcontext()
                 ):  # other widths: nothing compiled
                     first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
-                    wall = run(r, plan)
+                    walls = [run(r, plan) for _ in range(REPEATS)]
+                wall = statistics.median(walls)
                 steps = -(-n // step_rows)
                 flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
                 key = n if path == PATHS[0] else f"{n}_{path}"
-                row[key] = {"path": path, "wall_s": wall, "first_s": first, "tok_s": n / wall, "steps": steps,
+                row[key] = {"path": path, "wall_s": wall, "walls_s": walls, "first_s": first, "tok_s": n / wall, "steps": steps,
                             "flash_s": flash_s, "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
                             "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
                 print(f"[prefill] width {wide} prompt {n} {path}: {n / wall:.0f} slice tok/s, "
@@ -258,6 +262,7 @@ def profile(runner, res: dict) -> None:
 
 
 def main() -> None:
+    global PREFILL, WIDES, COMPILED, WIDE, PATHS, REPEATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True, help="a prepared flash-random --layers 4 image's rank folder")
     ap.add_argument("--out", required=True, help="JSON file to write")
@@ -283,8 +288,11 @@ def main() -> None:
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
         " inrun (dense, the attention's keys decoded in its runs)",
     )
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()
-    global PREFILL, WIDES, COMPILED, WIDE, PATHS
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    REPEATS = args.repeats
     PATHS = tuple(args.paths.split(","))
     if not PATHS or any(p not in PATH_NAMES for p in PATHS):
         ap.error(f"--paths takes {', '.join(PATH_NAMES)}; got {args.paths!r}")
