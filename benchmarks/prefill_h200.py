@@ -28,7 +28,7 @@ decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded agai
 kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
 checks the others' last logits against the first's; `fma` is dense with the attention's products as fp32 FMA
 (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
-decoded in its runs (attend_rows.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first.
+decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ ensure_tfc()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from decode_h200 import active_params, bf16_tflops, copy_gbps, flash_config, timed  # noqa: E402
+from tfc.kernels import attend_keys, attend_rows, exl3_rows  # noqa: E402
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
@@ -59,14 +60,12 @@ WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 ro
 COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
 REPEATS = 3  # timed prefills of each prompt, width and path after the first (their median is the figure)
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
-ATTEND_PIECES = 3  # attend_rows.PIECES of every path but "fma" (the kernel's default)
-PREDECODE_ROWS = 64  # attend_rows.PREDECODE_ROWS of every path but "inrun" (the kernel's default)
+ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
+PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
 PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun")
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
-    from tfc.kernels import exl3_rows
-
     exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = variant
 
 
@@ -75,11 +74,9 @@ def set_path(path: str) -> None:
     tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
     (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
     attention's keys decoded in its runs, never its tables first."""
-    from tfc.kernels import attend_rows, exl3_rows
-
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
-    attend_rows.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
+    attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -12,7 +12,7 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   run 1, 128 since);
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
 - fma: attend_rows' products as fp32 FMA (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units;
-- pre: attend_rows' key tables decoded to bf16 first at every row count (attend_rows.predecode; by default
+- pre: attend_rows' key tables decoded to bf16 first at every row count (attend_keys.predecodes; by default
   only from PREDECODE_ROWS rows, a prefill step's).
 Parts, each in the JSON as it ends:
 - site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
@@ -96,14 +96,14 @@ def known_variant(name: str) -> bool:
 @contextlib.contextmanager
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
-    from tfc.kernels import attend_rows, mhc_stages
+    from tfc.kernels import attend_keys, attend_rows, mhc_stages
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-             attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE)  # fmt: skip
+             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE)  # fmt: skip
     if name == "fma":
         attend_rows.PIECES = 0
     if name == "pre":
-        attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE = 1, 0
+        attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE = 1, 0
     if name == "no_skip":
         attend_rows.SKIP_EMPTY = False
     if name.startswith("split"):
@@ -114,7 +114,7 @@ def switched(name: str):
         yield
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-         attend_rows.PREDECODE_ROWS, attend_rows.PREDECODE) = saved  # fmt: skip
+         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):

@@ -2,15 +2,15 @@
 
 For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`):
 
-    keys     ring[read[r]] (FP8 window rows, valid[r]) then entries[at[r]] (FP4 entries, ok[r]), decoded in
-             the kernel by kernels/stage_tl.py (kv_rows.unpack_fp8 / unpack_fp4's bits); K = V, every head
+    keys     ring[read[r]] (FP8 window rows, valid[r]) then entries[at[r]] (FP4 entries, ok[r]), read by
+             kernels/attend_keys.py (kv_rows.unpack_fp8 / unpack_fp4's values); K = V, every head
     logits   q[r, h] . key * d**-0.5, -inf where the key is masked (its value zeroed), plus the sink sinks[h]
     out      softmax(logits, sink) applied to the keys, the sink's value nothing; then the inverse rope
              rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
 
 Two launches (three with predecode, below). The first splits each row's keys into runs of SPLIT_BLOCKS key blocks
 (window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ceil(H /
-16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program decodes its key blocks
+16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program reads its key blocks
 once for all its heads and keeps an fp32 online softmax whose running maximum starts at the sink (always finite,
 so a run with every key masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of
 fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
@@ -18,12 +18,10 @@ and 0 whatever its keys, so such a run stores them and reads nothing: the same b
 second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides and
 takes the rope off.
 
-The keys (predecode). A prefill step's many rows read the same keys many times over (each row's window
-overlaps its neighbours', every block of heads decodes them again), so from PREDECODE_ROWS rows a call, where the
-runs would decode the tables' rows at least PREDECODE times over, the layer's ring and entry pool are first
-decoded to bf16 tables (`decoded_table`, a third launch) and the runs read keys from them (DECODED). Every key is
-exact in bf16 and the runs convert their decoded keys to bf16 for the products anyway, so both give the same
-bits; a decode step's few rows keep the in-run decode (the tables' decode costs what the pool holds).
+The keys (kernels/attend_keys.py). A prefill step's many rows read the same keys many times over, so from
+PREDECODE_ROWS rows a call (`predecodes`) the layer's ring and entry pool are first decoded to bf16 tables
+(`decoded_table`, a third launch) and the runs read keys from them (DECODED) instead of decoding them where
+they are: the same values, so the same bits.
 
 The products (PIECES). Both run on the matrix units (3, the default): every key is exact in bf16 (an e4m3 value
 times a power of two, an e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three
@@ -32,7 +30,8 @@ over the keys is fp32's exact product, summed in fp32: fp32's result in another 
 With 0 both are fp32 FMA (`input_precision="ieee"`, never TF32); 1 or 2 pieces are speed variants that drop the
 smaller pieces (bf16's or 16 bits' operands), not fp32's result. A row's bits
 depend only on its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed
-order, no atomics; rows are launched in chunks that bound the scratch (MAX_SCRATCH), which cannot change them.
+order, no atomics; rows are launched in chunks that bound the scratch (MAX_SCRATCH), and keys are read from the
+packed rows or their decoded tables, neither of which can change them.
 
 Tolerance: a few 1e-6 of the largest output against float64 and the torch stage when logits reach ~50 (fp32's
 rounding of the logits; then the online softmax's rescaling and the summation order against torch's two-pass
@@ -44,10 +43,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels.attend_keys import decoded_table, predecodes, read_keys
 from tfc.kernels.exl3_tl import INTERPRET
-from tfc.kernels.stage_tl import e2m1_value, e4m3_value, negate, rotate, ue8m0_value
+from tfc.kernels.stage_tl import negate, rotate
 
-__all__ = ["attend_rows", "blocks", "decoded_table", "predecodes"]
+__all__ = ["attend_rows", "blocks"]
 
 # The interpreter multiplies bf16 tensors as their raw 16-bit words, so there the pieces are widened to fp32 first
 # (the same exact products; its sums are numpy's either way).
@@ -62,12 +62,6 @@ CHUNK = 32  # channels of q . key a product takes at a time
 MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
 SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
 PIECES = 3  # bf16 pieces of the query and the weights on the matrix units (3: exact); 0: fp32 FMA products
-# The key tables decoded to bf16 once a call, before the runs, when the runs would decode their rows at least
-# PREDECODE times over, from PREDECODE_ROWS rows (a prefill step's), up to PREDECODE_BYTES of bf16 tables.
-PREDECODE = 4
-PREDECODE_ROWS = 64
-PREDECODE_BYTES = 1 << 30
-DECODE_ROWS = 16  # table rows a program of the table decode takes
 
 
 def blocks(
@@ -81,59 +75,10 @@ def blocks(
     return 16, 16 if wide and fma else 32, 8 if wide and (fma or not decoded) else 4
 
 
-def predecodes(rows: int, head_blocks: int, keys: int, table_rows: int, head_dim: int) -> bool:
-    """Whether a call decodes its key tables to bf16 first (PREDECODE): the same keys, so the same bits."""
-    worth = rows * head_blocks * keys >= PREDECODE * table_rows
-    return rows >= PREDECODE_ROWS and worth and table_rows * head_dim * 2 <= PREDECODE_BYTES
-
-
 def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
     """(window runs, entry runs) of SPLIT_BLOCKS * block_k keys each."""
     keys = SPLIT_BLOCKS * block_k
     return triton.cdiv(window, keys), triton.cdiv(entries, keys)
-
-
-@triton.jit
-def _window_keys(ring_ptr, row, ok, c, s_ring, D: tl.constexpr):
-    """Window keys [BLOCK_K, len(c)] fp32: columns c of FP8 ring rows `row` (masked keys give 0)."""
-    base = ring_ptr + row[:, None] * s_ring
-    code = tl.load(base + c[None, :], mask=ok[:, None], other=0).to(tl.int32)
-    sbyte = tl.load(base + D + c[None, :] // 32, mask=ok[:, None], other=0).to(tl.int32)
-    return e4m3_value(code) * ue8m0_value(sbyte)
-
-
-@triton.jit
-def _entry_keys(ent_ptr, row, ok, c, s_ent, D: tl.constexpr):
-    """Entry keys [BLOCK_K, len(c)] fp32: columns c of FP4 entries `row` (masked keys give 0)."""
-    base = ent_ptr + row[:, None] * s_ent
-    byte = tl.load(base + c[None, :] // 2, mask=ok[:, None], other=0).to(tl.int32)
-    code = (byte >> ((c[None, :] & 1) * 4)) & 15  # low nibble first
-    sbyte = tl.load(base + D // 2 + c[None, :] // 16, mask=ok[:, None], other=0).to(tl.int32)
-    return e2m1_value(code) * e4m3_value(sbyte)
-
-
-@triton.jit
-def _keys(keys_ptr, row, ok, c, s_keys, D: tl.constexpr, ENTRY: tl.constexpr, DECODED: tl.constexpr,
-          OUT: tl.constexpr):  # fmt: skip
-    """Keys [BLOCK_K, len(c)] as OUT (exact in bf16 and fp32): read from a bf16 table [N, D] (DECODED), else
-    decoded from FP8 ring rows or FP4 entries (ENTRY); the same values either way (masked keys give 0)."""
-    if DECODED:
-        kv = tl.load(keys_ptr + row[:, None] * D + c[None, :], mask=ok[:, None], other=0.0)
-    elif ENTRY:
-        kv = _entry_keys(keys_ptr, row, ok, c, s_keys, D)
-    else:
-        kv = _window_keys(keys_ptr, row, ok, c, s_keys, D)
-    return kv.to(OUT)
-
-
-@triton.jit
-def _decode_kernel(src_ptr, out_ptr, n, s_src, D: tl.constexpr, ENTRY: tl.constexpr, BLOCK_R: tl.constexpr):
-    """DECODE_ROWS rows of an FP8 ring (or FP4 entries, ENTRY) decoded into a bf16 table [n, D], exactly."""
-    row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = row < n
-    c = tl.arange(0, D)
-    kv = _keys(src_ptr, row, ok, c, s_src, D, ENTRY, False, tl.bfloat16)
-    tl.store(out_ptr + row[:, None] * D + c[None, :], kv, mask=ok[:, None])
 
 
 @triton.jit
@@ -144,7 +89,7 @@ def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.conste
     for d0 in tl.static_range(0, D, DC):
         cc = d0 + tl.arange(0, DC)
         qc = tl.load(q_ptr + qs + cc[None, :], mask=hm[:, None], other=0.0)
-        kc = _keys(keys_ptr, row, ok, cc, s_keys, D, ENTRY, DECODED, tl.float32)
+        kc = read_keys(keys_ptr, row, ok, cc, s_keys, D, ENTRY, DECODED, tl.float32)
         s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
     return s
 
@@ -193,17 +138,16 @@ def _dot3(a_hi, a_mid, a_lo, b, acc, PIECES: tl.constexpr):
 @triton.jit
 def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexpr, BLOCK_H: tl.constexpr,
               BLOCK_K: tl.constexpr):  # fmt: skip
-    """_step with both products on the matrix units: keys kv [BLOCK_K, D] are exact in bf16 (an e4m3 value
-    times a power of two, an e2m1 value times an e4m3 one), the query and the weights in three pieces each."""
-    kb = kv.to(tl.bfloat16)  # exact (already bf16 from _keys in _run)
-    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kb), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
+    """_step with both products on the matrix units: keys kv bf16 [BLOCK_K, D] (exact: attend_keys), the query
+    and the weights in three pieces each."""
+    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
     s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     den = den * alpha + tl.sum(p, axis=1)
     p_hi, p_mid, p_lo = _split3(p)
-    acc = _dot3(p_hi, p_mid, p_lo, kb, acc * alpha[:, None], PIECES)
+    acc = _dot3(p_hi, p_mid, p_lo, kv, acc * alpha[:, None], PIECES)
     return m_new, den, acc
 
 
@@ -225,11 +169,11 @@ def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r,
         ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < N, other=0) != 0
         row = tl.load(idx_ptr + r * s_idx_r + j * s_idx_k, mask=ok, other=0)
         if PIECES == 0:
-            kv = _keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.float32)
+            kv = read_keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.float32)
             s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, DECODED, BLOCK_H, BLOCK_K, hm)
             m, den, acc = _step(s, kv, ok, m, den, acc, scale)
         else:
-            kv = _keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.bfloat16)
+            kv = read_keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.bfloat16)
             m, den, acc = _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES, BLOCK_H, BLOCK_K)
     return m, den, acc
 
@@ -244,7 +188,7 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
                     DECODED: tl.constexpr = False):  # fmt: skip
     """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
     with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give.
-    DECODED: ring and entries are their bf16 tables (_decode_kernel), read instead of decoded."""
+    DECODED: ring and entries are their bf16 tables (attend_keys.decoded_table), read instead of decoded."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     run = tl.program_id(2)
@@ -348,17 +292,6 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
         raise ValueError("attend_rows: at must be int64 [R, k] with ok bool of its shape")
     if ok.dtype != torch.bool or ok.shape != at.shape or at.shape[1] < 1:
         raise ValueError(f"attend_rows: ok must be bool [R, k >= 1] as at, got {ok.dtype} {tuple(ok.shape)}")
-
-
-def decoded_table(packed: torch.Tensor, head_dim: int, entry: bool) -> torch.Tensor:
-    """bf16 [N, head_dim] of FP8 ring rows (or FP4 entries, entry): every key's exact value, as the runs decode it."""
-    n = packed.shape[0]
-    out = torch.empty((n, head_dim), dtype=torch.bfloat16, device=packed.device)
-    if n:
-        _decode_kernel[(triton.cdiv(n, DECODE_ROWS),)](
-            packed, out, n, packed.stride(0), D=head_dim, ENTRY=entry, BLOCK_R=DECODE_ROWS, num_warps=4
-        )
-    return out
 
 
 def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,

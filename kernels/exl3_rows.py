@@ -271,7 +271,8 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
              scratch: bool | None = None) -> torch.Tensor:  # fmt: skip
     """fp32 [T, D]: per token, its routed pairs (slot order) then the shared expert, each
     act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight, summed as act W2 (moe_exl3's maths); the tables
-    through the decoded scratch with `scratch` (default: SCRATCH is "all"), else decoded in the tiles."""
+    through the decoded scratch with `scratch`, else decoded in the tiles (default: moe_scratch of the call's
+    tokens; the prefill forward passes its step width's)."""
     tokens, topk = topk_ids.shape
     shared = w1.entries - 1
     dev = x.device
@@ -284,7 +285,7 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
     xs = x[token].float()
-    scratch = SCRATCH == "all" if scratch is None else scratch
+    scratch = moe_scratch(tokens) if scratch is None else scratch
     gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries, scratch)
     up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries, scratch)
     if swiglu_limit > 0:

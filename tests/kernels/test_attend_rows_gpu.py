@@ -95,7 +95,8 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
 def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
     """The key tables decoded to bf16 first (the default at 256 rows) give the bits of the keys decoded in the
     runs (the default at 16), on the matrix units and with FMA."""
-    from tfc.kernels.attend_rows import attend_rows, blocks, predecodes
+    from tfc.kernels.attend_keys import predecodes
+    from tfc.kernels.attend_rows import attend_rows, blocks
 
     a = _inputs(256, seed=3)
     hb = 64 // blocks(64, DIM, pieces)[0]

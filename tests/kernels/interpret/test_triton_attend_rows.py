@@ -81,11 +81,11 @@ def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
     a = _inputs(4, entries, seed=2)
     got = tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=True)
     assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=False))
-    ring = tk.attend_rows.decoded_table(a["ring"], DIM, False)
+    ring = tk.attend_keys.decoded_table(a["ring"], DIM, False)
     assert ring.dtype == torch.bfloat16
     assert torch.equal(ring[:-1].float(), unpack_fp8(a["ring"][:-1], DIM)), "a window key's value moved"
     if entries:
-        table = tk.attend_rows.decoded_table(a["entries"], DIM, True)
+        table = tk.attend_keys.decoded_table(a["entries"], DIM, True)
         want = unpack_fp4(a["entries"], DIM, 16, True, a["grid"])
         finite = torch.isfinite(want).all(dim=1)
         assert torch.equal(table[finite].float(), want[finite]), "an entry key's value moved"
@@ -93,7 +93,7 @@ def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
 
 def test_attend_rows_predecodes_a_prefill_steps_rows_only(tk):
     """The tables are decoded first only for many rows that would decode them several times over."""
-    pre = tk.attend_rows.predecodes
+    pre = tk.attend_keys.predecodes
     assert not pre(16, 4, 640, 2_000, 512), "a decode step's 16 rows keep decoding in the runs"
     assert pre(2048, 4, 640, 40_000, 512)
     assert not pre(2048, 4, 640, 2_000_000, 64), (

@@ -20,11 +20,15 @@ def test_the_prefill_twins_moe_path_follows_its_step_width_not_its_live_rows(mon
     seen = []
     monkeypatch.setattr(twin, "_moe_rows", lambda *a, **k: seen.append(k["scratch"]))
     tables = type("Tables", (), {"w1": None, "w3": None, "w2": None})()
+    gen = torch.Generator().manual_seed(0)
+
+    def moe(live: int) -> None:
+        ids = torch.randint(0, 8, (live, 2), generator=gen)
+        twin.moe(torch.randn(live, 8, generator=gen), ids, torch.rand(live, 2, generator=gen), tables, 0.0)
+
     for live in (1, 300, width):
-        twin.moe(
-            torch.zeros(live, 8), torch.zeros(live, 2, dtype=torch.int64), torch.ones(live, 2), tables, 0.0
-        )
+        moe(live)
     assert seen == [scratch] * 3
     monkeypatch.setattr(exl3_rows, "SCRATCH", "all")
-    twin.moe(torch.zeros(1, 8), torch.zeros(1, 2, dtype=torch.int64), torch.ones(1, 2), tables, 0.0)
+    moe(1)
     assert seen[-1], "SCRATCH 'all' sends every width's MoE through the scratch"
