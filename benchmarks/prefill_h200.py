@@ -28,7 +28,8 @@ decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded agai
 kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
 checks the others' last logits against the first's; `fma` is dense with the attention's products as fp32 FMA
 (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
-decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first.
+decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first;
+`windows` is dense with the tiles' weights decoded by two gathered words a weight instead of the lane decode.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun")
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows")
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -73,8 +74,10 @@ def set_path(path: str) -> None:
     """The many-row products through the decoded scratch ("scratch": all; "dense": the linears, the MoE on the
     tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
     (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
-    attention's keys decoded in its runs, never its tables first."""
+    attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
+    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE)."""
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
+    exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
@@ -283,7 +286,7 @@ def main() -> None:
         "--paths",
         default="dense",
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
-        " inrun (dense, the attention's keys decoded in its runs)",
+        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()

@@ -6,10 +6,12 @@
 
 Synthetic EXL3 groups (random trellis words, mul1 codebook, the Flash fixture's widths): a 4096 x 4096 group at
 3 bits (an expert's or attention's shape) and a 4096 x 16384 group at 6 bits (a head slice). For each launch
-variant (rows a tile, warps, k rows a step, pipeline stages) at 256 rows: the median time between CUDA events,
+variant (rows a tile, warps, k rows a step, pipeline stages, the tile decode: lanes or window gathers) at 256
+rows: the median time between CUDA events,
 TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
-x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5); `kernels_s` times the
+x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5) and against the first
+variant's bits (`bits_of_the_first`: equal where only the decode, warps or stages differ); `kernels_s` times the
 two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation;
 `rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. The
 scratch path (`exl3_scratch`: the weight decoded once a call into fp16, then tensor-core tiles) is timed the same
@@ -40,8 +42,12 @@ import torch  # noqa: E402
 from decode_h200 import timed  # noqa: E402
 
 SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
-# (rows a tile, warps, k rows a step, stages, register cap)
-VARIANTS = {"bm64_w4_k32_s1": (64, 4, 32, 1, None)}  # the tile path's default (earlier runs compared others)
+# (rows a tile, warps, k rows a step, stages, register cap, tile decode); the first is the tile path's default
+VARIANTS = {
+    "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "windows_bm64_w4_k32_s1": (64, 4, 32, 1, None, "windows"),
+    "bm64_w4_k64_s1": (64, 4, 64, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
+    "bm64_w4_k32_s2": (64, 4, 32, 2, None, "lanes"), "bm32_w4_k32_s1": (32, 4, 32, 1, None, "lanes"),
+}  # fmt: skip
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
 SCRATCH_VARIANTS = {
     "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4),
@@ -88,9 +94,10 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
     y = torch.empty(ROWS, n, device="cuda")
     exl3_rows.SCRATCH = "none"
-    for vname, (bm, warps, bk, stages, cap) in VARIANTS.items():
+    first = None
+    for vname, (bm, warps, bk, stages, cap, decode) in VARIANTS.items():
         exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
-        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
+        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS, exl3_rows.TILE_DECODE = stages, cap, decode
         tiles = exl3_rows.dense_tiles(ROWS, x.device)
 
         def kernels_only(tiles=tiles):  # the two kernels on rotated rows (no torch work in the time)
@@ -103,9 +110,11 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
             t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
             prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
             kern = timed(kernels_only, reps=10)
+            first = got if first is None else first
             row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep, "kernels_s": kern,
                           "tflops": flops / t / 1e12, "kernel_tflops": flops / kern / 1e12,
-                          "gweights_s": k * n * (-(-ROWS // bm)) / kern / 1e9}  # fmt: skip
+                          "gweights_s": k * n * (-(-ROWS // bm)) / kern / 1e9,
+                          "bits_of_the_first": bool(torch.equal(got, first))}  # fmt: skip
         except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
             row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         print(name, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in row[vname].items()},
@@ -114,7 +123,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     row["compiled"] = compiled_stats(exl3_rows._rows_kernel)
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
     exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 4, 32
-    exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = 1, None
+    exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS, exl3_rows.TILE_DECODE = 1, None, "lanes"
     return row
 
 
@@ -135,11 +144,12 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
         y = torch.empty(rows, n, device="cuda")
         flops = 2 * rows * k * n
         at = out.setdefault(str(rows), {})
-        tile_variants = {f"tiles_{name}": None for name in VARIANTS}  # the tile path's default (64-row tiles)
+        tile_variants = {f"tiles_{name}": None for name in list(VARIANTS)[:2]}  # the lane and window decodes
         for vname, variant in {**tile_variants, **SCRATCH_VARIANTS}.items():
             scratch = variant is not None
             exl3_rows.SCRATCH = "all" if scratch else "none"
-            exl3_rows.BLOCK_M = 64
+            exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 4, 32, 1
+            exl3_rows.TILE_DECODE = "lanes" if scratch else VARIANTS[vname[len("tiles_") :]][5]
             if scratch:
                 exl3_rows.BLOCK_M, exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = variant  # fmt: skip
             tiles = exl3_rows.dense_tiles(rows, x.device)
@@ -172,7 +182,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
                 at[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
                   flush=True)  # fmt: skip
-    exl3_rows.SCRATCH, exl3_rows.BLOCK_M = "dense", 64
+    exl3_rows.SCRATCH, exl3_rows.BLOCK_M, exl3_rows.TILE_DECODE = "dense", 64, "lanes"
     exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = (
         4,
         3,

@@ -48,6 +48,7 @@ EXPERTS, TOP_K, SCALING = 384, 6, 1.5
 SELECT_COLS, CHUNK, RATIO = 8192, 4096, 2  # select's columns, chunk_scores' chunk (SCORE_CHUNK), pooled ratio
 SLOTS, ENTRIES = 8, 65536  # cache slots (the ring / pending tables hold slots + 1), pooled entries
 EPS = 1e-6
+ROWS_PATHS = ("scratch", "tiles", "windows")  # the many-row products' paths (windows: tiles, window gathers)
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -93,9 +94,14 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         c = e(r, SELECT_COLS, dtype=torch.bool) if cand else None
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
 
-    def rows_gemm(r, scratch):
+    def rows_path(path):
+        """Set the many-row products' path: scratch, tiles (the lane decode) or windows (tiles, window gathers)."""
+        xr.SCRATCH = "all" if path == "scratch" else "none"
+        xr.TILE_DECODE = "windows" if path == "windows" else "lanes"
+
+    def rows_gemm(r, path):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""
-        xr.SCRATCH = "all" if scratch else "none"
+        rows_path(path)
         return xr.exl3_gemm_rows(torch.zeros(r, D), torch.zeros(D // 16, Q_LORA // 16, 64, dtype=torch.int16),
                                  e(D, dtype=torch.float16), e(Q_LORA, dtype=torch.float16), 2)  # fmt: skip
 
@@ -107,9 +113,9 @@ def _launches(torch) -> list[tuple[str, str, object]]:
                            torch.full((EXPERTS + 1,), 2, dtype=torch.int32), e(EXPERTS + 1, k, dtype=torch.float16),
                            e(EXPERTS + 1, n, dtype=torch.float16), k, n, -1 if ragged else 2, widths)  # fmt: skip
 
-    def rows_moe(r, scratch, widths):
+    def rows_moe(r, path, widths):
         """The prefill's MoE (gate/up and down tables) on one path."""
-        xr.SCRATCH = "all" if scratch else "none"
+        rows_path(path)
         ragged = widths != "4 bit"
         ids = torch.zeros(r, TOP_K, dtype=i64)
         return xr.moe_rows(torch.zeros(r, D), ids, torch.ones(r, TOP_K), table(D, 2048, ragged),
@@ -150,10 +156,10 @@ def _launches(torch) -> list[tuple[str, str, object]]:
             e(3 * r, EXPERTS), True, e(EXPERTS), TOP_K, SCALING, True)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, no candidates", lambda r: select(r, False)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, candidates", lambda r: select(r, True)),
-        *[(f"exl3_rows.exl3_gemm_rows ({path})", f"k {D}, n {Q_LORA}, 4 bit", lambda r, s=s: rows_gemm(r, s))
-          for path, s in (("scratch", True), ("tiles", False))],
-        *[(f"exl3_rows.moe_rows ({path})", f"E {EXPERTS}, top {TOP_K}, {w}", lambda r, s=s, w=w: rows_moe(r, s, w))
-          for path, s in (("scratch", True), ("tiles", False)) for w in ("4 bit", "ragged 2-6 bit")],
+        *[(f"exl3_rows.exl3_gemm_rows ({p})", f"k {D}, n {Q_LORA}, 4 bit", lambda r, p=p: rows_gemm(r, p))
+          for p in ROWS_PATHS],
+        *[(f"exl3_rows.moe_rows ({p})", f"E {EXPERTS}, top {TOP_K}, {w}", lambda r, p=p, w=w: rows_moe(r, p, w))
+          for p in ROWS_PATHS for w in ("4 bit", "ragged 2-6 bit")],
     ]  # fmt: skip
 
 
@@ -258,6 +264,7 @@ def main() -> None:
     ap.add_argument(
         "--keep", action="store_true", help="keep the Triton cache (each kernel's ttgir, ptx, cubin)"
     )
+    ap.add_argument("--only", default="", help="compile only the entry points whose name holds this text")
     args = ap.parse_args()
     if args.triton_path:
         sys.path.insert(0, args.triton_path)
@@ -278,6 +285,8 @@ def main() -> None:
     backend = make_backend(target)
     kernels: dict[str, dict] = {}  # one row per distinct compile (kernel, specialisation, options)
     for entry, variant, call in _launches(torch):
+        if args.only not in entry:
+            continue
         for rows in ROWS:
             for fn, fargs, fkw, grid in _caught(call, rows):
                 sig, consts, attrs, options = _specialise(fn, fargs, fkw, backend)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from tfc.kernels.exl3_lanes import lane_block
 from tfc.kernels.exl3_scratch import scratch_rows
 from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
@@ -31,6 +32,10 @@ BLOCK_K = 32  # k rows decoded per loop iteration
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
+# How a tile's loop decodes W-hat: "lanes" (kernels/exl3_lanes.py: a lane's eight weights from its window's three
+# or four words) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
+# each other by benchmarks/prefill_h200.py --paths and rows_kernel_h200.py).
+TILE_DECODE = "lanes"
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
 # MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
@@ -43,9 +48,9 @@ MOE_SCRATCH_TOKENS = 8192
 
 @triton.jit
 def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
-                BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
     """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further) times W-hat's column
-    block at base (width W), summed over k in BK steps."""
+    block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window gathers."""
     tn = N // 16
     nw: tl.constexpr = W // 2
     pos = tile_positions(BK, 128)
@@ -55,7 +60,10 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
     x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
     acc = tl.zeros([BM, 128], dtype=tl.float32)
     for k0 in range(0, K, BK):
-        v = decode_at(base, off_j, off_jp, shift, cb, CB)
+        if LANES:
+            v = lane_block(base, tn, cb, W, CB, BK // 16)
+        else:
+            v = decode_at(base, off_j, off_jp, shift, cb, CB)
         base += step
         hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
         lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
@@ -66,7 +74,8 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 
 @triton.jit
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off, stride_y,
-                 WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                 WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                 LANES: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows (the output
     rotation is _finish_kernel's: kept out of this loop, whose registers it would take)."""
     pid_m = tl.program_id(0)
@@ -85,13 +94,13 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         if len(WIDTHS) == 1:
             acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
-                              lo_off, WIDTHS[0], CB, BM, BK)  # fmt: skip
+                              lo_off, WIDTHS[0], CB, BM, BK, LANES)  # fmt: skip
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
-                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK)  # fmt: skip
+                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
@@ -204,7 +213,8 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
         else:
             _rows_kernel[(tiles.shape[0], n // 128)](
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
-                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, num_warps=NUM_WARPS,
+                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, LANES=TILE_DECODE == "lanes",
+                num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip
         per_row = row_entries is not None

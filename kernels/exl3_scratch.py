@@ -1,10 +1,9 @@
 """EXL3 products for many rows through a scratch: each entry with rows decoded once a call, then tensor-core tiles.
 
 The tile path (`exl3_rows._rows_kernel`) decodes an entry's weights again in every tile of rows, inside the
-product's loop, where the window gathers stall it. Here a first kernel decodes W-hat of every entry that has
-rows once into an fp16 scratch (exact: the codebooks' values are fp16), a lane decoding eight weights of a
-tile from the three or four words of their windows (the mma B fragment's order, as the decode path's kernels)
-and storing them as 16-column runs; a second multiplies the tiles' rows from it with the same operands as the
+product's loop. Here a first kernel decodes W-hat of every entry that has rows once into an fp16 scratch
+(exact: the codebooks' values are fp16) by the lane decode (kernels/exl3_lanes.py), storing each tile's
+values as 16-column runs; a second multiplies the tiles' rows from it with the same operands as the
 tile path (the rows' fp16 high and low halves, fp32 sums over k in BK steps, high then low). A row is summed over k in one order whatever
 rows share its tile or call, so its bits never depend on its neighbours or the row count. The scratch holds
 SCRATCH_BYTES of entries at a time: a table of hundreds of experts takes several rounds, each round's tiles
@@ -16,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import cb_decode, cb_decode_rt
+from tfc.kernels.exl3_lanes import lane_tiles
 
 SCRATCH_BYTES = 2 << 30  # decoded entries held at once (one entry at least, whatever its size)
 DECODE_ROWS = 128  # k rows a decode program takes (a multiple of 16 * TILE_ROWS)
@@ -27,35 +26,12 @@ NUM_STAGES = 3  # software-pipelining stages of the product's k loop (loads of t
 
 
 @triton.jit
-def _window_state(a, b, c, s, WORDS: tl.constexpr):
-    """The 16 bits at MSB-first position s of words a, b, c (64-bit pairs w0:w1, w1:w2, w2:w3)."""
-    st = tl.where(s <= 48, a >> tl.maximum(48 - s, 0), b >> tl.minimum(tl.maximum(80 - s, 0), 63))
-    if WORDS > 3:
-        st = tl.where(s <= 80, st, c >> tl.minimum(tl.maximum(112 - s, 0), 63))
-    return (st & 0xFFFF).to(tl.uint32)
-
-
-@triton.jit
 def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr,
                   KB: tl.constexpr):  # fmt: skip
-    """W-hat rows kb * KB.. of column block nb (128 columns) of the entry at start, into dst ([k, N] fp16).
-
-    An element of the step's tensors is one lane of a tile as the mma B fragment holds it (spec §5: lane t's
-    stream positions 8t .. 8t + 7): its window's three or four words are loaded once and its eight states cut
-    from them, instead of two gathered words a weight."""
+    """W-hat rows kb * KB.. of column block nb (128 columns) of the entry at start, into dst ([k, N] fp16): the
+    lane decode (kernels/exl3_lanes.py), each tile's values permuted to row-major and stored 16 columns a run."""
     tn = N // 16
     nw: tl.constexpr = W // 2  # int32 words a tile
-    ring: tl.constexpr = 16 * W  # bits a tile
-    WORDS: tl.constexpr = 3 if W <= 96 else 4
-    g = tl.arange(0, TK * 8 * 32)  # the step's tiles (TK tile rows of 8 tile columns) x 32 lanes
-    tile = g // 32
-    t = g % 32
-    first = (((8 * t + 1) * W) >> 4) - 16  # the lane's first window's first bit (before the ring wraps)
-    at = (first + ring) % ring
-    j0 = at >> 5
-    toff = ((tile // 8) * tn + tile % 8) * nw
-    # Lane t = 4 tc + tr holds positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc
-    # of its tile. The eight values are joined, permuted to the tile's row-major order and stored 16 columns a run.
     tt = tl.arange(0, TK * 8)
     r = tl.arange(0, 16)
     c = tl.arange(0, 16)
@@ -63,41 +39,9 @@ def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, 
     cols = (nb * 128 + (tt % 8) * 16)[:, None, None] + c[None, None, :]
     base = start + nb * 8 * nw + (kb * (KB // 16)) * tn * nw
     for kk in tl.static_range(0, KB, 16 * TK):
-        words = base + (kk // 16) * tn * nw + toff
-        w0 = tl.load(words + j0).to(tl.uint32, bitcast=True).to(tl.uint64)
-        w1 = tl.load(words + (j0 + 1) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-        w2 = tl.load(words + (j0 + 2) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-        a, b, c3 = (w0 << 32) | w1, (w1 << 32) | w2, w2
-        if WORDS > 3:
-            c3 = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-        v0 = _lane_value(a, b, c3, at, t, first, 0, cb, W, CB, WORDS)
-        v1 = _lane_value(a, b, c3, at, t, first, 1, cb, W, CB, WORDS)
-        v2 = _lane_value(a, b, c3, at, t, first, 2, cb, W, CB, WORDS)
-        v3 = _lane_value(a, b, c3, at, t, first, 3, cb, W, CB, WORDS)
-        v4 = _lane_value(a, b, c3, at, t, first, 4, cb, W, CB, WORDS)
-        v5 = _lane_value(a, b, c3, at, t, first, 5, cb, W, CB, WORDS)
-        v6 = _lane_value(a, b, c3, at, t, first, 6, cb, W, CB, WORDS)
-        v7 = _lane_value(a, b, c3, at, t, first, 7, cb, W, CB, WORDS)
-        v = tl.join(tl.join(tl.join(v0, v1), tl.join(v2, v3)), tl.join(tl.join(v4, v5), tl.join(v6, v7)))
-        v = tl.reshape(v, [TK * 8, 8, 4, 2, 2, 2])  # tile, tc, tr, ql, qh, qc (join adds its axis last)
+        v = lane_tiles(base + (kk // 16) * tn * nw, tn, cb, W, CB, TK)  # tile, tc, tr, ql, qh, qc
         v = tl.reshape(tl.permute(v, [0, 4, 2, 3, 5, 1]), [TK * 8, 16, 16])  # tile, (qh tr ql), (qc tc)
         tl.store(dst + (kb * KB + kk + rows).to(tl.int64) * N + cols, v)
-
-
-@triton.jit
-def _lane_value(
-    a, b, c, at, t, first, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.constexpr, WORDS: tl.constexpr
-):
-    """fp16 W-hat at stream position 8t + q of each lane, cut from its words (a, b, c: _window_state's pairs)."""
-    if W % 16 == 0:  # K bits a weight: the windows K bits apart
-        s = (at & 31) + q * (W // 16)
-    else:
-        s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
-    if CB >= 0:
-        v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
-    else:
-        v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
-    return v
 
 
 @triton.jit

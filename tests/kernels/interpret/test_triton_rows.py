@@ -159,6 +159,37 @@ def test_the_default_sends_the_linears_through_the_scratch_and_the_moe_to_the_ti
     assert calls == [1, 5, 5, 5], "the MoE's tables take the scratch when asked"
 
 
+@pytest.mark.parametrize(("width", "codebook"), [(16, 0), (24, 2), (48, 1), (80, 2), (112, 0), (128, 2)])
+def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, width, codebook):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    assert tk.exl3_rows.TILE_DECODE == "lanes"
+    rng = seeded(f"lanes_{width}_{codebook}")
+    (trellis, suh, svh, cb), dense = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
+    x = torch.randn(70, 128)
+    lanes = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
+    monkeypatch.setattr(tk.exl3_rows, "TILE_DECODE", "windows")
+    windows = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
+    assert torch.equal(lanes, windows), "the two decodes must give one W-hat, so one set of bits"
+    want = x.double() @ dense.double()
+    assert float((lanes.double() - want).norm() / want.norm()) < TOL
+
+
+def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(tk, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    rng = seeded("lanes_ragged")
+    tables, _ = _tables(tk, rng, "ragged")
+    x = torch.randn(TOKENS, D)
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    wts = torch.rand(TOKENS, TOPK) + 0.1
+    lanes = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
+    monkeypatch.setattr(tk.exl3_rows, "TILE_DECODE", "windows")
+    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), lanes)
+
+
 def test_expert_tiles_cover_each_entrys_rows_once():
     import torch
     from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles

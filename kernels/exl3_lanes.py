@@ -1,0 +1,85 @@
+"""The lane decode of EXL3 tiles: each lane of a 16x16 tile cuts its eight weights from its window's three or
+four words (the mma B fragment's order, spec exl3.md §5), instead of two gathered words a weight.
+
+`lane_tiles` decodes one k step of a 128-column block (TK tile rows of 8 tiles) into registers; the scratch
+decode (kernels/exl3_scratch.py) stores them as 16-column runs, the tile path's product (kernels/exl3_rows.py)
+arranges them as its [16 TK, 128] operand. The values are exl3_decode's W-hat, bit for bit (fp16 codebooks).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from tfc.kernels.exl3_tl import cb_decode, cb_decode_rt
+
+
+@triton.jit
+def _window_state(a, b, c, s, WORDS: tl.constexpr):
+    """The 16 bits at MSB-first position s of words a, b, c (64-bit pairs w0:w1, w1:w2, w2:w3)."""
+    st = tl.where(s <= 48, a >> tl.maximum(48 - s, 0), b >> tl.minimum(tl.maximum(80 - s, 0), 63))
+    if WORDS > 3:
+        st = tl.where(s <= 80, st, c >> tl.minimum(tl.maximum(112 - s, 0), 63))
+    return (st & 0xFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _lane_value(
+    a, b, c, at, t, first, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.constexpr, WORDS: tl.constexpr
+):
+    """fp16 W-hat at stream position 8t + q of each lane, cut from its words (a, b, c: _window_state's pairs)."""
+    if W % 16 == 0:  # K bits a weight: the windows K bits apart
+        s = (at & 31) + q * (W // 16)
+    else:
+        s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
+    if CB >= 0:
+        v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
+    else:
+        v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
+    return v
+
+
+@triton.jit
+def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """fp16 [TK * 8, 8, 4, 2, 2, 2] (tile, tc, tr, ql, qh, qc): W-hat of the TK x 8 tiles whose first tile's
+    words are at block (tiles tn apart along k, W int16 words a tile). Lane t = 4 tc + tr of a tile holds its
+    positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc of the tile."""
+    nw: tl.constexpr = W // 2  # int32 words a tile
+    ring: tl.constexpr = 16 * W  # bits a tile
+    WORDS: tl.constexpr = 3 if W <= 96 else 4
+    g = tl.arange(0, TK * 8 * 32)  # the step's tiles (TK tile rows of 8 tile columns) x 32 lanes
+    tile = g // 32
+    t = g % 32
+    first = (((8 * t + 1) * W) >> 4) - 16  # the lane's first window's first bit (before the ring wraps)
+    at = (first + ring) % ring
+    j0 = at >> 5
+    words = block + ((tile // 8) * tn + tile % 8) * nw
+    w0 = tl.load(words + j0).to(tl.uint32, bitcast=True).to(tl.uint64)
+    w1 = tl.load(words + (j0 + 1) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+    w2 = tl.load(words + (j0 + 2) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+    a, b, c3 = (w0 << 32) | w1, (w1 << 32) | w2, w2
+    if WORDS > 3:
+        c3 = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+    v0 = _lane_value(a, b, c3, at, t, first, 0, cb, W, CB, WORDS)
+    v1 = _lane_value(a, b, c3, at, t, first, 1, cb, W, CB, WORDS)
+    v2 = _lane_value(a, b, c3, at, t, first, 2, cb, W, CB, WORDS)
+    v3 = _lane_value(a, b, c3, at, t, first, 3, cb, W, CB, WORDS)
+    v4 = _lane_value(a, b, c3, at, t, first, 4, cb, W, CB, WORDS)
+    v5 = _lane_value(a, b, c3, at, t, first, 5, cb, W, CB, WORDS)
+    v6 = _lane_value(a, b, c3, at, t, first, 6, cb, W, CB, WORDS)
+    v7 = _lane_value(a, b, c3, at, t, first, 7, cb, W, CB, WORDS)
+    v = tl.join(tl.join(tl.join(v0, v1), tl.join(v2, v3)), tl.join(tl.join(v4, v5), tl.join(v6, v7)))
+    return tl.reshape(v, [TK * 8, 8, 4, 2, 2, 2])  # join adds its axis last: q's bits ql, qh, qc
+
+
+@triton.jit
+def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
+    v = tl.reshape(
+        lane_tiles(block, tn, cb, W, CB, TK), [TK, 8, 8, 4, 2, 2, 2]
+    )  # tk, tile col, tc, tr, ql, qh, qc
+    return tl.reshape(
+        tl.permute(v, [0, 5, 3, 4, 1, 6, 2]), [TK * 16, 128]
+    )  # (tk qh tr ql), (tile col, qc tc)
+
+
+__all__ = ["lane_block", "lane_tiles"]

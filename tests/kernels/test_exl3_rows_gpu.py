@@ -1,0 +1,63 @@
+"""The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
+GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64.
+
+1e-5 relative to float64 is the fp32-level bound of the interpreted tests (fp16 high / low input halves, fp32
+sums and butterflies); a dropped half would show ~1e-4, a wrong column block order 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.exl3_inputs import cuda_group
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-5
+
+
+@pytest.fixture()
+def tiles_only(monkeypatch):
+    """The module with every product on the tiles (the scratch off), restored after the test."""
+    from tfc.kernels import exl3_rows
+
+    monkeypatch.setattr(exl3_rows, "SCRATCH", "none")
+    return exl3_rows
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "bits", "codebook"), [(5120, 2304, 3, 0), (2304, 5120, 2.5, 2), (5120, 2304, 6, 1)]
+)
+def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tiles_only, monkeypatch, k, n, bits, codebook):
+    from tfc.kernels.exl3_decode import exl3_decode
+
+    tr, suh, svh, cb = cuda_group(k, n, bits, codebook, 11)
+    x = torch.randn(150, k, device="cuda")
+    lanes = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
+    want = x.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    assert float((lanes.double() - want).norm() / want.norm()) < TOL
+    monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
+    assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), lanes)
+
+
+def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(
+    tiles_only, monkeypatch
+):
+    import numpy as np
+    from tfc.kernels.expert_table import ExpertTable
+
+    d, inter, routed, topk, tokens = 5120, 2304, 12, 6, 70
+    rng = np.random.default_rng(3)
+    tables = []
+    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
+        bits = [*rng.choice([2, 2.5, 3, 4], size=routed).tolist(), 6]
+        tables.append(ExpertTable.build([cuda_group(k, n, b, 2, 100 * proj + e) for e, b in enumerate(bits)],
+                                        layout="ragged"))  # fmt: skip
+    x = torch.randn(tokens, d, device="cuda")
+    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
+    wts = torch.rand(tokens, topk, device="cuda") + 0.05
+    lanes = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False)
+    scratch = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True)
+    assert float((lanes - scratch).norm() / scratch.norm()) < TOL, "the two paths sum in other orders only"
+    monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
+    assert torch.equal(tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False), lanes)
