@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
+#                                             (TFC_ROWS_ARGS="--variants a,b --scratch-variants c": fewer variants)
 #   bash benchmarks/h200_serving.sh attendrows  # attend_rows_h200.py: the attention kernel's products on the matrix units against FMA (#19)
 #   bash benchmarks/h200_serving.sh attendncu   # Nsight Compute on that kernel's first launch at 2,048 rows (#19)
 #   bash benchmarks/h200_serving.sh rowsncu     # Nsight Compute on that kernel: stalls, pipes, its SASS opcodes (#19)
@@ -81,7 +82,7 @@ case "$PART" in
     timeout "${TFC_PREFILL_S:-420}" python3 benchmarks/prefill_h200.py --image "$IMG" --out "$OUT/prefill_h200.json" \
       --budget-s "$(( ${TFC_PREFILL_S:-420} - 90 ))" ${TFC_PREFILL_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -20 ;;
   rowskernel)  # the many-row EXL3 product alone: launch variants, registers and spills, the 16-row kernel beside it
-    timeout "${TFC_ROWS_S:-300}" python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
+    timeout "${TFC_ROWS_S:-300}" python3 benchmarks/rows_kernel_h200.py --out "$OUT/rows_kernel_h200.json" ${TFC_ROWS_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   attendrows)  # the attention kernel alone at Flash shapes: matrix-unit pieces against FMA, blocks, runs, rows
     timeout "${TFC_ATTEND_S:-300}" python3 benchmarks/attend_rows_h200.py --out "$OUT/attend_rows_h200.json" ${TFC_ATTEND_ARGS:-} 2>&1 | grep -v "^DEBUG\|^INFO " | tail -25 ;;
   attendncu)  # Nsight Compute on attend_rows' first launch at 2,048 rows (TFC_ATTEND_VARIANT, default the kernel's default)

@@ -197,7 +197,16 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--ncu", action="store_true",
                     help="only run the default variant on the 3-bit group three times (for Nsight Compute)")  # fmt: skip
+    ap.add_argument("--variants", default="", help="the tile variants timed, comma-separated (default: all)")
+    ap.add_argument("--scratch-variants", default="",
+                    help="the scratch variants timed, comma-separated (default: all)")  # fmt: skip
     args = ap.parse_args()
+    for arg, table in ((args.variants, VARIANTS), (args.scratch_variants, SCRATCH_VARIANTS)):
+        names = [v for v in arg.split(",") if v]
+        if any(v not in table for v in names):
+            ap.error(f"variants are {', '.join(table)}; got {arg!r}")
+        for v in [v for v in table if names and v not in names]:
+            del table[v]
     if args.ncu:
         from tfc.kernels import exl3_rows
 
