@@ -28,7 +28,9 @@ from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, 
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
-BLOCK_K = 32  # k rows decoded per loop iteration
+BLOCK_K = (
+    64  # k rows decoded per loop iteration (32 where k is not a multiple: the bits are fixed by the shape)
+)
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
@@ -204,7 +206,8 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     m, two, k = xh.shape
     if two != 2 or xh.dtype != torch.float16 or not xh.is_contiguous():
         raise ValueError(f"xh must be contiguous [M, 2, k] fp16 halves, not {tuple(xh.shape)} {xh.dtype}")
-    if k % BLOCK_K or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
+    bk = BLOCK_K if k % BLOCK_K == 0 else 32
+    if k % bk or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
     if tiles.numel() and m:
         if scratch:
@@ -213,7 +216,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
         else:
             _rows_kernel[(tiles.shape[0], n // 128)](
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
-                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=BLOCK_K, LANES=TILE_DECODE == "lanes",
+                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
                 num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip

@@ -1,8 +1,9 @@
 """The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
 GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64.
 
-1e-5 relative to float64 is the fp32-level bound of the interpreted tests (fp16 high / low input halves, fp32
-sums and butterflies); a dropped half would show ~1e-4, a wrong column block order 1.
+3e-5 relative to float64 bounds fp32-level sums over k = 5,120 on the matrix units (measured 1.2e-5 on an H100;
+fp16 high / low input halves, fp32 sums and butterflies); a dropped half would show ~1e-4, a wrong column block
+order 1.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from support.exl3_inputs import cuda_group
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
-TOL = 1e-5
+TOL = 3e-5
 
 
 @pytest.fixture()
@@ -34,10 +35,10 @@ def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tiles_only, monkeyp
     tr, suh, svh, cb = cuda_group(k, n, bits, codebook, 11)
     x = torch.randn(150, k, device="cuda")
     lanes = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
-    want = x.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
-    assert float((lanes.double() - want).norm() / want.norm()) < TOL
     monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
     assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), lanes)
+    want = x.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    assert float((lanes.double() - want).norm() / want.norm()) < TOL
 
 
 def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(
