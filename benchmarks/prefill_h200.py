@@ -30,7 +30,7 @@ checks the others' last logits against the first's; `fma` is dense with the atte
 (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
 decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first;
 `windows` is dense with the tiles' weights decoded by two gathered words a weight instead of the lane decode;
-`k32` is dense with the tiles' k step at 32 rows (exl3_rows.BLOCK_K) instead of 64.
+`k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k32")
-BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k32" (the tiles' default k step)
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64")
+BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k64" (the tiles' default k step)
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -77,10 +77,10 @@ def set_path(path: str) -> None:
     tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
     (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
     attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
-    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k32": dense, the tiles' k step 32."""
+    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64."""
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
-    exl3_rows.BLOCK_K = 32 if path == "k32" else BLOCK_K
+    exl3_rows.BLOCK_K = 64 if path == "k64" else BLOCK_K
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
@@ -289,7 +289,7 @@ def main() -> None:
         "--paths",
         default="dense",
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
-        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k32 (dense, the tiles' k step 32)",
+        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()

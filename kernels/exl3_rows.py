@@ -28,9 +28,8 @@ from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, 
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
-BLOCK_K = (
-    64  # k rows decoded per loop iteration (32 where k is not a multiple: the bits are fixed by the shape)
-)
+# k rows decoded per loop iteration (32 where k is not a multiple of it; 64: prefill_h200.py --paths k64)
+BLOCK_K = 32
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
