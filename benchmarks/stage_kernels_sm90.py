@@ -16,7 +16,7 @@ launches with) and the compile seconds, or the error.
 
     python3 benchmarks/stage_kernels_sm90.py --out benchmarks/results/decode/stage_kernels_sm90_run1.json
 
-`--triton-path` puts another Triton first on sys.path (e.g. the 3.6 of the H200 machine); the launch
+`--only exl3_rows` compiles only the entry points whose name holds that text. `--triton-path` puts another Triton first on sys.path (e.g. the 3.6 of the H200 machine); the launch
 capture uses Triton 3.9's JITFunction internals (create_function_from_signature, _pack_args).
 """
 
