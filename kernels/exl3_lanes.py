@@ -74,12 +74,9 @@ def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexp
 @triton.jit
 def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
     """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
-    v = tl.reshape(
-        lane_tiles(block, tn, cb, W, CB, TK), [TK, 8, 8, 4, 2, 2, 2]
-    )  # tk, tile col, tc, tr, ql, qh, qc
-    return tl.reshape(
-        tl.permute(v, [0, 5, 3, 4, 1, 6, 2]), [TK * 16, 128]
-    )  # (tk qh tr ql), (tile col, qc tc)
+    # [tk, tile column, tc, tr, ql, qh, qc] -> rows (tk qh tr ql), columns (tile column, qc tc)
+    v = tl.reshape(lane_tiles(block, tn, cb, W, CB, TK), [TK, 8, 8, 4, 2, 2, 2])
+    return tl.reshape(tl.permute(v, [0, 5, 3, 4, 1, 6, 2]), [TK * 16, 128])
 
 
 __all__ = ["lane_block", "lane_tiles"]

@@ -1,7 +1,8 @@
 """EXL3 products for many rows (prefill): tiles of BM rows of one table entry on the matrix units, decoded once.
 
 One program takes BM rows that share an EXL3 entry (a whole linear, or one expert of an expert table) and one
-128-column block: it decodes W-hat BK rows at a time in registers (the per-element window gather), multiplies
+128-column block: it decodes W-hat BK rows at a time in registers (`TILE_DECODE`: the lane decode of kernels/exl3_lanes.py,
+or the per-element window gather), multiplies
 the rows' rotated input (fp16 high and low parts: two mma products, so the fp32 rotation reaches the sums to
 ~2^-22) into fp32; a second kernel applies the output H128 (seven fp32 butterfly stages a row block) and svh
 (in the first, the H128 product's registers made the k loop spill). Every row is summed over k in the same
@@ -54,8 +55,8 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
     block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window gathers."""
     tn = N // 16
     nw: tl.constexpr = W // 2
-    pos = tile_positions(BK, 128)
-    off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
+    if not LANES:
+        off_j, off_jp, shift = window_offsets(tile_positions(BK, 128), W, tn, BK, 128, W % 16 == 0)
     step = (BK // 16) * tn * nw
     ks = tl.arange(0, BK)
     x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
