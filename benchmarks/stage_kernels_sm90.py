@@ -16,8 +16,9 @@ launches with) and the compile seconds, or the error.
 
     python3 benchmarks/stage_kernels_sm90.py --out benchmarks/results/decode/stage_kernels_sm90_run1.json
 
-`--only exl3_rows` compiles only the entry points whose name holds that text. `--triton-path` puts another Triton first on sys.path (e.g. the 3.6 of the H200 machine); the launch
-capture uses Triton 3.9's JITFunction internals (create_function_from_signature, _pack_args).
+`--only exl3_rows` compiles only the entry points whose name holds that text (none: an error). `--triton-path` puts
+another Triton first on sys.path (e.g. the 3.6 of the H200 machine); the launch capture uses Triton 3.9's
+JITFunction internals (create_function_from_signature, _pack_args).
 """
 
 from __future__ import annotations
@@ -284,9 +285,12 @@ def main() -> None:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kernels: dict[str, dict] = {}  # one row per distinct compile (kernel, specialisation, options)
-    for entry, variant, call in _launches(torch):
-        if args.only not in entry:
-            continue
+    launches = [launch for launch in _launches(torch) if args.only in launch[0]]
+    if not launches:
+        ap.error(
+            f"--only {args.only!r} names no entry point; they are {', '.join(sorted({n for n, _, _ in _launches(torch)}))}"
+        )
+    for entry, variant, call in launches:
         for rows in ROWS:
             for fn, fargs, fkw, grid in _caught(call, rows):
                 sig, consts, attrs, options = _specialise(fn, fargs, fkw, backend)

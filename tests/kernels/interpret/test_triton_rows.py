@@ -159,11 +159,13 @@ def test_the_default_sends_the_linears_through_the_scratch_and_the_moe_to_the_ti
     assert calls == [1, 5, 5, 5], "the MoE's tables take the scratch when asked"
 
 
+@pytest.mark.parametrize("block_k", [32, 64])
 @pytest.mark.parametrize(("width", "codebook"), [(16, 0), (24, 2), (48, 1), (80, 2), (112, 0), (128, 2)])
-def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, width, codebook):
+def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, width, codebook, block_k):
     import torch
 
     monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    monkeypatch.setattr(tk.exl3_rows, "BLOCK_K", block_k)  # the default k step, and prefill_h200's k64
     assert tk.exl3_rows.TILE_DECODE == "lanes"
     rng = seeded(f"lanes_{width}_{codebook}")
     (trellis, suh, svh, cb), dense = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
