@@ -30,7 +30,9 @@ checks the others' last logits against the first's; `fma` is dense with the atte
 (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
 decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first;
 `windows` is dense with the tiles' weights decoded by two gathered words a weight instead of the lane decode;
-`k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order).
+`k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order);
+`onehalf` is dense with every many-row product on the rows' fp16 high halves alone (exl3_rows.LOW_HALF: one
+mma product a k step instead of two; the rows rounded to fp16, as the decode kernels round theirs at 2-16 rows).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from tfc.kernels import attend_keys, attend_rows, exl3_rows  # noqa: E402
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
-VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32)}
+VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32),
+            "bm32_w4_k32": (32, 4, 32), "bm64_w4_k64": (64, 4, 64)}  # fmt: skip
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
@@ -64,7 +67,7 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64")
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf")
 BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k64" (the tiles' default k step)
 
 
@@ -77,10 +80,12 @@ def set_path(path: str) -> None:
     tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
     (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
     attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
-    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64."""
+    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64;
+    "onehalf": dense, the products on the rows' fp16 high halves alone (exl3_rows.LOW_HALF)."""
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
     exl3_rows.BLOCK_K = 64 if path == "k64" else BLOCK_K
+    exl3_rows.LOW_HALF = path != "onehalf"
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
@@ -289,7 +294,8 @@ def main() -> None:
         "--paths",
         default="dense",
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
-        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64)",
+        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64),"
+        " onehalf (dense, the products on the rows' fp16 high halves alone)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()

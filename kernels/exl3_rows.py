@@ -38,6 +38,10 @@ MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's c
 # or four words) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
 # each other by benchmarks/prefill_h200.py --paths and rows_kernel_h200.py).
 TILE_DECODE = "lanes"
+# Whether the products take the rows' fp16 low halves too (two mma products a k step: the sums see the fp32
+# rotation to ~2^-22), or their high halves alone (one product: the rows rounded to fp16, as the decode kernels
+# round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths onehalf.
+LOW_HALF = True
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
 # MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
@@ -50,9 +54,9 @@ MOE_SCRATCH_TOKENS = 8192
 
 @triton.jit
 def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
-                BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr):  # fmt: skip
-    """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further) times W-hat's column
-    block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window gathers."""
+                BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr, LO: tl.constexpr):  # fmt: skip
+    """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further, if LO) times W-hat's
+    column block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window gathers."""
     tn = N // 16
     nw: tl.constexpr = W // 2
     if not LANES:
@@ -68,16 +72,17 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
             v = decode_at(base, off_j, off_jp, shift, cb, CB)
         base += step
         hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
-        lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
         acc = tl.dot(hi, v, acc)
-        acc = tl.dot(lo, v, acc)
+        if LO:
+            lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
+            acc = tl.dot(lo, v, acc)
     return acc
 
 
 @triton.jit
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off, stride_y,
                  WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                 LANES: tl.constexpr):  # fmt: skip
+                 LANES: tl.constexpr, LO: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows (the output
     rotation is _finish_kernel's: kept out of this loop, whose registers it would take)."""
     pid_m = tl.program_id(0)
@@ -96,13 +101,13 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         if len(WIDTHS) == 1:
             acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
-                              lo_off, WIDTHS[0], CB, BM, BK, LANES)  # fmt: skip
+                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO)  # fmt: skip
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
-                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES)  # fmt: skip
+                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
@@ -212,12 +217,12 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     if tiles.numel() and m:
         if scratch:
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
-                         out, BLOCK_M)  # fmt: skip
+                         out, BLOCK_M, LOW_HALF)  # fmt: skip
         else:
             _rows_kernel[(tiles.shape[0], n // 128)](
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
                 WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
-                num_warps=NUM_WARPS,
+                LO=LOW_HALF, num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip
         per_row = row_entries is not None

@@ -70,9 +70,9 @@ def _decode_entries_kernel(words_ptr, off_ptr, wid_ptr, cb_ptr, hit_ptr, out_ptr
 
 @triton.jit
 def _scratch_rows_kernel(xh_ptr, inv_ptr, w_ptr, y_ptr, tile_ptr, e0, EB, N, K, stride_x, lo_off, stride_y,
-                         BM: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                         BM: tl.constexpr, BK: tl.constexpr, LO: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0), if its entry e is
-    in this round's [e0, e0 + EB) (W-hat_e at w_ptr's entry e - e0)."""
+    in this round's [e0, e0 + EB) (W-hat_e at w_ptr's entry e - e0; the rows' low halves too if LO)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m)
@@ -89,10 +89,11 @@ def _scratch_rows_kernel(xh_ptr, inv_ptr, w_ptr, y_ptr, tile_ptr, e0, EB, N, K, 
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         for _ in range(0, K, BK):
             hi = tl.load(x_at, mask=live[:, None], other=0.0)
-            lo = tl.load(x_at + lo_off, mask=live[:, None], other=0.0)
             v = tl.load(w_at)
             acc = tl.dot(hi, v, acc)
-            acc = tl.dot(lo, v, acc)
+            if LO:
+                lo = tl.load(x_at + lo_off, mask=live[:, None], other=0.0)
+                acc = tl.dot(lo, v, acc)
             x_at += BK
             w_at += BK * N
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
@@ -119,9 +120,11 @@ def decode_round(words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tenso
 
 def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offsets: torch.Tensor,
                  widths: torch.Tensor, codebooks: torch.Tensor, tiles: torch.Tensor, n: int,
-                 width_set: tuple[int, ...], codebook: int, out: torch.Tensor, block_m: int) -> None:  # fmt: skip
+                 width_set: tuple[int, ...], codebook: int, out: torch.Tensor, block_m: int,
+                 low_half: bool = True) -> None:  # fmt: skip
     """out[r] = (xh[r] @ W-hat_e) * inv[r] for every row r of every tile (the output rotation is the caller's):
-    the entries with rows decoded SCRATCH_BYTES at a time, each round's tiles multiplied from the scratch."""
+    the entries with rows decoded SCRATCH_BYTES at a time, each round's tiles multiplied from the scratch (the
+    rows' fp16 high halves, and their low halves with low_half)."""
     k = xh.shape[2]
     entries = offsets.numel()
     if k % DECODE_ROWS:
@@ -134,7 +137,7 @@ def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offse
         decode_round(words, offsets, widths, codebooks, hit, scratch, e0, width_set, codebook)
         _scratch_rows_kernel[(tiles.shape[0], n // 128)](
             xh, inv, scratch, out, tiles, e0, per_round, n, k, 2 * k, k, out.stride(0), BM=block_m, BK=bk,
-            num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            LO=low_half, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
         )  # fmt: skip
 
 

@@ -178,6 +178,25 @@ def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, wi
     assert float((lanes.double() - want).norm() / want.norm()) < TOL
 
 
+@PATHS
+def test_without_low_halves_the_products_take_the_rows_rounded_to_fp16(tk, monkeypatch, scratch):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", scratch)
+    rng = seeded(f"one_half_{scratch}")
+    (trellis, suh, svh, cb), dense = random_group(tk.exl3_reference, rng, 128, 256, 48, 1)
+    x = torch.randn(70, 128)
+    both = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
+    monkeypatch.setattr(tk.exl3_rows, "LOW_HALF", False)
+    one = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
+    xh, inv = tk.exl3_rows.rotated_pairs(x, suh)
+    # The rows the high halves stand for: the rotation is orthonormal and its own inverse, so undo it on them.
+    rounded = tk.exl3_rows.fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
+    want = rounded.double() @ dense.double()
+    assert float((one.double() - want).norm() / want.norm()) < TOL
+    assert float((one - both).norm() / both.norm()) > 1e-5, "fp16 rounding must show against both halves"
+
+
 def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(tk, monkeypatch):
     import torch
 
