@@ -156,10 +156,14 @@ def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh, TOP: tl.constexpr):
-    """rotated_pairs for row program_id(0): its rotation's largest magnitude, then its scaled halves."""
+def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh,
+                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr):  # fmt: skip
+    """rotated_pairs for row program_id(0) (of x's row src[row] with GATHER_X, suh's row ent[row] with
+    GATHER_SUH): its rotation's largest magnitude, then its scaled halves."""
     row = tl.program_id(0).to(tl.int64)
-    x_row, suh_row, out = x_ptr + row * stride_x, suh_ptr + row * stride_suh, xh_ptr + row * 2 * K
+    x_at = tl.load(src_ptr + row).to(tl.int64) if GATHER_X else row
+    suh_at = tl.load(ent_ptr + row).to(tl.int64) if GATHER_SUH else row
+    x_row, suh_row, out = x_ptr + x_at * stride_x, suh_ptr + suh_at * stride_suh, xh_ptr + row * 2 * K
     amax = tl.zeros([128], dtype=tl.float32)
     for k0 in range(0, K, 128):
         amax = tl.maximum(amax, tl.abs(rotated128(x_row, suh_row, k0)))
@@ -179,25 +183,34 @@ def _rotate_rows_kernel(x_ptr, suh_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh
 ROTATE_IN_KERNEL = True
 
 
-def rotate_rows(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's)."""
-    m, k = x.shape
+def rotate_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
+                entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's), the
+    gathers of rows / entries read in place."""
+    k = x.shape[1]
+    m = x.shape[0] if rows is None else rows.numel()
     if k % 128 or suh.shape[-1] != k:
         raise ValueError(f"x {tuple(x.shape)} and suh {tuple(suh.shape)} must share k, a multiple of 128")
     x, suh = x.contiguous(), suh.contiguous()
     xh = torch.empty((m, 2, k), dtype=torch.float16, device=x.device)
     inv = torch.empty(m, dtype=torch.float32, device=x.device)
     if m:
-        _rotate_rows_kernel[(m,)](x, suh, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0, TOP=HALVES_TOP,
+        src = x if rows is None else rows.contiguous()
+        ent = x if entries is None else entries.contiguous()
+        _rotate_rows_kernel[(m,)](x, suh, src, ent, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0,
+                                  TOP=HALVES_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None,
                                   num_warps=1, enable_fp_fusion=False)  # fmt: skip
     return xh, inv
 
 
-def rotated_pairs(x: torch.Tensor, suh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32."""
+def rotated_pairs(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
+                  entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32; with rows, of
+    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k])."""
     if ROTATE_IN_KERNEL and x.is_cuda:
-        return rotate_rows(x, suh)
-    return split_halves(fwht128_rows(x.float() * suh.float()))
+        return rotate_rows(x, suh, rows, entries)
+    xs = x if rows is None else x[rows]
+    return split_halves(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
 
 
 def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tensor,
@@ -302,14 +315,13 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     entries, order = torch.sort(flat, stable=True)
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
-    xs = x[token].float()
     scratch = moe_scratch(tokens) if scratch is None else scratch
-    gate = _table_rows(rotated_pairs(xs, w1.suh[entries]), w1, tiles, entries, scratch)
-    up = _table_rows(rotated_pairs(xs, w3.suh[entries]), w3, tiles, entries, scratch)
+    gate = _table_rows(rotated_pairs(x, w1.suh, token, entries), w1, tiles, entries, scratch)
+    up = _table_rows(rotated_pairs(x, w3.suh, token, entries), w3, tiles, entries, scratch)
     if swiglu_limit > 0:
         gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
     act = F.silu(gate) * up * wts.reshape(-1)[order, None]
-    down = _table_rows(rotated_pairs(act, w2.suh[entries]), w2, tiles, entries, scratch)
+    down = _table_rows(rotated_pairs(act, w2.suh, entries=entries), w2, tiles, entries, scratch)
     per_pair = torch.empty_like(down)
     per_pair[order] = down
     per_pair = per_pair.view(tokens, topk + 1, -1)

@@ -1,5 +1,7 @@
 """The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
-GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64.
+GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64;
+the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the one-half products
+(`LOW_HALF` off) against float64 on the rows rounded to fp16.
 
 3e-5 relative to float64 bounds fp32-level sums over k = 5,120 on the matrix units (measured 1.2e-5 on an H100;
 fp16 high / low input halves, fp32 sums and butterflies); a dropped half would show ~1e-4, a wrong column block
@@ -62,3 +64,32 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
     assert float((lanes - scratch).norm() / scratch.norm()) < TOL, "the two paths sum in other orders only"
     monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
     assert torch.equal(tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False), lanes)
+
+
+def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
+    from tfc.kernels import exl3_rows
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(70, 5120, device="cuda", generator=gen).bfloat16()
+    signs = torch.randint(0, 2, (13, 5120), device="cuda", generator=gen).half() * 2 - 1
+    rows = torch.randint(0, 70, (420,), device="cuda", generator=gen)
+    entries = torch.sort(torch.randint(0, 13, (420,), device="cuda", generator=gen)).values
+    got = exl3_rows.rotate_rows(x, signs, rows, entries)
+    want = exl3_rows.split_halves(exl3_rows.fwht128_rows(x[rows].float() * signs[entries].float()))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("scratch", ["all", "none"])
+def test_the_one_half_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
+    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3_decode import exl3_decode
+
+    monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
+    monkeypatch.setattr(exl3_rows, "LOW_HALF", False)
+    tr, suh, svh, cb = cuda_group(5120, 2304, 3, 0, 12)
+    x = torch.randn(150, 5120, device="cuda")
+    got = exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb)
+    xh, inv = exl3_rows.rotated_pairs(x, suh)
+    rounded = exl3_rows.fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
+    want = rounded.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    assert float((got.double() - want).norm() / want.norm()) < TOL

@@ -245,3 +245,23 @@ def test_the_rotation_kernel_gives_the_torch_paths_bits(tk, per_row):
     back = (halves[:, 0].float() + halves[:, 1].float()) * inv[:, None]
     rotated = tk.exl3_rows.fwht128_rows(x * signs.float())
     assert float((back - rotated).abs().max()) <= 2.0**-20 * float(rotated.abs().max())
+
+
+def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place(tk):
+    import torch
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 256, generator=gen).bfloat16()  # the MoE's tokens, as the forward holds them
+    signs = torch.randint(0, 2, (3, 256), generator=gen).half() * 2 - 1  # an expert table's suh rows
+    rows = torch.tensor([4, 0, 0, 2, 4, 1, 3])
+    entries = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    want = tk.exl3_rows.split_halves(tk.exl3_rows.fwht128_rows(x[rows].float() * signs[entries].float()))
+    for got in (
+        tk.exl3_rows.rotate_rows(x, signs, rows, entries),
+        tk.exl3_rows.rotated_pairs(x, signs, rows, entries),
+    ):
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    per_pair = x[rows].float()  # entries alone: the rows are already one a pair (the MoE's down products)
+    got = tk.exl3_rows.rotate_rows(per_pair, signs, entries=entries)
+    want = tk.exl3_rows.split_halves(tk.exl3_rows.fwht128_rows(per_pair * signs[entries].float()))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
