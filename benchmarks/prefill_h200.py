@@ -32,7 +32,8 @@ decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its ke
 `windows` is dense with the tiles' weights decoded by two gathered words a weight instead of the lane decode;
 `k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order);
 `onehalf` is dense with every many-row product on the rows' fp16 high halves alone (exl3_rows.LOW_HALF: one
-mma product a k step instead of two; the rows rounded to fp16, as the decode kernels round theirs at 2-16 rows).
+mma product a k step instead of two; the rows rounded to fp16, as the decode kernels round theirs at 2-16 rows);
+`prefetch` is dense with the tiles' loop loading each k step's words and rows one step ahead (exl3_rows.TILE_PREFETCH).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf")
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf", "prefetch")
 BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k64" (the tiles' default k step)
 
 
@@ -81,11 +82,13 @@ def set_path(path: str) -> None:
     (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
     attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
     by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64;
-    "onehalf": dense, the products on the rows' fp16 high halves alone (exl3_rows.LOW_HALF)."""
+    "onehalf": dense, the products on the rows' fp16 high halves alone (exl3_rows.LOW_HALF); "prefetch": dense,
+    the tiles' loop loading each step's words and rows a step ahead (exl3_rows.TILE_PREFETCH)."""
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
     exl3_rows.BLOCK_K = 64 if path == "k64" else BLOCK_K
     exl3_rows.LOW_HALF = path != "onehalf"
+    exl3_rows.TILE_PREFETCH = path == "prefetch"
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
@@ -295,7 +298,7 @@ def main() -> None:
         default="dense",
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
         " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64),"
-        " onehalf (dense, the products on the rows' fp16 high halves alone)",
+        " onehalf (dense, the products on the rows' fp16 high halves alone), prefetch (dense, the tiles' loads a step ahead)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()

@@ -49,7 +49,8 @@ EXPERTS, TOP_K, SCALING = 384, 6, 1.5
 SELECT_COLS, CHUNK, RATIO = 8192, 4096, 2  # select's columns, chunk_scores' chunk (SCORE_CHUNK), pooled ratio
 SLOTS, ENTRIES = 8, 65536  # cache slots (the ring / pending tables hold slots + 1), pooled entries
 EPS = 1e-6
-ROWS_PATHS = ("scratch", "tiles", "windows")  # the many-row products' paths (windows: tiles, window gathers)
+# the many-row products' paths (windows: tiles, window gathers; prefetch: tiles, loads a step ahead)
+ROWS_PATHS = ("scratch", "tiles", "windows", "prefetch")
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -96,9 +97,11 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
 
     def rows_path(path):
-        """Set the many-row products' path: scratch, tiles (the lane decode) or windows (tiles, window gathers)."""
+        """Set the many-row products' path: scratch, tiles (the lane decode), windows (tiles, window gathers) or
+        prefetch (tiles, each step's loads a step ahead)."""
         xr.SCRATCH = "all" if path == "scratch" else "none"
         xr.TILE_DECODE = "windows" if path == "windows" else "lanes"
+        xr.TILE_PREFETCH = path == "prefetch"
 
     def rows_gemm(r, path):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""

@@ -39,26 +39,44 @@ def _lane_value(
 
 
 @triton.jit
-def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
-    """fp16 [TK * 8, 8, 4, 2, 2, 2] (tile, tc, tr, ql, qh, qc): W-hat of the TK x 8 tiles whose first tile's
-    words are at block (tiles tn apart along k, W int16 words a tile). Lane t = 4 tc + tr of a tile holds its
-    positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc of the tile."""
-    nw: tl.constexpr = W // 2  # int32 words a tile
+def _lane_geometry(W: tl.constexpr, TK: tl.constexpr):
+    """Per lane of the step's TK x 8 tiles: its tile, lane t, first window bit, ring position and first word."""
     ring: tl.constexpr = 16 * W  # bits a tile
-    WORDS: tl.constexpr = 3 if W <= 96 else 4
     g = tl.arange(0, TK * 8 * 32)  # the step's tiles (TK tile rows of 8 tile columns) x 32 lanes
     tile = g // 32
     t = g % 32
     first = (((8 * t + 1) * W) >> 4) - 16  # the lane's first window's first bit (before the ring wraps)
     at = (first + ring) % ring
-    j0 = at >> 5
+    return tile, t, first, at, at >> 5
+
+
+@triton.jit
+def lane_words(block, tn, W: tl.constexpr, TK: tl.constexpr):
+    """int32 words (w0, w1, w2, w3) of each lane's window for lane_tiles' step at block (w3 only used where a
+    window spans four words)."""
+    nw: tl.constexpr = W // 2  # int32 words a tile
+    tile, _, _, _, j0 = _lane_geometry(W, TK)
     words = block + ((tile // 8) * tn + tile % 8) * nw
-    w0 = tl.load(words + j0).to(tl.uint32, bitcast=True).to(tl.uint64)
-    w1 = tl.load(words + (j0 + 1) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
-    w2 = tl.load(words + (j0 + 2) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+    w0 = tl.load(words + j0)
+    w1 = tl.load(words + (j0 + 1) % nw)
+    w2 = tl.load(words + (j0 + 2) % nw)
+    w3 = w2
+    if W > 96:
+        w3 = tl.load(words + (j0 + 3) % nw)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """lane_tiles from the lanes' words (lane_words)."""
+    WORDS: tl.constexpr = 3 if W <= 96 else 4
+    _, t, first, at, _ = _lane_geometry(W, TK)
+    w0 = w0.to(tl.uint32, bitcast=True).to(tl.uint64)
+    w1 = w1.to(tl.uint32, bitcast=True).to(tl.uint64)
+    w2 = w2.to(tl.uint32, bitcast=True).to(tl.uint64)
     a, b, c3 = (w0 << 32) | w1, (w1 << 32) | w2, w2
     if WORDS > 3:
-        c3 = (w2 << 32) | tl.load(words + (j0 + 3) % nw).to(tl.uint32, bitcast=True).to(tl.uint64)
+        c3 = (w2 << 32) | w3.to(tl.uint32, bitcast=True).to(tl.uint64)
     v0 = _lane_value(a, b, c3, at, t, first, 0, cb, W, CB, WORDS)
     v1 = _lane_value(a, b, c3, at, t, first, 1, cb, W, CB, WORDS)
     v2 = _lane_value(a, b, c3, at, t, first, 2, cb, W, CB, WORDS)
@@ -72,11 +90,26 @@ def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexp
 
 
 @triton.jit
-def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
-    """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
+def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """fp16 [TK * 8, 8, 4, 2, 2, 2] (tile, tc, tr, ql, qh, qc): W-hat of the TK x 8 tiles whose first tile's
+    words are at block (tiles tn apart along k, W int16 words a tile). Lane t = 4 tc + tr of a tile holds its
+    positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc of the tile."""
+    w0, w1, w2, w3 = lane_words(block, tn, W, TK)
+    return lane_cut(w0, w1, w2, w3, cb, W, CB, TK)
+
+
+@triton.jit
+def as_block(tiles, TK: tl.constexpr):
+    """fp16 [16 TK, 128]: lane_tiles' values as the block's rows and columns."""
     # [tk, tile column, tc, tr, ql, qh, qc] -> rows (tk qh tr ql), columns (tile column, qc tc)
-    v = tl.reshape(lane_tiles(block, tn, cb, W, CB, TK), [TK, 8, 8, 4, 2, 2, 2])
+    v = tl.reshape(tiles, [TK, 8, 8, 4, 2, 2, 2])
     return tl.reshape(tl.permute(v, [0, 5, 3, 4, 1, 6, 2]), [TK * 16, 128])
 
 
-__all__ = ["lane_block", "lane_tiles"]
+@triton.jit
+def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
+    return as_block(lane_tiles(block, tn, cb, W, CB, TK), TK)
+
+
+__all__ = ["as_block", "lane_block", "lane_cut", "lane_tiles", "lane_words"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_lanes import lane_block
+from tfc.kernels.exl3_lanes import as_block, lane_block, lane_cut, lane_words
 from tfc.kernels.exl3_scratch import scratch_rows
 from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
@@ -38,6 +38,10 @@ MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's c
 # or four words) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
 # each other by benchmarks/prefill_h200.py --paths and rows_kernel_h200.py).
 TILE_DECODE = "lanes"
+# Whether a tile's loop loads each k step's words and rows one step ahead, in registers (with one pipeline
+# stage nothing else overlaps a step's loads with the step before; the same values and order, so the same bits);
+# timed against the default by benchmarks/prefill_h200.py --paths prefetch.
+TILE_PREFETCH = False
 # Whether the products take the rows' fp16 low halves too (two mma products a k step: the sums see the fp32
 # rotation to ~2^-22), or their high halves alone (one product: the rows rounded to fp16, as the decode kernels
 # round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths onehalf.
@@ -54,35 +58,59 @@ MOE_SCRATCH_TOKENS = 8192
 
 @triton.jit
 def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
-                BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr, LO: tl.constexpr):  # fmt: skip
+                BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr, LO: tl.constexpr,
+                PREFETCH: tl.constexpr):  # fmt: skip
     """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further, if LO) times W-hat's
-    column block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window gathers."""
+    column block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window
+    gathers; with PREFETCH (lanes only) each step's words and rows are loaded one step ahead, in registers."""
     tn = N // 16
     nw: tl.constexpr = W // 2
+    TK: tl.constexpr = BK // 16
     if not LANES:
         off_j, off_jp, shift = window_offsets(tile_positions(BK, 128), W, tn, BK, 128, W % 16 == 0)
-    step = (BK // 16) * tn * nw
+    step = TK * tn * nw
     ks = tl.arange(0, BK)
     x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
     acc = tl.zeros([BM, 128], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        if LANES:
-            v = lane_block(base, tn, cb, W, CB, BK // 16)
-        else:
-            v = decode_at(base, off_j, off_jp, shift, cb, CB)
-        base += step
-        hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
-        acc = tl.dot(hi, v, acc)
+    if PREFETCH:
+        w0, w1, w2, w3 = lane_words(base, tn, W, TK)
+        hi = tl.load(x_rows + ks[None, :], mask=live[:, None], other=0.0)
+        lo = hi
         if LO:
-            lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
-            acc = tl.dot(lo, v, acc)
+            lo = tl.load(x_rows + lo_off + ks[None, :], mask=live[:, None], other=0.0)
+        for k0 in range(0, K, BK):
+            # the next step's loads (the last step's again after the last: valid addresses, never used)
+            k_next = tl.where(k0 + BK < K, k0 + BK, k0)
+            n0, n1, n2, n3 = lane_words(base + (k_next - k0) // BK * step, tn, W, TK)
+            base += step
+            n_hi = tl.load(x_rows + (k_next + ks)[None, :], mask=live[:, None], other=0.0)
+            n_lo = n_hi
+            if LO:
+                n_lo = tl.load(x_rows + lo_off + (k_next + ks)[None, :], mask=live[:, None], other=0.0)
+            v = as_block(lane_cut(w0, w1, w2, w3, cb, W, CB, TK), TK)
+            acc = tl.dot(hi, v, acc)
+            if LO:
+                acc = tl.dot(lo, v, acc)
+            w0, w1, w2, w3, hi, lo = n0, n1, n2, n3, n_hi, n_lo
+    else:
+        for k0 in range(0, K, BK):
+            if LANES:
+                v = lane_block(base, tn, cb, W, CB, TK)
+            else:
+                v = decode_at(base, off_j, off_jp, shift, cb, CB)
+            base += step
+            hi = tl.load(x_rows + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
+            acc = tl.dot(hi, v, acc)
+            if LO:
+                lo = tl.load(x_rows + lo_off + (k0 + ks)[None, :], mask=live[:, None], other=0.0)
+                acc = tl.dot(lo, v, acc)
     return acc
 
 
 @triton.jit
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off, stride_y,
                  WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                 LANES: tl.constexpr, LO: tl.constexpr):  # fmt: skip
+                 LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows (the output
     rotation is _finish_kernel's: kept out of this loop, whose registers it would take)."""
     pid_m = tl.program_id(0)
@@ -101,13 +129,13 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         if len(WIDTHS) == 1:
             acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
-                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO)  # fmt: skip
+                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO, PREFETCH)  # fmt: skip
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
-                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO)  # fmt: skip
+                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO, PREFETCH)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
@@ -235,7 +263,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
             _rows_kernel[(tiles.shape[0], n // 128)](
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
                 WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
-                LO=LOW_HALF, num_warps=NUM_WARPS,
+                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip
         per_row = row_entries is not None

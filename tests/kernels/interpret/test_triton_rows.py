@@ -197,6 +197,35 @@ def test_without_low_halves_the_products_take_the_rows_rounded_to_fp16(tk, monke
     assert float((one - both).norm() / both.norm()) > 1e-5, "fp16 rounding must show against both halves"
 
 
+@pytest.mark.parametrize("block_k", [32, 64])
+@pytest.mark.parametrize(("width", "codebook"), [(16, 0), (48, 1), (112, 0), (128, 2)])
+def test_the_tiles_prefetching_loop_gives_the_default_loops_bits(tk, monkeypatch, width, codebook, block_k):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    monkeypatch.setattr(tk.exl3_rows, "BLOCK_K", block_k)
+    rng = seeded(f"prefetch_{width}_{codebook}")
+    (trellis, suh, svh, cb), _ = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
+    x = torch.randn(70, 128)
+    plain = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
+    monkeypatch.setattr(tk.exl3_rows, "TILE_PREFETCH", True)
+    assert torch.equal(tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb), plain)
+
+
+def test_the_moes_prefetching_tiles_give_the_default_loops_bits_over_a_ragged_table(tk, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    rng = seeded("prefetch_ragged")
+    tables, _ = _tables(tk, rng, "ragged")
+    x = torch.randn(TOKENS, D)
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    wts = torch.rand(TOKENS, TOPK) + 0.1
+    plain = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
+    monkeypatch.setattr(tk.exl3_rows, "TILE_PREFETCH", True)
+    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), plain)
+
+
 def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(tk, monkeypatch):
     import torch
 
