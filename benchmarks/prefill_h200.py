@@ -33,7 +33,9 @@ decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its ke
 `k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order);
 `onehalf` is dense with every many-row product on the rows' fp16 high halves alone (exl3_rows.LOW_HALF: one
 mma product a k step instead of two; the rows rounded to fp16, as the decode kernels round theirs at 2-16 rows);
-`prefetch` is dense with the tiles' loop loading each k step's words and rows one step ahead (exl3_rows.TILE_PREFETCH).
+`prefetch` is dense with the tiles' loop loading each k step's words and rows one step ahead (exl3_rows.TILE_PREFETCH);
+`finish` is dense with the output rotation and svh applied by the product tiles before they store, not by a
+second kernel (exl3_rows.FINISH_IN_TILES; the same bits).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf", "prefetch")
+PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf", "prefetch", "finish")
 BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k64" (the tiles' default k step)
 
 
@@ -83,12 +85,14 @@ def set_path(path: str) -> None:
     attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
     by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64;
     "onehalf": dense, the products on the rows' fp16 high halves alone (exl3_rows.LOW_HALF); "prefetch": dense,
-    the tiles' loop loading each step's words and rows a step ahead (exl3_rows.TILE_PREFETCH)."""
+    the tiles' loop loading each step's words and rows a step ahead (exl3_rows.TILE_PREFETCH); "finish": dense,
+    the output rotation and svh applied by the product tiles (exl3_rows.FINISH_IN_TILES)."""
     exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
     exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
     exl3_rows.BLOCK_K = 64 if path == "k64" else BLOCK_K
     exl3_rows.LOW_HALF = path != "onehalf"
     exl3_rows.TILE_PREFETCH = path == "prefetch"
+    exl3_rows.FINISH_IN_TILES = path == "finish"
     attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
 
@@ -298,7 +302,8 @@ def main() -> None:
         default="dense",
         help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
         " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64),"
-        " onehalf (dense, the products on the rows' fp16 high halves alone), prefetch (dense, the tiles' loads a step ahead)",
+        " onehalf (dense, the products on the rows' fp16 high halves alone), prefetch (dense, the tiles' loads a step ahead),"
+        " finish (dense, the output rotation in the product tiles)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()

@@ -49,8 +49,9 @@ EXPERTS, TOP_K, SCALING = 384, 6, 1.5
 SELECT_COLS, CHUNK, RATIO = 8192, 4096, 2  # select's columns, chunk_scores' chunk (SCORE_CHUNK), pooled ratio
 SLOTS, ENTRIES = 8, 65536  # cache slots (the ring / pending tables hold slots + 1), pooled entries
 EPS = 1e-6
-# the many-row products' paths (windows: tiles, window gathers; prefetch: tiles, loads a step ahead)
-ROWS_PATHS = ("scratch", "tiles", "windows", "prefetch")
+# the many-row products' paths (windows: tiles, window gathers; prefetch: tiles, loads a step ahead; finish:
+# scratch and tiles, the output rotation in their tiles)
+ROWS_PATHS = ("scratch", "tiles", "windows", "prefetch", "finish")
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -98,10 +99,12 @@ def _launches(torch) -> list[tuple[str, str, object]]:
 
     def rows_path(path):
         """Set the many-row products' path: scratch, tiles (the lane decode), windows (tiles, window gathers) or
-        prefetch (tiles, each step's loads a step ahead)."""
-        xr.SCRATCH = "all" if path == "scratch" else "none"
+        prefetch (tiles, each step's loads a step ahead); finish: tiles and scratch (the MoE's tables on the tiles
+        and the linears through the scratch, as the default), the output rotation in their tiles."""
+        xr.SCRATCH = {"scratch": "all", "finish": "dense"}.get(path, "none")
         xr.TILE_DECODE = "windows" if path == "windows" else "lanes"
         xr.TILE_PREFETCH = path == "prefetch"
+        xr.FINISH_IN_TILES = path == "finish"
 
     def rows_gemm(r, path):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""

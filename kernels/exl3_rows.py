@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3_lanes import as_block, lane_block, lane_cut, lane_words
 from tfc.kernels.exl3_scratch import scratch_rows
-from tfc.kernels.exl3_tl import decode_at, fwht128, rotated128, tile_positions, window_offsets
+from tfc.kernels.exl3_tl import decode_at, finished, fwht128, rotated128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
@@ -42,6 +42,10 @@ TILE_DECODE = "lanes"
 # stage nothing else overlaps a step's loads with the step before; the same values and order, so the same bits);
 # timed against the default by benchmarks/prefill_h200.py --paths prefetch.
 TILE_PREFETCH = False
+# Whether the tiles apply the output rotation and svh before they store (`finished`: _finish_kernel's operations
+# in its order, so its bits) instead of a second kernel reading and writing every output again; timed against
+# the default by benchmarks/prefill_h200.py --paths finish.
+FINISH_IN_TILES = False
 # Whether the products take the rows' fp16 low halves too (two mma products a k step: the sums see the fp32
 # rotation to ~2^-22), or their high halves alone (one product: the rows rounded to fp16, as the decode kernels
 # round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths onehalf.
@@ -108,11 +112,12 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 
 
 @triton.jit
-def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, N, K, stride_x, lo_off, stride_y,
-                 WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                 LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
-    """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows (the output
-    rotation is _finish_kernel's: kept out of this loop, whose registers it would take)."""
+def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, svh_ptr, N, K, stride_x,
+                 lo_off, stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                 LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr, FINISH: tl.constexpr,
+                 PER_ENTRY: tl.constexpr):  # fmt: skip
+    """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows; the output
+    rotation and svh (finished) here with FINISH, else by _finish_kernel."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m).to(tl.int32)
@@ -138,6 +143,8 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
                                       stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO, PREFETCH)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
+        if FINISH:
+            acc = finished(acc, svh_ptr, e, N, cols, BM, PER_ENTRY)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
         tl.store(dst, acc, mask=live[:, None])
 
@@ -256,19 +263,22 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     if k % bk or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
     if tiles.numel() and m:
+        per_row = row_entries is not None
+        finish = {"FINISH": FINISH_IN_TILES, "PER_ENTRY": per_row}
         if scratch:
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
-                         out, BLOCK_M, LOW_HALF)  # fmt: skip
+                         out, BLOCK_M, LOW_HALF, svh, finish)  # fmt: skip
         else:
             _rows_kernel[(tiles.shape[0], n // 128)](
-                xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), n, k, 2 * k, k, out.stride(0),
-                WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
-                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", num_warps=NUM_WARPS,
-                num_stages=NUM_STAGES, **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
+                xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
+                out.stride(0), WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
+                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", **finish, num_warps=NUM_WARPS,
+                num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
+                **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip
-        per_row = row_entries is not None
-        _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0), PER_ROW=per_row,
-                                      num_warps=1)  # fmt: skip
+        if not FINISH_IN_TILES:
+            _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0),
+                                          PER_ROW=per_row, num_warps=1)  # fmt: skip
     return out
 
 

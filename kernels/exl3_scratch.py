@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_lanes import lane_tiles
+from tfc.kernels.exl3_tl import finished
 
 SCRATCH_BYTES = 2 << 30  # decoded entries held at once (one entry at least, whatever its size)
 DECODE_ROWS = 128  # k rows a decode program takes (a multiple of 16 * TILE_ROWS)
@@ -69,10 +70,12 @@ def _decode_entries_kernel(words_ptr, off_ptr, wid_ptr, cb_ptr, hit_ptr, out_ptr
 
 
 @triton.jit
-def _scratch_rows_kernel(xh_ptr, inv_ptr, w_ptr, y_ptr, tile_ptr, e0, EB, N, K, stride_x, lo_off, stride_y,
-                         BM: tl.constexpr, BK: tl.constexpr, LO: tl.constexpr):  # fmt: skip
+def _scratch_rows_kernel(xh_ptr, inv_ptr, w_ptr, y_ptr, tile_ptr, svh_ptr, e0, EB, N, K, stride_x, lo_off, stride_y,
+                         BM: tl.constexpr, BK: tl.constexpr, LO: tl.constexpr, FINISH: tl.constexpr,
+                         PER_ENTRY: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0), if its entry e is
-    in this round's [e0, e0 + EB) (W-hat_e at w_ptr's entry e - e0; the rows' low halves too if LO)."""
+    in this round's [e0, e0 + EB) (W-hat_e at w_ptr's entry e - e0; the rows' low halves too if LO; finished
+    with FINISH: exl3_tl's `finished`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m)
@@ -97,6 +100,8 @@ def _scratch_rows_kernel(xh_ptr, inv_ptr, w_ptr, y_ptr, tile_ptr, e0, EB, N, K, 
             x_at += BK
             w_at += BK * N
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
+        if FINISH:
+            acc = finished(acc, svh_ptr, e, N, cols, BM, PER_ENTRY)
         dst = y_ptr + rows[:, None].to(tl.int64) * stride_y + cols[None, :]
         tl.store(dst, acc, mask=live[:, None])
 
@@ -121,10 +126,12 @@ def decode_round(words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tenso
 def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offsets: torch.Tensor,
                  widths: torch.Tensor, codebooks: torch.Tensor, tiles: torch.Tensor, n: int,
                  width_set: tuple[int, ...], codebook: int, out: torch.Tensor, block_m: int,
-                 low_half: bool = True) -> None:  # fmt: skip
-    """out[r] = (xh[r] @ W-hat_e) * inv[r] for every row r of every tile (the output rotation is the caller's):
-    the entries with rows decoded SCRATCH_BYTES at a time, each round's tiles multiplied from the scratch (the
-    rows' fp16 high halves, and their low halves with low_half)."""
+                 low_half: bool = True, svh: torch.Tensor | None = None,
+                 finish: dict | None = None) -> None:  # fmt: skip
+    """out[r] = (xh[r] @ W-hat_e) * inv[r] for every row r of every tile (the output rotation is the caller's,
+    unless finish {"FINISH": True, "PER_ENTRY": svh per entry} asks for it here with svh): the entries with rows
+    decoded SCRATCH_BYTES at a time, each round's tiles multiplied from the scratch (the rows' fp16 high halves,
+    and their low halves with low_half)."""
     k = xh.shape[2]
     entries = offsets.numel()
     if k % DECODE_ROWS:
@@ -136,8 +143,9 @@ def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offse
     for e0 in range(0, entries, per_round):
         decode_round(words, offsets, widths, codebooks, hit, scratch, e0, width_set, codebook)
         _scratch_rows_kernel[(tiles.shape[0], n // 128)](
-            xh, inv, scratch, out, tiles, e0, per_round, n, k, 2 * k, k, out.stride(0), BM=block_m, BK=bk,
-            LO=low_half, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+            xh, inv, scratch, out, tiles, inv if svh is None else svh, e0, per_round, n, k, 2 * k, k, out.stride(0),
+            BM=block_m, BK=bk, LO=low_half, **(finish or {"FINISH": False, "PER_ENTRY": False}), num_warps=NUM_WARPS,
+            num_stages=NUM_STAGES, enable_fp_fusion=not (finish or {}).get("FINISH", False),
         )  # fmt: skip
 
 

@@ -226,6 +226,25 @@ def test_the_moes_prefetching_tiles_give_the_default_loops_bits_over_a_ragged_ta
     assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), plain)
 
 
+@PATHS
+def test_the_tiles_own_finish_gives_the_finish_kernels_bits(tk, monkeypatch, scratch):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", scratch)
+    rng = seeded(f"finish_{scratch}")
+    (trellis, suh, svh, cb), _ = random_group(tk.exl3_reference, rng, 128, 256, 48, 1)
+    x = torch.randn(70, 128)
+    tables, _ = _tables(tk, rng, "ragged")
+    xm = torch.randn(TOKENS, D)
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    wts = torch.rand(TOKENS, TOPK) + 0.1
+    apart = (tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb),
+             tk.exl3_rows.moe_rows(xm, ids, wts, *tables, swiglu_limit=LIMIT))  # fmt: skip
+    monkeypatch.setattr(tk.exl3_rows, "FINISH_IN_TILES", True)
+    assert torch.equal(tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb), apart[0])
+    assert torch.equal(tk.exl3_rows.moe_rows(xm, ids, wts, *tables, swiglu_limit=LIMIT), apart[1])
+
+
 def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(tk, monkeypatch):
     import torch
 
