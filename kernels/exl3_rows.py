@@ -1,11 +1,11 @@
 """EXL3 products for many rows (prefill): tiles of BM rows of one table entry on the matrix units, decoded once.
 
 One program takes BM rows that share an EXL3 entry (a whole linear, or one expert of an expert table) and one
-128-column block: it decodes W-hat BK rows at a time in registers (`TILE_DECODE`: the lane decode of kernels/exl3_lanes.py,
-or the per-element window gather), multiplies
-the rows' rotated input (fp16 high and low parts: two mma products, so the fp32 rotation reaches the sums to
-~2^-22) into fp32; a second kernel applies the output H128 (seven fp32 butterfly stages a row block) and svh
-(in the first, the H128 product's registers made the k loop spill). Every row is summed over k in the same
+128-column block: it decodes W-hat BK rows at a time in registers (`TILE_DECODE`: the lane decode of
+kernels/exl3_lanes.py, or the per-element window gather), multiplies the rows' rotated input (fp16 high and low
+parts, kernels/exl3_rotate.py: two mma products, so the fp32 rotation reaches the sums to ~2^-22) into fp32; a
+second kernel applies the output H128 (seven fp32 butterfly stages a row block) and svh, or the tile itself
+before it stores (`FINISH_IN_TILES`). Every row is summed over k in the same
 order whatever rows share its tile or launch, so a row's bits never depend on its neighbours or on the row
 count. The tile list (entry, first row, rows) is built on the device (`expert_tiles`: no host sync, so a step
 using it can be captured); tiles with no rows return at once.
@@ -24,8 +24,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_lanes import as_block, lane_block, lane_cut, lane_words
+from tfc.kernels.exl3_rotate import fwht128_rows, rotate_rows, rotated_pairs, split_halves
 from tfc.kernels.exl3_scratch import scratch_rows
-from tfc.kernels.exl3_tl import decode_at, finished, fwht128, rotated128, tile_positions, window_offsets
+from tfc.kernels.exl3_tl import decode_at, finished, fwht128, tile_positions, window_offsets
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
@@ -162,92 +163,6 @@ def _finish_kernel(y_ptr, svh_ptr, ent_ptr, N, stride_y, PER_ROW: tl.constexpr):
     tl.store(dst, fwht128(tl.load(dst)) * 0.08838834764831845 * sv)
 
 
-# A row is scaled by a power of two that brings its largest value to [2^14, 2^15) before the split, so neither
-# half overflows fp16 nor sinks into its subnormals (small activations, ~1e-3, would lose the low half there).
-HALVES_TOP = 14
-
-
-def split_halves(xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 rows [M, k] as ([M, 2, k] fp16: each row times 2^s, its fp16 high part then the fp16 rest;
-    fp32 [M]: 2^-s, what the sums are scaled back by). Exact scaling: a row's bits depend on it alone."""
-    amax = xh.abs().amax(dim=1).clamp(min=2.0**-100)
-    _, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1): floor(log2 amax) = e - 1, exactly
-    scale = ((HALVES_TOP + 1 - e.int() + 127) << 23).view(torch.float32)
-    scaled = xh * scale[:, None]
-    hi = scaled.to(torch.float16)
-    return torch.stack((hi, (scaled - hi.float()).to(torch.float16)), dim=1), 1.0 / scale
-
-
-def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [M, k] fp32 @ blockdiag(H128) / sqrt(128), by seven butterfly stages (elementwise: a row's bits never
-    depend on the other rows, as a matrix product's blocking could make them)."""
-    m, k = x.shape
-    v = x.reshape(m * (k // 128), 128)
-    for half in (64, 32, 16, 8, 4, 2, 1):
-        v = v.view(-1, 128 // (2 * half), 2, half)
-        a, b = v[:, :, 0], v[:, :, 1]
-        v = torch.stack((a + b, a - b), dim=2)
-    return v.reshape(m, k) * 0.08838834764831845
-
-
-@triton.jit
-def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh,
-                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr):  # fmt: skip
-    """rotated_pairs for row program_id(0) (of x's row src[row] with GATHER_X, suh's row ent[row] with
-    GATHER_SUH): its rotation's largest magnitude, then its scaled halves."""
-    row = tl.program_id(0).to(tl.int64)
-    x_at = tl.load(src_ptr + row).to(tl.int64) if GATHER_X else row
-    suh_at = tl.load(ent_ptr + row).to(tl.int64) if GATHER_SUH else row
-    x_row, suh_row, out = x_ptr + x_at * stride_x, suh_ptr + suh_at * stride_suh, xh_ptr + row * 2 * K
-    amax = tl.zeros([128], dtype=tl.float32)
-    for k0 in range(0, K, 128):
-        amax = tl.maximum(amax, tl.abs(rotated128(x_row, suh_row, k0)))
-    e = ((tl.maximum(tl.max(amax, axis=0), 2.0**-100).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    scale = ((TOP - e + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(inv_ptr + row, ((e - TOP + 127) << 23).to(tl.float32, bitcast=True))
-    i = tl.arange(0, 128)
-    for k0 in range(0, K, 128):
-        v = rotated128(x_row, suh_row, k0) * scale
-        hi = v.to(tl.float16)
-        tl.store(out + k0 + i, hi)
-        tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
-
-
-# The rotation in one kernel a row instead of torch's ~25 launches, on a GPU (the bits are the torch path's:
-# test_triton_rows.py under the interpreter, rows_kernel_h200.py on a GPU, which also times it).
-ROTATE_IN_KERNEL = True
-
-
-def rotate_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's), the
-    gathers of rows / entries read in place."""
-    k = x.shape[1]
-    m = x.shape[0] if rows is None else rows.numel()
-    if k % 128 or suh.shape[-1] != k:
-        raise ValueError(f"x {tuple(x.shape)} and suh {tuple(suh.shape)} must share k, a multiple of 128")
-    x, suh = x.contiguous(), suh.contiguous()
-    xh = torch.empty((m, 2, k), dtype=torch.float16, device=x.device)
-    inv = torch.empty(m, dtype=torch.float32, device=x.device)
-    if m:
-        src = x if rows is None else rows.contiguous()
-        ent = x if entries is None else entries.contiguous()
-        _rotate_rows_kernel[(m,)](x, suh, src, ent, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0,
-                                  TOP=HALVES_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None,
-                                  num_warps=1, enable_fp_fusion=False)  # fmt: skip
-    return xh, inv
-
-
-def rotated_pairs(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                  entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32; with rows, of
-    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k])."""
-    if ROTATE_IN_KERNEL and x.is_cuda:
-        return rotate_rows(x, suh, rows, entries)
-    xs = x if rows is None else x[rows]
-    return split_halves(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
-
-
 def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tensor,
                 codebooks: torch.Tensor, svh: torch.Tensor, tiles: torch.Tensor, n: int, width_set: tuple[int, ...],
                 codebook: int, out: torch.Tensor, row_entries: torch.Tensor | None = None,
@@ -373,8 +288,10 @@ __all__ = [
     "BLOCK_M",
     "exl3_gemm_rows",
     "expert_tiles",
+    "fwht128_rows",
     "moe_rows",
     "moe_scratch",
+    "rotate_rows",
     "rotated_pairs",
     "split_halves",
 ]

@@ -224,20 +224,29 @@ def fwht128(x):
 
 
 @triton.jit
+def _block_stage(v, BM: tl.constexpr, H: tl.constexpr):
+    """One butterfly stage on every row of v [BM, 128]: columns H apart, (a, b) -> (a + b, a - b)."""
+    a, b = tl.split(tl.permute(tl.reshape(v, (BM, 64 // H, 2, H)), (0, 1, 3, 2)))
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (BM, 128))
+
+
+@triton.jit
 def fwht128_block(x, BM: tl.constexpr):
-    """x [BM, 128] fp32 -> each row @ H128 (unnormalized), by fwht128's seven butterfly stages in its order."""
-    v = x
-    for s in tl.static_range(7):
-        h: tl.constexpr = 64 >> s  # the stage pairs columns h apart (the top bit first)
-        a, b = tl.split(tl.permute(tl.reshape(v, (BM, 64 // h, 2, h)), (0, 1, 3, 2)))
-        v = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2)), (BM, 128))
-    return v
+    """x [BM, 128] fp32 -> each row @ H128 (unnormalized), by fwht128's seven butterfly stages in its order (the
+    top bit's pairs first)."""
+    v = _block_stage(x, BM, 64)
+    v = _block_stage(v, BM, 32)
+    v = _block_stage(v, BM, 16)
+    v = _block_stage(v, BM, 8)
+    v = _block_stage(v, BM, 4)
+    v = _block_stage(v, BM, 2)
+    return _block_stage(v, BM, 1)
 
 
 @triton.jit
 def finished(acc, svh_ptr, e, N, cols, BM: tl.constexpr, PER_ENTRY: tl.constexpr):
-    """A tile's [BM, 128] sums as exl3_rows' _finish_kernel leaves them: had128 / sqrt(128) * svh_e (e: the tile's entry,
-    with PER_ENTRY, else 0), the same operations in the same order (launched without fp contraction)."""
+    """A tile's [BM, 128] sums as exl3_rows' _finish_kernel leaves them: had128 / sqrt(128) * svh_e (e: the
+    tile's entry with PER_ENTRY, else 0), the same operations in the same order (launched without fp contraction)."""
     at = e.to(tl.int64) * N if PER_ENTRY else 0
     sv = tl.load(svh_ptr + at + cols).to(tl.float32)
     return fwht128_block(acc, BM) * 0.08838834764831845 * sv[None, :]

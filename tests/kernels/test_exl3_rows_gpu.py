@@ -1,7 +1,8 @@
 """The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
 GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64;
 the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the one-half products
-(`LOW_HALF` off) against float64 on the rows rounded to fp16.
+(`LOW_HALF` off) against float64 on the rows rounded to fp16; the prefetching loop and the tiles' own finish
+against the default bit for bit.
 
 3e-5 relative to float64 bounds fp32-level sums over k = 5,120 on the matrix units (measured 1.2e-5 on an H100;
 fp16 high / low input halves, fp32 sums and butterflies); a dropped half would show ~1e-4, a wrong column block
@@ -93,3 +94,32 @@ def test_the_one_half_products_take_the_rows_rounded_to_fp16(monkeypatch, scratc
     rounded = exl3_rows.fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
     want = rounded.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
     assert float((got.double() - want).norm() / want.norm()) < TOL
+
+
+@pytest.mark.parametrize("option", ["TILE_PREFETCH", "FINISH_IN_TILES"])
+@pytest.mark.parametrize("scratch", ["dense", "none"])
+def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(monkeypatch, option, scratch):
+    import numpy as np
+    from tfc.kernels import exl3_rows
+    from tfc.kernels.expert_table import ExpertTable
+
+    monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
+    tr, suh, svh, cb = cuda_group(5120, 2304, 4, 2, 13)
+    x = torch.randn(150, 5120, device="cuda")
+    d, inter, routed, topk, tokens = 2048, 1024, 12, 6, 70
+    rng = np.random.default_rng(4)
+    tables = []
+    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
+        bits = [*rng.choice([2, 3, 4, 6], size=routed).tolist(), 5]
+        tables.append(ExpertTable.build([cuda_group(k, n, b, 1, 50 * proj + e) for e, b in enumerate(bits)],
+                                        layout="ragged"))  # fmt: skip
+    xm = torch.randn(tokens, d, device="cuda")
+    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
+    wts = torch.rand(tokens, topk, device="cuda") + 0.05
+
+    def both():
+        return exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb), exl3_rows.moe_rows(xm, ids, wts, *tables, 10.0)
+
+    want = both()
+    monkeypatch.setattr(exl3_rows, option, True)
+    assert all(torch.equal(a, b) for a, b in zip(both(), want, strict=True))
