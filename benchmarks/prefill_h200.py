@@ -23,19 +23,16 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth, within a
   slot's tokens) on the first of --paths: GPU time by kernel, the largest first.
-`--paths dense,scratch,tiles` times every prefill on each path of the many-row products (scratch: every weight
-decoded once a step into a scratch, kernels/exl3_scratch.py; tiles: decoded again in every tile of rows,
-kernels/exl3_rows.py; dense, the default: the linears through the scratch, the MoE's tables on the tiles) and
-checks the others' last logits against the first's; `fma` is dense with the attention's products as fp32 FMA
-(attend_rows.PIECES 0) instead of bf16 pieces on the matrix units; `inrun` is dense with the attention's keys
-decoded in its runs (attend_keys.PREDECODE_ROWS past any step) instead of its key tables decoded to bf16 first;
-`windows` is dense with the tiles' weights decoded by two gathered words a weight instead of the lane decode;
-`k64` is dense with the tiles' k step at 64 rows (exl3_rows.BLOCK_K) instead of 32 (another summation order);
-`onehalf` is dense with every many-row product on the rows' fp16 high halves alone (exl3_rows.LOW_HALF: one
-mma product a k step instead of two; the rows rounded to fp16, as the decode kernels round theirs at 2-16 rows);
-`prefetch` is dense with the tiles' loop loading each k step's words and rows one step ahead (exl3_rows.TILE_PREFETCH);
-`finish` is dense with the output rotation and svh applied by the product tiles before they store, not by a
-second kernel (exl3_rows.FINISH_IN_TILES; the same bits).
+`--paths dense,scratch,tiles` times every prefill on each path of the many-row products and checks the others'
+last logits against the first's. `dense` is the default (the linears through the decoded scratch,
+kernels/exl3_scratch.py; the MoE's tables on the tiles, kernels/exl3_rows.py); every other path is dense with
+one thing changed (PATH_KNOBS), or several joined by "+" (`twohalves+k32`): `scratch` / `tiles` (every product
+through the scratch / on the tiles), `windows` (the tiles' weights by two gathered words a weight, not the lane
+decode), `k32` / `k64` (the tiles' k step), `twohalves` / `onehalf` (the products on the rows' fp16 high and
+low halves, or the high halves alone: exl3_rows.LOW_HALF), `noprefetch` / `prefetch` (the tiles' loop loading
+each k step's words and rows a step ahead), `nofinish` / `finish` (the output rotation and svh in the product
+tiles, or a second kernel), `fma` (the attention's products as fp32 FMA, attend_rows.PIECES 0, not bf16 pieces on
+the matrix units) and `inrun` (the attention's keys decoded in its runs, not its key tables decoded to bf16 first).
 """
 
 from __future__ import annotations
@@ -70,8 +67,17 @@ REPEATS = 3  # timed prefills of each prompt, width and path after the first (th
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
 PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-PATH_NAMES = ("dense", "scratch", "tiles", "fma", "inrun", "windows", "k64", "onehalf", "prefetch", "finish")
-BLOCK_K = exl3_rows.BLOCK_K  # of every path but "k64" (the tiles' default k step)
+# each path's changes from the defaults (exl3_rows' knobs; "fma" and "inrun" change the attention's)
+PATH_KNOBS = {
+    "dense": {}, "scratch": {"SCRATCH": "all"}, "tiles": {"SCRATCH": "none"}, "windows": {"TILE_DECODE": "windows"},
+    "k32": {"BLOCK_K": 32}, "k64": {"BLOCK_K": 64}, "twohalves": {"LOW_HALF": True}, "onehalf": {"LOW_HALF": False},
+    "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
+    "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
+}  # fmt: skip
+ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}
+
+
+DEFAULT_VARIANT = (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K)
 
 
 def set_variant(variant: tuple[int, int, int]) -> None:
@@ -79,22 +85,12 @@ def set_variant(variant: tuple[int, int, int]) -> None:
 
 
 def set_path(path: str) -> None:
-    """The many-row products through the decoded scratch ("scratch": all; "dense": the linears, the MoE on the
-    tiles) or decoding in each tile ("tiles"); "fma": dense, with the attention's products as fp32 FMA
-    (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units (every other path); "inrun": dense, the
-    attention's keys decoded in its runs, never its tables first; "windows": dense, the tiles' weights decoded
-    by window gathers instead of the lane decode (exl3_rows.TILE_DECODE); "k64": dense, the tiles' k step 64;
-    "onehalf": dense, the products on the rows' fp16 high halves alone (exl3_rows.LOW_HALF); "prefetch": dense,
-    the tiles' loop loading each step's words and rows a step ahead (exl3_rows.TILE_PREFETCH); "finish": dense,
-    the output rotation and svh applied by the product tiles (exl3_rows.FINISH_IN_TILES)."""
-    exl3_rows.SCRATCH = {"scratch": "all", "tiles": "none"}.get(path, "dense")
-    exl3_rows.TILE_DECODE = "windows" if path == "windows" else "lanes"
-    exl3_rows.BLOCK_K = 64 if path == "k64" else BLOCK_K
-    exl3_rows.LOW_HALF = path != "onehalf"
-    exl3_rows.TILE_PREFETCH = path == "prefetch"
-    exl3_rows.FINISH_IN_TILES = path == "finish"
-    attend_rows.PIECES = 0 if path == "fma" else ATTEND_PIECES
-    attend_keys.PREDECODE_ROWS = 1 << 40 if path == "inrun" else PREDECODE_ROWS
+    """exl3_rows' and the attention's defaults, then each of path's "+"-joined parts' changes (PATH_KNOBS)."""
+    parts = path.split("+")
+    for name, value in {**ROWS_DEFAULTS, **{n: v for p in parts for n, v in PATH_KNOBS[p].items()}}.items():
+        setattr(exl3_rows, name, value)
+    attend_rows.PIECES = 0 if "fma" in parts else ATTEND_PIECES
+    attend_keys.PREDECODE_ROWS = 1 << 40 if "inrun" in parts else PREDECODE_ROWS
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -138,7 +134,7 @@ def kernels(runner, res: dict) -> None:
                                                                 cfg.swiglu_limit), reps=5, warm=2)  # fmt: skip
             row[name] = {"s": t, "tflops": flops / t / 1e12}
         out["moe"][t_n] = row
-    set_variant(VARIANTS["bm64_w4_k32"])  # the default
+    set_variant(DEFAULT_VARIANT)
     res["kernels"] = out
 
 
@@ -300,10 +296,8 @@ def main() -> None:
     ap.add_argument(
         "--paths",
         default="dense",
-        help="the many-row products' paths, comma-separated: dense, scratch, tiles, fma (dense, FMA attention),"
-        " inrun (dense, the attention's keys decoded in its runs), windows (dense, the tiles' window-gather decode), k64 (dense, the tiles' k step 64),"
-        " onehalf (dense, the products on the rows' fp16 high halves alone), prefetch (dense, the tiles' loads a step ahead),"
-        " finish (dense, the output rotation in the product tiles)",
+        help="the many-row products' paths, comma-separated, each dense (the default) with one change or several"
+        " joined by +: " + ", ".join(PATH_KNOBS) + " (the module docstring says what each changes)",
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()
@@ -311,8 +305,8 @@ def main() -> None:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     REPEATS = args.repeats
     PATHS = tuple(args.paths.split(","))
-    if not PATHS or any(p not in PATH_NAMES for p in PATHS):
-        ap.error(f"--paths takes {', '.join(PATH_NAMES)}; got {args.paths!r}")
+    if not PATHS or any(p not in PATH_KNOBS for path in PATHS for p in path.split("+")):
+        ap.error(f"--paths takes {', '.join(PATH_KNOBS)}, or several joined by +; got {args.paths!r}")
     try:
         PREFILL = tuple(int(v) for v in args.prompts.split(","))
         WIDES = tuple(int(v) for v in args.widths.split(","))

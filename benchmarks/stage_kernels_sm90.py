@@ -49,9 +49,10 @@ EXPERTS, TOP_K, SCALING = 384, 6, 1.5
 SELECT_COLS, CHUNK, RATIO = 8192, 4096, 2  # select's columns, chunk_scores' chunk (SCORE_CHUNK), pooled ratio
 SLOTS, ENTRIES = 8, 65536  # cache slots (the ring / pending tables hold slots + 1), pooled entries
 EPS = 1e-6
-# the many-row products' paths (windows: tiles, window gathers; prefetch: tiles, loads a step ahead; finish:
-# scratch and tiles, the output rotation in their tiles)
-ROWS_PATHS = ("scratch", "tiles", "windows", "prefetch", "finish")
+# the many-row products' paths: scratch (every product through the decoded scratch), tiles (every product on the
+# tiles, exl3_rows' defaults otherwise), windows (tiles, window gathers), plain (tiles, no prefetch, no finish in
+# the tiles, both input halves, a k step of 32: the loop before those options)
+ROWS_PATHS = ("scratch", "tiles", "windows", "plain")
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -97,14 +98,19 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         c = e(r, SELECT_COLS, dtype=torch.bool) if cand else None
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
 
+    rows_defaults = {
+        n: getattr(xr, n) for n in ("TILE_DECODE", "TILE_PREFETCH", "FINISH_IN_TILES", "LOW_HALF", "BLOCK_K")
+    }
+
     def rows_path(path):
-        """Set the many-row products' path: scratch, tiles (the lane decode), windows (tiles, window gathers) or
-        prefetch (tiles, each step's loads a step ahead); finish: tiles and scratch (the MoE's tables on the tiles
-        and the linears through the scratch, as the default), the output rotation in their tiles."""
-        xr.SCRATCH = {"scratch": "all", "finish": "dense"}.get(path, "none")
-        xr.TILE_DECODE = "windows" if path == "windows" else "lanes"
-        xr.TILE_PREFETCH = path == "prefetch"
-        xr.FINISH_IN_TILES = path == "finish"
+        """Set the many-row products' path (ROWS_PATHS)."""
+        for name, value in rows_defaults.items():
+            setattr(xr, name, value)
+        xr.SCRATCH = "all" if path == "scratch" else "none"
+        if path == "windows":
+            xr.TILE_DECODE = "windows"
+        if path == "plain":
+            xr.TILE_PREFETCH, xr.FINISH_IN_TILES, xr.LOW_HALF, xr.BLOCK_K = False, False, True, 32
 
     def rows_gemm(r, path):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""

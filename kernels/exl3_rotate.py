@@ -42,9 +42,10 @@ def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh,
-                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr):  # fmt: skip
+                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr,
+                        LO: tl.constexpr):  # fmt: skip
     """rotated_pairs for row program_id(0) (of x's row src[row] with GATHER_X, suh's row ent[row] with
-    GATHER_SUH): its rotation's largest magnitude, then its scaled halves."""
+    GATHER_SUH): its rotation's largest magnitude, then its scaled halves (the low one only with LO)."""
     row = tl.program_id(0).to(tl.int64)
     x_at = tl.load(src_ptr + row).to(tl.int64) if GATHER_X else row
     suh_at = tl.load(ent_ptr + row).to(tl.int64) if GATHER_SUH else row
@@ -60,7 +61,8 @@ def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, st
         v = rotated128(x_row, suh_row, k0) * scale
         hi = v.to(tl.float16)
         tl.store(out + k0 + i, hi)
-        tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
+        if LO:
+            tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
 
 
 # The rotation in one kernel a row instead of torch's ~25 launches, on a GPU (the bits are the torch path's:
@@ -69,7 +71,7 @@ ROTATE_IN_KERNEL = True
 
 
 def rotate_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                entries: torch.Tensor | None = None, low: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's), the
     gathers of rows / entries read in place."""
     k = x.shape[1]
@@ -83,17 +85,18 @@ def rotate_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = 
         src = x if rows is None else rows.contiguous()
         ent = x if entries is None else entries.contiguous()
         _rotate_rows_kernel[(m,)](x, suh, src, ent, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0,
-                                  TOP=HALVES_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None,
+                                  TOP=HALVES_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None, LO=low,
                                   num_warps=1, enable_fp_fusion=False)  # fmt: skip
     return xh, inv
 
 
 def rotated_pairs(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                  entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                  entries: torch.Tensor | None = None, low: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32; with rows, of
-    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k])."""
+    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k]); without
+    low the GPU kernel leaves the low halves unwritten (for products that read the high halves alone)."""
     if ROTATE_IN_KERNEL and x.is_cuda:
-        return rotate_rows(x, suh, rows, entries)
+        return rotate_rows(x, suh, rows, entries, low)
     xs = x if rows is None else x[rows]
     return split_halves(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
 

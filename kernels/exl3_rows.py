@@ -31,7 +31,7 @@ from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
 # k rows decoded per loop iteration (32 where k is not a multiple of it; 64: prefill_h200.py --paths k64)
-BLOCK_K = 32
+BLOCK_K = 64
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
 MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's choice)
@@ -42,15 +42,15 @@ TILE_DECODE = "lanes"
 # Whether a tile's loop loads each k step's words and rows one step ahead, in registers (with one pipeline
 # stage nothing else overlaps a step's loads with the step before; the same values and order, so the same bits);
 # timed against the default by benchmarks/prefill_h200.py --paths prefetch.
-TILE_PREFETCH = False
+TILE_PREFETCH = True
 # Whether the tiles apply the output rotation and svh before they store (`finished`: _finish_kernel's operations
 # in its order, so its bits) instead of a second kernel reading and writing every output again; timed against
 # the default by benchmarks/prefill_h200.py --paths finish.
-FINISH_IN_TILES = False
+FINISH_IN_TILES = True
 # Whether the products take the rows' fp16 low halves too (two mma products a k step: the sums see the fp32
 # rotation to ~2^-22), or their high halves alone (one product: the rows rounded to fp16, as the decode kernels
 # round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths onehalf.
-LOW_HALF = True
+LOW_HALF = False
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
 # MoE's tables keep the tiles, where an expert with one tile of rows is decoded once anyway), "all" or "none"
@@ -213,7 +213,7 @@ def exl3_gemm_rows(x: torch.Tensor, trellis: torch.Tensor, suh: torch.Tensor, sv
     dev = x.device
     y = out if out is not None else torch.empty((x.shape[0], n), dtype=torch.float32, device=dev)
     one = torch.zeros(1, dtype=torch.int64, device=dev)
-    return launch_rows(rotated_pairs(x, suh), trellis.contiguous().view(torch.int32).reshape(-1), one,
+    return launch_rows(rotated_pairs(x, suh, low=LOW_HALF), trellis.contiguous().view(torch.int32).reshape(-1), one,
                        torch.full((1,), width, dtype=torch.int32, device=dev), one.int() + codebook, svh,
                        dense_tiles(x.shape[0], dev), n, (width,), codebook, y,
                        scratch=SCRATCH in ("dense", "all"))  # fmt: skip
@@ -269,12 +269,12 @@ def moe_rows(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     token = torch.div(order, topk + 1, rounding_mode="floor")
     tiles = expert_tiles(entries, w1.entries)
     scratch = moe_scratch(tokens) if scratch is None else scratch
-    gate = _table_rows(rotated_pairs(x, w1.suh, token, entries), w1, tiles, entries, scratch)
-    up = _table_rows(rotated_pairs(x, w3.suh, token, entries), w3, tiles, entries, scratch)
+    gate = _table_rows(rotated_pairs(x, w1.suh, token, entries, LOW_HALF), w1, tiles, entries, scratch)
+    up = _table_rows(rotated_pairs(x, w3.suh, token, entries, LOW_HALF), w3, tiles, entries, scratch)
     if swiglu_limit > 0:
         gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
     act = F.silu(gate) * up * wts.reshape(-1)[order, None]
-    down = _table_rows(rotated_pairs(act, w2.suh, entries=entries), w2, tiles, entries, scratch)
+    down = _table_rows(rotated_pairs(act, w2.suh, entries=entries, low=LOW_HALF), w2, tiles, entries, scratch)
     per_pair = torch.empty_like(down)
     per_pair[order] = down
     per_pair = per_pair.view(tokens, topk + 1, -1)

@@ -1,8 +1,9 @@
 """The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
 GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64;
-the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the one-half products
-(`LOW_HALF` off) against float64 on the rows rounded to fp16; the prefetching loop and the tiles' own finish
-against the default bit for bit.
+the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the default products (the
+rows' fp16 high halves alone, `LOW_HALF` off) against float64 on the rows rounded to fp16; the prefetching loop
+and the tiles' own finish (both on by default) against the loop without them, bit for bit. Tests of the decodes
+take both halves, whose fp32-level sums the tolerance below is for.
 
 3e-5 relative to float64 bounds fp32-level sums over k = 5,120 on the matrix units (measured 1.2e-5 on an H100;
 fp16 high / low input halves, fp32 sums and butterflies); a dropped half would show ~1e-4, a wrong column block
@@ -22,10 +23,12 @@ TOL = 3e-5
 
 @pytest.fixture()
 def tiles_only(monkeypatch):
-    """The module with every product on the tiles (the scratch off), restored after the test."""
+    """The module with every product on the tiles (the scratch off) and both input halves (fp32-level sums),
+    restored after the test."""
     from tfc.kernels import exl3_rows
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", "none")
+    monkeypatch.setattr(exl3_rows, "LOW_HALF", True)
     return exl3_rows
 
 
@@ -81,12 +84,12 @@ def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
 
 
 @pytest.mark.parametrize("scratch", ["all", "none"])
-def test_the_one_half_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
+def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
     from tfc.kernels import exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
-    monkeypatch.setattr(exl3_rows, "LOW_HALF", False)
+    assert not exl3_rows.LOW_HALF, "the default: the high halves alone"
     tr, suh, svh, cb = cuda_group(5120, 2304, 3, 0, 12)
     x = torch.randn(150, 5120, device="cuda")
     got = exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb)
@@ -99,6 +102,7 @@ def test_the_one_half_products_take_the_rows_rounded_to_fp16(monkeypatch, scratc
 @pytest.mark.parametrize("option", ["TILE_PREFETCH", "FINISH_IN_TILES"])
 @pytest.mark.parametrize("scratch", ["dense", "none"])
 def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(monkeypatch, option, scratch):
+    """Each option (on by default) against the loop without it, on the default's other settings."""
     import numpy as np
     from tfc.kernels import exl3_rows
     from tfc.kernels.expert_table import ExpertTable
@@ -120,6 +124,8 @@ def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(monkeypatch
     def both():
         return exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb), exl3_rows.moe_rows(xm, ids, wts, *tables, 10.0)
 
+    assert getattr(exl3_rows, option), "on by default"
+    monkeypatch.setattr(exl3_rows, option, False)
     want = both()
     monkeypatch.setattr(exl3_rows, option, True)
     assert all(torch.equal(a, b) for a, b in zip(both(), want, strict=True))
