@@ -8,7 +8,8 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
 - rates: the bf16 product peak (8192^3, graphed) and the HBM copy rate, as decode_h200.py measures them;
 - kernels: exl3_gemm_rows on the slice's layer-0 `wq_b` (1280 x 32768, the largest attention group) and the MoE
   (moe_rows, layer 0's tables, random routes) at several rows, for each launch variant (rows a tile, warps,
-  k a step); each checked against x @ the weight decoded on the device (relative Frobenius error < 1e-5)
+  k a step); each checked against x (as the products see it: exl3_rotate.rows_seen) @ the weight decoded on the
+  device (relative Frobenius error < 1e-5)
   before it is timed; TFLOP/s = 2 x rows x the weights a row multiplies / median time; beside it torch's bf16
   product of the same shape on the decoded weight (what a dense bf16 engine's GEMM would do);
 - checks: the runner's prefill forward on the slice: a 700-token prompt in one prompt row and in chunks of 300
@@ -98,6 +99,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def kernels(runner, res: dict) -> None:
+    from tfc.kernels.exl3_rotate import rows_seen
     from tfc.kernels.exl3_rows import exl3_gemm_rows, moe_rows
     from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
 
@@ -110,7 +112,7 @@ def kernels(runner, res: dict) -> None:
     out = {"wq_b": {"k": lin.k, "n": lin.n, "bits": int(lin.trellis.shape[-1]) // 16}, "moe": {}}
     for m in ROWS:
         x = torch.randn(m, lin.k, device="cuda", generator=gen)
-        want = x.double() @ dense.double()
+        want = rows_seen(x, lin.suh, exl3_rows.LOW_HALF).double() @ dense.double()
         xb = x.bfloat16()
         row = {"bf16_torch_tflops": 2 * m * lin.k * lin.n / timed(lambda xb=xb: xb @ bf) / 1e12}
         for name, variant in VARIANTS.items():

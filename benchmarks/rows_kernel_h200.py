@@ -10,7 +10,8 @@ variant (rows a tile, warps, k rows a step, pipeline stages, the tile decode: la
 rows: the median time between CUDA events,
 TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
-x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5) and against the first
+x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5; x as the products see it,
+`exl3_rotate.rows_seen`: rounded to fp16 by default) and against the first
 variant's bits (`bits_of_the_first`: equal where only the decode, warps or stages differ); `kernels_s` times the
 two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation;
 `rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. The
@@ -43,9 +44,10 @@ from decode_h200 import timed  # noqa: E402
 
 SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
 # (rows a tile, warps, k rows a step, stages, register cap, tile decode); the first is the tile path's default
+# (exl3_rows' other settings, LOW_HALF, TILE_PREFETCH, FINISH_IN_TILES, at their defaults in every variant)
 VARIANTS = {
-    "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "windows_bm64_w4_k32_s1": (64, 4, 32, 1, None, "windows"),
-    "bm64_w4_k64_s1": (64, 4, 64, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
+    "bm64_w4_k64_s1": (64, 4, 64, 1, None, "lanes"), "windows_bm64_w4_k64_s1": (64, 4, 64, 1, None, "windows"),
+    "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
     "bm64_w4_k32_s2": (64, 4, 32, 2, None, "lanes"), "bm32_w4_k32_s1": (32, 4, 32, 1, None, "lanes"),
 }  # fmt: skip
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
@@ -72,11 +74,12 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     from tfc.kernels import exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_gemv import exl3_gemm
+    from tfc.kernels.exl3_rotate import rows_seen
 
     trellis, suh, svh = group(k, n, bits, gen)
     dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
     x = torch.randn(ROWS, k, device="cuda", generator=gen)
-    want = x.double() @ dense.double()
+    want = rows_seen(x, suh, exl3_rows.LOW_HALF).double() @ dense.double()
     flops = 2 * ROWS * k * n
     bf, xb = dense.bfloat16(), x.bfloat16()
     row: dict = {"bf16_torch_tflops": flops / timed(lambda: xb @ bf) / 1e12}
@@ -131,6 +134,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
     """The scratch path's variants and the tile path's default at ROW_COUNTS rows: checked, then timed."""
     from tfc.kernels import exl3_rows, exl3_scratch
     from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3_rotate import rows_seen
 
     dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32).double()
     words = trellis.contiguous().view(torch.int32).reshape(-1)
@@ -139,7 +143,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
     out: dict = {}
     for rows in ROW_COUNTS:
         x = torch.randn(rows, k, device="cuda", generator=gen)
-        want = x.double() @ dense
+        want = rows_seen(x, suh, exl3_rows.LOW_HALF).double() @ dense
         halves = exl3_rows.rotate_rows(x, suh)
         y = torch.empty(rows, n, device="cuda")
         flops = 2 * rows * k * n

@@ -101,4 +101,13 @@ def rotated_pairs(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None 
     return split_halves(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
 
 
-__all__ = ["HALVES_TOP", "fwht128_rows", "rotate_rows", "rotated_pairs", "split_halves"]
+def rows_seen(x: torch.Tensor, suh: torch.Tensor, low: bool) -> torch.Tensor:
+    """The rows a product on rotated_pairs(x, suh) multiplies: x itself with both halves (to fp32 rounding), else
+    the rows the fp16 high halves stand for (the rotation is orthonormal and its own inverse: undone on them)."""
+    if low:
+        return x
+    xh, inv = rotated_pairs(x, suh)
+    return fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
+
+
+__all__ = ["HALVES_TOP", "fwht128_rows", "rotate_rows", "rotated_pairs", "rows_seen", "split_halves"]

@@ -85,7 +85,7 @@ def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
 
 @pytest.mark.parametrize("scratch", ["all", "none"])
 def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
-    from tfc.kernels import exl3_rows
+    from tfc.kernels import exl3_rotate, exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
@@ -93,9 +93,10 @@ def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch
     tr, suh, svh, cb = cuda_group(5120, 2304, 3, 0, 12)
     x = torch.randn(150, 5120, device="cuda")
     got = exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb)
-    xh, inv = exl3_rows.rotated_pairs(x, suh)
-    rounded = exl3_rows.fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
-    want = rounded.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    want = (
+        exl3_rotate.rows_seen(x, suh, low=False).double()
+        @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    )
     assert float((got.double() - want).norm() / want.norm()) < TOL
 
 

@@ -22,15 +22,6 @@ TOL_ONE_HALF = 2e-3
 HALVES = pytest.mark.parametrize("low_half", [True, False], ids=["two_halves", "one_half"])
 
 
-def kernel_rows(tk, x, suh):
-    """The rows the products see: x itself with both halves, else the rows the fp16 high halves stand for (the
-    rotation is orthonormal and its own inverse, so undo it on them)."""
-    if tk.exl3_rows.LOW_HALF:
-        return x
-    xh, inv = tk.exl3_rows.rotated_pairs(x, suh)
-    return tk.exl3_rows.fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
-
-
 PATHS = pytest.mark.parametrize("scratch", ["all", "none"], ids=["scratch", "tiles"])
 
 
@@ -50,7 +41,7 @@ def test_rows_gemm_matches_float64_and_each_row_is_alone(
     x = torch.randn(rows, 128)
     y = torch.full((rows, 256), float("nan"))
     tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb, out=y)
-    want = kernel_rows(tk, x, suh).double() @ dense.double()
+    want = tk.exl3_rotate.rows_seen(x, suh, tk.exl3_rows.LOW_HALF).double() @ dense.double()
     err = float((y.double() - want).norm() / want.norm())
     assert err < TOL, err
     # The same rows at the same places of their tile, alone: equal bits (the interpreter's products may round a
@@ -195,7 +186,7 @@ def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, wi
     monkeypatch.setattr(tk.exl3_rows, "TILE_DECODE", "windows")
     windows = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
     assert torch.equal(lanes, windows), "the two decodes must give one W-hat, so one set of bits"
-    want = kernel_rows(tk, x, suh).double() @ dense.double()
+    want = tk.exl3_rotate.rows_seen(x, suh, tk.exl3_rows.LOW_HALF).double() @ dense.double()
     assert float((lanes.double() - want).norm() / want.norm()) < TOL
 
 
