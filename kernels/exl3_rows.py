@@ -2,10 +2,11 @@
 
 One program takes BM rows that share an EXL3 entry (a whole linear, or one expert of an expert table) and one
 128-column block: it decodes W-hat BK rows at a time in registers (`TILE_DECODE`: the lane decode of
-kernels/exl3_lanes.py, or the per-element window gather), multiplies the rows' rotated input (fp16 high and low
-parts, kernels/exl3_rotate.py: two mma products, so the fp32 rotation reaches the sums to ~2^-22) into fp32; a
-second kernel applies the output H128 (seven fp32 butterfly stages a row block) and svh, or the tile itself
-before it stores (`FINISH_IN_TILES`). Every row is summed over k in the same
+kernels/exl3_lanes.py, or the per-element window gather; `TILE_PREFETCH`: each step's words and rows loaded a
+step ahead) and multiplies the rows' rotated input (kernels/exl3_rotate.py: its fp16 high half, the row rounded
+to fp16, or with `LOW_HALF` its low half too, so the fp32 rotation reaches the sums to ~2^-22) into fp32; the tile
+then applies the output H128 (seven fp32 butterfly stages a row block) and svh before it stores
+(`FINISH_IN_TILES`, else a second kernel does). Every row is summed over k in the same
 order whatever rows share its tile or launch, so a row's bits never depend on its neighbours or on the row
 count. The tile list (entry, first row, rows) is built on the device (`expert_tiles`: no host sync, so a step
 using it can be captured); tiles with no rows return at once.
@@ -13,7 +14,7 @@ using it can be captured); tiles with no rows return at once.
 `exl3_gemm_rows` is y = x @ W for a linear; `moe_rows` the clamped-SwiGLU MoE over expert tables with the
 pairs grouped by expert (the routed pairs, then each token's shared expert), summed per token in slot order.
 By default (`SCRATCH`) the linears' products run through kernels/exl3_scratch.py instead of `_rows_kernel`:
-decoded once a call, not once a tile; the rotation, the tiles and `_finish_kernel` are the same on both paths.
+decoded once a call, not once a tile; the rotation, the tiles and the finish are the same on both paths.
 The MoE's tables take the scratch too in prefill steps of MOE_SCRATCH_TOKENS rows or more (`moe_scratch`).
 """
 
@@ -30,7 +31,7 @@ from tfc.kernels.exl3_tl import decode_at, finished, fwht128, tile_positions, wi
 from tfc.kernels.expert_table import ExpertTable
 
 BLOCK_M = 64  # rows a program takes
-# k rows decoded per loop iteration (32 where k is not a multiple of it; 64: prefill_h200.py --paths k64)
+# k rows decoded per loop iteration (32 where k is not a multiple of it; prefill_h200.py --paths k32 times 32)
 BLOCK_K = 64
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
@@ -41,15 +42,15 @@ MAX_REGS: int | None = None  # a register cap per thread (None: the compiler's c
 TILE_DECODE = "lanes"
 # Whether a tile's loop loads each k step's words and rows one step ahead, in registers (with one pipeline
 # stage nothing else overlaps a step's loads with the step before; the same values and order, so the same bits);
-# timed against the default by benchmarks/prefill_h200.py --paths prefetch.
+# timed against the loop without it by benchmarks/prefill_h200.py --paths noprefetch.
 TILE_PREFETCH = True
 # Whether the tiles apply the output rotation and svh before they store (`finished`: _finish_kernel's operations
 # in its order, so its bits) instead of a second kernel reading and writing every output again; timed against
-# the default by benchmarks/prefill_h200.py --paths finish.
+# the finish kernel by benchmarks/prefill_h200.py --paths nofinish.
 FINISH_IN_TILES = True
 # Whether the products take the rows' fp16 low halves too (two mma products a k step: the sums see the fp32
 # rotation to ~2^-22), or their high halves alone (one product: the rows rounded to fp16, as the decode kernels
-# round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths onehalf.
+# round theirs at 2-16 rows); timed against each other by benchmarks/prefill_h200.py --paths twohalves.
 LOW_HALF = False
 # Which products decode their weights once a call into a scratch and multiply every tile from it
 # (kernels/exl3_scratch.py) instead of decoding them again in every tile's loop: "dense" (the linears; the
