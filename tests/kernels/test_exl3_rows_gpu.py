@@ -32,6 +32,20 @@ def tiles_only(monkeypatch):
     return exl3_rows
 
 
+def _ragged_moe(d: int, inter: int, bits: list, codebook: int, seed: int):
+    """A ragged MoE on the GPU: (tables, x, ids, weights) for 12 routed experts at `bits`, a shared one last."""
+    from tfc.kernels.expert_table import ExpertTable
+
+    routed, topk, tokens = len(bits) - 1, 6, 70
+    tables = []
+    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
+        groups = [cuda_group(k, n, b, codebook, seed + 100 * proj + e) for e, b in enumerate(bits)]
+        tables.append(ExpertTable.build(groups, layout="ragged"))
+    x = torch.randn(tokens, d, device="cuda")
+    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
+    return tables, x, ids, torch.rand(tokens, topk, device="cuda") + 0.05
+
+
 @pytest.mark.parametrize(
     ("k", "n", "bits", "codebook"), [(5120, 2304, 3, 0), (2304, 5120, 2.5, 2), (5120, 2304, 6, 1)]
 )
@@ -51,18 +65,9 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
     tiles_only, monkeypatch
 ):
     import numpy as np
-    from tfc.kernels.expert_table import ExpertTable
 
-    d, inter, routed, topk, tokens = 5120, 2304, 12, 6, 70
-    rng = np.random.default_rng(3)
-    tables = []
-    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
-        bits = [*rng.choice([2, 2.5, 3, 4], size=routed).tolist(), 6]
-        tables.append(ExpertTable.build([cuda_group(k, n, b, 2, 100 * proj + e) for e, b in enumerate(bits)],
-                                        layout="ragged"))  # fmt: skip
-    x = torch.randn(tokens, d, device="cuda")
-    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
-    wts = torch.rand(tokens, topk, device="cuda") + 0.05
+    bits = [*np.random.default_rng(3).choice([2, 2.5, 3, 4], size=12).tolist(), 6]
+    tables, x, ids, wts = _ragged_moe(5120, 2304, bits, 2, 0)
     lanes = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False)
     scratch = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True)
     assert float((lanes - scratch).norm() / scratch.norm()) < TOL, "the two paths sum in other orders only"
@@ -106,21 +111,12 @@ def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(monkeypatch
     """Each option (on by default) against the loop without it, on the default's other settings."""
     import numpy as np
     from tfc.kernels import exl3_rows
-    from tfc.kernels.expert_table import ExpertTable
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
     tr, suh, svh, cb = cuda_group(5120, 2304, 4, 2, 13)
     x = torch.randn(150, 5120, device="cuda")
-    d, inter, routed, topk, tokens = 2048, 1024, 12, 6, 70
-    rng = np.random.default_rng(4)
-    tables = []
-    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
-        bits = [*rng.choice([2, 3, 4, 6], size=routed).tolist(), 5]
-        tables.append(ExpertTable.build([cuda_group(k, n, b, 1, 50 * proj + e) for e, b in enumerate(bits)],
-                                        layout="ragged"))  # fmt: skip
-    xm = torch.randn(tokens, d, device="cuda")
-    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
-    wts = torch.rand(tokens, topk, device="cuda") + 0.05
+    bits = [*np.random.default_rng(4).choice([2, 3, 4, 6], size=12).tolist(), 5]
+    tables, xm, ids, wts = _ragged_moe(2048, 1024, bits, 1, 50)
 
     def both():
         return exl3_rows.exl3_gemm_rows(x, tr, suh, svh, cb), exl3_rows.moe_rows(xm, ids, wts, *tables, 10.0)

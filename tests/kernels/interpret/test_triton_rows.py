@@ -190,9 +190,18 @@ def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, wi
     assert float((lanes.double() - want).norm() / want.norm()) < TOL
 
 
+def _ragged_moe(tk, seed: str):
+    """A ragged table's MoE inputs: (tables, x, ids, weights)."""
+    import torch
+
+    tables, _ = _tables(tk, seeded(seed), "ragged")
+    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
+    return tables, torch.randn(TOKENS, D), ids, torch.rand(TOKENS, TOPK) + 0.1
+
+
 @pytest.mark.parametrize("block_k", [32, 64])
 @pytest.mark.parametrize(("width", "codebook"), [(16, 0), (48, 1), (112, 0), (128, 2)])
-def test_the_tiles_prefetching_loop_gives_the_default_loops_bits(tk, monkeypatch, width, codebook, block_k):
+def test_the_tiles_prefetching_loop_gives_the_plain_loops_bits(tk, monkeypatch, width, codebook, block_k):
     import torch
 
     monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
@@ -200,53 +209,42 @@ def test_the_tiles_prefetching_loop_gives_the_default_loops_bits(tk, monkeypatch
     rng = seeded(f"prefetch_{width}_{codebook}")
     (trellis, suh, svh, cb), _ = random_group(tk.exl3_reference, rng, 128, 256, width, codebook)
     x = torch.randn(70, 128)
+    assert tk.exl3_rows.TILE_PREFETCH, "on by default"
+    monkeypatch.setattr(tk.exl3_rows, "TILE_PREFETCH", False)
     plain = tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb)
     monkeypatch.setattr(tk.exl3_rows, "TILE_PREFETCH", True)
     assert torch.equal(tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb), plain)
 
 
-def test_the_moes_prefetching_tiles_give_the_default_loops_bits_over_a_ragged_table(tk, monkeypatch):
-    import torch
-
-    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
-    rng = seeded("prefetch_ragged")
-    tables, _ = _tables(tk, rng, "ragged")
-    x = torch.randn(TOKENS, D)
-    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
-    wts = torch.rand(TOKENS, TOPK) + 0.1
-    plain = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
-    monkeypatch.setattr(tk.exl3_rows, "TILE_PREFETCH", True)
-    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), plain)
-
-
 @PATHS
-def test_the_tiles_own_finish_gives_the_finish_kernels_bits(tk, monkeypatch, scratch):
+@pytest.mark.parametrize("option", ["TILE_PREFETCH", "FINISH_IN_TILES"])
+def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(tk, monkeypatch, scratch, option):
+    """Each (on by default) against the loop without it, on a linear and a ragged table's MoE."""
     import torch
 
     monkeypatch.setattr(tk.exl3_rows, "SCRATCH", scratch)
-    rng = seeded(f"finish_{scratch}")
-    (trellis, suh, svh, cb), _ = random_group(tk.exl3_reference, rng, 128, 256, 48, 1)
+    (trellis, suh, svh, cb), _ = random_group(
+        tk.exl3_reference, seeded(f"{option}_{scratch}"), 128, 256, 48, 1
+    )
     x = torch.randn(70, 128)
-    tables, _ = _tables(tk, rng, "ragged")
-    xm = torch.randn(TOKENS, D)
-    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
-    wts = torch.rand(TOKENS, TOPK) + 0.1
-    apart = (tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb),
-             tk.exl3_rows.moe_rows(xm, ids, wts, *tables, swiglu_limit=LIMIT))  # fmt: skip
-    monkeypatch.setattr(tk.exl3_rows, "FINISH_IN_TILES", True)
-    assert torch.equal(tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb), apart[0])
-    assert torch.equal(tk.exl3_rows.moe_rows(xm, ids, wts, *tables, swiglu_limit=LIMIT), apart[1])
+    tables, xm, ids, wts = _ragged_moe(tk, f"{option}_{scratch}_moe")
+
+    def both():
+        return (tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb),
+                tk.exl3_rows.moe_rows(xm, ids, wts, *tables, swiglu_limit=LIMIT))  # fmt: skip
+
+    assert getattr(tk.exl3_rows, option), "on by default"
+    monkeypatch.setattr(tk.exl3_rows, option, False)
+    without = both()
+    monkeypatch.setattr(tk.exl3_rows, option, True)
+    assert all(torch.equal(a, b) for a, b in zip(both(), without, strict=True))
 
 
 def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_table(tk, monkeypatch):
     import torch
 
     monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
-    rng = seeded("lanes_ragged")
-    tables, _ = _tables(tk, rng, "ragged")
-    x = torch.randn(TOKENS, D)
-    ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
-    wts = torch.rand(TOKENS, TOPK) + 0.1
+    tables, x, ids, wts = _ragged_moe(tk, "lanes_ragged")
     lanes = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
     monkeypatch.setattr(tk.exl3_rows, "TILE_DECODE", "windows")
     assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), lanes)
