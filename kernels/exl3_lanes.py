@@ -3,7 +3,9 @@ four words (the mma B fragment's order, spec exl3.md §5), instead of two gather
 
 `lane_tiles` decodes one k step of a 128-column block (TK tile rows of 8 tiles) into registers; the scratch
 decode (kernels/exl3_scratch.py) stores them as 16-column runs, the tile path's product (kernels/exl3_rows.py)
-arranges them as its [16 TK, 128] operand. The values are exl3_decode's W-hat, bit for bit (fp16 codebooks).
+arranges them as its [16 TK, 128] operand (`as_block`). `lane_words` (the loads) and `lane_cut` (the decode) are
+its two halves, apart so a loop can load the next step's words before it decodes this step's. The values are
+exl3_decode's W-hat, bit for bit (fp16 codebooks).
 """
 
 from __future__ import annotations
