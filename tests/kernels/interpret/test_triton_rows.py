@@ -216,9 +216,11 @@ def test_the_tiles_prefetching_loop_gives_the_plain_loops_bits(tk, monkeypatch, 
     assert torch.equal(tk.exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, cb), plain)
 
 
-@PATHS
-@pytest.mark.parametrize("option", ["TILE_PREFETCH", "FINISH_IN_TILES"])
-def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(tk, monkeypatch, scratch, option):
+@pytest.mark.parametrize(
+    ("option", "scratch"),  # the prefetch is the tiles' alone; the finish is both paths'
+    [("TILE_PREFETCH", "none"), ("FINISH_IN_TILES", "none"), ("FINISH_IN_TILES", "all")],
+)
+def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(tk, monkeypatch, option, scratch):
     """Each (on by default) against the loop without it, on a linear and a ragged table's MoE."""
     import torch
 
