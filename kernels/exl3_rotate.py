@@ -1,5 +1,6 @@
 """The many-row products' input rotation: each row times suh, had128 / sqrt(128) in fp32, then split into fp16
-high and low halves after a per-row power of two (kernels/exl3_rows.py multiplies both halves on the matrix units).
+high and low halves after a per-row power of two (kernels/exl3_rows.py multiplies the high halves, and the low
+ones too with its LOW_HALF; `rows_seen` gives the rows a product so multiplies).
 
 `rotated_pairs` runs it as one Triton program a row on a GPU (`rotate_rows`, fp contraction off, so its bits
 are the torch path's) and as torch ops elsewhere; the MoE's gathered rows and per-expert signs are read in place.

@@ -179,20 +179,20 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
     if k % bk or n % 128 or tuple(out.shape) != (m, n) or out.stride(1) != 1:
         raise ValueError(f"shapes do not fit: xh {tuple(xh.shape)}, n {n}, out {tuple(out.shape)}")
     if tiles.numel() and m:
-        per_row = row_entries is not None
-        finish = {"FINISH": FINISH_IN_TILES, "PER_ENTRY": per_row}
         if scratch:
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
-                         out, BLOCK_M, LOW_HALF, svh, finish)  # fmt: skip
+                         out, BLOCK_M, LOW_HALF, svh if FINISH_IN_TILES else None)  # fmt: skip
         else:
             _rows_kernel[(tiles.shape[0], n // 128)](
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
                 out.stride(0), WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
-                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", **finish, num_warps=NUM_WARPS,
+                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", FINISH=FINISH_IN_TILES,
+                PER_ENTRY=svh.dim() == 2, num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
                 **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip
         if not FINISH_IN_TILES:
+            per_row = row_entries is not None
             _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0),
                                           PER_ROW=per_row, num_warps=1)  # fmt: skip
     return out

@@ -126,10 +126,9 @@ def decode_round(words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tenso
 def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offsets: torch.Tensor,
                  widths: torch.Tensor, codebooks: torch.Tensor, tiles: torch.Tensor, n: int,
                  width_set: tuple[int, ...], codebook: int, out: torch.Tensor, block_m: int,
-                 low_half: bool = True, svh: torch.Tensor | None = None,
-                 finish: dict | None = None) -> None:  # fmt: skip
-    """out[r] = (xh[r] @ W-hat_e) * inv[r] for every row r of every tile (the output rotation is the caller's,
-    unless finish {"FINISH": True, "PER_ENTRY": svh per entry} asks for it here with svh): the entries with rows
+                 low_half: bool = True, svh: torch.Tensor | None = None) -> None:  # fmt: skip
+    """out[r] = (xh[r] @ W-hat_e) * inv[r] for every row r of every tile, finished here when svh is given (the
+    output rotation and svh: [n], or [entries, n] one per entry), else by the caller: the entries with rows
     decoded SCRATCH_BYTES at a time, each round's tiles multiplied from the scratch (the rows' fp16 high halves,
     and their low halves with low_half)."""
     k = xh.shape[2]
@@ -144,8 +143,8 @@ def scratch_rows(xh: torch.Tensor, inv: torch.Tensor, words: torch.Tensor, offse
         decode_round(words, offsets, widths, codebooks, hit, scratch, e0, width_set, codebook)
         _scratch_rows_kernel[(tiles.shape[0], n // 128)](
             xh, inv, scratch, out, tiles, inv if svh is None else svh, e0, per_round, n, k, 2 * k, k, out.stride(0),
-            BM=block_m, BK=bk, LO=low_half, **(finish or {"FINISH": False, "PER_ENTRY": False}), num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES, enable_fp_fusion=not (finish or {}).get("FINISH", False),
+            BM=block_m, BK=bk, LO=low_half, FINISH=svh is not None, PER_ENTRY=svh is not None and svh.dim() == 2,
+            num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=svh is None,
         )  # fmt: skip
 
 

@@ -305,6 +305,9 @@ def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place(tk):
         tk.exl3_rows.rotated_pairs(x, signs, rows, entries),
     ):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # without the low halves (the default products read the high ones alone): the high halves and scales alone
+    halves, inv = tk.exl3_rows.rotate_rows(x, signs, rows, entries, low=False)
+    assert torch.equal(halves[:, 0], want[0][:, 0]) and torch.equal(inv, want[1])
     per_pair = x[rows].float()  # entries alone: the rows are already one a pair (the MoE's down products)
     got = tk.exl3_rows.rotate_rows(per_pair, signs, entries=entries)
     want = tk.exl3_rows.split_halves(tk.exl3_rows.fwht128_rows(per_pair * signs[entries].float()))
