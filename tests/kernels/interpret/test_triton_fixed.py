@@ -11,7 +11,7 @@ from __future__ import annotations
 from support.exl3_inputs import col_share, random_group, row_share, seeded
 
 K, N, ROWS = 256, 256, 16
-D, INTER, ROUTED, TOPK, TOKENS, LIMIT = 128, 256, 3, 2, 1, 0.3
+D, INTER, ROUTED, TOPK, TOKENS, LIMIT = 128, 256, 2, 1, 1, 0.3
 
 
 def _group(tk, name: str, k: int, n: int):

@@ -122,7 +122,7 @@ GROUPED_CASES = [
     ("m16_dot_apart", 64, 0, 16, {"use_dot": True, "split": 2, "reduce_apart": True}),
     ("m1_gather_fused", 32, 2, 1, {"runs": False, "fuse_rotation": True, "split": 2}),
     ("m3_runs_apart", 48, 2, 3, {"split": 4, "reduce_apart": True}),
-    ("m1_runs_fused", 64, 1, 1, {"fuse_rotation": True, "split": 2}),
+    ("m1_runs_fused", 32, 1, 1, {"fuse_rotation": True, "split": 2}),
 ]
 GROUPED_FAST = {"m16_dot_last", "m16_dot_apart", "m1_gather_fused"}
 

@@ -63,13 +63,12 @@ def test_with_the_stage_kernels_a_prompt_chunked_beside_another_keeps_its_bits(t
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     booted, runner = _runner(image, exact=True)
-    toks, other = [(37 * i + 5) % 600 for i in range(12)], [(11 * i + 3) % 600 for i in range(12)]
+    toks, other = [(37 * i + 5) % 600 for i in range(6)], [(11 * i + 3) % 600 for i in range(3)]
     fusion.use_kernels("all")
     try:
-        whole = runner.execute(StepPlan((SequenceStep(0, tuple(toks), 0),))).logits[0]
-        runner.release(0)
-        runner.execute(StepPlan((SequenceStep(1, tuple(toks[:5]), 0),)))
-        rest = StepPlan((SequenceStep(1, tuple(toks[5:]), 5), SequenceStep(2, tuple(other[:9]), 0)))
+        first = StepPlan((SequenceStep(0, tuple(toks), 0), SequenceStep(1, tuple(toks[:2]), 0)))
+        whole = runner.execute(first).logits[0]
+        rest = StepPlan((SequenceStep(1, tuple(toks[2:]), 2), SequenceStep(2, tuple(other), 0)))
         chunked = runner.execute(rest).logits[0]
     finally:
         fusion.use_kernels("off")
