@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
+#   bash benchmarks/h200_serving.sh rowstests   # the many-row kernels' GPU tests and the PTX decode's (#19)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #                                             (TFC_ROWS_ARGS="--variants a,b --scratch-variants c": fewer variants)
 #   bash benchmarks/h200_serving.sh attendrows  # attend_rows_h200.py: the attention kernel's products on the matrix units against FMA (#19)
@@ -51,7 +52,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowskernel|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -114,6 +115,10 @@ case "$PART" in
       --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
       python3 benchmarks/scratch_decode_ncu.py > "$OUT/ncu_scratch.txt" 2>&1
     grep -E "exact|Duration|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|stalled|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit" "$OUT/ncu_scratch.txt" | head -80 ;;
+  rowstests)  # the many-row kernels' GPU tests and the register-fed decode's PTX (the lane cuts bit for bit)
+    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_ROWSTESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -p no:warnings \
+      -rA --tb=short "$R/tests/kernels/test_exl3_rows_gpu.py" "$R/tests/kernels/test_exl3_mma_ptx.py") > "$OUT/rows_gpu_tests.txt" 2>&1
+    grep -v "^DEBUG\|^INFO " "$OUT/rows_gpu_tests.txt" | tail -15 ;;
   prefilltests)  # the prefill forward on the GPU: chunkings equal, beside decode rows, against the decode steps, the engine
     (cd /tmp && TFC_TEST_FAST_DEVICE=cuda TFC_INSTANT_FAILURES=1 timeout "${TFC_PREFILLTESTS_S:-420}" python3 -m pytest -q \
       -p no:cacheprovider -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_prefill.py") > "$OUT/prefill_gpu_tests.txt" 2>&1

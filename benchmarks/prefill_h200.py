@@ -54,7 +54,7 @@ ensure_tfc()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from decode_h200 import active_params, bf16_tflops, copy_gbps, flash_config, timed  # noqa: E402
-from tfc.kernels import attend_keys, attend_rows, exl3_rows  # noqa: E402
+from tfc.kernels import attend_keys, attend_rows, exl3_lanes, exl3_rows  # noqa: E402
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
@@ -74,7 +74,9 @@ PATH_KNOBS = {
     "k32": {"BLOCK_K": 32}, "k64": {"BLOCK_K": 64}, "twohalves": {"LOW_HALF": True}, "onehalf": {"LOW_HALF": False},
     "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
     "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
+    "pairs": {}, "aligned": {}, "ptx": {},
 }  # fmt: skip
+LANE_CUT = exl3_lanes.LANE_CUT
 ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}
 
 
@@ -92,6 +94,7 @@ def set_path(path: str) -> None:
         setattr(exl3_rows, name, value)
     attend_rows.PIECES = 0 if "fma" in parts else ATTEND_PIECES
     attend_keys.PREDECODE_ROWS = 1 << 40 if "inrun" in parts else PREDECODE_ROWS
+    exl3_lanes.LANE_CUT = next((c for c in exl3_lanes.CUTS if c in parts), LANE_CUT)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -42,14 +42,21 @@ ensure_tfc()
 import torch  # noqa: E402
 from decode_h200 import timed  # noqa: E402
 
-SHAPES = {"k4096_n4096_3bit": (4096, 4096, 3), "k4096_n16384_6bit": (4096, 16384, 6)}
-# (rows a tile, warps, k rows a step, stages, register cap, tile decode); the first is the tile path's default
+SHAPES = {
+    "k4096_n4096_2bit": (4096, 4096, 2),
+    "k4096_n4096_3bit": (4096, 4096, 3),
+    "k4096_n16384_6bit": (4096, 16384, 6),
+}
+# (rows a tile, warps, k rows a step, stages, register cap, tile decode: "lanes" (the default lane cut),
+# "windows" or a lane cut of exl3_lanes.CUTS); the first is the tile path's default
 # (exl3_rows' other settings, LOW_HALF, TILE_PREFETCH, FINISH_IN_TILES, at their defaults in every variant)
 VARIANTS = {
     "bm64_w4_k64_s1": (64, 4, 64, 1, None, "lanes"), "windows_bm64_w4_k64_s1": (64, 4, 64, 1, None, "windows"),
     "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
     "bm64_w4_k32_s2": (64, 4, 32, 2, None, "lanes"), "bm32_w4_k32_s1": (32, 4, 32, 1, None, "lanes"),
+    "aligned_bm64_w4_k64_s1": (64, 4, 64, 1, None, "aligned"), "pairs_bm64_w4_k64_s1": (64, 4, 64, 1, None, "pairs"),
 }  # fmt: skip
+
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
 SCRATCH_VARIANTS = {
     "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4),
@@ -71,7 +78,7 @@ def group(k: int, n: int, bits: int, gen: torch.Generator):
 
 def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     """One group's row: torch's bf16 product, the 16-row kernel, every launch variant, the compiled kernels."""
-    from tfc.kernels import exl3_rows
+    from tfc.kernels import exl3_lanes, exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_gemv import exl3_gemm
     from tfc.kernels.exl3_rotate import rows_seen
@@ -98,9 +105,13 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     y = torch.empty(ROWS, n, device="cuda")
     exl3_rows.SCRATCH = "none"
     first = None
+    saved = (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS,
+             exl3_rows.TILE_DECODE, exl3_lanes.LANE_CUT)  # fmt: skip
     for vname, (bm, warps, bk, stages, cap, decode) in VARIANTS.items():
         exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
-        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS, exl3_rows.TILE_DECODE = stages, cap, decode
+        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
+        exl3_rows.TILE_DECODE = "windows" if decode == "windows" else "lanes"
+        exl3_lanes.LANE_CUT = decode if decode in exl3_lanes.CUTS else saved[6]
         tiles = exl3_rows.dense_tiles(ROWS, x.device)
 
         def kernels_only(tiles=tiles):  # the two kernels on rotated rows (no torch work in the time)
@@ -125,8 +136,8 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     row["scratch"] = scratch_paths(trellis, suh, svh, bits, n, k, gen)
     row["compiled"] = compiled_stats(exl3_rows._rows_kernel)
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = 64, 4, 32
-    exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS, exl3_rows.TILE_DECODE = 1, None, "lanes"
+    (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS,
+     exl3_rows.TILE_DECODE, exl3_lanes.LANE_CUT) = saved  # fmt: skip
     return row
 
 
@@ -186,6 +197,23 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
                 at[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
                   flush=True)  # fmt: skip
+    # the scratch decode alone (its default launch) with each way of cutting a lane's states
+    from tfc.kernels import exl3_lanes
+
+    (exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS,
+     exl3_scratch.DECODE_WARPS) = SCRATCH_VARIANTS[next(iter(SCRATCH_VARIANTS))][1:]  # fmt: skip
+    hit = torch.ones(1, dtype=torch.int32, device="cuda")
+    buf = torch.empty((1, k, n), dtype=torch.float16, device="cuda")
+    want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
+    cut_before = exl3_lanes.LANE_CUT
+    for cut in exl3_lanes.CUTS:
+        exl3_lanes.LANE_CUT = cut
+        dec = timed(lambda: exl3_scratch.decode_round(words, one, widths, one.int() + MUL1, hit, buf, 0,
+                                                      (16 * bits,), MUL1), reps=10)  # fmt: skip
+        out[f"decode_{cut}"] = {"decode_s": dec, "decode_gweights_s": k * n / dec / 1e9,
+                                "decode_exact": bool(torch.equal(buf[0], want_hat))}  # fmt: skip
+        print("scratch decode", cut, out[f"decode_{cut}"], flush=True)
+    exl3_lanes.LANE_CUT = cut_before
     exl3_rows.SCRATCH, exl3_rows.BLOCK_M, exl3_rows.TILE_DECODE = "dense", 64, "lanes"
     exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = (
         4,

@@ -141,23 +141,32 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
 
 
-def loop_stats(sass: str) -> dict:
-    """The IDP-holding loop of a SASS listing: instructions, per weight, and the top opcodes."""
+def idp_loops(sass: str) -> list[dict]:
+    """Each IDP-holding loop of a SASS listing, in address order: instructions, per weight, the top opcodes."""
     ins = []
     for line in sass.splitlines():
         m = re.search(r"/\*([0-9a-f]{4,5})\*/\s+(@!?U?P\w+ )?([A-Z0-9_.]+)([^;]*)", line)
         if m:
             ins.append((int(m.group(1), 16), m.group(3), m.group(4)))
-    best: dict = {}
+    loops = []
     for addr, op, rest in ins:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
         if target and int(target.group(1), 16) < addr:
             body = [o for a, o, _ in ins if int(target.group(1), 16) <= a <= addr]
             idp = sum(o.startswith("IDP") for o in body)
-            if idp and idp > best.get("weights", 0):
+            if idp:
                 ops = Counter(o.split(".")[0] for o in body)
-                best = {"instructions": len(body), "weights": idp, "per_weight": round(len(body) / idp, 2),
-                        "top": dict(ops.most_common(10))}  # fmt: skip
+                loops.append({"instructions": len(body), "weights": idp, "per_weight": round(len(body) / idp, 2),
+                              "top": dict(ops.most_common(10))})  # fmt: skip
+    return loops
+
+
+def loop_stats(sass: str) -> dict:
+    """The IDP-holding loop of a SASS listing with the most IDP instructions (the first of equals)."""
+    best: dict = {}
+    for loop in idp_loops(sass):
+        if loop["weights"] > best.get("weights", 0):
+            best = loop
     return best
 
 

@@ -119,12 +119,12 @@ def _launches(torch) -> list[tuple[str, str, object]]:
                                  e(D, dtype=torch.float16), e(Q_LORA, dtype=torch.float16), 2)  # fmt: skip
 
     def table(k, n, ragged):
-        """An expert table's shapes: 4-bit stacked, or ragged widths of 2-6 bits with codebooks per entry."""
+        """An expert table's shapes: 4-bit stacked, or ragged widths of 2-6 bits (both MUL1, as Flash's tables)."""
         widths = (32, 48, 64, 80, 96) if ragged else (64,)
         return ExpertTable("ragged" if ragged else "stack", torch.zeros(EXPERTS + 1, dtype=torch.int32).view(torch.int16),
                            torch.zeros(EXPERTS + 1, dtype=i64), torch.full((EXPERTS + 1,), 64, dtype=torch.int32),
                            torch.full((EXPERTS + 1,), 2, dtype=torch.int32), e(EXPERTS + 1, k, dtype=torch.float16),
-                           e(EXPERTS + 1, n, dtype=torch.float16), k, n, -1 if ragged else 2, widths)  # fmt: skip
+                           e(EXPERTS + 1, n, dtype=torch.float16), k, n, 2, widths)  # fmt: skip
 
     def rows_moe(r, path, widths):
         """The prefill's MoE (gate/up and down tables) on one path."""
@@ -215,6 +215,7 @@ def _plain(v):
 
 def _tools(cubin: bytes) -> dict:
     """cuobjdump's resource usage and the SASS local loads / stores of one cubin."""
+    from sass_sm90 import idp_loops
     from triton import knobs
 
     cuobjdump = knobs.nvidia.cuobjdump.path
@@ -225,7 +226,7 @@ def _tools(cubin: bytes) -> dict:
         sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
     usage = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", res)}
     local = len(re.findall(r"\b(?:LDL|STL)(?:\.\w+)*\s", sass))
-    return {"usage": usage, "sass_local_ops": local}
+    return {"usage": usage, "sass_local_ops": local, "decode_loops": idp_loops(sass)}
 
 
 def _ptxas(log: str) -> dict:
@@ -264,6 +265,10 @@ def compile_one(fn, sig: dict, consts: dict, attrs: dict, options, target) -> di
         "fits_smem": k.metadata.shared <= SMEM_MAX,
         "threads": k.metadata.num_warps * 32,
     }
+    if tools[
+        "decode_loops"
+    ]:  # the loops that decode MUL1 weights (one IDP each; a ragged table's: one a width)
+        row["decode_loops"] = tools["decode_loops"]
     return row
 
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from tfc.kernels import exl3_lanes
 from tfc.kernels.exl3_lanes import as_block, lane_block, lane_cut, lane_words
 from tfc.kernels.exl3_rotate import fwht128_rows, rotate_rows, rotated_pairs, split_halves
 from tfc.kernels.exl3_scratch import scratch_rows
@@ -65,7 +66,7 @@ MOE_SCRATCH_TOKENS = 8192
 @triton.jit
 def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
                 BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr, LO: tl.constexpr,
-                PREFETCH: tl.constexpr):  # fmt: skip
+                PREFETCH: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
     """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further, if LO) times W-hat's
     column block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window
     gathers; with PREFETCH (lanes only) each step's words and rows are loaded one step ahead, in registers."""
@@ -93,7 +94,7 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
             n_lo = n_hi
             if LO:
                 n_lo = tl.load(x_rows + lo_off + (k_next + ks)[None, :], mask=live[:, None], other=0.0)
-            v = as_block(lane_cut(w0, w1, w2, w3, cb, W, CB, TK), TK)
+            v = as_block(lane_cut(w0, w1, w2, w3, cb, W, CB, TK, CUT), TK)
             acc = tl.dot(hi, v, acc)
             if LO:
                 acc = tl.dot(lo, v, acc)
@@ -101,7 +102,7 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
     else:
         for k0 in range(0, K, BK):
             if LANES:
-                v = lane_block(base, tn, cb, W, CB, TK)
+                v = lane_block(base, tn, cb, W, CB, TK, CUT)
             else:
                 v = decode_at(base, off_j, off_jp, shift, cb, CB)
             base += step
@@ -117,7 +118,7 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, svh_ptr, N, K, stride_x,
                  lo_off, stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                  LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr, FINISH: tl.constexpr,
-                 PER_ENTRY: tl.constexpr):  # fmt: skip
+                 PER_ENTRY: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows; the output
     rotation and svh (finished) here with FINISH, else by _finish_kernel."""
     pid_m = tl.program_id(0)
@@ -136,13 +137,14 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         if len(WIDTHS) == 1:
             acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
-                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO, PREFETCH)  # fmt: skip
+                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO, PREFETCH, CUT)  # fmt: skip
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
-                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO, PREFETCH)  # fmt: skip
+                                      stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO, PREFETCH,
+                                      CUT)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
         if FINISH:
@@ -187,7 +189,7 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
                 xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
                 out.stride(0), WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
                 LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", FINISH=FINISH_IN_TILES,
-                PER_ENTRY=svh.dim() == 2, num_warps=NUM_WARPS,
+                PER_ENTRY=svh.dim() == 2, CUT=exl3_lanes.cut_index(), num_warps=NUM_WARPS,
                 num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
                 **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
             )  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from tfc.kernels import exl3_lanes
 from tfc.kernels.exl3_lanes import lane_tiles
 from tfc.kernels.exl3_tl import finished
 
@@ -28,7 +29,7 @@ NUM_STAGES = 3  # software-pipelining stages of the product's k loop (loads of t
 
 @triton.jit
 def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr,
-                  KB: tl.constexpr):  # fmt: skip
+                  KB: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
     """W-hat rows kb * KB.. of column block nb (128 columns) of the entry at start, into dst ([k, N] fp16): the
     lane decode (kernels/exl3_lanes.py), each tile's values permuted to row-major and stored 16 columns a run."""
     tn = N // 16
@@ -40,14 +41,15 @@ def _decode_block(start, dst, cb, kb, nb, N, W: tl.constexpr, CB: tl.constexpr, 
     cols = (nb * 128 + (tt % 8) * 16)[:, None, None] + c[None, None, :]
     base = start + nb * 8 * nw + (kb * (KB // 16)) * tn * nw
     for kk in tl.static_range(0, KB, 16 * TK):
-        v = lane_tiles(base + (kk // 16) * tn * nw, tn, cb, W, CB, TK)  # tile, tc, tr, ql, qh, qc
+        v = lane_tiles(base + (kk // 16) * tn * nw, tn, cb, W, CB, TK, CUT)  # tile, tc, tr, ql, qh, qc
         v = tl.reshape(tl.permute(v, [0, 4, 2, 3, 5, 1]), [TK * 8, 16, 16])  # tile, (qh tr ql), (qc tc)
         tl.store(dst + (kb * KB + kk + rows).to(tl.int64) * N + cols, v)
 
 
 @triton.jit
 def _decode_entries_kernel(words_ptr, off_ptr, wid_ptr, cb_ptr, hit_ptr, out_ptr, e0, entries, N, K,
-                           WIDTHS: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, KB: tl.constexpr):  # fmt: skip
+                           WIDTHS: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, KB: tl.constexpr,
+                           CUT: tl.constexpr):  # fmt: skip
     """out[e - e0] = W-hat of entry e = e0 + program_id(1) (one KB x 128 block a program), if e has rows."""
     e = e0 + tl.program_id(1)
     blocks_n = N // 128
@@ -61,12 +63,12 @@ def _decode_entries_kernel(words_ptr, off_ptr, wid_ptr, cb_ptr, hit_ptr, out_ptr
         start = words_ptr + tl.load(off_ptr + e) // 4
         dst = out_ptr + tl.program_id(1).to(tl.int64) * K * N
         if len(WIDTHS) == 1:
-            _decode_block(start, dst, cb, kb, nb, N, WIDTHS[0], CB, TK, KB)
+            _decode_block(start, dst, cb, kb, nb, N, WIDTHS[0], CB, TK, KB, CUT)
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
-                    _decode_block(start, dst, cb, kb, nb, N, WIDTHS[i], CB, TK, KB)
+                    _decode_block(start, dst, cb, kb, nb, N, WIDTHS[i], CB, TK, KB, CUT)
 
 
 @triton.jit
@@ -119,7 +121,7 @@ def decode_round(words: torch.Tensor, offsets: torch.Tensor, widths: torch.Tenso
     entries = offsets.numel()
     _decode_entries_kernel[((k // DECODE_ROWS) * (n // 128), min(per_round, entries - e0))](
         words, offsets, widths, codebooks, hit, scratch, e0, entries, n, k, WIDTHS=tuple(width_set), CB=codebook,
-        TK=TILE_ROWS, KB=DECODE_ROWS, num_warps=DECODE_WARPS,
+        TK=TILE_ROWS, KB=DECODE_ROWS, CUT=exl3_lanes.cut_index(), num_warps=DECODE_WARPS,
     )  # fmt: skip
 
 

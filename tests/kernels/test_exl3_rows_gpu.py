@@ -1,5 +1,6 @@
 """The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
-GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64;
+GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64,
+and each way of cutting a lane's states (exl3_lanes.CUTS) on both paths bit for bit;
 the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the default products (the
 rows' fp16 high halves alone, `LOW_HALF` off) against float64 on the rows rounded to fp16; the prefetching loop
 and the tiles' own finish (both on by default) against the loop without them, bit for bit. Tests of the decodes
@@ -50,11 +51,21 @@ def _ragged_moe(d: int, inter: int, bits: list, codebook: int, seed: int):
     ("k", "n", "bits", "codebook"), [(5120, 2304, 3, 0), (2304, 5120, 2.5, 2), (5120, 2304, 6, 1)]
 )
 def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tiles_only, monkeypatch, k, n, bits, codebook):
+    from tfc.kernels import exl3_lanes
     from tfc.kernels.exl3_decode import exl3_decode
 
     tr, suh, svh, cb = cuda_group(k, n, bits, codebook, 11)
     x = torch.randn(150, k, device="cuda")
     lanes = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
+    monkeypatch.setattr(tiles_only, "SCRATCH", "all")
+    scratch = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
+    for cut in exl3_lanes.CUTS:  # the states cut in PTX, in Triton at constexpr bits, from 64-bit pairs
+        monkeypatch.setattr(exl3_lanes, "LANE_CUT", cut)
+        assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), scratch), f"scratch, {cut}"
+        monkeypatch.setattr(tiles_only, "SCRATCH", "none")
+        assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), lanes), f"tiles, {cut}"
+        monkeypatch.setattr(tiles_only, "SCRATCH", "all")
+    monkeypatch.setattr(tiles_only, "SCRATCH", "none")
     monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
     assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), lanes)
     want = x.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
@@ -68,9 +79,19 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
 
     bits = [*np.random.default_rng(3).choice([2, 2.5, 3, 4], size=12).tolist(), 6]
     tables, x, ids, wts = _ragged_moe(5120, 2304, bits, 2, 0)
+    from tfc.kernels import exl3_lanes
+
     lanes = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False)
     scratch = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True)
     assert float((lanes - scratch).norm() / scratch.norm()) < TOL, "the two paths sum in other orders only"
+    for cut in exl3_lanes.CUTS:  # the states cut in PTX, in Triton at constexpr bits, from 64-bit pairs
+        monkeypatch.setattr(exl3_lanes, "LANE_CUT", cut)
+        assert torch.equal(
+            tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False), lanes
+        ), cut
+        assert torch.equal(
+            tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True), scratch
+        ), cut
     monkeypatch.setattr(tiles_only, "TILE_DECODE", "windows")
     assert torch.equal(tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False), lanes)
 
