@@ -74,7 +74,7 @@ PATH_KNOBS = {
     "k32": {"BLOCK_K": 32}, "k64": {"BLOCK_K": 64}, "twohalves": {"LOW_HALF": True}, "onehalf": {"LOW_HALF": False},
     "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
     "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
-    "pairs": {}, "aligned": {}, "ptx": {},
+    "pairs": {}, "aligned": {}, "ptx": {}, "perwidth": {"LAUNCH_PER_WIDTH": True}, "onelaunch": {"LAUNCH_PER_WIDTH": False},
 }  # fmt: skip
 LANE_CUT = exl3_lanes.LANE_CUT
 ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}

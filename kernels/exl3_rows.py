@@ -61,6 +61,10 @@ SCRATCH = "dense"
 # With "dense", the MoE's tables take the scratch too in prefill steps of this many rows or more (enough rows an
 # expert that its tiles would decode it several times).
 MOE_SCRATCH_TOKENS = 8192
+# Whether a ragged table's tiles run as one launch per width it holds (each program skipping the other widths'
+# entries: a kernel compiled for one width holds fewer registers, so more programs fit an SM) instead of one launch
+# with a branch per width; the same sums, so the same bits (timed by benchmarks/prefill_h200.py --paths perwidth).
+LAUNCH_PER_WIDTH = False
 
 
 @triton.jit
@@ -118,14 +122,16 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, svh_ptr, N, K, stride_x,
                  lo_off, stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                  LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr, FINISH: tl.constexpr,
-                 PER_ENTRY: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
+                 PER_ENTRY: tl.constexpr, CUT: tl.constexpr, PICK: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows; the output
-    rotation and svh (finished) here with FINISH, else by _finish_kernel."""
+    rotation and svh (finished) here with FINISH, else by _finish_kernel. PICK: only entries of width WIDTHS[0]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m).to(tl.int32)
     r0 = tl.load(tile_ptr + 3 * pid_m + 1)
     rn = tl.load(tile_ptr + 3 * pid_m + 2)
+    if PICK:
+        rn = tl.where(tl.load(wid_ptr + e) == WIDTHS[0], rn, 0)
     if rn > 0:
         m = tl.arange(0, BM)
         live = m < rn
@@ -185,14 +191,16 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
                          out, BLOCK_M, LOW_HALF, svh if FINISH_IN_TILES else None)  # fmt: skip
         else:
-            _rows_kernel[(tiles.shape[0], n // 128)](
-                xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
-                out.stride(0), WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk, LANES=TILE_DECODE == "lanes",
-                LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes", FINISH=FINISH_IN_TILES,
-                PER_ENTRY=svh.dim() == 2, CUT=exl3_lanes.cut_index(), num_warps=NUM_WARPS,
-                num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
-                **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
-            )  # fmt: skip
+            apart = LAUNCH_PER_WIDTH and len(width_set) > 1
+            for launch_widths in [(w,) for w in width_set] if apart else [tuple(width_set)]:
+                _rows_kernel[(tiles.shape[0], n // 128)](
+                    xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
+                    out.stride(0), WIDTHS=launch_widths, CB=codebook, BM=BLOCK_M, BK=bk,
+                    LANES=TILE_DECODE == "lanes", LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes",
+                    FINISH=FINISH_IN_TILES, PER_ENTRY=svh.dim() == 2, CUT=exl3_lanes.cut_index(), PICK=apart,
+                    num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
+                    **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
+                )  # fmt: skip
         if not FINISH_IN_TILES:
             per_row = row_entries is not None
             _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0),

@@ -110,18 +110,20 @@ def test_the_scratch_holds_each_entrys_w_hat_and_its_rounds_keep_the_bits(tk, mo
     w1 = tables[0]
     # The decode alone: every entry with rows gets the reference's W-hat exactly, the others are not written.
     hit = torch.tensor([1, 0, 3, 0, 2], dtype=torch.int32)
-    scratch = torch.full((w1.entries, D, INTER), float("nan"), dtype=torch.float16)
-    tk.exl3_scratch._decode_entries_kernel[((D // 128) * (INTER // 128), w1.entries)](
-        w1.words, w1.offsets, w1.widths, w1.codebooks, hit, scratch, 0, w1.entries, INTER, D,
-        WIDTHS=tuple(w1.width_set), CB=w1.codebook, TK=tk.exl3_scratch.TILE_ROWS, KB=tk.exl3_scratch.DECODE_ROWS,
-    )  # fmt: skip
-    for e in range(w1.entries):
-        if hit[e]:
-            trellis, _, _, codebook = groups[0][e]
-            want = tk.exl3_reference.decode_rotated(trellis.numpy(), int(codebook))
-            assert torch.equal(scratch[e].float(), torch.from_numpy(want).float()), e
-        else:
-            assert bool(scratch[e].isnan().all()), e
+    for cut in (0, 1):  # exl3_lanes.CUTS: from 64-bit pairs, at constexpr bits (the PTX cut is the GPU's)
+        scratch = torch.full((w1.entries, D, INTER), float("nan"), dtype=torch.float16)
+        tk.exl3_scratch._decode_entries_kernel[((D // 128) * (INTER // 128), w1.entries)](
+            w1.words, w1.offsets, w1.widths, w1.codebooks, hit, scratch, 0, w1.entries, INTER, D,
+            WIDTHS=tuple(w1.width_set), CB=w1.codebook, TK=tk.exl3_scratch.TILE_ROWS,
+            KB=tk.exl3_scratch.DECODE_ROWS, CUT=cut,
+        )  # fmt: skip
+        for e in range(w1.entries):
+            if hit[e]:
+                trellis, _, _, codebook = groups[0][e]
+                want = tk.exl3_reference.decode_rotated(trellis.numpy(), int(codebook))
+                assert torch.equal(scratch[e].float(), torch.from_numpy(want).float()), (cut, e)
+            else:
+                assert bool(scratch[e].isnan().all()), (cut, e)
     # The MoE with the scratch one entry a round (five rounds) against every entry in one: equal bits.
     x = torch.randn(TOKENS, D)
     ids = torch.stack([torch.randperm(ROUTED)[:TOPK] for _ in range(TOKENS)])
@@ -253,6 +255,17 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
     lanes = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
     monkeypatch.setattr(tk.exl3_rows, "TILE_DECODE", "windows")
     assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), lanes)
+
+
+def test_a_ragged_tables_tiles_launched_a_width_at_a_time_keep_the_bits(tk, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
+    tables, x, ids, wts = _ragged_moe(tk, "per_width")
+    assert len(tables[0].width_set) > 1 and not tk.exl3_rows.LAUNCH_PER_WIDTH
+    one = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
+    monkeypatch.setattr(tk.exl3_rows, "LAUNCH_PER_WIDTH", True)
+    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), one)
 
 
 def test_expert_tiles_cover_each_entrys_rows_once():
