@@ -55,6 +55,8 @@ VARIANTS = {
     "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
     "bm64_w4_k32_s2": (64, 4, 32, 2, None, "lanes"), "bm32_w4_k32_s1": (32, 4, 32, 1, None, "lanes"),
     "aligned_bm64_w4_k64_s1": (64, 4, 64, 1, None, "aligned"), "pairs_bm64_w4_k64_s1": (64, 4, 64, 1, None, "pairs"),
+    "cap168_bm64_w4_k64_s1": (64, 4, 64, 1, 168, "lanes"), "cap128_bm64_w4_k64_s1": (64, 4, 64, 1, 128, "lanes"),
+    "bm64_w8_k64_s1": (64, 8, 64, 1, None, "lanes"), "aligned_cap168_bm64_w4_k64_s1": (64, 4, 64, 1, 168, "aligned"),
 }  # fmt: skip
 
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)

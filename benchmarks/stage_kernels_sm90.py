@@ -293,6 +293,9 @@ def main() -> None:
         "--keep", action="store_true", help="keep the Triton cache (each kernel's ttgir, ptx, cubin)"
     )
     ap.add_argument("--only", default="", help="compile only the entry points whose name holds this text")
+    ap.add_argument(
+        "--lane-cut", default="", help="exl3_lanes.LANE_CUT for the many-row kernels (default: its own)"
+    )
     args = ap.parse_args()
     if args.triton_path:
         sys.path.insert(0, args.triton_path)
@@ -312,6 +315,10 @@ def main() -> None:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kernels: dict[str, dict] = {}  # one row per distinct compile (kernel, specialisation, options)
+    if args.lane_cut:
+        from tfc.kernels import exl3_lanes
+
+        exl3_lanes.LANE_CUT = args.lane_cut
     launches = [launch for launch in _launches(torch) if args.only in launch[0]]
     if not launches:
         ap.error(
