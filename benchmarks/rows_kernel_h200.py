@@ -112,8 +112,7 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     for vname, (bm, warps, bk, stages, cap, decode) in VARIANTS.items():
         exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
         exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
-        exl3_rows.TILE_DECODE = "windows" if decode == "windows" else "lanes"
-        exl3_lanes.LANE_CUT = decode if decode in exl3_lanes.CUTS else saved[6]
+        set_decode(decode, saved[6])
         tiles = exl3_rows.dense_tiles(ROWS, x.device)
 
         def kernels_only(tiles=tiles):  # the two kernels on rotated rows (no torch work in the time)
@@ -143,9 +142,17 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     return row
 
 
+def set_decode(decode: str, default_cut: str) -> None:
+    """The tiles' decode of a variant: "lanes" (default_cut), "windows" or one of exl3_lanes.CUTS."""
+    from tfc.kernels import exl3_lanes, exl3_rows
+
+    exl3_rows.TILE_DECODE = "windows" if decode == "windows" else "lanes"
+    exl3_lanes.LANE_CUT = decode if decode in exl3_lanes.CUTS else default_cut
+
+
 def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Generator) -> dict:
-    """The scratch path's variants and the tile path's default at ROW_COUNTS rows: checked, then timed."""
-    from tfc.kernels import exl3_rows, exl3_scratch
+    """The scratch path's variants and the tile path's first two variants at ROW_COUNTS rows: checked, timed."""
+    from tfc.kernels import exl3_lanes, exl3_rows, exl3_scratch
     from tfc.kernels.exl3_decode import exl3_decode
     from tfc.kernels.exl3_rotate import rows_seen
 
@@ -154,6 +161,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
     out: dict = {}
+    cut_before = exl3_lanes.LANE_CUT
     for rows in ROW_COUNTS:
         x = torch.randn(rows, k, device="cuda", generator=gen)
         want = rows_seen(x, suh, exl3_rows.LOW_HALF).double() @ dense
@@ -166,7 +174,7 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
             scratch = variant is not None
             exl3_rows.SCRATCH = "all" if scratch else "none"
             exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 4, 32, 1
-            exl3_rows.TILE_DECODE = "lanes" if scratch else VARIANTS[vname[len("tiles_") :]][5]
+            set_decode("lanes" if scratch else VARIANTS[vname[len("tiles_") :]][5], cut_before)
             if scratch:
                 exl3_rows.BLOCK_M, exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = variant  # fmt: skip
             tiles = exl3_rows.dense_tiles(rows, x.device)
@@ -200,14 +208,11 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
             print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
                   flush=True)  # fmt: skip
     # the scratch decode alone (its default launch) with each way of cutting a lane's states
-    from tfc.kernels import exl3_lanes
-
     (exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS,
      exl3_scratch.DECODE_WARPS) = SCRATCH_VARIANTS[next(iter(SCRATCH_VARIANTS))][1:]  # fmt: skip
     hit = torch.ones(1, dtype=torch.int32, device="cuda")
     buf = torch.empty((1, k, n), dtype=torch.float16, device="cuda")
     want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
-    cut_before = exl3_lanes.LANE_CUT
     for cut in exl3_lanes.CUTS:
         exl3_lanes.LANE_CUT = cut
         dec = timed(lambda: exl3_scratch.decode_round(words, one, widths, one.int() + MUL1, hit, buf, 0,
