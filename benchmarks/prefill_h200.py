@@ -75,7 +75,8 @@ PATH_KNOBS = {
     "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
     "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
     "pairs": {}, "aligned": {}, "ptx": {}, "perwidth": {"LAUNCH_PER_WIDTH": True}, "onelaunch": {"LAUNCH_PER_WIDTH": False},
-    "w8": {"NUM_WARPS": 8}, "cap168": {"MAX_REGS": 168}, "cap128": {"MAX_REGS": 128}, "wta": {"WEIGHTS_AS_A": True},
+    "w8": {"NUM_WARPS": 8}, "cap168": {"MAX_REGS": 168}, "cap128": {"MAX_REGS": 128},
+    "cap192": {"MAX_REGS": 192}, "cap152": {"MAX_REGS": 152}, "nocap": {"MAX_REGS": None}, "wta": {"WEIGHTS_AS_A": True},
 }  # fmt: skip
 LANE_CUT = exl3_lanes.LANE_CUT
 ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}
