@@ -115,7 +115,7 @@ case "$PART" in
       --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
       python3 benchmarks/scratch_decode_ncu.py > "$OUT/ncu_scratch.txt" 2>&1
     grep -E "exact|Duration|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|stalled|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit" "$OUT/ncu_scratch.txt" | head -80 ;;
-  rowstests)  # the many-row kernels' GPU tests and the register-fed decode's PTX (the lane cuts bit for bit)
+  rowstests)  # the many-row kernels' GPU tests (every lane cut bit for bit) and the register-fed decode's PTX
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_ROWSTESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -p no:warnings \
       -rA --tb=short "$R/tests/kernels/test_exl3_rows_gpu.py" "$R/tests/kernels/test_exl3_mma_ptx.py") > "$OUT/rows_gpu_tests.txt" 2>&1
     grep -v "^DEBUG\|^INFO " "$OUT/rows_gpu_tests.txt" | tail -15 ;;

@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_mma_ptx import lane_decode_constraints, lane_decode_ptx
-from tfc.kernels.exl3_tl import USE_ASM, cb_decode, cb_decode_rt
+from tfc.kernels.exl3_tl import cb_decode, cb_decode_rt
 
-# How a lane cuts its eight states from its words: "ptx" (its words shifted once to start at its first window,
-# each state then cut at a bit known when compiled, and the codebook, in PTX: exl3_mma_ptx.lane_decode_ptx; on a
-# GPU, for integer widths and a codebook fixed by the launch, else "aligned"), "aligned" (the same in Triton) or
-# "pairs" (each state at its run-time bit from 64-bit word pairs). The same states, so the same bits (timed
-# against each other by benchmarks/rows_kernel_h200.py and prefill_h200.py --paths). Read by the launchers.
-LANE_CUT = "ptx"
-CUTS = ("pairs", "aligned", "ptx")  # the constexpr CUT the kernels take: the index here
-# lane_decode_ptx by index 3 (K - 1) + codebook.
-LANE_PTX = tl.constexpr(tuple(lane_decode_ptx(k, cb) for k in range(1, 9) for cb in range(3)))
-LANE_CONS = tl.constexpr(tuple(lane_decode_constraints(k) for k in range(1, 9)))
+# How a lane cuts its eight states from its words: "aligned" (its words shifted once to start at its first window,
+# a funnel shift a word, then each state cut at a bit known when compiled) or "pairs" (each state at its run-time
+# bit from 64-bit word pairs). The same states, so the same bits (timed against each other by
+# benchmarks/rows_kernel_h200.py and prefill_h200.py --paths). Read by the launchers.
+LANE_CUT = "aligned"
+CUTS = ("pairs", "aligned")  # the constexpr CUT the kernels take: the index here
 
 
 def window_span(width: int) -> int:
@@ -132,19 +127,10 @@ def _aligned_value(n0, n1, n2, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.cons
 
 
 @triton.jit
-def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 2):
+def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
     """lane_tiles from the lanes' words (lane_words), cut as CUTS[CUT] (LANE_CUT)."""
     _, t, first, at, _ = _lane_geometry(W, TK)
-    if CUT == 2 and USE_ASM and W % 16 == 0 and CB >= 0:
-        K: tl.constexpr = W // 16
-        args = (w0, w1, at & 31)
-        if LANE_WORDS[W] > 2:
-            args = (w0, w1, w2, at & 31)
-        v0, v1, v2, v3, v4, v5, v6, v7 = tl.inline_asm_elementwise(
-            LANE_PTX[3 * (K - 1) + CB], LANE_CONS[K - 1], args, dtype=(tl.float16,) * 8,
-            is_pure=True, pack=1,
-        )  # fmt: skip
-    elif CUT >= 1:
+    if CUT == 1:
         off = (at & 31).to(tl.uint32)
         u0 = w0.to(tl.uint32, bitcast=True)
         u1 = w1.to(tl.uint32, bitcast=True)
@@ -184,7 +170,7 @@ def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.const
 
 
 @triton.jit
-def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 2):
+def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
     """fp16 [TK * 8, 8, 4, 2, 2, 2] (tile, tc, tr, ql, qh, qc): W-hat of the TK x 8 tiles whose first tile's
     words are at block (tiles tn apart along k, W int16 words a tile). Lane t = 4 tc + tr of a tile holds its
     positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc of the tile."""
@@ -201,7 +187,7 @@ def as_block(tiles, TK: tl.constexpr):
 
 
 @triton.jit
-def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 2):
+def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
     """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
     return as_block(lane_tiles(block, tn, cb, W, CB, TK, CUT), TK)
 

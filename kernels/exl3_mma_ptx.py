@@ -89,10 +89,9 @@ def setup_ptx(k_bits: int, nt: int, wt: bool = False, split: bool = False) -> st
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def _state(q: int, k_bits: int, dst: str, lead: int | None = None) -> list[str]:
-    """Instructions cutting state q (16 bits ending at bit 16 + q K + lead - 1 of the shifted window u0, u1, ...;
-    lead, the bits before the first window, is K by default: the window starts at the lane's bit 8 t K - 16)."""
-    last = 16 + q * k_bits + (k_bits if lead is None else lead) - 1
+def _state(q: int, k_bits: int, dst: str) -> list[str]:
+    """Instructions cutting state q (16 bits ending at bit 16 + (q + 1) K of the shifted window u0, u1, ...)."""
+    last = 16 + (q + 1) * k_bits - 1
     m, sh = last // 32, 31 - last % 32
     if sh == 0:
         return [f"and.b32 {dst}, u{m}, 0xFFFF;"]
@@ -106,17 +105,16 @@ def _state(q: int, k_bits: int, dst: str, lead: int | None = None) -> list[str]:
 
 
 @functools.cache
-def byte_plan(k_bits: int, lead: int | None = None) -> tuple[int, ...] | None:
+def byte_plan(k_bits: int) -> tuple[int, ...] | None:
     """Window bit offsets o of the registers X(o) (window bits [o, o + 32)) from which every state is cut by one
     byte permute, when that takes fewer instructions than `_state`; else None. A state starting at bit a sits
     at a byte boundary of X(o) when a - o is 0, 8 or 16; X(o) costs a funnel shift unless o is a word's start.
     Fewer instructions for K = 2 (11 against 14 per 8 states) and K = 4 (11 against 13)."""
-    lead = k_bits if lead is None else lead
-    starts = [q * k_bits + lead for q in range(8)]
-    nu = -(-(16 + 7 * k_bits + lead) // 32)
+    starts = [(q + 1) * k_bits for q in range(8)]
+    _, nu = window_words(k_bits)
     cands = sorted({a - d for a in starts for d in (0, 8, 16) if a - d >= 0})
     cover = {o: frozenset(a for a in starts if a - o in (0, 8, 16)) for o in cands}
-    best, now = None, sum(len(_state(q, k_bits, "s", lead)) for q in range(8)) - 8
+    best, now = None, sum(len(_state(q, k_bits, "s")) for q in range(8)) - 8
     for size in range(1, 5):
         for combo in itertools.combinations(cands, size):
             if frozenset().union(*(cover[o] for o in combo)) == frozenset(starts):
@@ -126,16 +124,15 @@ def byte_plan(k_bits: int, lead: int | None = None) -> tuple[int, ...] | None:
     return best[1] if best else None
 
 
-def _byte_cut(k_bits: int, plan: tuple[int, ...], nu: int, lead: int | None = None) -> list[str]:
+def _byte_cut(k_bits: int, plan: tuple[int, ...], nu: int) -> list[str]:
     """The plan's registers x0.. (a funnel shift each, or a window word), then each state s_q by one permute."""
-    lead = k_bits if lead is None else lead
     lines = []
     for i, o in enumerate(plan):
         m, r = divmod(o, 32)
         low = f"u{m + 1}" if m + 1 < nu else "z"
         lines.append(f"mov.b32 x{i}, u{m};" if r == 0 else f"shf.l.clamp.b32 x{i}, {low}, u{m}, {r};")
     for q in range(8):
-        a = q * k_bits + lead
+        a = (q + 1) * k_bits
         i = next(i for i, o in enumerate(plan) if a - o in (0, 8, 16))
         j = (
             16 - (a - plan[i])
@@ -259,42 +256,6 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def lane_words_count(k_bits: int) -> int:
-    """Words a lane's window spans from the word of its first window's first bit ((8 t + 1) K - 16): three at most."""
-    return max(-(-(((8 * t + 1) * k_bits - 16) % 32 + 16 + 7 * k_bits) // 32) for t in range(32))
-
-
-def lane_decode_ptx(k_bits: int, cb: int) -> str:
-    """A lane's eight W-hat values (kernels/exl3_lanes.py's lane decode) for integer width K: outputs $0..$7 =
-    fp16 positions 8 t .. 8 t + 7; inputs: the lane's words from the one holding its first window's first bit,
-    then that bit's offset in it. The words are shifted once to start at that bit, each state cut at a bit known
-    here (a byte permute where that takes fewer instructions), the codebook run on pairs."""
-    nwd, nu = lane_words_count(k_bits), -(-(16 + 7 * k_bits) // 32)
-    w = [f"${8 + i}" for i in range(nwd)]
-    off = f"${8 + nwd}"
-    plan = byte_plan(k_bits, 0)
-    xregs = "".join(f", x{i}" for i in range(len(plan or ())))
-    regs = ", ".join(f"u{i}" for i in range(nu))
-    lines = [
-        f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t{xregs};",
-        "mov.b32 z, 0;",
-    ]
-    lines += [f"shf.l.clamp.b32 u{i}, {w[i + 1] if i + 1 < nwd else 'z'}, {w[i]}, {off};" for i in range(nu)]
-    if plan:
-        lines += _byte_cut(k_bits, plan, nu, 0)
-    else:
-        for q in range(8):
-            lines += _state(q, k_bits, f"s{q}", 0)
-    lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
-    lines += [f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, v{i};" for i in range(4)]
-    return "{\n" + "\n".join(lines) + "\n}"
-
-
-def lane_decode_constraints(k_bits: int) -> str:
-    """The constraint string of lane_decode_ptx."""
-    return ",".join(["=h"] * 8 + ["r"] * (lane_words_count(k_bits) + 1))
-
-
 def accumulators(wt: bool, rows16: bool) -> int:
     """fp32 sums a lane holds per group of two n-tiles: 16, or 8 with weights as A and at most 8 rows."""
     return 16 if not wt or rows16 else 8
@@ -355,9 +316,6 @@ __all__ = [
     "accumulators",
     "frag_constraints",
     "frag_ptx",
-    "lane_decode_constraints",
-    "lane_decode_ptx",
-    "lane_words_count",
     "load_constraints",
     "load_ptx",
     "setup_ptx",

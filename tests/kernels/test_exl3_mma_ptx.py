@@ -131,10 +131,6 @@ class Warp:
         elif op == "st.global.f32":
             a = self._addr(lane, ops[0], args)
             self.mem[a : a + 4] = np.array([self.val(lane, ops[1], args)], dtype=np.uint32).view(np.uint8)
-        elif name == "mov" and d.startswith("{"):  # mov.b32 {lo, hi}, packed: a split into 16-bit halves
-            lo, hi = (x.strip() for x in d.strip("{}").split(","))
-            self.put(lane, lo, v[0] & 0xFFFF, args)
-            self.put(lane, hi, v[0] >> 16, args)
         elif name == "mov":
             self.put(lane, d, v[0], args)
         elif name == "shr":
@@ -486,26 +482,6 @@ def test_moe_mma_host_side(monkeypatch):
         moe.moe_exl3(x, ids, wts, half, w3, w2, config=moe.MoeConfig(mma=2))
     with pytest.raises(ValueError, match="mma groups 3"):
         moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=3))
-
-
-@pytest.mark.parametrize("cb", [0, 1, 2])
-@pytest.mark.parametrize("k_bits", range(1, 9))
-def test_lane_decode_ptx_gives_the_reference_values(k_bits, cb):
-    """kernels/exl3_lanes.py's lane decode in PTX: each lane of a random tile, given its words from the one
-    holding its first window's first bit and that bit's offset, gives W-hat at its positions 8 t .. 8 t + 7."""
-    from tfc.kernels.exl3_mma_ptx import lane_decode_ptx, lane_words_count
-
-    trellis = np.random.default_rng(100 * k_bits + cb).integers(-32768, 32768, (1, 1, 16 * k_bits), np.int16)
-    want = ref.lut(cb)[ref.tile_states(trellis)].reshape(256).view(np.uint16)
-    words, nw, ring = ref.words32(trellis).reshape(-1), 8 * k_bits, 256 * k_bits
-    args = []
-    for t in range(32):
-        first = ((8 * t + 1) * k_bits - 16) % ring
-        lane = {8 + i: int(words[(first // 32 + i) % nw]) for i in range(lane_words_count(k_bits))}
-        args.append(lane | {8 + lane_words_count(k_bits): first % 32})
-    Warp(np.zeros(4, np.uint8), 0).run(lane_decode_ptx(k_bits, cb), args)
-    got = np.array([[args[t][q] for q in range(8)] for t in range(32)], dtype=np.uint16).reshape(256)
-    assert np.array_equal(got, want)
 
 
 def test_byte_plan_cuts_fewer_instructions():

@@ -59,7 +59,7 @@ def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tiles_only, monkeyp
     lanes = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
     monkeypatch.setattr(tiles_only, "SCRATCH", "all")
     scratch = tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb)
-    for cut in exl3_lanes.CUTS:  # the states cut in PTX, in Triton at constexpr bits, from 64-bit pairs
+    for cut in exl3_lanes.CUTS:  # the states cut from 64-bit pairs and at constexpr bits
         monkeypatch.setattr(exl3_lanes, "LANE_CUT", cut)
         assert torch.equal(tiles_only.exl3_gemm_rows(x, tr, suh, svh, cb), scratch), f"scratch, {cut}"
         monkeypatch.setattr(tiles_only, "SCRATCH", "none")
@@ -84,7 +84,7 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
     lanes = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False)
     scratch = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True)
     assert float((lanes - scratch).norm() / scratch.norm()) < TOL, "the two paths sum in other orders only"
-    for cut in exl3_lanes.CUTS:  # the states cut in PTX, in Triton at constexpr bits, from 64-bit pairs
+    for cut in exl3_lanes.CUTS:  # the states cut from 64-bit pairs and at constexpr bits
         monkeypatch.setattr(exl3_lanes, "LANE_CUT", cut)
         assert torch.equal(
             tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False), lanes

@@ -110,7 +110,7 @@ def test_the_scratch_holds_each_entrys_w_hat_and_its_rounds_keep_the_bits(tk, mo
     w1 = tables[0]
     # The decode alone: every entry with rows gets the reference's W-hat exactly, the others are not written.
     hit = torch.tensor([1, 0, 3, 0, 2], dtype=torch.int32)
-    for cut in (0, 1):  # exl3_lanes.CUTS: from 64-bit pairs, at constexpr bits (the PTX cut is the GPU's)
+    for cut in (0, 1):  # exl3_lanes.CUTS: from 64-bit pairs, at constexpr bits
         scratch = torch.full((w1.entries, D, INTER), float("nan"), dtype=torch.float16)
         tk.exl3_scratch._decode_entries_kernel[((D // 128) * (INTER // 128), w1.entries)](
             w1.words, w1.offsets, w1.widths, w1.codebooks, hit, scratch, 0, w1.entries, INTER, D,
