@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from tfc.kernels.exl3_tl import cb_decode, cb_decode_rt
+from tfc.kernels.exl3_tl import cb_either
 
 # How a lane cuts its eight states from its words: "aligned" (its words shifted once to start at its first window,
 # a funnel shift a word, then each state cut at a bit known when compiled) or "pairs" (each state at its run-time
@@ -52,11 +52,7 @@ def _lane_value(
         s = (at & 31) + q * (W // 16)
     else:
         s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
-    if CB >= 0:
-        v = cb_decode(_window_state(a, b, c, s, WORDS), CB)
-    else:
-        v = cb_decode_rt(_window_state(a, b, c, s, WORDS), cb)
-    return v
+    return cb_either(_window_state(a, b, c, s, WORDS), cb, CB)
 
 
 @triton.jit
@@ -118,12 +114,7 @@ def _aligned_value(n0, n1, n2, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.cons
     """fp16 W-hat at stream position 8t + q of each lane, from its window shifted to bit 0 (n0, n1, n2)."""
     # bits from the lane's first window to its window q (8 t W / 16 is whole for even W)
     R: tl.constexpr = q * (W // 16) if W % 16 == 0 else (((q + 1) * W) >> 4) - (W >> 4)
-    s = _aligned_state(n0, n1, n2, R)
-    if CB >= 0:
-        v = cb_decode(s, CB)
-    else:
-        v = cb_decode_rt(s, cb)
-    return v
+    return cb_either(_aligned_state(n0, n1, n2, R), cb, CB)
 
 
 @triton.jit

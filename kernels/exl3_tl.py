@@ -158,15 +158,20 @@ def cb_decode_rt(s, cb):
 
 
 @triton.jit
-def decode_at(base, off_j, off_jp, shift, cb, CB: tl.constexpr):
-    """fp16 W-hat values of the block at base (load_states' windows): codebook CB, or cb read at run time
-    (CB < 0: chosen per expert-table entry)."""
-    s = load_states(base, off_j, off_jp, shift)
+def cb_either(s, cb, CB: tl.constexpr):
+    """Codebook CB of states s, or cb read at run time (CB < 0: chosen per expert-table entry)."""
     if CB >= 0:
         v = cb_decode(s, CB)
     else:
         v = cb_decode_rt(s, cb)
     return v
+
+
+@triton.jit
+def decode_at(base, off_j, off_jp, shift, cb, CB: tl.constexpr):
+    """fp16 W-hat values of the block at base (load_states' windows): codebook CB, or cb read at run time
+    (CB < 0: chosen per expert-table entry)."""
+    return cb_either(load_states(base, off_j, off_jp, shift), cb, CB)
 
 
 @triton.jit
