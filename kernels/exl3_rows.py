@@ -36,8 +36,8 @@ BLOCK_M = 64  # rows a program takes
 BLOCK_K = 64
 NUM_WARPS = 4  # warps a program (launch variants: benchmarks/rows_kernel_h200.py)
 NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: benchmarks/rows_kernel_h200.py)
-# A register cap per thread (None: the compiler's choice, ~240-255 in the MoE's tiles: two programs an SM; 168: three,
-# the same instructions, so the same bits; timed by benchmarks/prefill_h200.py --paths nocap / cap128 / cap192)
+# A register cap per thread: at 168 three programs of the tiles fit an SM, where the compiler's own choice (None)
+# fits two; the same instructions, so the same bits (timed by benchmarks/prefill_h200.py --paths nocap / cap152 / ...)
 MAX_REGS: int | None = 168
 # How a tile's loop decodes W-hat: "lanes" (kernels/exl3_lanes.py: a lane's eight weights from its window's three
 # or four words) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
