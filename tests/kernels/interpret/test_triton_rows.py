@@ -177,7 +177,9 @@ def test_the_default_sends_the_linears_through_the_scratch_and_the_moe_to_the_ti
 
 
 @pytest.mark.parametrize("block_k", [32, 64])
-@pytest.mark.parametrize(("width", "codebook"), [(16, 0), (24, 2), (48, 1), (80, 2), (112, 0), (128, 2)])
+@pytest.mark.parametrize(
+    ("width", "codebook"), [(16, 0), (24, 2), (48, 1), (56, 2), (80, 2), (112, 0), (128, 2)]
+)  # 56: a half rate whose windows span three words
 def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tk, monkeypatch, width, codebook, block_k):
     import torch
 
