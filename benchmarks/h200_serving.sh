@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowstests   # the many-row kernels' GPU tests and the PTX decode's (#19)
+#   bash benchmarks/h200_serving.sh moetiles    # the prefill MoE's tiles alone at Flash's shapes (tilesncu: under ncu) (#19)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #                                             (TFC_ROWS_ARGS="--variants a,b --scratch-variants c": fewer variants)
 #   bash benchmarks/h200_serving.sh attendrows  # attend_rows_h200.py: the attention kernel's products on the matrix units against FMA (#19)
@@ -52,7 +53,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|moetiles|tilesncu|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -115,6 +116,15 @@ case "$PART" in
       --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
       python3 benchmarks/scratch_decode_ncu.py > "$OUT/ncu_scratch.txt" 2>&1
     grep -E "exact|Duration|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|stalled|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit" "$OUT/ncu_scratch.txt" | head -80 ;;
+  moetiles)  # the prefill MoE's tiles alone at Flash's shapes, 2,048 tokens: the register cap on and off
+    timeout 300 python3 benchmarks/moe_tiles_ncu.py --out "$OUT/moe_tiles.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -5 ;;
+  tilesncu)  # Nsight Compute on one of those tile launches: occupancy, stalls, issue slots
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
+    timeout 300 "$NCU" --clock-control none -k regex:_rows_kernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section InstructionStats --section ComputeWorkloadAnalysis --print-details all \
+      python3 benchmarks/moe_tiles_ncu.py --ncu > "$OUT/ncu_moe_tiles.txt" 2>&1
+    grep -E "Duration|Issue Slots Busy|Executed Ipc|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Warp Cycles Per Issued|No Eligible|Eligible Warps" "$OUT/ncu_moe_tiles.txt" | head -60 ;;
   rowstests)  # the many-row kernels' GPU tests (every lane cut bit for bit) and the register-fed decode's PTX
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_ROWSTESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider -p no:warnings \
       -rA --tb=short "$R/tests/kernels/test_exl3_rows_gpu.py" "$R/tests/kernels/test_exl3_mma_ptx.py") > "$OUT/rows_gpu_tests.txt" 2>&1
