@@ -1,5 +1,5 @@
-"""The lane decode of EXL3 tiles: each lane of a 16x16 tile cuts its eight weights from its window's three or
-four words (the mma B fragment's order, spec exl3.md §5), instead of two gathered words a weight.
+"""The lane decode of EXL3 tiles: each lane of a 16x16 tile cuts its eight weights from the two or three words its
+windows span (`window_span`; the mma B fragment's order, spec exl3.md §5), instead of two gathered words a weight.
 
 `lane_tiles` decodes one k step of a 128-column block (TK tile rows of 8 tiles) into registers; the scratch
 decode (kernels/exl3_scratch.py) stores them as 16-column runs, the tile path's product (kernels/exl3_rows.py)
