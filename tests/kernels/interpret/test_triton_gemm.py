@@ -117,7 +117,7 @@ def test_gemm_defaults(tk):
 
 
 GROUPED_CASES = [
-    # (name, width, codebook, rows, config kwargs); k = 128 (256 fused), n = 256, three groups
+    # (name, width, codebook, rows, config kwargs); k = 128 (256 fused), n = 128, three groups
     ("m16_dot_last", 32, 1, 16, {"use_dot": True, "split": 2}),
     ("m16_dot_apart", 64, 0, 16, {"use_dot": True, "split": 2, "reduce_apart": True}),
     ("m1_gather_fused", 32, 2, 1, {"runs": False, "fuse_rotation": True, "split": 2}),
@@ -141,7 +141,7 @@ def test_grouped_gemm_gives_each_groups_own_bits(tk, name, width, cb, rows, cfg)
 
     g = tk.exl3_gemv
     rng = seeded(f"grouped_{name}")
-    k, n, ng = (256 if cfg.get("fuse_rotation") else 128), 256, 3
+    k, n, ng = (256 if cfg.get("fuse_rotation") else 128), 128, 3
     made = [random_group(tk.exl3_reference, rng, k, n, width, cb)[0] for _ in range(ng)]
     # the groups' trellis, suh, svh laid out in one buffer with gaps, in another order than the groups'
     t_words, s_halves = made[0][0].numel(), k + n
