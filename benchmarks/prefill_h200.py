@@ -34,10 +34,9 @@ low halves, or the high halves alone: exl3_rows.LOW_HALF), `noprefetch` / `prefe
 each k step's words and rows a step ahead), `nofinish` / `finish` (the output rotation and svh in the product
 tiles, or a second kernel), `fma` (the attention's products as fp32 FMA, attend_rows.PIECES 0, not bf16 pieces on
 the matrix units) and `inrun` (the attention's keys decoded in its runs, not its key tables decoded to bf16 first).
-The tiles' launch: `pairs` / `aligned` (how a lane cuts its states from its words, exl3_lanes.LANE_CUT),
-`perwidth` / `onelaunch` (a ragged table's tiles as a launch per width, or one with a branch per width), `w8` (8
-warps a program), `cap168` / `cap128` / `cap152` / `cap192` / `nocap` (the registers a thread capped, more programs
-an SM, or not: exl3_rows.MAX_REGS) and `wta` (the products with the decoded weights first, exl3_rows.WEIGHTS_AS_A).
+The tiles' launch: `pairs` / `aligned` (how a lane cuts its states from its words, exl3_lanes.LANE_CUT), `w8` (8
+warps a program) and `cap168` / `cap128` / `cap152` / `cap192` / `nocap` (the registers a thread capped, more
+programs an SM, or not: exl3_rows.MAX_REGS).
 """
 
 from __future__ import annotations
@@ -78,9 +77,9 @@ PATH_KNOBS = {
     "k32": {"BLOCK_K": 32}, "k64": {"BLOCK_K": 64}, "twohalves": {"LOW_HALF": True}, "onehalf": {"LOW_HALF": False},
     "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
     "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
-    "pairs": {}, "aligned": {}, "perwidth": {"LAUNCH_PER_WIDTH": True}, "onelaunch": {"LAUNCH_PER_WIDTH": False},
+    "pairs": {}, "aligned": {},
     "w8": {"NUM_WARPS": 8}, "cap168": {"MAX_REGS": 168}, "cap128": {"MAX_REGS": 128},
-    "cap192": {"MAX_REGS": 192}, "cap152": {"MAX_REGS": 152}, "nocap": {"MAX_REGS": None}, "wta": {"WEIGHTS_AS_A": True},
+    "cap192": {"MAX_REGS": 192}, "cap152": {"MAX_REGS": 152}, "nocap": {"MAX_REGS": None},
 }  # fmt: skip
 LANE_CUT = exl3_lanes.LANE_CUT
 ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}

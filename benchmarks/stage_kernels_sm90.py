@@ -52,7 +52,7 @@ EPS = 1e-6
 # the many-row products' paths: scratch (every product through the decoded scratch), tiles (every product on the
 # tiles, exl3_rows' defaults otherwise), windows (tiles, window gathers), plain (tiles, no prefetch, no finish in
 # the tiles, both input halves, a k step of 32: the loop before those options)
-ROWS_PATHS = ("scratch", "tiles", "windows", "plain", "perwidth")
+ROWS_PATHS = ("scratch", "tiles", "windows", "plain")
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -99,15 +99,7 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
 
     rows_defaults = {
-        n: getattr(xr, n)
-        for n in (
-            "TILE_DECODE",
-            "TILE_PREFETCH",
-            "FINISH_IN_TILES",
-            "LOW_HALF",
-            "BLOCK_K",
-            "LAUNCH_PER_WIDTH",
-        )
+        n: getattr(xr, n) for n in ("TILE_DECODE", "TILE_PREFETCH", "FINISH_IN_TILES", "LOW_HALF", "BLOCK_K")
     }
 
     def rows_path(path):
@@ -117,8 +109,6 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         xr.SCRATCH = "all" if path == "scratch" else "none"
         if path == "windows":
             xr.TILE_DECODE = "windows"
-        if path == "perwidth":  # a ragged table's tiles as a launch per width
-            xr.LAUNCH_PER_WIDTH = True
         if path == "plain":
             xr.TILE_PREFETCH, xr.FINISH_IN_TILES, xr.LOW_HALF, xr.BLOCK_K = False, False, True, 32
 

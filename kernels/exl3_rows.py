@@ -63,24 +63,15 @@ SCRATCH = "dense"
 # With "dense", the MoE's tables take the scratch too in prefill steps of this many rows or more (enough rows an
 # expert that its tiles would decode it several times).
 MOE_SCRATCH_TOKENS = 8192
-# Whether a ragged table's tiles run as one launch per width it holds (each program skipping the other widths'
-# entries: a kernel compiled for one width holds fewer registers, so more programs fit an SM) instead of one launch
-# with a branch per width; the same sums, so the same bits (timed by benchmarks/prefill_h200.py --paths perwidth).
-LAUNCH_PER_WIDTH = False
-# Whether the tiles' loop multiplies with the decoded weights as the product's first operand (W-hat^T x^T: the
-# lane decode's registers are the mma A fragment's order, so they need not pass through shared memory), or the
-# rows first (x W-hat). Other summation hardware, other bits (timed by benchmarks/prefill_h200.py --paths wta).
-WEIGHTS_AS_A = False
 
 
 @triton.jit
 def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.constexpr, CB: tl.constexpr,
                 BM: tl.constexpr, BK: tl.constexpr, LANES: tl.constexpr, LO: tl.constexpr,
-                PREFETCH: tl.constexpr, CUT: tl.constexpr, WT: tl.constexpr):  # fmt: skip
+                PREFETCH: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
     """fp32 [BM, 128]: the rows' rotated input (high part at xh, low part lo_off further, if LO) times W-hat's
     column block at base (width W), summed over k in BK steps; W-hat by the lane decode (LANES) or by window
-    gathers; with PREFETCH (lanes only) each step's words and rows are loaded one step ahead, in registers, and
-    with WT (PREFETCH only) the products take W-hat as their first operand."""
+    gathers; with PREFETCH (lanes only) each step's words and rows are loaded one step ahead, in registers."""
     tn = N // 16
     nw: tl.constexpr = W // 2
     TK: tl.constexpr = BK // 16
@@ -90,7 +81,6 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
     ks = tl.arange(0, BK)
     x_rows = xh_ptr + rows[:, None].to(tl.int64) * stride_x
     acc = tl.zeros([BM, 128], dtype=tl.float32)
-    acc_t = tl.zeros([128, BM], dtype=tl.float32)
     if PREFETCH:
         w0, w1, w2, w3 = lane_words(base, tn, W, TK)
         hi = tl.load(x_rows + ks[None, :], mask=live[:, None], other=0.0)
@@ -107,17 +97,10 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
             if LO:
                 n_lo = tl.load(x_rows + lo_off + (k_next + ks)[None, :], mask=live[:, None], other=0.0)
             v = as_block(lane_cut(w0, w1, w2, w3, cb, W, CB, TK, CUT), TK)
-            if WT:
-                acc_t = tl.dot(tl.trans(v), tl.trans(hi), acc_t)
-                if LO:
-                    acc_t = tl.dot(tl.trans(v), tl.trans(lo), acc_t)
-            else:
-                acc = tl.dot(hi, v, acc)
-                if LO:
-                    acc = tl.dot(lo, v, acc)
+            acc = tl.dot(hi, v, acc)
+            if LO:
+                acc = tl.dot(lo, v, acc)
             w0, w1, w2, w3, hi, lo = n0, n1, n2, n3, n_hi, n_lo
-        if WT:
-            acc = tl.trans(acc_t)
     else:
         for k0 in range(0, K, BK):
             if LANES:
@@ -137,16 +120,14 @@ def _entry_sums(xh_ptr, base, cb, N, K, rows, live, stride_x, lo_off, W: tl.cons
 def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, tile_ptr, svh_ptr, N, K, stride_x,
                  lo_off, stride_y, WIDTHS: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                  LANES: tl.constexpr, LO: tl.constexpr, PREFETCH: tl.constexpr, FINISH: tl.constexpr,
-                 PER_ENTRY: tl.constexpr, CUT: tl.constexpr, PICK: tl.constexpr, WT: tl.constexpr):  # fmt: skip
+                 PER_ENTRY: tl.constexpr, CUT: tl.constexpr):  # fmt: skip
     """y[rows, block] = (xh[rows] @ W-hat_e[:, block]) * inv[rows] for tile program_id(0)'s rows; the output
-    rotation and svh (finished) here with FINISH, else by _finish_kernel. PICK: only entries of width WIDTHS[0]."""
+    rotation and svh (finished) here with FINISH, else by _finish_kernel."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_ptr + 3 * pid_m).to(tl.int32)
     r0 = tl.load(tile_ptr + 3 * pid_m + 1)
     rn = tl.load(tile_ptr + 3 * pid_m + 2)
-    if PICK:
-        rn = tl.where(tl.load(wid_ptr + e) == WIDTHS[0], rn, 0)
     if rn > 0:
         m = tl.arange(0, BM)
         live = m < rn
@@ -158,14 +139,14 @@ def _rows_kernel(xh_ptr, inv_ptr, words_ptr, off_ptr, wid_ptr, cb_ptr, y_ptr, ti
         acc = tl.zeros([BM, 128], dtype=tl.float32)
         if len(WIDTHS) == 1:
             acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[0] // 2), cb, N, K, rows, live, stride_x,
-                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO, PREFETCH, CUT, WT)  # fmt: skip
+                              lo_off, WIDTHS[0], CB, BM, BK, LANES, LO, PREFETCH, CUT)  # fmt: skip
         else:  # a ragged table: one branch per width it holds
             width = tl.load(wid_ptr + e)
             for i in tl.static_range(len(WIDTHS)):
                 if width == WIDTHS[i]:
                     acc = _entry_sums(xh_ptr, start + pid_n * 8 * (WIDTHS[i] // 2), cb, N, K, rows, live,
                                       stride_x, lo_off, WIDTHS[i], CB, BM, BK, LANES, LO, PREFETCH,
-                                      CUT, WT)  # fmt: skip
+                                      CUT)  # fmt: skip
         acc = acc * tl.load(inv_ptr + rows, mask=live, other=0.0)[:, None]
         cols = pid_n * 128 + tl.arange(0, 128)
         if FINISH:
@@ -206,17 +187,14 @@ def launch_rows(halves: tuple[torch.Tensor, torch.Tensor], words: torch.Tensor, 
             scratch_rows(xh, inv, words, offsets, widths, codebooks, tiles.contiguous(), n, width_set, codebook,
                          out, BLOCK_M, LOW_HALF, svh if FINISH_IN_TILES else None)  # fmt: skip
         else:
-            apart = LAUNCH_PER_WIDTH and len(width_set) > 1
-            for launch_widths in [(w,) for w in width_set] if apart else [tuple(width_set)]:
-                _rows_kernel[(tiles.shape[0], n // 128)](
-                    xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
-                    out.stride(0), WIDTHS=launch_widths, CB=codebook, BM=BLOCK_M, BK=bk,
-                    LANES=TILE_DECODE == "lanes", LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes",
-                    FINISH=FINISH_IN_TILES, PER_ENTRY=svh.dim() == 2, CUT=exl3_lanes.cut_index(), PICK=apart,
-                    WT=WEIGHTS_AS_A and TILE_PREFETCH and TILE_DECODE == "lanes",
-                    num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
-                    **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
-                )  # fmt: skip
+            _rows_kernel[(tiles.shape[0], n // 128)](
+                xh, inv, words, offsets, widths, codebooks, out, tiles.contiguous(), svh, n, k, 2 * k, k,
+                out.stride(0), WIDTHS=tuple(width_set), CB=codebook, BM=BLOCK_M, BK=bk,
+                LANES=TILE_DECODE == "lanes", LO=LOW_HALF, PREFETCH=TILE_PREFETCH and TILE_DECODE == "lanes",
+                FINISH=FINISH_IN_TILES, PER_ENTRY=svh.dim() == 2, CUT=exl3_lanes.cut_index(),
+                num_warps=NUM_WARPS, num_stages=NUM_STAGES, enable_fp_fusion=not FINISH_IN_TILES,
+                **({} if MAX_REGS is None else {"maxnreg": MAX_REGS}),
+            )  # fmt: skip
         if not FINISH_IN_TILES:
             per_row = row_entries is not None
             _finish_kernel[(m, n // 128)](out, svh, row_entries if per_row else inv, n, out.stride(0),

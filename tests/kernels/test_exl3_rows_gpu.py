@@ -109,13 +109,12 @@ def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-@pytest.mark.parametrize(("scratch", "weights_as_a"), [("all", False), ("none", False), ("none", True)])
-def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch, weights_as_a):
+@pytest.mark.parametrize("scratch", ["all", "none"])
+def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
     from tfc.kernels import exl3_rotate, exl3_rows
     from tfc.kernels.exl3_decode import exl3_decode
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
-    monkeypatch.setattr(exl3_rows, "WEIGHTS_AS_A", weights_as_a)  # the tiles' products, weights first
     assert not exl3_rows.LOW_HALF, "the default: the high halves alone"
     tr, suh, svh, cb = cuda_group(5120, 2304, 3, 0, 12)
     x = torch.randn(150, 5120, device="cuda")

@@ -259,17 +259,6 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
     assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), lanes)
 
 
-def test_a_ragged_tables_tiles_launched_a_width_at_a_time_keep_the_bits(tk, monkeypatch):
-    import torch
-
-    monkeypatch.setattr(tk.exl3_rows, "SCRATCH", "none")
-    tables, x, ids, wts = _ragged_moe(tk, "per_width")
-    assert len(tables[0].width_set) > 1 and not tk.exl3_rows.LAUNCH_PER_WIDTH
-    one = tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT)
-    monkeypatch.setattr(tk.exl3_rows, "LAUNCH_PER_WIDTH", True)
-    assert torch.equal(tk.exl3_rows.moe_rows(x, ids, wts, *tables, swiglu_limit=LIMIT), one)
-
-
 def test_expert_tiles_cover_each_entrys_rows_once():
     import torch
     from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles
