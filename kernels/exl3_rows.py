@@ -39,8 +39,8 @@ NUM_STAGES = 1  # software-pipelining stages of the k loop (launch variants: ben
 # A register cap per thread: at 168 three programs of the tiles fit an SM, where the compiler's own choice (None)
 # fits two; the same instructions, so the same bits (timed by benchmarks/prefill_h200.py --paths nocap / cap152 / ...)
 MAX_REGS: int | None = 168
-# How a tile's loop decodes W-hat: "lanes" (kernels/exl3_lanes.py: a lane's eight weights from its window's three
-# or four words) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
+# How a tile's loop decodes W-hat: "lanes" (kernels/exl3_lanes.py: a lane's eight weights from the two or three
+# words its windows span) or "windows" (two gathered words a weight); the same values, so the same bits (timed against
 # each other by benchmarks/prefill_h200.py --paths and rows_kernel_h200.py).
 TILE_DECODE = "lanes"
 # Whether a tile's loop loads each k step's words and rows one step ahead, in registers (with one pipeline
