@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
 #                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
 #   bash benchmarks/h200_serving.sh rowstests   # the many-row kernels' GPU tests and the PTX decode's (#19)
+#   bash benchmarks/h200_serving.sh pdl         # pdl_chain_h200.py: programmatic dependent launch on a graphed kernel chain (#19)
 #   bash benchmarks/h200_serving.sh moetiles    # the prefill MoE's tiles alone at Flash's shapes (tilesncu: under ncu) (#19)
 #   bash benchmarks/h200_serving.sh rowskernel  # rows_kernel_h200.py: exl3_rows' launch variants on synthetic groups (#19)
 #                                             (TFC_ROWS_ARGS="--variants a,b --scratch-variants c": fewer variants)
@@ -53,7 +54,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|moetiles|tilesncu|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|pdl|moetiles|tilesncu|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -116,6 +117,8 @@ case "$PART" in
       --section InstructionStats --section MemoryWorkloadAnalysis --print-details all \
       python3 benchmarks/scratch_decode_ncu.py > "$OUT/ncu_scratch.txt" 2>&1
     grep -E "exact|Duration|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|stalled|Warp Cycles Per Issued|No Eligible|Memory Throughput|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc|Block Limit" "$OUT/ncu_scratch.txt" | head -80 ;;
+  pdl)  # what programmatic dependent launch saves a graphed chain of small dependent Triton kernels
+    timeout 200 python3 benchmarks/pdl_chain_h200.py --out "$OUT/pdl_chain.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -8 ;;
   moetiles)  # the prefill MoE's tiles alone at Flash's shapes, 2,048 tokens: the register cap on and off
     timeout 300 python3 benchmarks/moe_tiles_ncu.py --out "$OUT/moe_tiles.json" 2>&1 | grep -v "^DEBUG\|^INFO " | tail -5 ;;
   tilesncu)  # Nsight Compute on one of those tile launches: occupancy, stalls, issue slots
