@@ -13,9 +13,7 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
 - fma: attend_rows' products as fp32 FMA (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units;
 - pre: attend_rows' key tables decoded to bf16 first at every row count (attend_keys.predecodes; by default
-  only from PREDECODE_ROWS rows, a prefill step's);
-- nopdl / early: the kernels launched without programmatic dependent launch / letting the next launch go at
-  their top (kernels/pdl.MODE; the default waits at the top, "wait").
+  only from PREDECODE_ROWS rows, a prefill step's).
 Parts, each in the JSON as it ends:
 - site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
 - decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
@@ -42,7 +40,7 @@ import torch  # noqa: E402
 from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
 
 REPS = 30
-NAMED = ("apart", "no_skip", "all_rows", "fma", "pre", "nopdl", "early")  # and mix<N>, split<N>
+NAMED = ("apart", "no_skip", "all_rows", "fma", "pre")  # and mix<N>, split<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
@@ -98,12 +96,10 @@ def known_variant(name: str) -> bool:
 @contextlib.contextmanager
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
-    from tfc.kernels import attend_keys, attend_rows, mhc_stages, pdl
+    from tfc.kernels import attend_keys, attend_rows, mhc_stages
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, pdl.MODE)  # fmt: skip
-    if name in ("nopdl", "early"):
-        pdl.MODE = "off" if name == "nopdl" else "early"
+             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE)  # fmt: skip
     if name == "fma":
         attend_rows.PIECES = 0
     if name == "pre":
@@ -118,7 +114,7 @@ def switched(name: str):
         yield
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, pdl.MODE) = saved  # fmt: skip
+         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):

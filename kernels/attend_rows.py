@@ -45,7 +45,6 @@ import triton
 import triton.language as tl
 from tfc.kernels.attend_keys import decoded_table, predecodes, read_keys
 from tfc.kernels.exl3_tl import INTERPRET
-from tfc.kernels.pdl import pdl_args, wait_prior
 from tfc.kernels.stage_tl import negate, rotate
 
 __all__ = ["attend_rows", "blocks"]
@@ -186,11 +185,10 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
                     KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr,
                     SKIP_EMPTY: tl.constexpr = True, PIECES: tl.constexpr = 0,
-                    DECODED: tl.constexpr = False, PDL: tl.constexpr = 0):  # fmt: skip
+                    DECODED: tl.constexpr = False):  # fmt: skip
     """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
     with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give.
     DECODED: ring and entries are their bf16 tables (attend_keys.decoded_table), read instead of decoded."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     run = tl.program_id(2)
@@ -221,9 +219,8 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
 @triton.jit
 def _fold_kernel(pm_ptr, pd_ptr, pa_ptr, sinks_ptr, cos_ptr, sin_ptr, out_ptr, s_sink, s_cos_r, s_cos_c,
                  s_sin_r, s_sin_c, so_r, so_h, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
-                 NR: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                 NR: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """One row's runs folded in order into the sink's softmax, divided, the query's rope taken off."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = h < H
@@ -343,11 +340,11 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
             SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, DECODED=decoded, num_warps=warps,
-            num_stages=STAGES, **pdl_args(q[lo:hi].device)
+            num_stages=STAGES,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),
             cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), out.stride(0), out.stride(1),
-            H=heads, D=d, HALF=cos.shape[-1], NR=nr, BLOCK_H=block_h, num_warps=warps, **pdl_args(part_m.device)
+            H=heads, D=d, HALF=cos.shape[-1], NR=nr, BLOCK_H=block_h, num_warps=warps,
         )  # fmt: skip
     return out

@@ -7,7 +7,6 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.pdl import pdl_args, wait_prior
 
 SCALE_BLOCK = 32  # values per e8m0 scale byte
 BLOCK_R = 8  # lookups per program (benchmarks/engram_gather_h200.py sweeps it)
@@ -66,9 +65,7 @@ def _gather_kernel(
     ROW_BYTES: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):
-    wait_prior(PDL)
     pid = tl.program_id(0)
     r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < n_lookups
@@ -113,7 +110,6 @@ def gather_rows(
     n = flat.numel()
     if n:
         _gather_kernel[(triton.cdiv(n, BLOCK_R),)](
-            table, flat, lut, out, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=BLOCK_R,
-            **pdl_args(table.device)
-        )  # fmt: skip
+            table, flat, lut, out, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=BLOCK_R
+        )
     return out

@@ -38,7 +38,6 @@ from tfc.kernels.exl3_tl import (
     tile_positions,
     window_offsets,
 )
-from tfc.kernels.pdl import pdl_args, wait_prior
 
 MAX_ROWS = 16
 REDUCE_FLIGHT = 8  # partials the second launch sums at a time (its warps: this / 8; benchmarks/kernels.md)
@@ -46,11 +45,10 @@ REDUCE_FLIGHT = 8  # partials the second launch sums at a time (its warps: this 
 
 @triton.jit
 def _rotate_kernel(x_ptr, suh_ptr, xh_ptr, K, stride_x, SPLIT: tl.constexpr = False, goff_ptr=None, KG=0,
-                   GROUPED: tl.constexpr = False, PDL: tl.constexpr = 0):  # fmt: skip
+                   GROUPED: tl.constexpr = False):  # fmt: skip
     """xh[m, blk] = (x[m, blk] * suh[blk]) @ H128 / sqrt(128) for one 128-block of one row (seven butterflies);
     SPLIT: rows 2 m and 2 m + 1 of xh get its fp16 high part and the fp16 rest. GROUPED: grid axis 2 is the
     group, whose KG columns of x and xh start at g * KG and whose suh lies goff[1, g] halves from suh_ptr."""
-    wait_prior(PDL)
     blk = tl.program_id(0) * 128
     m = tl.program_id(1)
     if GROUPED:
@@ -104,9 +102,7 @@ def _exl3_gemm_kernel(
     XHG=0,
     GROUPED: tl.constexpr = False,
     LIVE=MAX_ROWS,
-    PDL: tl.constexpr = 0,
 ):
-    wait_prior(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     tn = N // 16
@@ -227,7 +223,7 @@ def rotate_input(x: torch.Tensor, suh: torch.Tensor, use_dot: bool, split: bool 
     kg, ng = suh.shape[0], 1 if groups is None else groups.shape[1]
     _rotate_kernel[(kg // 128, m_rows, ng)](x, suh, xh, k, x.stride(0), SPLIT=split, num_warps=1,
                                             goff_ptr=suh if groups is None else groups, KG=kg,
-                                            GROUPED=groups is not None, **pdl_args(x.device))  # fmt: skip
+                                            GROUPED=groups is not None)  # fmt: skip
     return xh
 
 
@@ -328,14 +324,14 @@ def exl3_gemm(
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
         MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
-        **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}), **pdl_args(x.device)
+        **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
     elif apart:
         reduce_kernel[(blocks, m_rows, ng)](
             ws, svh, y, y.stride(0), split, live, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
-            N=n, **grouped, **pdl_args(ws.device)
+            N=n, **grouped,
         )  # fmt: skip
     return y
 

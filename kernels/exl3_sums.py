@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3_fixed import fixed_words
 from tfc.kernels.exl3_tl import fwht128, release_fence, rotate_sum
-from tfc.kernels.pdl import wait_prior
 
 
 @triton.jit
@@ -48,11 +47,10 @@ def reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT,
 
 @triton.jit
 def reduce_kernel(ws_ptr, svh_ptr, y_ptr, stride_y, SPLIT, LIVE, MP: tl.constexpr, FLIGHT: tl.constexpr = 8,
-                  goff_ptr=None, N=0, GROUPED: tl.constexpr = False, PDL: tl.constexpr = 0):  # fmt: skip
+                  goff_ptr=None, N=0, GROUPED: tl.constexpr = False):  # fmt: skip
     """y[row, block] = had128(sum of the block's SPLIT partials of that row) * svh: one program per (block, row),
     FLIGHT partials loaded at a time (rows from LIVE on: zeros, nothing read); GROUPED: per (block, row, group)
     as in the GEMM kernel (exl3_gemv)."""
-    wait_prior(PDL)
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     if GROUPED:

@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.kv_pack import NO_FMA, unit_stride
-from tfc.kernels.pdl import pdl_args, wait_prior
 from tfc.kernels.stage_tl import e2m1_value, ue8m0_value
 
 __all__ = ["ENTRIES", "chunk_scores"]
@@ -44,9 +43,8 @@ def _halve(t, CJ: tl.constexpr, S: tl.constexpr):
 
 @triton.jit
 def _scores_kernel(raw_ptr, q_ptr, w_ptr, out_ptr, C, srr, src, sqr, sqh, swr, scale, D: tl.constexpr,
-                   H: tl.constexpr, CJ: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                   H: tl.constexpr, CJ: tl.constexpr):  # fmt: skip
     """CJ entries of one row: sum_h w[h] * relu(q[h] . key) * scale, blocks and heads summed as fixed_sum."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * CJ + tl.arange(0, CJ)
     live = j < C
@@ -102,5 +100,5 @@ def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid
         launch = (rows, triton.cdiv(c, ENTRIES))
         _scores_kernel[launch](raw, q, weights, out, c, raw.stride(0), raw.stride(1), q.stride(0),
                                q.stride(1), weights.stride(0), d**-0.5, D=d, H=heads, CJ=ENTRIES, num_warps=4,
-                               **NO_FMA, **pdl_args(raw.device))  # fmt: skip
+                               **NO_FMA)  # fmt: skip
     return out

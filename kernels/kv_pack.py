@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.pdl import pdl_args, wait_prior
 from tfc.kernels.stage_tl import (
     e2m1_code,
     e2m1_value,
@@ -117,9 +116,8 @@ def _fp4_ue8m0(ev, od):
 
 @triton.jit
 def _row_kernel(y_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, eps, N: tl.constexpr, HALF: tl.constexpr,
-                NB: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                NB: tl.constexpr, NORM: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
     """One row: rms_norm (NORM), rope, then a UE8M0 scale per 32 channels and e4m3 (FP8) or e2m1 codes."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, NB)
     ch = g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
@@ -148,9 +146,8 @@ def _row_kernel(y_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, eps, N: tl.con
 
 @triton.jit
 def _entry_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, sx, scs, N: tl.constexpr, HALF: tl.constexpr,
-                  TB: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                  TB: tl.constexpr):  # fmt: skip
     """TB blocks of 16 channels of one row: rope, then e2m1 codes, an e4m3 scale per block (pack_fp4, 16)."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * TB + tl.arange(0, TB)
     ch = g[:, None] * 16 + 2 * tl.arange(0, 8)[None, :]
@@ -167,9 +164,8 @@ def _entry_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, sx, scs, N: tl.constexpr, HA
 
 @triton.jit
 def _query_kernel(y_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, L: tl.constexpr, D: tl.constexpr,
-                  HALF: tl.constexpr, TB: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                  HALF: tl.constexpr, TB: tl.constexpr):  # fmt: skip
     """TB blocks of 32 channels of one row of heads [L = heads * D]: rope per head, then fake FP4 (UE8M0)."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * TB + tl.arange(0, TB)
     ch = g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
@@ -184,9 +180,8 @@ def _query_kernel(y_ptr, cos_ptr, sin_ptr, out_ptr, sy, scs, L: tl.constexpr, D:
 
 @triton.jit
 def _pooled_kernel(p_ptr, slot_ptr, at_ptr, w_ptr, out_ptr, G, N, ssr, sar, sac, sp0, sp1, sp2, eps,
-                   GB: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                   GB: tl.constexpr, NB: tl.constexpr):  # fmt: skip
     """One row: the softmax(gate)-weighted sum of its G ring rows' kv, then rms_norm."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, GB)
     c = tl.arange(0, NB)
@@ -247,7 +242,7 @@ def _pack_rows(y, weight, eps, cos, sin, fp8: bool, norm: bool = True) -> torch.
         nb = _pow2(n // 32)
         _row_kernel[(rows,)](y, weight, cos, sin, out, y.stride(0), cos.stride(0), eps, N=n,
                              HALF=cos.shape[1], NB=nb, NORM=norm, FP8=fp8, num_warps=4 if nb >= 8 else 1,
-                             **NO_FMA, **pdl_args(y.device))  # fmt: skip
+                             **NO_FMA)  # fmt: skip
     return out
 
 
@@ -275,9 +270,8 @@ def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid)
     tb = min(_pow2(n // 16), TILE // 16)
     if rows:
         _entry_kernel[(rows, triton.cdiv(n // 16, tb))](
-            x, cos, sin, out, x.stride(0), cos.stride(0), N=n, HALF=cos.shape[1], TB=tb, num_warps=4, **NO_FMA,
-            **pdl_args(x.device)
-        )  # fmt: skip
+            x, cos, sin, out, x.stride(0), cos.stride(0), N=n, HALF=cos.shape[1], TB=tb, num_warps=4, **NO_FMA
+        )
     return out
 
 
@@ -295,7 +289,7 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     if rows:
         launch = (rows, triton.cdiv(width // 32, tb))
         _query_kernel[launch](y, cos, sin, out, y.stride(0), cos.stride(0), L=width, D=d, HALF=cos.shape[1],
-                              TB=tb, num_warps=4, **NO_FMA, **pdl_args(y.device))  # fmt: skip
+                              TB=tb, num_warps=4, **NO_FMA)  # fmt: skip
     return out
 
 
@@ -319,5 +313,5 @@ def pooled(
         p0, p1, p2, _ = pending.stride()
         _pooled_kernel[(rows,)](pending, slot, at, weight, out, group, n, slot.stride(0), at.stride(0),
                                 at.stride(1), p0, p1, p2, eps, GB=_pow2(group), NB=_pow2(n), num_warps=4,
-                                **NO_FMA, **pdl_args(pending.device))  # fmt: skip
+                                **NO_FMA)  # fmt: skip
     return out

@@ -11,16 +11,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.pdl import pdl_args, wait_prior
 
 ROWS = 16  # tokens per program
 
 
 @triton.jit
-def _sinkhorn_kernel(logits_ptr, out_ptr, R, eps, ITERS: tl.constexpr, HC: tl.constexpr, ROWS: tl.constexpr,
-                     PDL: tl.constexpr = 0):  # fmt: skip
+def _sinkhorn_kernel(logits_ptr, out_ptr, R, eps, ITERS: tl.constexpr, HC: tl.constexpr, ROWS: tl.constexpr):
     """out[r] = Sinkhorn(softmax_rows(logits[r]) + eps) for ROWS tokens r, each a row-major [HC, HC] matrix."""
-    wait_prior(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     i = tl.arange(0, HC)
     offs = r[:, None, None] * (HC * HC) + i[None, :, None] * HC + i[None, None, :]
@@ -45,7 +42,7 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     rows = x.numel() // (hc * hc)
     if rows:
         _sinkhorn_kernel[(triton.cdiv(rows, ROWS),)](
-            x, out, rows, eps, ITERS=iters, HC=hc, ROWS=ROWS, num_warps=1, **pdl_args(x.device)
+            x, out, rows, eps, ITERS=iters, HC=hc, ROWS=ROWS, num_warps=1
         )
     return out
 

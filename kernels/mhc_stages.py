@@ -33,7 +33,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.pdl import pdl_args, wait_prior
 from tfc.kernels.stage_tl import rotate
 
 MAX_ROW = 16384  # widest row a whole-row kernel holds (one program a row)
@@ -57,9 +56,8 @@ def _sigmoid(z):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, BLOCK: tl.constexpr):
     """out[r] = w * (x[r] * rstd(x[r])) for the row r of this program."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     inside = c < N
@@ -70,10 +68,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, N, eps, BLOCK: tl.constexpr, PDL: tl
 
 
 @triton.jit
-def _collapse_norm_kernel(s_ptr, pre_ptr, w_ptr, out_ptr, D, eps, HC: tl.constexpr, BLOCK: tl.constexpr,
-                          PDL: tl.constexpr = 0):  # fmt: skip
+def _collapse_norm_kernel(s_ptr, pre_ptr, w_ptr, out_ptr, D, eps, HC: tl.constexpr, BLOCK: tl.constexpr):
     """out[r] = rms_norm(sum_i pre[r, i] * streams[r, i]) for the row r of this program (i in order)."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     inside = c < D
@@ -88,9 +84,8 @@ def _collapse_norm_kernel(s_ptr, pre_ptr, w_ptr, out_ptr, D, eps, HC: tl.constex
 
 @triton.jit
 def _hc_expand_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, D, HC: tl.constexpr, HB: tl.constexpr,
-                      BLOCK: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                      BLOCK: tl.constexpr):  # fmt: skip
     """out[r, k, cols] = post[r, k] * y[r, cols] + sum_j comb[r, j, k] * residual[r, j, cols] (j in order)."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, HB)
@@ -108,9 +103,8 @@ def _hc_expand_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, D, HC: tl.con
 
 @triton.jit
 def _mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, R, K, M: tl.constexpr, MB: tl.constexpr, S: tl.constexpr,
-                        KC: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                        KC: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """part[rows, s] = x[rows, slice s] @ fn[:, slice s].T and sq[rows, s] = sum x[rows, slice s]^2 (fp32)."""
-    wait_prior(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     s = tl.program_id(1)
     m = tl.arange(0, MB)
@@ -133,9 +127,8 @@ def _mix_partial_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, R, K, M: tl.constexpr, 
 @triton.jit
 def _mix_epilogue_kernel(part_ptr, sq_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, logit_ptr, K, norm_eps, hc_eps,
                          post_alpha, HC: tl.constexpr, M: tl.constexpr, MB: tl.constexpr, S: tl.constexpr,
-                         SB: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                         SB: tl.constexpr):  # fmt: skip
     """One row's mixes (its S partials summed, times the norm's rstd), then pre, post and the comb logits."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, SB)
     m = tl.arange(0, MB)
@@ -156,9 +149,8 @@ def _mix_epilogue_kernel(part_ptr, sq_ptr, scale_ptr, base_ptr, pre_ptr, post_pt
 
 @triton.jit
 def _engram_gate_kernel(s_ptr, kv_ptr, qk_ptr, out_ptr, D, eps, clamp, inv_sqrt_d, HC: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                        BLOCK: tl.constexpr):  # fmt: skip
     """out[r, i] = streams[r, i] + gate[r, i] * value[r] for the row r and stream i of this program."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     c = tl.arange(0, BLOCK)
@@ -178,10 +170,8 @@ def _engram_gate_kernel(s_ptr, kv_ptr, qk_ptr, out_ptr, D, eps, clamp, inv_sqrt_
 
 @triton.jit
 def _rope_heads_kernel(y_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D: tl.constexpr, HALF: tl.constexpr,
-                       NOPE: tl.constexpr, HB: tl.constexpr, NB: tl.constexpr, PB: tl.constexpr,
-                       PDL: tl.constexpr = 0):  # fmt: skip
+                       NOPE: tl.constexpr, HB: tl.constexpr, NB: tl.constexpr, PB: tl.constexpr):  # fmt: skip
     """HB heads of row r: the first NOPE = D - 2 * HALF channels copied, the (even, odd) pairs after them rotated."""
-    wait_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     live = h < HEADS
@@ -235,7 +225,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty(rows.shape, dtype=torch.float32, device=x.device)
     if rows.shape[0]:
         _rms_norm_kernel[(rows.shape[0],)](rows, weight.contiguous(), out, n, eps, BLOCK=block,
-                                           num_warps=_warps(block), **pdl_args(rows.device))  # fmt: skip
+                                           num_warps=_warps(block))  # fmt: skip
     return out.view(x.shape)
 
 
@@ -253,8 +243,7 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
     out = torch.empty((s.shape[0], d), dtype=torch.float32, device=streams.device)
     if s.shape[0]:
         _collapse_norm_kernel[(s.shape[0],)](s, pre.reshape(-1, hc).contiguous(), weight.contiguous(), out, d, eps,
-                                             HC=hc, BLOCK=block, num_warps=_warps(block),
-                                             **pdl_args(s.device))  # fmt: skip
+                                             HC=hc, BLOCK=block, num_warps=_warps(block))  # fmt: skip
     return out.view(*streams.shape[:-2], d)
 
 
@@ -283,7 +272,6 @@ def hc_expand(
         _hc_expand_kernel[(rows, triton.cdiv(d, block))](
             y.reshape(-1, d).contiguous(), res, post.reshape(-1, hc).contiguous(),
             comb.reshape(-1, hc, hc).contiguous(), out, d, HC=hc, HB=_pow2(hc), BLOCK=block, num_warps=4,
-            **pdl_args(y.device)
         )  # fmt: skip
     return out.view(residual.shape)
 
@@ -313,11 +301,11 @@ def hc_mix_logits(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, 
         mb = max(16, _pow2(m))
         _mix_partial_kernel[(triton.cdiv(rows, MIX_ROWS), splits)](
             x, fn.contiguous(), part, sq, rows, k, M=m, MB=mb, S=splits, KC=MIX_SPLIT, BR=MIX_ROWS, BK=MIX_STEP,
-            num_warps=4, **pdl_args(x.device)
+            num_warps=4,
         )  # fmt: skip
         _mix_epilogue_kernel[(rows,)](
             part, sq, scale.contiguous(), base.contiguous(), pre, post, logits, k, norm_eps, hc_eps, post_alpha,
-            HC=hc, M=m, MB=mb, S=splits, SB=_pow2(splits), num_warps=4, **pdl_args(part.device)
+            HC=hc, M=m, MB=mb, S=splits, SB=_pow2(splits), num_warps=4,
         )  # fmt: skip
     lead = tuple(streams.shape[:-2])
     return pre.view(*lead, hc), post.view(*lead, hc), logits.view(*lead, hc, hc)
@@ -341,7 +329,7 @@ def engram_gate(
     out = torch.empty((r, hc, d), dtype=torch.float32, device=streams.device)
     if r and hc:
         _engram_gate_kernel[(r, hc)](s, kv.contiguous(), qk.contiguous(), out, d, eps, clamp, d**-0.5, HC=hc,
-                                     BLOCK=block, num_warps=_warps(block), **pdl_args(s.device))  # fmt: skip
+                                     BLOCK=block, num_warps=_warps(block))  # fmt: skip
     return out
 
 
@@ -365,7 +353,7 @@ def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor
     if r:
         _rope_heads_kernel[(r, triton.cdiv(heads, hb))](
             y.contiguous(), cos.contiguous(), sin.contiguous(), out, heads, D=d, HALF=half,
-            NOPE=d - 2 * half, HB=hb, NB=_pow2(max(1, d - 2 * half)), PB=_pow2(half), num_warps=4, **pdl_args(y.device)
+            NOPE=d - 2 * half, HB=hb, NB=_pow2(max(1, d - 2 * half)), PB=_pow2(half), num_warps=4,
         )  # fmt: skip
     return out
 

@@ -24,15 +24,13 @@ from tfc.kernels.exl3_mma import mma_asm, mma_warps
 from tfc.kernels.exl3_tl import INTERPRET, release_fence, rotate_sum, store_pair, sum_parts
 from tfc.kernels.expert_table import ExpertTable
 from tfc.kernels.moe_tl import expert_cols, gate_up_epilogue, k_range, mma_cols, pair
-from tfc.kernels.pdl import pdl_args, wait_prior
 
 
 @triton.jit
 def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk, n_routed,
-                       PAIRS: tl.constexpr = False, PDL: tl.constexpr = 0):  # fmt: skip
+                       PAIRS: tl.constexpr = False):  # fmt: skip
     """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1); PAIRS: as the
     fp16 high / low row pair xh[proj, p, 0 | 1, blk] the mma decode reads."""
-    wait_prior(PDL)
     blk = tl.program_id(0)
     p = tl.program_id(1)
     proj = tl.program_id(2)
@@ -69,9 +67,7 @@ def _moe_gate_up_kernel(
     MMA_LOADS1: tl.constexpr = (), MMA_STEP1: tl.constexpr = (), MMA_STORES1: tl.constexpr = (),
     MMA_WIDTHS3: tl.constexpr = (), MMA_SETUP3: tl.constexpr = (), MMA_FRAG3: tl.constexpr = (),
     MMA_LOADS3: tl.constexpr = (), MMA_STEP3: tl.constexpr = (), MMA_STORES3: tl.constexpr = (),
-    PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    wait_prior(PDL)
     # x_ptr, suh1_ptr, suh3_ptr and stride_x go unread (the input rotation runs apart); they keep the parameter
     # layout, and with it the SASS, that the H200 timings were taken with.
     pid_c = tl.program_id(0)
@@ -117,9 +113,7 @@ def _moe_down_kernel(
     MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
     MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
     FIXED: tl.constexpr = False, PLANE=0,
-    PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    wait_prior(PDL)
     pid_c = tl.program_id(0)
     t = tl.program_id(1)
     s = tl.program_id(2)
@@ -283,8 +277,7 @@ def moe_exl3(
                      device=dev)  # fmt: skip
     scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
     _moe_rotate_kernel[(d // 128, pairs, 2)](
-        x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma),
-        **pdl_args(x.device)
+        x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma)
     )  # fmt: skip
     cnt = counters(dev, pairs * c1 + tokens * c2)
     cnt1, cnt2 = cnt, cnt[pairs * c1 :]
@@ -298,14 +291,13 @@ def moe_exl3(
         BK=bk, SPLIT=split1, PF=PREFETCH, RUNS=runs13, TPE=tiles,
         num_warps=warps, num_stages=1, FLIGHT=REDUCE_FLIGHT,
         RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
-        **pdl_args(x.device)
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(-2), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=PREFETCH, RUNS2=runs2, TPE=tiles,
         num_warps=warps, num_stages=1, MMA=mma, FLIGHT=REDUCE_FLIGHT, RW2=w2.width_set,
-        FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}), **pdl_args(ids.device)
+        FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 

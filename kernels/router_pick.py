@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3_tl import INTERPRET
-from tfc.kernels.pdl import pdl_args, wait_prior
 from triton.language.extra import libdevice
 
 # libdevice's expf / log1pf on a GPU; the interpreter has no libdevice: numpy's exp and a log1p made of log.
@@ -56,9 +55,8 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _split3_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr, PDL: tl.constexpr = 0):
+def _split3_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
     """out[:N], out[N:2N], out[2N:] = hi, mid, lo of x's N elements (BF16: out holds the bits as int16)."""
-    wait_prior(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     keep = offs < N
     x = tl.load(x_ptr + offs, mask=keep, other=0.0)
@@ -89,9 +87,8 @@ def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if n:
         bf16 = dtype == torch.bfloat16
         _split3_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](
-            x, out.view(torch.int16) if bf16 else out, n, BLOCK=SPLIT_BLOCK, BF16=bf16, num_warps=4,
-            **pdl_args(x.device)
-        )  # fmt: skip
+            x, out.view(torch.int16) if bf16 else out, n, BLOCK=SPLIT_BLOCK, BF16=bf16, num_warps=4
+        )
     return out
 
 
@@ -126,10 +123,8 @@ def _softplus(x, NATIVE: tl.constexpr):
 @triton.jit
 def _pick_kernel(prod_ptr, bias_ptr, w_ptr, ids_ptr, R, stride, part, scaling, E: tl.constexpr,
                  BLOCK_E: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
-                 SPLIT: tl.constexpr, NORMALISE: tl.constexpr, NATIVE: tl.constexpr,
-                 PDL: tl.constexpr = 0):  # fmt: skip
+                 SPLIT: tl.constexpr, NORMALISE: tl.constexpr, NATIVE: tl.constexpr):  # fmt: skip
     """(weights, expert ids) [R, K] of ROWS rows of logits (SPLIT: the sum of three blocks `part` apart)."""
-    wait_prior(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     e = tl.arange(0, BLOCK_E)
     cols = e[None, :] < E
@@ -185,7 +180,7 @@ def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scalin
             prod, bias.contiguous(), weights, ids, rows, prod.stride(0), rows * prod.stride(0),
             float(scaling), E=experts, BLOCK_E=block_e, K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
             ROWS=per, SPLIT=bool(split), NORMALISE=bool(normalise and top_k > 1), NATIVE=NATIVE,
-            num_warps=4 if per * block_e >= 1024 else 1, **pdl_args(prod.device)
+            num_warps=4 if per * block_e >= 1024 else 1,
         )  # fmt: skip
     return weights, ids
 
@@ -193,9 +188,8 @@ def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scalin
 @triton.jit
 def _select_kernel(scores_ptr, visible_ptr, cand_ptr, order_ptr, ok_ptr, C, s_stride, c_stride, k,
                    BLOCK_C: tl.constexpr, TOP: tl.constexpr, CANDIDATES: tl.constexpr,
-                   HAS_TOPK: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+                   HAS_TOPK: tl.constexpr):  # fmt: skip
     """One row's top-k visible (and candidate) entries, stable descending; (0, False) past the real ones."""
-    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     inside = c < C
@@ -242,7 +236,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
         _select_kernel[(rows,)](
             scores, visible.contiguous(), cand, order, ok.view(torch.uint8), width, scores.stride(0),
             cand.stride(0), k, BLOCK_C=block_c, TOP=top, CANDIDATES=candidates is not None,
-            HAS_TOPK=bool(HAS_TOPK), num_warps=max(1, min(16, block_c // 1024)), **pdl_args(scores.device)
+            HAS_TOPK=bool(HAS_TOPK), num_warps=max(1, min(16, block_c // 1024)),
         )  # fmt: skip
     return order, ok, None
 

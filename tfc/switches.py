@@ -1,5 +1,5 @@
-"""On/off environment switches (TFC_GRAPHS, TFC_COMPILE, TFC_STAGE_CACHE, TFC_STAGE_KERNELS, TFC_PDL: on
-unless off; TFC_PREFILL_STEPS: off unless on): one spelling of "off" and one of "on" for all."""
+"""On/off environment switches (TFC_GRAPHS, TFC_COMPILE, TFC_STAGE_CACHE, TFC_STAGE_KERNELS: on unless off;
+TFC_PREFILL_STEPS: off unless on): one spelling of "off" and one of "on" for all."""
 
 from __future__ import annotations
 

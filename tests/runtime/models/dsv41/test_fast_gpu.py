@@ -1,7 +1,6 @@
 """The fast forward on a GPU: graphs, exactness, kernels' row invariance, agreement with the reference (skipped without CUDA).
 
-On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps); the
-graphs' bits with programmatic dependent launch off, waiting (the default) and letting go early all equal;
+On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps);
 concurrent == solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for
 bit; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are; a
 slot restored from a snapshot (device, host copy, bytes: kernels/run_copy.py) continues bit for bit;
@@ -101,24 +100,6 @@ def test_graph_replay_equals_eager_over_64_greedy_steps(graphed, eager):
     stats = graphed.stats()["graphs"]
     assert stats["captures"] >= 2 and stats["replays"] >= 60 and stats["fallbacks"] == 0
     assert eager.stats()["graphs"]["captures"] == 0
-
-
-@pytest.mark.parametrize("mode", ["off", "early"])
-def test_programmatic_dependent_launch_changes_no_bit(image, graphed, mode, monkeypatch):
-    # the default graphs (kernels launched with PDL, each waiting first: kernels/pdl.py) against graphs captured
-    # with PDL off and with the next launch let go early: tokens and logits of 16 greedy steps equal
-    from tfc.kernels import pdl
-    from tfc.runtime.engine.generate import generate
-
-    prompt = [0, *range(100, 130)]
-    want = generate(graphed, [prompt], 16, keep_logits=True)[0]
-    monkeypatch.setattr(pdl, "MODE", mode)
-    booted, runner = _runner(image, True)
-    try:
-        got = generate(runner, [prompt], 16, keep_logits=True)[0]
-    finally:
-        booted.close()
-    assert got.tokens == want.tokens and torch.equal(torch.stack(got.logits), torch.stack(want.logits))
 
 
 def test_concurrent_equals_solo_from_1_to_16_rows_in_any_slot(graphed):
