@@ -7,8 +7,8 @@ on the matrix units (bf16 pieces) against fp32 FMA, key blocks and runs, at deco
 A compressed layer's shapes (64 heads, d 512, rope 32 pairs, a 128-key window and 512 entries), every key there
 (a long context: the most work a row can have): a ring of 4,096 FP8 rows read as sliding windows, a pool of
 8,192 FP4 entries read at random. For each variant (products: PIECES 0 = fp32 FMA, 1-3 = bf16 pieces; heads a
-program; keys a block; key blocks a run; warps; the key tables decoded to bf16 first or the keys decoded in
-the runs) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
+program; keys a block; key blocks a run; warps; the key tables decoded to bf16 first, each row's keys gathered
+and decoded first, or the keys decoded in the runs) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
 a CUDA graph's replay of the whole call (both launches, no host launch work), and TFLOP/s = 4 x heads x keys x d a row (the logits and the weighted sum) over
 it. Each variant is checked on the spread inputs of the tests (`support.stage_checks.attend_inputs`: masked keys
 on rows of 0xFF bytes, empty runs, a flat row) at 64 rows against float64 (largest error relative to the largest
@@ -39,16 +39,22 @@ HEADS, DIM, HALF, WINDOW, TOPK = 64, 512, 32, 128, 512
 RING_ROWS, POOL_ROWS = 4096, 8192
 ROW_COUNTS = (1, 16, 2048)
 PREFILL_ROWS = 2048
-# name: (pieces, heads a block, keys a block, key blocks a run, warps, key tables decoded first); "_pre": the
-# tables decoded to bf16 before the runs (attend_rows.predecode), else the keys decoded in the runs
+# name: (pieces, heads a block, keys a block, key blocks a run, warps, keys): keys "runs" decoded in the runs,
+# "pre" the whole tables decoded to bf16 first (attend_keys.decoded_table), "gather" each row's own keys decoded
+# to bf16 first (attend_keys.gathered_keys)
 VARIANTS = {
-    "fma_h16_k16_s4_w8": (0, 16, 16, 4, 8, False), "mma3_h16_k32_s4_w8": (3, 16, 32, 4, 8, False),
-    "mma3_h32_k16_s4_w8": (3, 32, 16, 4, 8, False), "fma_h16_k16_s4_w8_pre": (0, 16, 16, 4, 8, True),
-    "mma3_h16_k32_s4_w8_pre": (3, 16, 32, 4, 8, True), "mma3_h16_k64_s2_w8_pre": (3, 16, 64, 2, 8, True),
-    "mma3_h32_k32_s4_w8_pre": (3, 32, 32, 4, 8, True), "mma3_h32_k64_s2_w8_pre": (3, 32, 64, 2, 8, True),
-    "mma3_h16_k32_s4_w4_pre": (3, 16, 32, 4, 4, True), "mma1_h16_k32_s4_w8_pre": (1, 16, 32, 4, 8, True),
+    "fma_h16_k16_s4_w8": (0, 16, 16, 4, 8, "runs"), "mma3_h16_k32_s4_w8": (3, 16, 32, 4, 8, "runs"),
+    "mma3_h32_k16_s4_w8": (3, 32, 16, 4, 8, "runs"), "fma_h16_k16_s4_w8_pre": (0, 16, 16, 4, 8, "pre"),
+    "mma3_h16_k32_s4_w8_pre": (3, 16, 32, 4, 8, "pre"), "mma3_h16_k64_s2_w8_pre": (3, 16, 64, 2, 8, "pre"),
+    "mma3_h32_k32_s4_w8_pre": (3, 32, 32, 4, 8, "pre"), "mma3_h32_k64_s2_w8_pre": (3, 32, 64, 2, 8, "pre"),
+    "mma3_h16_k32_s4_w4_pre": (3, 16, 32, 4, 4, "pre"), "mma1_h16_k32_s4_w8_pre": (1, 16, 32, 4, 8, "pre"),
+    "mma3_h16_k32_s4_w4_gather": (3, 16, 32, 4, 4, "gather"), "mma3_h16_k32_s4_w8_gather": (3, 16, 32, 4, 8, "gather"),
+    "mma3_h16_k32_s2_w4_gather": (3, 16, 32, 2, 4, "gather"), "mma3_h16_k32_s1_w4_gather": (3, 16, 32, 1, 4, "gather"),
+    "mma3_h16_k64_s2_w8_gather": (3, 16, 64, 2, 8, "gather"), "fma_h16_k16_s4_w8_gather": (0, 16, 16, 4, 8, "gather"),
 }  # fmt: skip
-DEFAULT = "mma3_h16_k32_s4_w8"  # the kernel's blocks at these shapes (attend_rows.blocks); from 64 rows mma3_h16_k32_s4_w4_pre
+# The kernel's blocks at these shapes (attend_rows.blocks): below PREDECODE_ROWS rows mma3_h16_k32_s4_w4_gather
+# (mma3_h16_k32_s4_w8 before the gather), from there mma3_h16_k32_s4_w4_pre; the bits of all three are equal
+DEFAULT = "mma3_h16_k32_s4_w8"
 
 
 def full_inputs(rows: int, gen: torch.Generator) -> dict:
@@ -82,14 +88,14 @@ def spread_inputs() -> dict:
     return a | {"grid": Fp4Grid.on(torch.device("cuda"))}
 
 
-def use(variant: tuple[int, int, int, int, int, bool]):
-    """Set the kernel module to a variant; returns the call with its pieces and key tables."""
+def use(variant: tuple[int, int, int, int, int, str]):
+    """Set the kernel module to a variant; returns the call with its pieces and keys."""
     from tfc.kernels import attend_rows as ar
 
-    pieces, block_h, block_k, split, warps, pre = variant
+    pieces, block_h, block_k, split, warps, keys = variant
     ar.blocks = lambda heads, head_dim, pieces=None, decoded=False: (block_h, block_k, warps)
     ar.SPLIT_BLOCKS = split
-    return lambda a: ar.attend_rows(**a, pieces=pieces, predecode=pre)
+    return lambda a: ar.attend_rows(**a, pieces=pieces, predecode=keys == "pre", gather=keys == "gather")
 
 
 def torch_bf16_rate(rows: int) -> float:

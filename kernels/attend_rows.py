@@ -21,7 +21,10 @@ takes the rope off.
 The keys (kernels/attend_keys.py). A prefill step's many rows read the same keys many times over, so from
 PREDECODE_ROWS rows a call (`predecodes`) the layer's ring and entry pool are first decoded to bf16 tables
 (`decoded_table`, a third launch) and the runs read keys from them (DECODED) instead of decoding them where
-they are: the same values, so the same bits.
+they are. A decode step's rows gather their own keys instead (`gathers`, `gathered_keys`: each row's window keys
+and entries decoded once into a table of its own, a third launch), which the runs read the same way; every
+block of heads would otherwise decode them again, in registers the products need. The same values every
+way, so the same bits.
 
 The products (PIECES). Both run on the matrix units (3, the default): every key is exact in bf16 (an e4m3 value
 times a power of two, an e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three
@@ -43,7 +46,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.attend_keys import decoded_table, predecodes, read_keys
+from tfc.kernels.attend_keys import decoded_table, gathered_keys, gathers, predecodes, read_keys
 from tfc.kernels.exl3_tl import INTERPRET
 from tfc.kernels.stage_tl import negate, rotate
 
@@ -296,11 +299,12 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
 
 def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,
                 skip_empty: bool | None = None, pieces: int | None = None,
-                predecode: bool | None = None) -> torch.Tensor:  # fmt: skip
+                predecode: bool | None = None, gather: bool | None = None) -> torch.Tensor:  # fmt: skip
     """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
     (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
     same; pieces, default PIECES: the products' operands, see PIECES; predecode, default `predecodes`: the
-    key tables decoded to bf16 once first, the same keys, so the same bits)."""
+    key tables decoded to bf16 once first; gather, default `gathers`: else each row's own keys decoded once
+    first (attend_keys.gathered_keys), False: decoded in the runs; the same keys every way, so the same bits)."""
     _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
     rows, heads, d = q.shape
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
@@ -318,7 +322,8 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
     hb = triton.cdiv(heads, blocks(heads, d, pieces)[0])
     decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
-    block_h, block_k, warps = blocks(heads, d, pieces, decoded)
+    gather = gathers(rows, window + kt, d, decoded) if gather is None else gather and not decoded
+    block_h, block_k, warps = blocks(heads, d, pieces, decoded or gather)
     rw, re = runs(window, kt, block_k)
     nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
@@ -333,14 +338,20 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
         part_d = torch.empty_like(part_m)
         part_a = torch.empty((hi - lo, nr, heads, d), dtype=torch.float32, device=q.device)
+        keys_w, keys_e, rd, at_c = ring, entries, read[lo:hi], at[lo:hi]
+        if gather:  # the chunk's own keys, decoded once; read by their positions in it
+            keys_w, rd, at_c = gathered_keys(
+                ring, rd, valid8[lo:hi], entries if kt else None, at_c, ok8[lo:hi], d
+            )
+            keys_e, at_c = keys_w, at_c if kt else rd
         _partial_kernel[(hi - lo, hb, nr)](
-            q[lo:hi], ring, read[lo:hi], valid8[lo:hi], sinks, entries, at[lo:hi], ok8[lo:hi], part_m, part_d,
-            part_a, q.stride(0), q.stride(1), ring.stride(0), read.stride(0), read.stride(1),
-            valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
+            q[lo:hi], keys_w, rd, valid8[lo:hi], sinks, keys_e, at_c, ok8[lo:hi], part_m, part_d,
+            part_a, q.stride(0), q.stride(1), keys_w.stride(0), rd.stride(0), rd.stride(1),
+            valid8.stride(0), valid8.stride(1), keys_e.stride(0), at_c.stride(0), at_c.stride(1), ok8.stride(0),
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
-            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, DECODED=decoded, num_warps=warps,
-            num_stages=STAGES,
+            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, DECODED=decoded or gather,
+            num_warps=warps, num_stages=STAGES,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),

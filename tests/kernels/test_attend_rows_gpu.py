@@ -104,7 +104,26 @@ def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
     keys = WINDOW + TOPK
     assert predecodes(256, hb, keys, tables, DIM) and not predecodes(16, hb, keys, tables, DIM)
     got = attend_rows(**a, pieces=pieces)
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False)), "decoded tables moved bits"
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False, gather=False)), (
+        "decoded tables moved bits"
+    )
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=True))
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False, gather=True)), (
+        "gathered keys moved bits"
+    )
+
+
+@pytest.mark.parametrize("pieces", [3, 0])
+def test_attend_rows_gathered_keys_keep_the_bits(pieces):
+    """A decode step's 16 rows gather their own keys (the default there) and give the bits of the keys decoded
+    in the runs and of the whole tables decoded first."""
+    from tfc.kernels.attend_keys import gathers
+    from tfc.kernels.attend_rows import attend_rows
+
+    a = _inputs(16, seed=5)
+    assert gathers(16, WINDOW + TOPK, DIM, False)
+    got = attend_rows(**a, pieces=pieces)
+    assert torch.equal(got, attend_rows(**a, pieces=pieces, gather=False)), "gathered keys moved bits"
     assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=True))
 
 

@@ -80,7 +80,7 @@ def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
 
     a = _inputs(4, entries, seed=2)
     got = tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=True)
-    assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=False))
+    assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=False, gather=False))
     ring = tk.attend_keys.decoded_table(a["ring"], DIM, False)
     assert ring.dtype == torch.bfloat16
     assert torch.equal(ring[:-1].float(), unpack_fp8(a["ring"][:-1], DIM)), "a window key's value moved"
@@ -89,6 +89,43 @@ def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
         want = unpack_fp4(a["entries"], DIM, 16, True, a["grid"])
         finite = torch.isfinite(want).all(dim=1)
         assert torch.equal(table[finite].float(), want[finite]), "an entry key's value moved"
+
+
+@pytest.mark.parametrize("pieces", [3, 0])
+@pytest.mark.parametrize("entries", [True, False])
+def test_attend_rows_gathered_keys_keep_the_bits(tk, entries, pieces):
+    """Each row's own keys gathered and decoded once first (a decode step's rows, the default there) give the
+    bits of the keys decoded in the runs; the gathered table holds every valid key's exact value at its row's
+    positions, and keys not there are never read (the 0xFF rows' NaN and inf stay out)."""
+    import torch
+    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
+
+    a = _inputs(4, entries, seed=6)
+    assert tk.attend_keys.gathers(4, WINDOW + TOPK, DIM, False)
+    got = tk.attend_rows.attend_rows(**a, pieces=pieces)
+    assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, gather=False)), (
+        "gathered keys moved bits"
+    )
+    assert torch.equal(got, tk.attend_rows.attend_rows(**a, pieces=pieces, gather=True, predecode=False))
+    ok8 = a["ok"].view(torch.uint8) if entries else None
+    table, w_idx, e_idx = tk.attend_keys.gathered_keys(
+        a["ring"], a["read"], a["valid"].view(torch.uint8), a["entries"] if entries else None,
+        a["at"] if entries else None, ok8, DIM,
+    )  # fmt: skip
+    valid = a["valid"]
+    assert torch.equal(table[w_idx[valid]].float(), unpack_fp8(a["ring"][a["read"][valid]], DIM))
+    if entries:
+        want = unpack_fp4(a["entries"][a["at"][a["ok"]]], DIM, 16, True, a["grid"])
+        assert torch.equal(table[e_idx[a["ok"]]].float(), want)
+
+
+def test_attend_rows_gathers_a_decode_steps_rows_only(tk, monkeypatch):
+    """Rows gather their keys unless their tables are decoded first, up to GATHER_BYTES a call."""
+    gathers = tk.attend_keys.gathers
+    assert gathers(16, 640, 512, False) and not gathers(16, 640, 512, True)
+    assert not gathers(2048, 640, 512, False), "2,048 rows' keys are past GATHER_BYTES: decoded in the runs"
+    monkeypatch.setattr(tk.attend_keys, "GATHER", False)
+    assert not gathers(16, 640, 512, False)
 
 
 def test_attend_rows_predecodes_a_prefill_steps_rows_only(tk):
