@@ -324,6 +324,7 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
     gather = gathers(rows, window + kt, d, decoded) if gather is None else gather and not decoded
     block_h, block_k, warps = blocks(heads, d, pieces, decoded or gather)
+    fold_warps = blocks(heads, d, pieces, decoded)[2]  # the fold reads partials, whatever the runs' keys
     rw, re = runs(window, kt, block_k)
     nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
@@ -356,6 +357,6 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),
             cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1), out.stride(0), out.stride(1),
-            H=heads, D=d, HALF=cos.shape[-1], NR=nr, BLOCK_H=block_h, num_warps=warps,
+            H=heads, D=d, HALF=cos.shape[-1], NR=nr, BLOCK_H=block_h, num_warps=fold_warps,
         )  # fmt: skip
     return out

@@ -243,7 +243,8 @@ def test_generate_drafted_equals_serial_on_the_fast_forward(image):
 
 
 def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
-    # two processes on one store: the second loads the fused stages the first (or an earlier test) saved
+    # two processes on one store: with the stage kernels (the default) neither traces or saves a stage; with the
+    # compiled stages (TFC_STAGE_KERNELS=0) the second loads the stages the first (or an earlier test) saved
     import subprocess
     import sys
 
@@ -251,20 +252,23 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
 
     args = [sys.executable, "-m", "tfc", "generate", str(image), "--prompt", "Hello there", "--max-tokens", "12",
             "--device", "cuda", "--json", "--no-draft"]  # fmt: skip
+    compiled = {**os.environ, "TFC_STAGE_KERNELS": "0"}
     runs = []
-    for _ in range(2):
-        done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    for env in (None, compiled, compiled):
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert runs[0]["token_sha"] == runs[1]["token_sha"]
-    again = runs[1]["stages"]  # the second generate loads every stage the first saved
+    assert runs[1]["token_sha"] == runs[2]["token_sha"]  # (the stage kernels may differ from them in last bits)
+    kernels = runs[0]["stages"]
+    assert kernels["kernels"] > 0 and kernels["traced"] == kernels["saved"] == kernels["loaded"] == 0, kernels
+    again = runs[2]["stages"]  # the second compiled generate loads every stage the first saved
     assert again["loaded"] > 0 and again["saved"] == 0 and again["traced"] == 0, again
     assert list(stage_dir(image, "cuda").glob("*.bin")), "no stage was saved"
     # tfc load sizes the KV memory for more slots than generate: its stages' signatures are its own, saved by
     # its first run; the second compiles nothing
     for _ in range(2):
         load = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--device", "cuda", "--json"],
-                              capture_output=True, text=True, timeout=900)  # fmt: skip
+                              capture_output=True, text=True, timeout=900, env=compiled)  # fmt: skip
         assert load.returncode == 0, load.stderr[-3000:]
     stages = json.loads(load.stdout.strip().splitlines()[-1])["stages"]
     assert stages["loaded"] > 0 and stages["saved"] == 0 and stages["traced"] == 0, stages
