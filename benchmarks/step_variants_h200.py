@@ -14,7 +14,9 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - fma: attend_rows' products as fp32 FMA (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units;
 - pre: attend_rows' key tables decoded to bf16 first at every row count (attend_keys.predecodes; by default
   only from PREDECODE_ROWS rows, a prefill step's);
-- nogather: attend_rows' keys decoded in its runs (attend_keys.GATHER off), not gathered per row first.
+- nogather: attend_rows' keys decoded in its runs (attend_keys.GATHER off), not gathered per row first;
+- unpaged: the indexer's keys gathered into rows before they are scored (compressed.PAGED off), not read in
+  place through the page table.
 Parts, each in the JSON as it ends:
 - site: layer 0's eight wo_a groups at 16 rows, graphed: one launch each against the grouped launch, bits compared;
 - decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
@@ -41,7 +43,7 @@ import torch  # noqa: E402
 from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
 
 REPS = 30
-NAMED = ("apart", "no_skip", "all_rows", "fma", "pre", "nogather")  # and mix<N>, split<N>
+NAMED = ("apart", "no_skip", "all_rows", "fma", "pre", "nogather", "unpaged")  # and mix<N>, split<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
@@ -98,11 +100,14 @@ def known_variant(name: str) -> bool:
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
     from tfc.kernels import attend_keys, attend_rows, mhc_stages
+    from tfc.runtime.models.dsv41.fast import compressed
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER)  # fmt: skip
+             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED)  # fmt: skip
     if name == "nogather":
         attend_keys.GATHER = False
+    if name == "unpaged":
+        compressed.PAGED = False
     if name == "fma":
         attend_rows.PIECES = 0
     if name == "pre":
@@ -117,7 +122,7 @@ def switched(name: str):
         yield
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER) = saved  # fmt: skip
+         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):

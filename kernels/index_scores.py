@@ -2,6 +2,7 @@
 runtime/models/dsv41/fast/compressed.py, a drop-in with its signature.
 
     chunk_scores(raw, q, weights, grid)   index_scores(q, unpack_fp4(raw), w)   fp32 [R, c]
+    paged_scores(pool, pages, per_page, q, weights)   the same of the entries the rows' pages hold, read in place
 
 Each entry's score is sum_h weights[h] * relu(q[h] . key) * d**-0.5 of its FP4 index key (decoded in the kernel)
 and the row's FP4 queries. Bit for bit torch's: a 32-channel partial dot of FP4 values is exact in fp32 (TF32
@@ -18,7 +19,7 @@ import triton.language as tl
 from tfc.kernels.kv_pack import NO_FMA, unit_stride
 from tfc.kernels.stage_tl import e2m1_value, ue8m0_value
 
-__all__ = ["ENTRIES", "chunk_scores"]
+__all__ = ["ENTRIES", "chunk_scores", "paged_scores"]
 
 ENTRIES = 64  # entries a program scores (CJ)
 
@@ -43,12 +44,18 @@ def _halve(t, CJ: tl.constexpr, S: tl.constexpr):
 
 @triton.jit
 def _scores_kernel(raw_ptr, q_ptr, w_ptr, out_ptr, C, srr, src, sqr, sqh, swr, scale, D: tl.constexpr,
-                   H: tl.constexpr, CJ: tl.constexpr):  # fmt: skip
-    """CJ entries of one row: sum_h w[h] * relu(q[h] . key) * scale, blocks and heads summed as fixed_sum."""
+                   H: tl.constexpr, CJ: tl.constexpr, pages_ptr=None, spr=0, per_page=1,
+                   PAGED: tl.constexpr = False):  # fmt: skip
+    """CJ entries of one row: sum_h w[h] * relu(q[h] . key) * scale, blocks and heads summed as fixed_sum. The
+    entries are the row's raw[r, j], or (PAGED) pool rows pages[r, j // per_page] * per_page + j % per_page."""
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * CJ + tl.arange(0, CJ)
     live = j < C
-    entry = raw_ptr + r * srr + j.to(tl.int64) * src
+    if PAGED:
+        page = tl.load(pages_ptr + r * spr + j // per_page, mask=live, other=0).to(tl.int64)
+        entry = raw_ptr + (page * per_page + j % per_page) * src
+    else:
+        entry = raw_ptr + r * srr + j.to(tl.int64) * src
     q_row = q_ptr + r * sqr
     NB: tl.constexpr = D // 32
     if NB == 1:
@@ -82,23 +89,51 @@ def _scores_kernel(raw_ptr, q_ptr, w_ptr, out_ptr, C, srr, src, sqr, sqh, swr, s
     tl.store(out_ptr + r * C + j, tl.reshape(t, [CJ]), mask=live)
 
 
-def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
-    """Scores fp32 [R, c] of index key rows raw uint8 [R, c, d/2 + d/32] against FP4 queries q [R, H, d]."""
+def _check(q: torch.Tensor, weights: torch.Tensor, name: str) -> tuple[int, int, int]:
+    """(rows, heads, d) of FP4 queries q [R, H, d] and their weights [R, H]; ValueError (one line) otherwise."""
     if q.dim() != 3 or q.dtype != torch.float32:
-        raise ValueError(f"chunk_scores q must be fp32 [R, H, d]; got {q.dtype} {tuple(q.shape)}")
+        raise ValueError(f"{name} q must be fp32 [R, H, d]; got {q.dtype} {tuple(q.shape)}")
     rows, heads, d = q.shape
     if d % 32 or d // 32 not in (1, 2, 4, 8) or heads not in (16, 32, 64, 128):
-        raise ValueError(f"chunk_scores takes d in 32, 64, 128, 256 and 16 to 128 heads; got {heads} x {d}")
-    if raw.dim() != 3 or raw.dtype != torch.uint8 or raw.shape[0] != rows or raw.shape[2] != d // 2 + d // 32:
-        raise ValueError(f"chunk_scores raw {tuple(raw.shape)} must be uint8 [{rows}, c, {d // 2 + d // 32}]")
+        raise ValueError(f"{name} takes d in 32, 64, 128, 256 and 16 to 128 heads; got {heads} x {d}")
     if weights.shape != (rows, heads):
-        raise ValueError(f"chunk_scores weights must be [{rows}, {heads}]; got {tuple(weights.shape)}")
-    raw, q, weights = unit_stride(raw), unit_stride(q), unit_stride(weights)
-    c = raw.shape[1]
+        raise ValueError(f"{name} weights must be [{rows}, {heads}]; got {tuple(weights.shape)}")
+    return rows, heads, d
+
+
+def _launch(keys, q, weights, c: int, srr: int, src: int, paged: dict) -> torch.Tensor:
+    """The scores [R, c] of the rows' c entries at keys (rows srr, entries src apart, or paged) by _scores_kernel."""
+    rows, heads, d = q.shape
     out = torch.empty((rows, c), dtype=torch.float32, device=q.device)
     if rows and c:
-        launch = (rows, triton.cdiv(c, ENTRIES))
-        _scores_kernel[launch](raw, q, weights, out, c, raw.stride(0), raw.stride(1), q.stride(0),
-                               q.stride(1), weights.stride(0), d**-0.5, D=d, H=heads, CJ=ENTRIES, num_warps=4,
-                               **NO_FMA)  # fmt: skip
+        _scores_kernel[(rows, triton.cdiv(c, ENTRIES))](
+            keys, q, weights, out, c, srr, src, q.stride(0), q.stride(1), weights.stride(0), d**-0.5, D=d, H=heads,
+            CJ=ENTRIES, num_warps=4, **paged, **NO_FMA,
+        )  # fmt: skip
     return out
+
+
+def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
+    """Scores fp32 [R, c] of index key rows raw uint8 [R, c, d/2 + d/32] against FP4 queries q [R, H, d]."""
+    rows, _, d = _check(q, weights, "chunk_scores")
+    if raw.dim() != 3 or raw.dtype != torch.uint8 or raw.shape[0] != rows or raw.shape[2] != d // 2 + d // 32:
+        raise ValueError(f"chunk_scores raw {tuple(raw.shape)} must be uint8 [{rows}, c, {d // 2 + d // 32}]")
+    raw, q, weights = unit_stride(raw), unit_stride(q), unit_stride(weights)
+    return _launch(raw, q, weights, raw.shape[1], raw.stride(0), raw.stride(1), {})
+
+
+def paged_scores(pool: torch.Tensor, pages: torch.Tensor, per_page: int, q: torch.Tensor,
+                 weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """chunk_scores of every entry the rows' pages hold, read where they lie: row r's entry j is pool row
+    pages[r, j // per_page] * per_page + j % per_page (pool uint8 [N, d/2 + d/32]); fp32 [R, pages * per_page],
+    the bits of chunk_scores on those rows gathered first."""
+    rows, _, d = _check(q, weights, "paged_scores")
+    if pool.dim() != 2 or pool.dtype != torch.uint8 or pool.shape[1] != d // 2 + d // 32:
+        raise ValueError(f"paged_scores pool {tuple(pool.shape)} must be uint8 [N, {d // 2 + d // 32}]")
+    ok_pages = pages.dim() == 2 and pages.shape[0] == rows and pages.dtype in (torch.int32, torch.int64)
+    if not ok_pages or per_page < 1:
+        raise ValueError(f"paged_scores pages must be int [{rows}, P] with per_page >= 1; got "
+                         f"{pages.dtype} {tuple(pages.shape)}, {per_page}")  # fmt: skip
+    pool, pages, q, weights = unit_stride(pool), unit_stride(pages), unit_stride(q), unit_stride(weights)
+    paged = {"pages_ptr": pages, "spr": pages.stride(0), "per_page": per_page, "PAGED": True}
+    return _launch(pool, q, weights, pages.shape[1] * per_page, 0, pool.stride(0), paged)

@@ -179,6 +179,23 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(rows, entries):
     assert torch.equal(alone, got[rows - 1 :])
 
 
+@pytest.mark.parametrize(("rows", "pages"), [(16, 256), (2048, 20)])
+def test_paged_scores_are_the_gathered_ones(rows, pages):
+    """paged_scores: the entries read through each row's page ids give chunk_scores' bits on them gathered."""
+    from tfc.kernels import index_scores as kp
+    from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4
+
+    cpu, gen, per_page, pool_pages = _grid("cpu"), _gen(13), 16, 512
+    keys = torch.randn(pool_pages * per_page, D, generator=gen)
+    pool = pack_fp4(keys, 32, False, cpu).cuda()
+    q = fake_fp4(torch.randn(rows, HEADS, D, generator=gen) * 2, 32, cpu).cuda()
+    weights = (torch.randn(rows, HEADS, generator=gen) * HEADS**-0.5).cuda()
+    ids = torch.randint(0, pool_pages, (rows, pages), generator=gen).cuda()
+    raw = pool.view(-1, per_page, pool.shape[-1])[ids].reshape(rows, pages * per_page, pool.shape[-1])
+    want = kp.chunk_scores(raw, q, weights, _grid("cuda"))
+    assert torch.equal(kp.paged_scores(pool, ids, per_page, q, weights), want)
+
+
 @pytest.mark.parametrize("rows", ROWS)
 def test_pooled_matches_torch(rows):
     """pooled (groups of 2 ring rows of 512) within 1e-5 of the CUDA torch stage; a row's bits its own."""

@@ -218,6 +218,36 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(tk):
     assert tk.index_scores.chunk_scores(raw[:, :0], q, weights, grid).shape == (3, 0)
 
 
+def test_paged_scores_read_the_pages_in_place_with_the_gathered_bits(tk):
+    """paged_scores: each row's entries read through its page ids from the pool give chunk_scores' bits on
+    the same rows gathered first, and entry_scores (the step's) reads them so where stage kernels run."""
+    import torch
+    from tfc.runtime.models.dsv41.fast import compressed, fusion
+
+    grid, gen = _grid(), _gen(5)
+    per_page, pool_pages = 8, 9
+    pool, q, weights = _index_inputs(1, per_page * pool_pages, 6)
+    pool = pool[0]  # [pages * per_page, bytes]
+    q, weights = q.expand(3, -1, -1).clone(), weights.expand(3, -1).clone()
+    pages = torch.stack([torch.randperm(pool_pages, generator=gen)[:5] for _ in range(3)])
+    raw = pool.view(-1, per_page, pool.shape[-1])[pages].reshape(3, 5 * per_page, pool.shape[-1])
+    want = tk.index_scores.chunk_scores(raw, q, weights, grid)
+    got = tk.index_scores.paged_scores(pool, pages, per_page, q, weights)
+    assert got.shape == (3, 40) and torch.equal(got, want)
+    rv = type("View", (), {"pages": pages, "per_page": per_page, "entries": 5 * per_page})()
+    was = fusion._STATE["kernels"]
+    try:
+        for where in ("off", "all"):  # the stage as written on the rows gathered, then the paged kernel
+            fusion.use_kernels(where)
+            kernel = fusion.stage_kernel("tfc.kernels.index_scores:paged_scores", q)
+            assert (kernel is None) == (where == "off")
+            assert torch.equal(compressed.entry_scores(pool, rv, q, weights, grid), want), where
+    finally:
+        fusion.use_kernels(was)
+    with pytest.raises(ValueError, match="pages must be int"):
+        tk.index_scores.paged_scores(pool, pages.float(), per_page, q, weights)
+
+
 @pytest.mark.parametrize("group", [2, 3])
 def test_pooled_matches_torch(tk, group):
     """pooled: the softmax-weighted sum of the group's ring rows, normalised, within 2e-6 of torch.

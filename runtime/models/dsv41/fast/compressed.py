@@ -15,13 +15,14 @@ from __future__ import annotations
 import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
-from tfc.runtime.models.dsv41.fast.fusion import fused
+from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
 NEG_INF = float("-inf")
 SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
+PAGED = True  # where stage kernels run, the index keys are scored where they lie (False: gathered first)
 
 
 @fused(kernel="tfc.kernels.kv_pack:pooled")
@@ -129,22 +130,31 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
     return torch.where(ok, order, torch.zeros_like(order)), ok, made
 
 
+def entry_scores(pool: torch.Tensor, rv, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
+    """Scores [R, entries] of the index keys each row's pages hold: read where they lie by the stage kernel
+    (kernels/index_scores.paged_scores), else gathered and scored in chunks; the same bits either way."""
+    paged = stage_kernel("tfc.kernels.index_scores:paged_scores", q) if PAGED else None
+    if paged is not None:
+        return paged(pool, rv.pages, rv.per_page, q, weights)
+    rows = q.shape[0]
+    raw = pool.view(-1, rv.per_page, pool.shape[-1])[rv.pages].reshape(rows, rv.entries, pool.shape[-1])
+    parts = [
+        chunk_scores(raw[:, lo : lo + SCORE_CHUNK], q, weights, grid)
+        for lo in range(0, rv.entries, SCORE_CHUNK)
+    ]
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
 def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, sc: StepContext) -> None:
     """An index source: each row's top `index_topk` visible entries of its KV source (and candidates)."""
     cfg, w = f.cfg, f.weights
     p = f"layers.{layer}.attn.indexer"
     rv = sc.ratios[mode.compress_ratio]
-    rows, heads = x.shape[0], cfg.index_n_heads
+    heads = cfg.index_n_heads
     cos, sin = sc.rope["compress"]
     q = index_query(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin, f.grid)
     weights = (x @ w.native(f"{p}.weights_proj.weight").T) * heads**-0.5
-    pool = f.kv.keys[mode.kv_source]
-    raw = pool.view(-1, rv.per_page, pool.shape[-1])[rv.pages].reshape(rows, rv.entries, pool.shape[-1])
-    parts = [
-        chunk_scores(raw[:, lo : lo + SCORE_CHUNK], q, weights, f.grid)
-        for lo in range(0, rv.entries, SCORE_CHUNK)
-    ]
-    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+    scores = entry_scores(f.kv.keys[mode.kv_source], rv, q, weights, f.grid)
     candidates = sc.candidates if mode.uses_candidates else None
     order, ok, made = select(scores, rv.visible, cfg.index_topk, candidates,
                              cfg.candidate_topk_blocks, cfg.candidate_block_size, mode.is_candidate_source)  # fmt: skip

@@ -95,6 +95,12 @@ def _kernel(path: str | None, args: tuple, kwargs: dict) -> Callable[..., Any] |
     return _KERNELS[path]
 
 
+def stage_kernel(path: str, tensor: Any) -> Callable[..., Any] | None:
+    """The Triton kernel `module:function` where stage kernels run on `tensor`'s device, else None: for a
+    step that reads its inputs another way with a kernel than its stage as written does (the same bits)."""
+    return _kernel(path, (tensor,), {})
+
+
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
     """Compile no stage inside the block, whatever `enable` said (restored after it); a stage kernel still runs

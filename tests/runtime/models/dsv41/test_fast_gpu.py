@@ -258,7 +258,7 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
         done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert runs[1]["token_sha"] == runs[2]["token_sha"]  # (the stage kernels may differ from them in last bits)
+    assert runs[1]["token_sha"] == runs[2]["token_sha"]  # (the kernels' own may differ in last bits)
     kernels = runs[0]["stages"]
     assert kernels["kernels"] > 0 and kernels["traced"] == kernels["saved"] == kernels["loaded"] == 0, kernels
     again = runs[2]["stages"]  # the second compiled generate loads every stage the first saved
