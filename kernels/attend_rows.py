@@ -8,9 +8,9 @@ For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`
     out      softmax(logits, sink) applied to the keys, the sink's value nothing; then the inverse rope
              rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
 
-Two launches (three with predecode, below). The first splits each row's keys into runs of SPLIT_BLOCKS key blocks
-(window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a grid of R x ceil(H /
-16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program reads its key blocks
+Two launches (three with the keys decoded first, below). The first splits each row's keys into runs of
+SPLIT_BLOCKS key blocks (window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a
+grid of R x ceil(H / 16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program reads its key blocks
 once for all its heads and keeps an fp32 online softmax whose running maximum starts at the sink (always finite,
 so a run with every key masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of
 fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
