@@ -10,10 +10,10 @@ For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`
 
 Two launches (three with the keys decoded first, below). The first splits each row's keys into runs of
 SPLIT_BLOCKS key blocks (window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a
-grid of R x ceil(H / 16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program reads its key blocks
-once for all its heads and keeps an fp32 online softmax whose running maximum starts at the sink (always finite,
-so a run with every key masked gives nothing) and writes its (maximum, denominator, accumulator) to a scratch of
-fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
+grid of R x ceil(H / 16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program
+reads its key blocks once for all its heads and keeps an fp32 online softmax whose running maximum starts at the
+sink (always finite, so a run with every key masked gives nothing) and writes its (maximum, denominator,
+accumulator) to a scratch of fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
 and 0 whatever its keys, so such a run stores them and reads nothing: the same bits, without the work. The
 second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides and
 takes the rope off.
