@@ -13,10 +13,10 @@ SPLIT_BLOCKS key blocks (window runs, then entry runs): one program per (row, bl
 grid of R x ceil(H / 16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program
 reads its key blocks once for all its heads and keeps an fp32 online softmax whose running maximum starts at the
 sink (always finite, so a run with every key masked gives nothing) and writes its (maximum, denominator,
-accumulator) to a scratch of fp32 partials. The partials of a run with no key there (a padding row's, or past a row's entries) are the sink, 0
-and 0 whatever its keys, so such a run stores them and reads nothing: the same bits, without the work. The
-second, one program per (row, block of heads), folds the runs in order into the sink's (sink, 1, 0), divides and
-takes the rope off.
+accumulator) to a scratch of fp32 partials. The partials of a run with no key there (a padding row's, or past a
+row's entries) are the sink, 0 and 0 whatever its keys, so such a run stores them and reads nothing: the same
+bits, without the work. The second, one program per (row, block of heads), folds the runs in order into the
+sink's (sink, 1, 0), divides and takes the rope off.
 
 The keys (kernels/attend_keys.py). A prefill step's many rows read the same keys many times over, so from
 PREDECODE_ROWS rows a call (`predecodes`) the layer's ring and entry pool are first decoded to bf16 tables
