@@ -121,6 +121,11 @@ def _gather_kernel(ring_ptr, read_ptr, valid_ptr, ent_ptr, at_ptr, ok_ptr, out_p
 _POSITIONS: dict = {}
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether t's device's current stream is capturing a CUDA graph."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def gathered_keys(ring, read, valid8, entries, at, ok8, head_dim: int):
     """(keys bf16 [R * (W + KT), d], window index [R, W], entry index [R, KT]): each row's window keys and entries
     (ring[read] where valid, entries[at] where ok; uint8 masks) decoded once, exactly, with the indices the runs
@@ -129,9 +134,11 @@ def gathered_keys(ring, read, valid8, entries, at, ok8, head_dim: int):
     kt = 0 if entries is None else at.shape[1]
     out = torch.empty((rows * (window + kt), head_dim), dtype=torch.bfloat16, device=read.device)
     key = (rows, window, kt, read.device)
-    if key not in _POSITIONS:
-        _POSITIONS[key] = torch.arange(rows * (window + kt), device=read.device).view(rows, window + kt)
-    idx = _POSITIONS[key]
+    idx = _POSITIONS.get(key)
+    if idx is None:
+        idx = torch.arange(rows * (window + kt), device=read.device).view(rows, window + kt)
+        if not _capturing(read):  # made inside a capture, it holds its values only once that graph replays
+            _POSITIONS[key] = idx
     if entries is None:
         entries, at, ok8 = ring, read, valid8  # no entry blocks: never read
     w_blocks = triton.cdiv(window, GATHER_KEYS)

@@ -119,6 +119,24 @@ def test_attend_rows_gathered_keys_keep_the_bits(tk, entries, pieces):
         assert torch.equal(table[e_idx[a["ok"]]].float(), want)
 
 
+def test_gathered_keys_keep_no_positions_made_inside_a_capture(tk, monkeypatch):
+    """The rows' key positions are kept for later calls only when made outside a graph capture (a tensor made
+    inside one holds its values only once that graph replays, so another graph or an eager call must not read it)."""
+    import torch
+
+    a = _inputs(2, True, seed=7)
+    u8 = torch.uint8
+    args = (a["ring"], a["read"], a["valid"].view(u8), a["entries"], a["at"], a["ok"].view(u8), DIM)
+    monkeypatch.setattr(tk.attend_keys, "_POSITIONS", {})
+    monkeypatch.setattr(tk.attend_keys, "_capturing", lambda t: True)
+    tk.attend_keys.gathered_keys(*args)
+    assert tk.attend_keys._POSITIONS == {}
+    monkeypatch.setattr(tk.attend_keys, "_capturing", lambda t: False)
+    _, w_idx, e_idx = tk.attend_keys.gathered_keys(*args)
+    assert len(tk.attend_keys._POSITIONS) == 1
+    assert w_idx[1, 0] == WINDOW + TOPK and e_idx[0, 0] == WINDOW
+
+
 def test_attend_rows_gathers_a_decode_steps_rows_only(tk, monkeypatch):
     """Rows gather their keys unless their tables are decoded first, up to GATHER_BYTES a call."""
     gathers = tk.attend_keys.gathers
