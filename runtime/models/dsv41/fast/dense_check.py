@@ -4,7 +4,8 @@
 EXL3 groups and expert-table entries are decoded on first use with the kernels' Triton dense decode
 (kernels/exl3_decode.py, itself tested against the numpy reference). It lets a GPU check the fast forward
 against the reference at Flash geometry, where the numpy decode would take minutes; nothing serves from it.
-`reference_layers` / `fast_layers` run one sequence through either forward keeping every layer's streams.
+`reference_layers` / `fast_layers` run one sequence through either forward keeping every layer's streams;
+`image_agreement` boots a prepared image on the GPU and runs `agreement` on it.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def fast_layers(runner, slot: int, tokens: list[int]) -> tuple[torch.Tensor, lis
     return logits, layers
 
 
+AGREE_TOKENS = [0, 17, 4242, 99, 123, 5000, 77, 31000]  # a Flash slice's check: 8 tokens of its vocabulary
 AGREE_FLOOR = 1e-2  # relative L2 a few bf16 roundings (2^-9 each) per layer leave after 4 layers
 
 
@@ -147,6 +149,25 @@ def agreement(fast, loose, tokens: list[int], weights: Mapping | None = None) ->
     out["bound"] = [max(AGREE_FLOOR, n) for n in out["reference_bf16_vs_fp32"]]
     out["pass"] = all(e <= b for e, b in zip(out["fast_vs_reference"], out["bound"], strict=True))
     return out
+
+
+def image_agreement(image, tokens: list[int] = AGREE_TOKENS) -> dict:
+    """`agreement` of a prepared image's fast forward (one slot, 4,096 tokens, no Engram) booted on CUDA, with
+    its loose twin on the same arena."""
+    from types import SimpleNamespace
+
+    from tfc.runtime.boot.rank import boot
+    from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
+    from tfc.runtime.models.dsv41.fast.build import build_fast
+
+    booted = boot(image, device="cuda")
+    try:
+        fast = build_fast(booted, slots=1, tokens_per_slot=4096, engram=False)
+        own = SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings()))
+        loose = build_fast(own, slots=1, tokens_per_slot=4096, exact=False, engram=False)
+        return agreement(fast, loose, tokens)
+    finally:
+        booted.close()
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:

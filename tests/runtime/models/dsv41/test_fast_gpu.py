@@ -26,13 +26,13 @@ import torch
 from click.testing import CliRunner
 from support.dsv41_image import prepared_image
 from support.fast_steps import decode_alongside
+from tfc.runtime.models.dsv41.fast.dense_check import AGREE_TOKENS
 
 from tfc.cli import cli
 
 pytestmark = pytest.mark.gpu
 
 GPU_ATOL = 0.02
-FLASH_TOKENS = [0, 17, 4242, 99, 123, 5000, 77, 31000]
 FAST = {"slots": 16, "tokens_per_slot": 1024, "context_step": 256, "page_tokens": 64}
 
 
@@ -278,21 +278,9 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
     not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
 def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
-    from types import SimpleNamespace
+    from tfc.runtime.models.dsv41.fast.dense_check import image_agreement
 
-    from tfc.runtime.boot.rank import boot
-    from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
-    from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import agreement
-
-    booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
-    try:
-        fast = build_fast(booted, slots=1, tokens_per_slot=4096, engram=False)
-        own = SimpleNamespace(image=booted.image, arena=booted.arena, graphs=GraphCache(GraphSettings()))
-        loose = build_fast(own, slots=1, tokens_per_slot=4096, exact=False, engram=False)
-        res = agreement(fast, loose, FLASH_TOKENS)
-    finally:
-        booted.close()
+    res = image_agreement(os.environ["TFC_FLASH_IMAGE"], AGREE_TOKENS)
     assert res["pass"] and res["top1_equal"] >= 0.75, res
 
 
