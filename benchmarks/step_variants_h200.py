@@ -7,7 +7,11 @@ Run on the GPU machine from the repository root, after `source benchmarks/_h200_
 Every variant is its own runner (own graphs) whose launches are made with one switch turned:
 - apart: a launch (rotation, product, sums) per wo_a group instead of the grouped one;
 - no_skip: attend_rows computes the runs with no key there (a padding row's, past a row's entries);
-- all_rows: the EXL3 products sum every row's partials, not only the live rows';
+- all_rows: the EXL3 products run and sum all 16 rows, not only the live rows;
+- pinned16: the EXL3 products' 16-row launch whatever the live rows (ops.ROW_FREE off; the default before
+  variants run 7), partials summed for the live rows only;
+- flight<N>: the EXL3 products' second launch (the k-split sums) summing N partials at a time with N / 8 warps
+  (exl3_gemv.REDUCE_FLIGHT, default 8);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
@@ -43,7 +47,16 @@ import torch  # noqa: E402
 from decode_h200 import CONTEXT, DEV, ROWS, Floor, copy_gbps, decode_tile, flash_config, graphed, routes_of  # noqa: E402
 
 REPS = 30
-NAMED = ("apart", "no_skip", "all_rows", "fma", "pre", "nogather", "unpaged")  # and mix<N>, split<N>
+NAMED = (
+    "apart",
+    "no_skip",
+    "all_rows",
+    "fma",
+    "pre",
+    "nogather",
+    "unpaged",
+    "pinned16",
+)  # and mix<N>, split<N>, flight<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
@@ -90,7 +103,7 @@ def kernel_profile(runner, tile, steps: int = 5) -> dict:
 
 def known_variant(name: str) -> bool:
     """Whether `name` is a variant this script makes."""
-    for prefix in ("mix", "split"):
+    for prefix in ("mix", "split", "flight"):
         if name.startswith(prefix):
             return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
     return name in NAMED
@@ -99,11 +112,16 @@ def known_variant(name: str) -> bool:
 @contextlib.contextmanager
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
-    from tfc.kernels import attend_keys, attend_rows, mhc_stages
-    from tfc.runtime.models.dsv41.fast import compressed
+    from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages
+    from tfc.runtime.models.dsv41.fast import compressed, ops
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED)  # fmt: skip
+             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
+             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT)  # fmt: skip
+    if name == "pinned16":
+        ops.ROW_FREE = False
+    if name.startswith("flight"):
+        exl3_gemv.REDUCE_FLIGHT = int(name[6:])
     if name == "nogather":
         attend_keys.GATHER = False
     if name == "unpaged":
@@ -122,7 +140,8 @@ def switched(name: str):
         yield
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED) = saved  # fmt: skip
+         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
+         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):
@@ -160,7 +179,9 @@ def main() -> None:
     names = [v for v in args.variants.split(",") if v]
     bad = [v for v in names if not known_variant(v)]
     if bad or not names:
-        ap.error(f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>")
+        ap.error(
+            f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>, flight<N>"
+        )
     res: dict = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -196,9 +217,12 @@ def main() -> None:
         rate = res["copy_gbps"] * 1e9
         lin = default.forward.weights.linear("head")
         x = torch.randn(16, lin.k, device=DEV)
-        head_us = interleaved_us({"head": graphed(lambda: default.forward.ops.linear(x, lin))})["head"]
         table = {}
-        for rows in ROWS:
+        for rows in ROWS:  # the head as the step runs it: 16 rows, these live
+            live = rows if rows < 16 else None
+            head_us = interleaved_us(
+                {"head": graphed(lambda live=live: default.forward.ops.linear(x, lin, live))}
+            )["head"]
             tiles = {name: decode_tile(r, rows) for name, r in runners.items()}
             logits, eager_equal = {}, {}
             for name, r in runners.items():

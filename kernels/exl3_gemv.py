@@ -102,6 +102,7 @@ def _exl3_gemm_kernel(
     XHG=0,
     GROUPED: tl.constexpr = False,
     LIVE=MAX_ROWS,
+    YM=0,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -192,7 +193,7 @@ def _exl3_gemm_kernel(
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     if REDUCE:  # else reduce_kernel, launched next, sums the partials
-        reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
+        reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, YM, stride_y, SPLIT, MP,
                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
 
 
@@ -257,7 +258,8 @@ def exl3_gemm(
     own exl3_gemm with the same config would (same decode, k-split and order, so the same bits).
 
     `live`: only x's first `live` rows are wanted; y's later rows come back as zeros, their partials never
-    summed (the product itself runs every row as before, so a wanted row's bits do not change).
+    summed (the product itself runs every row as before, so a wanted row's bits do not change; a `row_free`
+    config's product runs the live rows alone, whose bits do not depend on the others).
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
     elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
@@ -276,8 +278,9 @@ def exl3_gemm(
     live = m_rows if live is None else live
     if not 1 <= live <= m_rows or (fixed and live != m_rows):
         raise ValueError(f"live {live} must be 1..{m_rows} rows (all of them for fixed-point sums)")
-    cfg = resolved_for(config, m_rows, trellis.shape)
-    pairs = input_pairs(cfg, m_rows)
+    prod = live if config.row_free else m_rows  # the rows the product runs
+    cfg = resolved_for(config, prod, trellis.shape)
+    pairs = input_pairs(cfg, prod)
     if x_rotated and pairs != pairs_in:
         raise ValueError("x_rotated: x must be rotate_for(x, suh, config, trellis.shape) of this config")
     mp = 16 if cfg.use_dot else next_pow2(m_rows)
@@ -306,7 +309,7 @@ def exl3_gemm(
                                                  device=x.device)  # fmt: skip
     if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
         raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
-    xh = x if (fuse or x_rotated) else rotate_input(x, suh, cfg.use_dot, pairs, groups)
+    xh = x if (fuse or x_rotated) else rotate_input(x[:prod], suh, cfg.use_dot, pairs, groups)
     xhg = k  # where group g's rotated input starts: g * xhg elements on
     if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((ng * blocks, k), dtype=torch.float32, device=x.device)
@@ -320,11 +323,11 @@ def exl3_gemm(
     grouped = {"goff_ptr": groups, "GROUPED": True} if groups is not None else {}
     _exl3_gemm_kernel[(blocks, split, ng)](
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
-        m_rows, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
+        prod, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
-        **(mma_asm(width, codebook, m_rows, cfg.mma, cfg.mma_wt, fuse) if cfg.mma else {}),
+        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, YM=m_rows, **grouped,
+        **(mma_asm(width, codebook, prod, cfg.mma, cfg.mma_wt, fuse, not cfg.row_free) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)

@@ -49,6 +49,11 @@ class GemmConfig:
     # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
     # mma per tile and half the sums at <= 8 rows; None = up to WT_MAX_ROWS rows
     mma_wt: bool | None = None
+    # Every row's bits independent of how many rows the launch runs, so a decode step can run its live rows only
+    # (concurrent == solo): on a GPU the mma decode with the weights as A at any rows, its inputs fp16 (never
+    # high / low pairs), groups and k-split by the shape alone, the partials summed in the second launch;
+    # elsewhere the matrix units on 16 padded rows.
+    row_free: bool = False
 
     def resolved(
         self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
@@ -56,7 +61,9 @@ class GemmConfig:
         """This config with the defaults for `rows` input rows, trellis width, n = cols and k = depth filled in
         (split: at launch); ptx: inline PTX can run (a GPU, not the interpreter)."""
         mma = self.mma
-        wt = self.mma_wt if self.mma_wt is not None else rows <= WT_MAX_ROWS
+        wt = self.mma_wt if self.mma_wt is not None else rows <= WT_MAX_ROWS or self.row_free
+        if self.row_free and mma is None:
+            mma = mma_groups(cols, depth, True) if ptx and width % 16 == 0 else 0
         if mma is None:
             auto = ptx and width % 16 == 0 and self.use_dot is None and self.runs is None
             auto = auto and (rows > 1 or cols * depth >= MMA_WIDE_WEIGHTS)
@@ -65,15 +72,16 @@ class GemmConfig:
             return replace(self, mma=mma, mma_wt=wt, use_dot=True, runs=False, block_k=16, run_tiles=1,
                            fuse_rotation=bool(self.fuse_rotation),
                            num_warps=mma_warps(mma), waves=self.waves or mma_waves(mma, wt, cols),
-                           reduce_apart=self.reduce_apart if self.reduce_apart is not None else rows > 1)  # fmt: skip
+                           reduce_apart=self._apart(rows > 1))  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
-        fma_rows = rows <= RUN_ROWS_MAX and runs_ok
-        use_dot = self.use_dot if self.use_dot is not None else rows > 1 and not fma_rows
+        fma_rows = rows <= RUN_ROWS_MAX and runs_ok and not self.row_free
+        use_dot = self.use_dot if self.use_dot is not None else (rows > 1 and not fma_rows) or self.row_free
         runs = not use_dot and runs_ok
         mp = next_pow2(rows)
         # (block_k, tiles per element, warps, programs per SM): the H200's best (benchmarks/kernels.md).
         if use_dot:  # 8 warps x 2/SM up to 4 rows; 4 warps x 4/SM at 8 and 16 rows
-            bk, tiles, warps, waves = (32, 4, 8, 2.0) if rows <= RUN_ROWS_MAX else (32, 4, 4, 4.0)
+            many = rows > RUN_ROWS_MAX or self.row_free
+            bk, tiles, warps, waves = (32, 4, 4, 4.0) if many else (32, 4, 8, 2.0)
         elif not runs:  # one row, half-integer width: the gather decode
             bk, tiles, warps, waves = 16, 4, 4, 8.0
         elif mp == 1:  # 4+ bits: one-warp programs, 32/SM (most warps in flight); 2-3 bits two-warp, 8/SM
@@ -95,8 +103,14 @@ class GemmConfig:
             waves=self.waves or waves,
             mma=0,
             mma_wt=False,
-            reduce_apart=self.reduce_apart if self.reduce_apart is not None else runs and mp == 1,
+            reduce_apart=self._apart(runs and mp == 1),
         )
+
+    def _apart(self, default: bool) -> bool:
+        """reduce_apart as set, else always for row_free launches (the last program's sums run in the product's
+        warps, whose layout and order differ by shape; the second launch's are one order at any rows), else
+        `default`."""
+        return self.reduce_apart if self.reduce_apart is not None else default or self.row_free
 
 
 def pinned_config(
@@ -130,7 +144,7 @@ def mma_groups(cols: int, depth: int, wt: bool = False) -> int:
 
 def input_pairs(cfg: GemmConfig, rows: int) -> bool:
     """Whether a resolved config carries the rotated input as fp16 high / low row pairs (mma_wt, <= 4 rows)."""
-    return bool(cfg.mma) and split_rows(cfg.mma_wt, rows)
+    return bool(cfg.mma) and split_rows(cfg.mma_wt, rows, not cfg.row_free)
 
 
 def resolved_for(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> GemmConfig:

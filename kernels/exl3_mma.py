@@ -46,16 +46,18 @@ def mma_warps(groups: int) -> int:
     return 4 // groups
 
 
-def split_rows(wt: bool, rows: int) -> bool:
-    """Whether the weights-as-A decode carries each input row as an fp16 high / low pair (up to 4 rows)."""
-    return wt and rows <= SPLIT_MAX_ROWS
+def split_rows(wt: bool, rows: int, pairs: bool = True) -> bool:
+    """Whether the weights-as-A decode carries each input row as an fp16 high / low pair (up to 4 rows, unless
+    `pairs` is off)."""
+    return pairs and wt and rows <= SPLIT_MAX_ROWS
 
 
-def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False, fused: bool = False) -> dict:
+def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False, fused: bool = False,
+            pairs: bool = True) -> dict:  # fmt: skip
     """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp; wt: weights as
-    the mma's A operand, exl3_mma_ptx.step_ptx; up to 4 rows then in high / low pairs; fused: the input
-    rotated by the same kernel, so read through coherent loads)."""
-    split = split_rows(wt, rows)
+    the mma's A operand, exl3_mma_ptx.step_ptx; up to 4 rows then in high / low pairs unless `pairs` is off;
+    fused: the input rotated by the same kernel, so read through coherent loads)."""
+    split = split_rows(wt, rows, pairs)
     k_bits, rows16 = width // 16, (2 * rows if split else rows) > 8
     return {
         "MMA_SETUP": setup_ptx(k_bits, 2 * groups, wt, split),

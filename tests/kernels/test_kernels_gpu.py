@@ -167,6 +167,58 @@ def test_gemm_grouped_flash_wo_a(rows, cfg):
 
 
 @pytest.mark.parametrize(
+    ("k", "n", "bits", "codebook"),
+    [(4096, 1024, 4, 0), (1024, 32768, 4, 2), (8192, 4096, 4, 1), (4096, 512, 2, 0), (2048, 1024, 3, 1),
+     (2048, 1024, 5, 2), (2048, 1024, 8, 0), (2048, 1024, 2.5, 2)],
+)  # fmt: skip
+def test_row_free_rows_have_the_bits_of_sixteen(k, n, bits, codebook):
+    """GemmConfig(row_free=True): a launch of 1-16 live rows gives each its bits in the 16-row launch (the mma
+    decode with the weights as A runs only the live rows: one mma a tile up to 8, two above), zeros after
+    them; within the matrix units' tolerance of float64 (fp16 inputs, as the 16-row default)."""
+    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
+
+    tr, suh, svh, cb = _group(k, n, bits, codebook, 7)
+    config = GemmConfig(row_free=True)
+    x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+    every = exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32)
+    want = x.double() @ exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
+    assert float((every.double() - want).norm() / want.norm()) < 2e-3
+    for live in (1, 2, 3, 4, 5, 8, 9, 12, 16):
+        poisoned = x.clone()
+        poisoned[live:] = float("nan")
+        got = torch.full((16, n), float("nan"), dtype=torch.float32, device="cuda")
+        exl3_gemm(poisoned, tr, suh, svh, cb, config=config, out=got, live=live)
+        assert torch.equal(got[:live], every[:live]), f"live {live}: a row's bits moved"
+        assert not got[live:].any(), f"live {live}: the later rows are not zeros"
+
+
+def test_row_free_grouped_wo_a_rows_have_the_bits_of_sixteen():
+    """The eight wo_a groups in one row-free grouped launch: 1-16 live rows, each with its 16-row bits."""
+    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, group_offsets
+
+    k, n, ng = 4096, 1024, 8
+    made = [_group(k, n, 4, 0, 200 + g) for g in range(ng)]
+    pool = torch.cat(
+        [torch.cat([t.flatten(), s.view(torch.int16), v.view(torch.int16)]) for t, s, v, _ in made]
+    )
+    size, words = made[0][0].numel() + k + n, made[0][0].numel()
+    views = [(pool[g * size : g * size + words].view(made[0][0].shape),
+              pool[g * size + words : g * size + words + k].view(torch.float16),
+              pool[g * size + words + k : (g + 1) * size].view(torch.float16)) for g in range(ng)]  # fmt: skip
+    offsets = group_offsets(*([v[i] for v in views] for i in range(3)))
+    config = GemmConfig(row_free=True)
+    x = torch.randn(16, ng * k, device="cuda")
+    every = exl3_gemm(x, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets)
+    for g, (t, su, sv) in enumerate(views):
+        alone = exl3_gemm(x[:, g * k : (g + 1) * k], t, su, sv, 0, out_dtype=torch.float32, config=config)
+        assert torch.equal(every[:, g * n : (g + 1) * n], alone), f"group {g}"
+    for live in (1, 4, 9):
+        got = exl3_gemm(x, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets, live=live)
+        assert torch.equal(got[:live], every[:live]) and not got[live:].any(), f"live {live}"
+
+
+@pytest.mark.parametrize(
     ("layout", "mma"),
     [
         ("stack", 0),

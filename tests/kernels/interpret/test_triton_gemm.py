@@ -222,3 +222,46 @@ def test_gemm_live_rows_keep_their_bits_and_zero_the_rest(tk, name, width, cb, r
         assert not got[live:].any(), f"live {live}: the other rows are not zeros"
     with pytest.raises(ValueError, match="live"):
         g.exl3_gemm(x, tr, suh, svh, cb, config=config, live=rows + 1)
+
+
+@pytest.mark.parametrize(
+    ("width", "cb", "grouped"), [(32, 1, False), (40, 2, True)], ids=["w32", "w40_grouped"]
+)
+def test_row_free_live_rows_run_alone_with_the_bits_of_sixteen(tk, width, cb, grouped):
+    """GemmConfig(row_free=True) with live rows: the product runs those rows alone (the later rows of x are
+    never read: NaN there changes nothing), each with the bits it has in a 16-row launch, zeros after them; its
+    resolution does not depend on the rows (the interpreter's matrix units on 16 padded rows)."""
+    import torch
+
+    g = tk.exl3_gemv
+    ng = 3 if grouped else 1
+    made = [
+        random_group(tk.exl3_reference, seeded(f"row_free_{width}_{i}"), 128, 256, width, cb)[0]
+        for i in range(ng)
+    ]
+    tr, suh, svh, _ = made[0]
+    groups = None
+    if grouped:
+        pool = torch.cat(
+            [torch.cat([t.flatten(), s.view(torch.int16), v.view(torch.int16)]) for t, s, v, _ in made]
+        )
+        size = tr.numel() + 128 + 256
+        views = [(pool[i * size : i * size + tr.numel()].view(tr.shape),
+                  pool[i * size + tr.numel() : i * size + tr.numel() + 128].view(torch.float16),
+                  pool[i * size + tr.numel() + 128 : (i + 1) * size].view(torch.float16)) for i in range(ng)]  # fmt: skip
+        tr, suh, svh = views[0]
+        groups = g.group_offsets(*([v[i] for v in views] for i in range(3)))
+    config = g.GemmConfig(row_free=True, split=2)
+    resolved = {(c.use_dot, c.runs, c.block_k, c.num_warps, c.waves, c.reduce_apart) for c in
+                (config.resolved(rows, width, 256, 128) for rows in (1, 3, 8, 16))}  # fmt: skip
+    assert resolved == {(True, False, 32, 4, 4.0, True)}
+    x = torch.randn(16, ng * 128)
+    every = g.exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32, groups=groups)
+    for live in (1, 5):
+        poisoned = x.clone()
+        poisoned[live:] = float("nan")
+        got = torch.full((16, ng * 256), float("nan"), dtype=torch.float32)
+        g.exl3_gemm(poisoned, tr, suh, svh, cb, config=config, out=got, live=live, groups=groups)
+        assert torch.equal(got[:live], every[:live]), f"live {live}: a row's bits depend on the launch's rows"
+        assert not got[live:].any(), f"live {live}: the later rows are not zeros"
+    assert (g.counters(x.device, 1) == 0).all()

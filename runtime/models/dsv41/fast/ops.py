@@ -1,11 +1,12 @@
 """The compute the fast forward hands to kernels: EXL3 products, the MoE, the Engram row gather, bf16 products.
 
 `TritonOps` runs the Triton kernels (tfc.kernels, public entry points, imported when the ops are made so the
-interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default) every launch is fixed by shapes
-and never by how many rows are live: the forward always hands the EXL3 GEMM 16 rows (padding rows included,
-so its launch never changes), and the MoE, which runs the live rows' pairs only, gets its k-splits and decode
-chosen once per table for one token's pairs (`moe_config`) instead of per call from the pair count. A row's
-bits then do not depend on its neighbours. The prefill forward's twin (`for_prefill`) sends every EXL3 product
+interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default) a row's bits never depend on how
+many rows are live: the forward hands the EXL3 GEMM 16 rows (padding rows included) and the key's live rows,
+which a `row_free` launch (exl3_launch.GemmConfig; ROW_FREE) runs alone, each with the bits it has among 16
+(ROW_FREE off: the 16-row launch, partials summed for the live rows); the MoE, which runs the live rows' pairs
+only, gets its k-splits and decode chosen once per table for one token's pairs (`moe_config`) instead of per
+call from the pair count. The prefill forward's twin (`for_prefill`) sends every EXL3 product
 and MoE to the many-row kernels (kernels/exl3_rows.py), whose rows are each summed alone in one order whatever
 the rows, so a prompt token's bits depend neither on its chunk nor on the rows beside it (they differ from the
 decode kernels' bits: another summation order). The kernels' torch references stand in on machines without a
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 import torch
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
+
+ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
 
 
 class Ops(Protocol):
@@ -125,6 +128,7 @@ class TritonOps:
         self.exact = exact
         self.interpret = INTERPRET
         self._gemm = exl3_gemv.exl3_gemm
+        self._row_free, self._own = exl3_gemv.GemmConfig(row_free=True), exl3_gemv.GemmConfig()
         self._fixed_value = exl3_fixed.fixed_value
         self._pinned: dict[tuple[str, int], Any] = {}
         self._moe = moe_exl3.moe_exl3
@@ -173,7 +177,12 @@ class TritonOps:
         many-row product on the prefill twin, every row)."""
         if self.many_rows:
             return padded_rows(self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook), live)
-        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, live=live)
+        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, live=live,
+                          config=self._config())  # fmt: skip
+
+    def _config(self) -> Any:
+        """The decode steps' EXL3 launch: row-free where exact (ROW_FREE), else each shape's own."""
+        return self._row_free if self.exact and ROW_FREE else self._own
 
     def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """One grouped GEMM launch (rotation, products, sums) for groups of one shape, width and codebook; each
@@ -193,7 +202,7 @@ class TritonOps:
             return per_group(self, x, lins, live)
         first = lins[0]
         return self._gemm(x, first.trellis, first.suh, first.svh, first.codebook, out_dtype=torch.float32,
-                          groups=offsets, live=live)  # fmt: skip
+                          groups=offsets, live=live, config=self._config())  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
