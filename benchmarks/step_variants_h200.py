@@ -9,9 +9,12 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - no_skip: attend_rows computes the runs with no key there (a padding row's, past a row's entries);
 - all_rows: the EXL3 products run and sum all 16 rows, not only the live rows;
 - pinned16: the EXL3 products' 16-row launch whatever the live rows (ops.ROW_FREE off; the default before
-  variants run 7), partials summed for the live rows only;
+  variants run 8), partials summed for the live rows only;
 - flight<N>: the EXL3 products' second launch (the k-split sums) summing N partials at a time with N / 8 warps
   (exl3_gemv.REDUCE_FLIGHT, default 8);
+- cap<N>: the EXL3 products' k-split at most N (exl3_gemv.ROW_FREE_MAX_SPLIT; by default set by the waves alone:
+  up to 160 partials on the narrow products);
+- selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default 1 per 1,024 columns);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
@@ -56,7 +59,7 @@ NAMED = (
     "nogather",
     "unpaged",
     "pinned16",
-)  # and mix<N>, split<N>, flight<N>
+)  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
 
@@ -103,7 +106,7 @@ def kernel_profile(runner, tile, steps: int = 5) -> dict:
 
 def known_variant(name: str) -> bool:
     """Whether `name` is a variant this script makes."""
-    for prefix in ("mix", "split", "flight"):
+    for prefix in ("mix", "split", "flight", "cap", "selw"):
         if name.startswith(prefix):
             return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
     return name in NAMED
@@ -112,12 +115,16 @@ def known_variant(name: str) -> bool:
 @contextlib.contextmanager
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
-    from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages
+    from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages, router_pick
     from tfc.runtime.models.dsv41.fast import compressed, ops
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
              attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT)  # fmt: skip
+             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS)  # fmt: skip
+    if name.startswith("cap"):
+        exl3_gemv.ROW_FREE_MAX_SPLIT = int(name[3:])
+    if name.startswith("selw"):
+        router_pick.SELECT_WARPS = int(name[4:])
     if name == "pinned16":
         ops.ROW_FREE = False
     if name.startswith("flight"):
@@ -141,7 +148,7 @@ def switched(name: str):
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
          attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT) = saved  # fmt: skip
+         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):
@@ -180,7 +187,7 @@ def main() -> None:
     bad = [v for v in names if not known_variant(v)]
     if bad or not names:
         ap.error(
-            f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>, flight<N>"
+            f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>, flight<N>, cap<N>, selw<N>"
         )
     res: dict = {
         "device": torch.cuda.get_device_name(),

@@ -41,6 +41,8 @@ from tfc.kernels.exl3_tl import (
 
 MAX_ROWS = 16
 REDUCE_FLIGHT = 8  # partials the second launch sums at a time (its warps: this / 8; benchmarks/kernels.md)
+# row_free launches: at most this k-split, so fewer partials to sum (0: the waves alone; benchmarks/decode.md)
+ROW_FREE_MAX_SPLIT = 64
 
 
 @triton.jit
@@ -298,6 +300,8 @@ def exl3_gemm(
     bk = cfg.block_k
     blocks = n // 128
     split = cfg.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), cfg.waves)
+    if cfg.row_free and not cfg.split and ROW_FREE_MAX_SPLIT:
+        split = min(split, pick_split(tk, bk // 16, 1, ROW_FREE_MAX_SPLIT, 1.0))
     if fixed:
         if tk % 8:
             raise ValueError(f"fixed: k = {k} is not whole 128-row blocks")
@@ -348,6 +352,7 @@ __all__ = [
     "INTERPRET",
     "MAX_ROWS",
     "REDUCE_FLIGHT",
+    "ROW_FREE_MAX_SPLIT",
     "GemmConfig",
     "counters",
     "exl3_gemm",

@@ -44,6 +44,8 @@ HAS_TOPK = hasattr(tl, "topk")  # Triton versions before tl.topk sort the whole 
 SPLIT_BLOCK = 2048  # elements per split3 program
 MAX_EXPERTS = 1024
 MAX_COLUMNS = 16384  # select's widest row in one program (int64 keys in registers)
+SELECT_WARPS = 0  # select's warps a row (any count gives the same picks: its keys are distinct); 0: by width
+SELECT_COLUMNS_A_WARP = 64  # ... by width: a warp per this many columns, up to 16 (benchmarks/decode.md)
 _INT64_MIN = tl.constexpr(-(2**63))
 
 
@@ -236,7 +238,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
         _select_kernel[(rows,)](
             scores, visible.contiguous(), cand, order, ok.view(torch.uint8), width, scores.stride(0),
             cand.stride(0), k, BLOCK_C=block_c, TOP=top, CANDIDATES=candidates is not None,
-            HAS_TOPK=bool(HAS_TOPK), num_warps=max(1, min(16, block_c // 1024)),
+            HAS_TOPK=bool(HAS_TOPK), num_warps=SELECT_WARPS or max(1, min(16, block_c // SELECT_COLUMNS_A_WARP)),
         )  # fmt: skip
     return order, ok, None
 

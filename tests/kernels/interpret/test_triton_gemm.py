@@ -265,3 +265,26 @@ def test_row_free_live_rows_run_alone_with_the_bits_of_sixteen(tk, width, cb, gr
         assert torch.equal(got[:live], every[:live]), f"live {live}: a row's bits depend on the launch's rows"
         assert not got[live:].any(), f"live {live}: the later rows are not zeros"
     assert (g.counters(x.device, 1) == 0).all()
+
+
+def test_row_free_k_split_is_capped(tk, monkeypatch):
+    """exl3_gemv.ROW_FREE_MAX_SPLIT caps a row_free launch's k-split (fewer partials to sum): the capped launch
+    is the launch of that split, and a launch that sets its split keeps it."""
+    import torch
+
+    g = tk.exl3_gemv
+    (tr, suh, svh, _), _ = random_group(tk.exl3_reference, seeded("row_free_cap"), 512, 256, 32, 1)
+    x = torch.randn(16, 512)
+    base = g.GemmConfig(row_free=True)
+    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 0)
+    free = g.exl3_gemm(x, tr, suh, svh, 1, config=base, out_dtype=torch.float32, live=2)
+    one = g.exl3_gemm(
+        x, tr, suh, svh, 1, config=g.GemmConfig(row_free=True, split=1), out_dtype=torch.float32, live=2
+    )
+    assert not torch.equal(free, one), "the uncapped split should differ from 1 here"
+    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 1)
+    assert torch.equal(g.exl3_gemm(x, tr, suh, svh, 1, config=base, out_dtype=torch.float32, live=2), one)
+    split4 = g.GemmConfig(row_free=True, split=4)
+    kept = g.exl3_gemm(x, tr, suh, svh, 1, config=split4, out_dtype=torch.float32, live=2)
+    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 0)
+    assert torch.equal(g.exl3_gemm(x, tr, suh, svh, 1, config=split4, out_dtype=torch.float32, live=2), kept)
