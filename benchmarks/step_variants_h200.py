@@ -14,6 +14,8 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   (exl3_gemv.REDUCE_FLIGHT, default 8);
 - cap<N>: the EXL3 products' k-split at most N (exl3_gemv.ROW_FREE_MAX_SPLIT; by default set by the waves alone:
   up to 160 partials on the narrow products);
+- overlap: each layer's KV rows (window row, compressed entries) written on a side stream beside its queries
+  (fast/overlap.OVERLAP on);
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default 1 per 1,024 columns);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
@@ -59,6 +61,7 @@ NAMED = (
     "nogather",
     "unpaged",
     "pinned16",
+    "overlap",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -116,11 +119,14 @@ def known_variant(name: str) -> bool:
 def switched(name: str):
     """The module switches of variant `name` turned while its launches are made (captured or eager)."""
     from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages, router_pick
-    from tfc.runtime.models.dsv41.fast import compressed, ops
+    from tfc.runtime.models.dsv41.fast import compressed, ops, overlap
 
     saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
              attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS)  # fmt: skip
+             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS,
+             overlap.OVERLAP)  # fmt: skip
+    if name == "overlap":
+        overlap.OVERLAP = True
     if name.startswith("cap"):
         exl3_gemv.ROW_FREE_MAX_SPLIT = int(name[3:])
     if name.startswith("selw"):
@@ -148,7 +154,8 @@ def switched(name: str):
     finally:
         (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
          attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS) = saved  # fmt: skip
+         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS,
+         overlap.OVERLAP) = saved  # fmt: skip
 
 
 def variant_runner(booted, name: str):

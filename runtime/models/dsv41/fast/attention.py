@@ -16,6 +16,7 @@ from tfc.runtime.models.dsv41.fast.compressed import compress, index
 from tfc.runtime.models.dsv41.fast.fp32 import plain_rms_norm, rms_norm
 from tfc.runtime.models.dsv41.fast.fusion import fused
 from tfc.runtime.models.dsv41.fast.kv_rows import pack_fp8, unpack_fp4, unpack_fp8
+from tfc.runtime.models.dsv41.fast.overlap import SideBranch
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
@@ -76,13 +77,17 @@ def attention(f, layer: int, mode: LayerMode, x: torch.Tensor, sc: StepContext) 
     p = f"layers.{layer}.attn"
     rows, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
     cos, sin = sc.rope["compress" if mode.compress_ratio else "main"]
+    ring = f.kv.window[layer].view(-1, f.kv.window.shape[-1])
+    with SideBranch(f, x) as kv_rows:  # only writes the KV memory: beside the queries where overlap is on
+        ring[sc.ring_write] = window_rows(
+            f.lin(x, f"{p}.wkv"), w.native(f"{p}.kv_norm.weight"), eps, cos, sin
+        )
+        if mode.mode == "full":
+            compress(f, layer, mode, x, sc)
     q_res = rms_norm(f.lin(x, f"{p}.wq_a"), w.native(f"{p}.q_norm.weight"), eps)
     q_all = f.lin(q_res, f"{p}.wq_b") if f.tp is None else f.tp.queries(q_res, w.linear(f"{p}.wq_b"))
     q = rope_heads(q_all, heads, cos, sin)
-    ring = f.kv.window[layer].view(-1, f.kv.window.shape[-1])
-    ring[sc.ring_write] = window_rows(f.lin(x, f"{p}.wkv"), w.native(f"{p}.kv_norm.weight"), eps, cos, sin)
-    if mode.mode == "full":
-        compress(f, layer, mode, x, sc)
+    kv_rows.join()
     if mode.is_index_source:
         index(f, layer, mode, x, q_res, sc)
     compressed = {}

@@ -105,6 +105,7 @@ class FastForward:
         self.shard = shard or Shard()
         self.tp = TpProducts(cfg, ops, self.shard, kv.device) if tp or self.shard.world > 1 else None
         self.live: int | None = None  # inside a step: its live rows when fewer than its rows (see lin)
+        self.side: torch.cuda.Stream | None = None  # the stream of a layer's side branch (fast/overlap.py)
 
     def engram_span(self) -> tuple[int, int]:
         """[first, last) of the Engram hash columns this rank gathers rows of (all of them at TP=1)."""

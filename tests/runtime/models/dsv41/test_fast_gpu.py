@@ -2,7 +2,7 @@
 
 On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps);
 concurrent == solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for
-bit; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are; a
+bit; the layers' KV rows written on a side stream (fast/overlap.py) give the serial steps' bits; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are; a
 slot restored from a snapshot (device, host copy, bytes: kernels/run_copy.py) continues bit for bit;
 fast vs reference over 520 teacher-forced random positions: top-1 >= 99 % and logits within GPU_ATOL = 0.02
 (the GEMM kernel rounds its rotated input to fp16: emulating that on the CPU gave at most 2.0e-3 over three
@@ -130,6 +130,32 @@ def test_prefill_in_any_chunking_equals_decode(graphed):
     engine = graphed.execute(StepPlan((SequenceStep(3, tuple(toks), 0),))).logits[0]
     assert torch.equal(engine, whole[-1])
     graphed.release(3)
+
+
+def test_overlapped_kv_rows_give_the_serial_steps_bits(image, eager, monkeypatch):
+    # fast/overlap.py: each layer's KV rows written on a side stream beside its queries, graphed and eager, give
+    # the serial eager steps' tokens and logits bit for bit, and a row among others its solo bits
+    from tfc.runtime.engine.generate import generate
+    from tfc.runtime.models.dsv41.fast import overlap
+
+    prompt = [0, *range(100, 130)]
+    serial = generate(eager, [prompt], 32, keep_logits=True)[0]
+    monkeypatch.setattr(overlap, "OVERLAP", True)
+    booted, runner = _runner(image, True)
+    try:
+        for r in (runner, eager):
+            got = generate(r, [prompt], 32, keep_logits=True)[0]
+            assert r.forward.side is not None, "no side stream: the steps did not overlap"
+            assert got.tokens == serial.tokens
+            assert torch.equal(torch.stack(got.logits), torch.stack(serial.logits))
+        assert runner.stats()["graphs"]["captures"] >= 2
+        toks = _tokens(24, 11)
+        solo = runner.logits_of(0, toks, 0)
+        runner.release(0)
+        others = {s: _tokens(60, 40 + s) for s in range(1, 8)}
+        assert torch.equal(decode_alongside(runner, 9, toks, others, lambda i, s: int(s <= i % 8)), solo)
+    finally:
+        booted.close()
 
 
 def test_pinned_kernel_launches_give_a_row_the_same_bits_whatever_its_neighbours(graphed):
