@@ -115,47 +115,45 @@ def known_variant(name: str) -> bool:
     return name in NAMED
 
 
-@contextlib.contextmanager
-def switched(name: str):
-    """The module switches of variant `name` turned while its launches are made (captured or eager)."""
+def switches(name: str) -> list[tuple[object, str, object]]:
+    """(module, attribute, value) of each module switch variant `name` turns."""
     from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages, router_pick
     from tfc.runtime.models.dsv41.fast import compressed, ops, overlap
 
-    saved = (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-             attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-             ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS,
-             overlap.OVERLAP)  # fmt: skip
-    if name == "overlap":
-        overlap.OVERLAP = True
-    if name.startswith("cap"):
-        exl3_gemv.ROW_FREE_MAX_SPLIT = int(name[3:])
-    if name.startswith("selw"):
-        router_pick.SELECT_WARPS = int(name[4:])
-    if name == "pinned16":
-        ops.ROW_FREE = False
-    if name.startswith("flight"):
-        exl3_gemv.REDUCE_FLIGHT = int(name[6:])
-    if name == "nogather":
-        attend_keys.GATHER = False
-    if name == "unpaged":
-        compressed.PAGED = False
-    if name == "fma":
-        attend_rows.PIECES = 0
-    if name == "pre":
-        attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE = 1, 0
-    if name == "no_skip":
-        attend_rows.SKIP_EMPTY = False
-    if name.startswith("split"):
-        attend_rows.SPLIT_BLOCKS = int(name[5:])
-    if name.startswith("mix"):
-        mhc_stages.MIX_SPLIT = int(name[3:])
+    named = {
+        "overlap": [(overlap, "OVERLAP", True)],
+        "pinned16": [(ops, "ROW_FREE", False)],
+        "nogather": [(attend_keys, "GATHER", False)],
+        "unpaged": [(compressed, "PAGED", False)],
+        "fma": [(attend_rows, "PIECES", 0)],
+        "pre": [(attend_keys, "PREDECODE_ROWS", 1), (attend_keys, "PREDECODE", 0)],
+        "no_skip": [(attend_rows, "SKIP_EMPTY", False)],
+    }
+    numbered = {
+        "cap": (exl3_gemv, "ROW_FREE_MAX_SPLIT"),
+        "selw": (router_pick, "SELECT_WARPS"),
+        "flight": (exl3_gemv, "REDUCE_FLIGHT"),
+        "split": (attend_rows, "SPLIT_BLOCKS"),
+        "mix": (mhc_stages, "MIX_SPLIT"),
+    }
+    for prefix, (module, attribute) in numbered.items():
+        if name.startswith(prefix):
+            return [(module, attribute, int(name[len(prefix) :]))]
+    return named.get(name, [])
+
+
+@contextlib.contextmanager
+def switched(name: str):
+    """The module switches of variant `name` turned while its launches are made (captured or eager)."""
+    turns = switches(name)
+    saved = [(module, attribute, getattr(module, attribute)) for module, attribute, _ in turns]
+    for module, attribute, value in turns:
+        setattr(module, attribute, value)
     try:
         yield
     finally:
-        (attend_rows.SKIP_EMPTY, attend_rows.SPLIT_BLOCKS, mhc_stages.MIX_SPLIT, attend_rows.PIECES,
-         attend_keys.PREDECODE_ROWS, attend_keys.PREDECODE, attend_keys.GATHER, compressed.PAGED,
-         ops.ROW_FREE, exl3_gemv.REDUCE_FLIGHT, exl3_gemv.ROW_FREE_MAX_SPLIT, router_pick.SELECT_WARPS,
-         overlap.OVERLAP) = saved  # fmt: skip
+        for module, attribute, value in saved:
+            setattr(module, attribute, value)
 
 
 def variant_runner(booted, name: str):
