@@ -107,9 +107,19 @@ def kernel_profile(runner, tile, steps: int = 5) -> dict:
     }  # fmt: skip
 
 
+# <prefix><N> variants: the tfc.kernels module attribute each sets to N
+NUMBERED = {
+    "cap": ("exl3_gemv", "ROW_FREE_MAX_SPLIT"),
+    "selw": ("router_pick", "SELECT_WARPS"),
+    "flight": ("exl3_gemv", "REDUCE_FLIGHT"),
+    "split": ("attend_rows", "SPLIT_BLOCKS"),
+    "mix": ("mhc_stages", "MIX_SPLIT"),
+}
+
+
 def known_variant(name: str) -> bool:
     """Whether `name` is a variant this script makes."""
-    for prefix in ("mix", "split", "flight", "cap", "selw"):
+    for prefix in NUMBERED:
         if name.startswith(prefix):
             return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
     return name in NAMED
@@ -117,7 +127,9 @@ def known_variant(name: str) -> bool:
 
 def switches(name: str) -> list[tuple[object, str, object]]:
     """(module, attribute, value) of each module switch variant `name` turns."""
-    from tfc.kernels import attend_keys, attend_rows, exl3_gemv, mhc_stages, router_pick
+    import importlib
+
+    from tfc.kernels import attend_keys, attend_rows
     from tfc.runtime.models.dsv41.fast import compressed, ops, overlap
 
     named = {
@@ -129,16 +141,9 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "pre": [(attend_keys, "PREDECODE_ROWS", 1), (attend_keys, "PREDECODE", 0)],
         "no_skip": [(attend_rows, "SKIP_EMPTY", False)],
     }
-    numbered = {
-        "cap": (exl3_gemv, "ROW_FREE_MAX_SPLIT"),
-        "selw": (router_pick, "SELECT_WARPS"),
-        "flight": (exl3_gemv, "REDUCE_FLIGHT"),
-        "split": (attend_rows, "SPLIT_BLOCKS"),
-        "mix": (mhc_stages, "MIX_SPLIT"),
-    }
-    for prefix, (module, attribute) in numbered.items():
+    for prefix, (module, attribute) in NUMBERED.items():
         if name.startswith(prefix):
-            return [(module, attribute, int(name[len(prefix) :]))]
+            return [(importlib.import_module(f"tfc.kernels.{module}"), attribute, int(name[len(prefix) :]))]
     return named.get(name, [])
 
 
@@ -192,7 +197,7 @@ def main() -> None:
     bad = [v for v in names if not known_variant(v)]
     if bad or not names:
         ap.error(
-            f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, mix<N>, split<N>, flight<N>, cap<N>, selw<N>"
+            f"unknown variants {bad or '(none given)'}; known: {', '.join(NAMED)}, {', '.join(p + '<N>' for p in NUMBERED)}"
         )
     res: dict = {
         "device": torch.cuda.get_device_name(),

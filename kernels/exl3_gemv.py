@@ -104,7 +104,6 @@ def _exl3_gemm_kernel(
     XHG=0,
     GROUPED: tl.constexpr = False,
     LIVE=MAX_ROWS,
-    YM=0,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -195,7 +194,7 @@ def _exl3_gemm_kernel(
             acc = tl.sum(acc2, axis=0)[None, :]
         tl.store(block + pid_s * (MP * 128) + m[:, None] * 128 + tl.arange(0, 128)[None, :], acc)
     if REDUCE:  # else reduce_kernel, launched next, sums the partials
-        reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, YM, stride_y, SPLIT, MP,
+        reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
 
 
@@ -260,8 +259,8 @@ def exl3_gemm(
     own exl3_gemm with the same config would (same decode, k-split and order, so the same bits).
 
     `live`: only x's first `live` rows are wanted; y's later rows come back as zeros, their partials never
-    summed (the product itself runs every row as before, so a wanted row's bits do not change; a `row_free`
-    config's product runs the live rows alone, whose bits do not depend on the others).
+    summed. The product runs every row, so a wanted row's bits are those of the whole launch; a `row_free`
+    config's runs the live rows alone (x's later rows are never read), each with the bits it has among 16.
 
     `x_rotated=True`: x is already rotate_for(x, suh, config, trellis.shape) (lets a caller fuse that step
     elsewhere). `fixed=True`: y as a fixed-point sum int64 [2, M, n] (kernels/exl3_fixed.py) of one partial per
@@ -330,7 +329,7 @@ def exl3_gemm(
         prod, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, YM=m_rows, **grouped,
+        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
         **(mma_asm(width, codebook, prod, cfg.mma, cfg.mma_wt, fuse, not cfg.row_free) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:

@@ -107,10 +107,12 @@ class GemmConfig:
         )
 
     def _apart(self, default: bool) -> bool:
-        """reduce_apart as set, else always for row_free launches (the last program's sums run in the product's
-        warps, whose layout and order differ by shape; the second launch's are one order at any rows), else
+        """reduce_apart: always for row_free launches (the last program's sums run in the product's warps, whose
+        layout and order differ by shape; the second launch's are one order at any rows), else as set or
         `default`."""
-        return self.reduce_apart if self.reduce_apart is not None else default or self.row_free
+        if self.row_free:
+            return True
+        return self.reduce_apart if self.reduce_apart is not None else default
 
 
 def pinned_config(

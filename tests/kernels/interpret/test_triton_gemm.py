@@ -255,6 +255,7 @@ def test_row_free_live_rows_run_alone_with_the_bits_of_sixteen(tk, width, cb, gr
     resolved = {(c.use_dot, c.runs, c.block_k, c.num_warps, c.waves, c.reduce_apart) for c in
                 (config.resolved(rows, width, 256, 128) for rows in (1, 3, 8, 16))}  # fmt: skip
     assert resolved == {(True, False, 32, 4, 4.0, True)}
+    assert g.GemmConfig(row_free=True, reduce_apart=False).resolved(1, width, 256, 128).reduce_apart
     x = torch.randn(16, ng * 128)
     every = g.exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32, groups=groups)
     for live in (1, 5):
