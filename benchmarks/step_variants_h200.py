@@ -14,9 +14,11 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   (exl3_gemv.REDUCE_FLIGHT, default 8);
 - cap<N>: the EXL3 products' k-split at most N (exl3_gemv.ROW_FREE_MAX_SPLIT; by default set by the waves alone:
   up to 160 partials on the narrow products);
-- overlap: each layer's KV rows (window row, compressed entries) written on a side stream beside its queries
-  (fast/overlap.OVERLAP on);
-- selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default 1 per 1,024 columns);
+- serial: each layer's KV rows (window row, compressed entries) written in line before its queries
+  (fast/overlap.OVERLAP off; on, a side stream beside the queries, by default since variants run 12);
+- nomake: the candidate-source layer's candidate mask made by the stage's torch code (router_pick.SELECT_MAKES
+  off), not in the select kernel;
+- selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
@@ -31,7 +33,8 @@ Parts, each in the JSON as it ends:
 - decode: at 1, 4 and 16 rows, graph == eager in each runner, each variant's live logits against the default's
   (bit for bit, or the relative difference and top-1 where a variant changes a summation order), the graphed
   step timed (medians of 30, the runners interleaved), the byte floor as decode_h200.py defines it;
-- profile: torch.profiler over eager 1-row steps of the default: kernels a step, GPU time a step, the top 30.
+- profile: torch.profiler over eager 1-row steps of the default: kernels a step, GPU time a step, the top 30;
+  the torch ops with GPU time of their own, each with the tfc lines calling it (torch_ops).
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ NAMED = (
     "nogather",
     "unpaged",
     "pinned16",
-    "overlap",
+    "serial",
+    "nomake",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -104,7 +108,27 @@ def kernel_profile(runner, tile, steps: int = 5) -> dict:
         "kernels_per_step": sum(e.count for e in events) / steps,
         "top": [{"name": e.key[:100], "us_per_step": e.device_time_total / steps, "calls": e.count / steps}
                 for e in events[:30]],
+        "torch_ops": torch_op_origins(runner, tile, steps),
     }  # fmt: skip
+
+
+def torch_op_origins(runner, tile, steps: int) -> list[dict]:
+    """The torch ops (aten::) of an eager step that run GPU work of their own, by GPU time a step, each with the
+    tfc lines that call it (the Triton kernels are named by the top list already)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
+        for _ in range(steps):
+            runner.forward.step(tile.key)
+        torch.cuda.synchronize()
+    rows = []
+    for e in p.key_averages(group_by_stack_n=12):
+        own = getattr(e, "self_device_time_total", 0) or 0
+        if own <= 0 or not e.key.startswith("aten::"):
+            continue
+        where = [f.split("/tfc/")[-1] for f in (e.stack or []) if "/tfc/" in f and "fusion.py" not in f]
+        rows.append({"op": e.key, "us_per_step": own / steps, "calls": e.count / steps, "from": where[:3]})
+    return sorted(rows, key=lambda r: -r["us_per_step"])[:40]
 
 
 # <prefix><N> variants: the tfc.kernels module attribute each sets to N
@@ -129,11 +153,12 @@ def switches(name: str) -> list[tuple[object, str, object]]:
     """(module, attribute, value) of each module switch variant `name` turns."""
     import importlib
 
-    from tfc.kernels import attend_keys, attend_rows
+    from tfc.kernels import attend_keys, attend_rows, router_pick
     from tfc.runtime.models.dsv41.fast import compressed, ops, overlap
 
     named = {
-        "overlap": [(overlap, "OVERLAP", True)],
+        "serial": [(overlap, "OVERLAP", False)],
+        "nomake": [(router_pick, "SELECT_MAKES", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

@@ -19,12 +19,14 @@ the interpreter numpy's exp and log1p(e) = log(1 + e) * e / ((1 + e) - 1). Weigh
 ulps (tests: relative 2e-6), expert ids exactly except where two scores + bias lie within those few ulps of
 each other.
 
-`select` (runtime/models/dsv41/fast/compressed.py) without candidate making: the top-k visible (and candidate)
-entries of a row's scores by a stable descending sort, entries past the k-th real one reading (0, False). Each
-entry is one int64 key (the score's bits in an order-preserving int32, -0.0 as +0.0, then the inverted
-column), so one bitonic top-k (tl.topk; tl.sort where the Triton lacks it) of distinct keys gives the stable
-order exactly. One program a row over up to MAX_COLUMNS entries; make_candidates, wider rows or other score
-dtypes run the stage's torch code. Scores must not be NaN (torch would sort a NaN first).
+`select` (runtime/models/dsv41/fast/compressed.py): the top-k visible (and candidate) entries of a row's scores
+by a stable descending sort, entries past the k-th real one reading (0, False). Each entry is one int64 key (the
+score's bits in an order-preserving int32, -0.0 as +0.0, then the inverted column), so one bitonic top-k
+(tl.topk; tl.sort where the Triton lacks it) of distinct keys gives the stable order exactly. One program a row
+over up to MAX_COLUMNS entries; wider rows or other score dtypes run the stage's torch code. Candidate making
+(compressed.candidate_mask) is in the kernel where a row's blocks are at most top_blocks (the stage then keeps
+every block holding a real entry, and the newest block) and a block is a power of two entries; otherwise the
+stage's torch code runs. Scores must not be NaN (torch would sort a NaN first).
 
 A row's results never depend on R or on the other rows: grids over rows, blocks fixed by the trailing sizes,
 no atomics; launches only (CUDA-graph safe).
@@ -46,6 +48,7 @@ MAX_EXPERTS = 1024
 MAX_COLUMNS = 16384  # select's widest row in one program (int64 keys in registers)
 SELECT_WARPS = 0  # select's warps a row (any count gives the same picks: its keys are distinct); 0: by width
 SELECT_COLUMNS_A_WARP = 64  # ... by width: a warp per this many columns, up to 16 (benchmarks/decode.md)
+SELECT_MAKES = True  # select makes a candidate source's mask in the kernel where it can
 _INT64_MIN = tl.constexpr(-(2**63))
 
 
@@ -188,15 +191,22 @@ def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scalin
 
 
 @triton.jit
-def _select_kernel(scores_ptr, visible_ptr, cand_ptr, order_ptr, ok_ptr, C, s_stride, c_stride, k,
-                   BLOCK_C: tl.constexpr, TOP: tl.constexpr, CANDIDATES: tl.constexpr,
-                   HAS_TOPK: tl.constexpr):  # fmt: skip
-    """One row's top-k visible (and candidate) entries, stable descending; (0, False) past the real ones."""
+def _select_kernel(scores_ptr, visible_ptr, cand_ptr, made_ptr, order_ptr, ok_ptr, C, s_stride, c_stride, k,
+                   BLOCK_C: tl.constexpr, TOP: tl.constexpr, CANDIDATES: tl.constexpr, MAKE: tl.constexpr,
+                   GROUP: tl.constexpr, HAS_TOPK: tl.constexpr):  # fmt: skip
+    """One row's top-k visible (and candidate) entries, stable descending; (0, False) past the real ones. MAKE:
+    also its candidate mask, every GROUP-entry block that holds a real entry or is the newest."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     inside = c < C
     s = tl.load(scores_ptr + row * s_stride + c, mask=inside, other=float("-inf"))
-    real = inside & (c < tl.load(visible_ptr + row)) & (s > float("-inf"))
+    visible = tl.load(visible_ptr + row)
+    real = inside & (c < visible) & (s > float("-inf"))
+    if MAKE:
+        held = tl.max(tl.reshape(real.to(tl.int32), [BLOCK_C // GROUP, GROUP]), axis=1)
+        held = tl.reshape(tl.broadcast_to(held[:, None], [BLOCK_C // GROUP, GROUP]), [BLOCK_C])
+        newest = tl.where(visible > 0, (visible - 1) // GROUP, -1)
+        tl.store(made_ptr + row * C + c, ((held != 0) | (c // GROUP == newest)).to(tl.uint8), mask=inside)
     if CANDIDATES:
         real = real & (tl.load(cand_ptr + row * c_stride + c, mask=inside, other=0) != 0)
     key = tl.where(real, _order_key(s, c), _INT64_MIN)
@@ -215,9 +225,10 @@ def _select_kernel(scores_ptr, visible_ptr, cand_ptr, order_ptr, ok_ptr, C, s_st
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None,
            top_blocks: int, block: int,
            make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """(top-k entries [R, k] int64, which are real [R, k] bool, None) as compressed.select; make_candidates or
-    rows wider than MAX_COLUMNS run its torch code."""
-    if make_candidates or scores.dim() != 2 or scores.dtype != torch.float32 or scores.shape[1] > MAX_COLUMNS:
+    """(top-k entries [R, k] int64, which are real [R, k] bool, the candidate mask [R, C] bool or None) as
+    compressed.select; rows wider than MAX_COLUMNS, and candidates the kernel cannot make, run its torch code."""
+    if (make_candidates and not _makes(scores, top_blocks, block)) or scores.dim() != 2 \
+            or scores.dtype != torch.float32 or scores.shape[1] > MAX_COLUMNS:  # fmt: skip
         from tfc.runtime.models.dsv41.fast.compressed import select as stage
 
         return stage.__wrapped__(scores, visible, k, candidates, top_blocks, block, make_candidates)
@@ -231,16 +242,25 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
         scores = scores.contiguous()
     order = torch.empty(rows, k, dtype=torch.int64, device=scores.device)
     ok = torch.empty(rows, k, dtype=torch.bool, device=scores.device)
+    made = torch.empty(rows, width, dtype=torch.bool, device=scores.device) if make_candidates else None
     if rows:
         top = triton.next_power_of_2(k)
-        block_c = max(triton.next_power_of_2(max(width, 1)), top)
-        cand = scores if candidates is None else candidates.contiguous().view(torch.uint8)
+        block_c = max(triton.next_power_of_2(max(width, 1)), top, block if make_candidates else 1)
+        cand = scores if candidates is None or make_candidates else candidates.contiguous().view(torch.uint8)
         _select_kernel[(rows,)](
-            scores, visible.contiguous(), cand, order, ok.view(torch.uint8), width, scores.stride(0),
-            cand.stride(0), k, BLOCK_C=block_c, TOP=top, CANDIDATES=candidates is not None,
+            scores, visible.contiguous(), cand, order if made is None else made.view(torch.uint8), order,
+            ok.view(torch.uint8), width, scores.stride(0), cand.stride(0), k, BLOCK_C=block_c, TOP=top,
+            CANDIDATES=candidates is not None and not make_candidates, MAKE=bool(make_candidates), GROUP=block,
             HAS_TOPK=bool(HAS_TOPK), num_warps=SELECT_WARPS or max(1, min(16, block_c // SELECT_COLUMNS_A_WARP)),
         )  # fmt: skip
-    return order, ok, None
+    return order, ok, made
+
+
+def _makes(scores: torch.Tensor, top_blocks: int, block: int) -> bool:
+    """Whether the kernel makes this candidate mask: every block kept (at most top_blocks of them), a block a
+    power of two entries."""
+    blocks = -(-scores.shape[-1] // block) if block > 0 else top_blocks + 1
+    return SELECT_MAKES and block > 0 and block & (block - 1) == 0 and blocks <= top_blocks
 
 
 __all__ = ["MAX_COLUMNS", "MAX_EXPERTS", "SPLIT_BLOCK", "pick", "select", "split3"]

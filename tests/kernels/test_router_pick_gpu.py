@@ -2,8 +2,9 @@
 without one), against the torch stages run as written on the same GPU.
 
 split3 bit-exact; pick's expert ids equal except between scores + bias closer than 1e-5 (libdevice's expf /
-log1pf against torch's, a few ulps at most), its weights within 2e-6 relative; select bit-exact. A row's bits
-do not depend on the rows beside it (16 against 2048), and the launches replay in a CUDA graph.
+log1pf against torch's, a few ulps at most), its weights within 2e-6 relative; select bit-exact, the candidate
+masks it makes too. A row's bits do not depend on the rows beside it (16 against 2048), and the launches replay
+in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -101,6 +102,25 @@ def test_select_at_flash(rows, cols, k):
     assert torch.equal(alone[0], kernel(scores, visible, k, None, 16, 8, False)[0][-1:])
 
 
+@pytest.mark.parametrize("rows", [1, 16, 2048])
+@pytest.mark.parametrize("cols", [4096, 16384, 3001])
+def test_select_makes_the_candidate_source_mask_at_flash(rows, cols):
+    # layer 20's candidates (2048 blocks of 8): made in the kernel, the stage's mask and picks bit for bit
+    from tfc.kernels.router_pick import select as kernel
+    from tfc.runtime.models.dsv41.fast.compressed import select
+
+    gen = torch.Generator(device="cuda").manual_seed(cols + rows)
+    scores = torch.round(torch.randn(rows, cols, device="cuda", generator=gen) * 64) / 64
+    scores[:, 40:56] = float("-inf")
+    visible = torch.randint(0, cols + 9, (rows,), device="cuda", generator=gen)
+    visible[0] = cols
+    got = kernel(scores, visible, 512, None, 2048, 8, True)
+    want = select.__wrapped__(scores, visible, 512, None, 2048, 8, True)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    alone = kernel(scores[-1:], visible[-1:], 512, None, 2048, 8, True)
+    assert torch.equal(alone[2], got[2][-1:]) and torch.equal(alone[0], got[0][-1:])
+
+
 def test_launches_replay_in_a_cuda_graph():
     from tfc.kernels.router_pick import pick, select, split3
 
@@ -114,6 +134,7 @@ def test_launches_replay_in_a_cuda_graph():
             split3(x, torch.bfloat16),
             *pick(prod, True, bias, K, SCALING, True),
             *select(scores, visible, 512, None, 16, 8, False)[:2],
+            *select(scores, visible, 512, None, 2048, 8, True),
         )
 
     eager = step()  # compiles the kernels before the capture

@@ -3,10 +3,11 @@
 split3 is bit-exact (bf16 and fp16; ties to even, random bit patterns, subnormal parts). pick's expert ids
 equal the stage's, deliberate ties in scores + bias going to the lower expert, and its weights lie within 2e-6
 relative (the interpreter's softplus is numpy's exp and a log1p made of log, a few ulps from torch's; logits
-above 20 are exact both ways, which is how the ties through the bias are made). select without candidate
-making equals the stage bit for bit: ties, -0.0 against +0.0, invisible rows, candidates, fewer columns than
-k, and tl.sort where a Triton has no tl.topk. A row alone gives the bits it gives among others. The stages run
-as written (__wrapped__).
+above 20 are exact both ways, which is how the ties through the bias are made). select equals the stage bit
+for bit: ties, -0.0 against +0.0, invisible rows, candidates, fewer columns than k, tl.sort where a Triton has
+no tl.topk, and the candidate masks it makes (blocks with nothing real, the newest block pinned, rows not
+visible, visible past the row). A row alone gives the bits it gives among others. The stages run as written
+(__wrapped__).
 """
 
 from __future__ import annotations
@@ -161,13 +162,37 @@ def test_select_matches_the_stage(tk, monkeypatch, cols, k, candidates, sort_onl
     assert torch.equal(alone[0], order[:1]) and torch.equal(alone[1], ok[:1])
 
 
-def test_select_makes_candidates_with_the_stage(tk):
+@pytest.mark.parametrize(("top_blocks", "block"), [(3, 8), (9, 8), (64, 8), (64, 4), (64, 6), (64, 128)])
+def test_select_makes_candidates_with_the_stage(tk, monkeypatch, top_blocks, block):
+    # the kernel makes the mask where every block is kept (9 blocks of 8 among 70 columns, or fewer), blocks a
+    # power of two wide, one wider than the row; 3 of 9 blocks and blocks of 6 run the stage's torch code
     import torch
     from tfc.runtime.models.dsv41.fast.compressed import select
 
+    makes = top_blocks >= -(-70 // block) and block in (4, 8, 128)
+    calls = []
+    monkeypatch.setattr(tk.router_pick, "_select_kernel", _counted(tk.router_pick._select_kernel, calls))
     gen = torch.Generator().manual_seed(3)
-    scores = _index_scores(gen, 2, 70)
-    visible = torch.tensor([70, 33])
-    got = tk.router_pick.select(scores, visible, 16, None, 3, 8, True)
-    want = select.__wrapped__(scores, visible, 16, None, 3, 8, True)
+    scores = _index_scores(gen, 5, 70)
+    scores[1, 16:24] = float("-inf")  # a block with no real entry: left out
+    scores[1, 32:40] = float("-inf")  # the newest block of row 1 (visible 33), nothing real in it: kept
+    scores[3, 64:] = float("-inf")  # the last, partial block
+    visible = torch.tensor([70, 33, 0, 66, 75])
+    got = tk.router_pick.select(scores, visible, 16, None, top_blocks, block, True)
+    want = select.__wrapped__(scores, visible, 16, None, top_blocks, block, True)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert got[2].dtype == torch.bool and bool(calls) == makes
+    if makes:
+        alone = tk.router_pick.select(scores[1:2], visible[1:2], 16, None, top_blocks, block, True)
+        assert torch.equal(alone[2], got[2][1:2]) and torch.equal(alone[0], got[0][1:2])
+
+
+def _counted(kernel, calls):
+    """The launcher `kernel[grid]` with each launch noted in calls."""
+
+    class Counted:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+
+    return Counted()

@@ -1,7 +1,7 @@
 """A layer's side branch on a second CUDA stream: work that only writes the KV memory runs beside the step's main
 line (the queries) and is joined before anything reads what it wrote. A captured step holds the fork and the join.
 
-Off by default (OVERLAP) until measured on the GPU (benchmarks/decode.md). Only exact decode steps overlap: their
+On by default (OVERLAP; benchmarks/decode.md has its measure). Only exact decode steps overlap: their
 EXL3 products are row-free launches, whose sums need no arrival counters (exl3_launch.counters, which launches on
 two streams at once must not share); a prefill step's many-row products are bound by arithmetic, not latency.
 The bits are those of the serial step: every kernel computes the same values from the same inputs, only their
@@ -14,9 +14,7 @@ from types import TracebackType
 
 import torch
 
-OVERLAP = (
-    False  # a layer's window row and compressed entries written on a side stream while its queries are made
-)
+OVERLAP = True  # a layer's KV rows written on a side stream while its queries are made
 
 
 def side_stream(f, x: torch.Tensor) -> torch.cuda.Stream | None:

@@ -139,7 +139,9 @@ def test_overlapped_kv_rows_give_the_serial_steps_bits(image, eager, monkeypatch
     from tfc.runtime.models.dsv41.fast import overlap
 
     prompt = [0, *range(100, 130)]
+    monkeypatch.setattr(overlap, "OVERLAP", False)
     serial = generate(eager, [prompt], 32, keep_logits=True)[0]
+    assert eager.forward.side is None
     monkeypatch.setattr(overlap, "OVERLAP", True)
     booted, runner = _runner(image, True)
     try:
