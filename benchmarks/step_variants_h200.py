@@ -16,6 +16,8 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   up to 160 partials on the narrow products);
 - serial: each layer's KV rows (window row, compressed entries) written in line before its queries
   (fast/overlap.OVERLAP off; on, a side stream beside the queries, by default since variants run 12);
+- torchrows: the step's row addresses (window ring rows, each ratio's entries, the pages of picked entries) by
+  step_context's torch code (step_context.STEP_KERNELS off), not kernels/step_rows;
 - nomake: the candidate-source layer's candidate mask made by the stage's torch code (router_pick.SELECT_MAKES
   off), not in the select kernel;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
@@ -66,6 +68,7 @@ NAMED = (
     "pinned16",
     "serial",
     "nomake",
+    "torchrows",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -117,7 +120,9 @@ def torch_op_origins(runner, tile, steps: int) -> list[dict]:
     tfc lines that call it (the Triton kernels are named by the top list already)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as p:
+    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)  # the Python frames of each op
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True,
+                 experimental_config=verbose) as p:  # fmt: skip
         for _ in range(steps):
             runner.forward.step(tile.key)
         torch.cuda.synchronize()
@@ -154,11 +159,12 @@ def switches(name: str) -> list[tuple[object, str, object]]:
     import importlib
 
     from tfc.kernels import attend_keys, attend_rows, router_pick
-    from tfc.runtime.models.dsv41.fast import compressed, ops, overlap
+    from tfc.runtime.models.dsv41.fast import compressed, ops, overlap, step_context
 
     named = {
         "serial": [(overlap, "OVERLAP", False)],
         "nomake": [(router_pick, "SELECT_MAKES", False)],
+        "torchrows": [(step_context, "STEP_KERNELS", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

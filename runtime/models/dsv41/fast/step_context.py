@@ -6,6 +6,7 @@ it completes entry p // r when (p + 1) % r == 0 (a group of r tokens starting at
 position) and writes it to its page's row, else to the scratch row 0. Entry e of a row lives at pool row
 page_table[slot, e // per_page] * per_page + e % per_page; `pages` are the page ids of the first `context`
 tokens. Later layers read the latest index source's selection and the candidate source's mask from here.
+Where stage kernels run, the addresses come from kernels/step_rows (one launch each, the same integers).
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from tfc.runtime.models.dsv41.fast.fusion import stage_kernel
+
+STEP_KERNELS = (
+    True  # the rows' addresses by kernels/step_rows where stage kernels run (else the torch code here)
+)
 
 
 @dataclass
@@ -32,8 +38,7 @@ class RatioView:
 
     def addr(self, entry: torch.Tensor) -> torch.Tensor:
         """Pool rows [R, k] of entries [R, k] of each row's slot."""
-        page = torch.gather(self.table, 1, torch.div(entry, self.per_page, rounding_mode="floor"))
-        return page * self.per_page + entry % self.per_page
+        return page_rows(self.table, entry, self.per_page)
 
 
 @dataclass
@@ -59,25 +64,60 @@ def step_context(rows: int, slots: torch.Tensor, positions: torch.Tensor, rope, 
                  context: int) -> StepContext:  # fmt: skip
     """The context of a step whose first `rows` static rows run, at `context` tokens."""
     slots, positions = slots[:rows], positions[:rows]
-    dev = positions.device
-    seen = positions.unsqueeze(-1) - (window - 1) + torch.arange(window, device=dev)
     table = page_table[slots]
     views = {}
     for r in ratios:
         per_page = page_tokens // r
-        entry = torch.div(positions, r, rounding_mode="floor")
-        closes = (positions + 1) % r == 0
-        page = table.gather(1, torch.div(entry, per_page, rounding_mode="floor").unsqueeze(-1)).squeeze(-1)
-        write = torch.where(closes, page * per_page + entry % per_page, torch.zeros_like(entry))
-        views[r] = RatioView(r, per_page, context // r, torch.div(positions + 1, r, rounding_mode="floor"), write,
-                             positions + 1 - r, table, table[:, : context // page_tokens])  # fmt: skip
+        visible, write, group_start = ratio_rows(positions, table, r, per_page)
+        views[r] = RatioView(r, per_page, context // r, visible, write, group_start, table,
+                             table[:, : context // page_tokens])  # fmt: skip
+    ring_write, window_read, window_valid = ring_rows(slots, positions, window, ring)
     return StepContext(
         rows=rows,
         slots=slots,
         positions=positions,
         rope={kind: rope.rows(kind, positions) for kind in ("main", "compress")},
-        ring_write=slots * ring + positions % ring,
-        window_read=slots.unsqueeze(-1) * ring + seen % ring,
-        window_valid=seen >= 0,
+        ring_write=ring_write,
+        window_read=window_read,
+        window_valid=window_valid,
         ratios=views,
     )
+
+
+def _kernel(name: str, tensor: torch.Tensor):
+    """kernels/step_rows' `name` where stage kernels run on tensor's device and STEP_KERNELS is on, else None."""
+    return stage_kernel(f"tfc.kernels.step_rows:{name}", tensor) if STEP_KERNELS else None
+
+
+def ring_rows(slots: torch.Tensor, positions: torch.Tensor, window: int,
+              ring: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(ring row each row writes [R], the ring rows of the `window` positions it reads [R, window], which are
+    real: position >= 0)."""
+    kernel = _kernel("ring_rows", positions)
+    if kernel is not None:
+        return kernel(slots, positions, window, ring)
+    seen = positions.unsqueeze(-1) - (window - 1) + torch.arange(window, device=positions.device)
+    return slots * ring + positions % ring, slots.unsqueeze(-1) * ring + seen % ring, seen >= 0
+
+
+def ratio_rows(positions: torch.Tensor, table: torch.Tensor, ratio: int,
+               per_page: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(entries each row sees [R], the pool row of the entry it completes, 0 where none [R], the first position
+    of the group it would close [R]) of one compress ratio; table [R, pages] the rows' page ids."""
+    kernel = _kernel("ratio_rows", positions)
+    if kernel is not None:
+        return kernel(positions, table, ratio, per_page)
+    entry = torch.div(positions, ratio, rounding_mode="floor")
+    closes = (positions + 1) % ratio == 0
+    page = table.gather(1, torch.div(entry, per_page, rounding_mode="floor").unsqueeze(-1)).squeeze(-1)
+    write = torch.where(closes, page * per_page + entry % per_page, torch.zeros_like(entry))
+    return torch.div(positions + 1, ratio, rounding_mode="floor"), write, positions + 1 - ratio
+
+
+def page_rows(table: torch.Tensor, entry: torch.Tensor, per_page: int) -> torch.Tensor:
+    """Pool rows [R, k] of entries [R, k] through each row's page ids table [R, pages]."""
+    kernel = _kernel("page_rows", entry)
+    if kernel is not None:
+        return kernel(table, entry, per_page)
+    page = torch.gather(table, 1, torch.div(entry, per_page, rounding_mode="floor"))
+    return page * per_page + entry % per_page
