@@ -23,6 +23,8 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
+- mixrows<N> / mixstep<N>: the mHC mix product's rows a program (MIX_ROWS, default 32) / K a tl.dot (MIX_STEP,
+  default 32);
 - split<N>: attend_rows' runs of N key blocks (kernels/attend_rows.SPLIT_BLOCKS, default 4);
 - fma: attend_rows' products as fp32 FMA (attend_rows.PIECES 0) instead of bf16 pieces on the matrix units;
 - pre: attend_rows' key tables decoded to bf16 first at every row count (attend_keys.predecodes; by default
@@ -143,15 +145,23 @@ NUMBERED = {
     "flight": ("exl3_gemv", "REDUCE_FLIGHT"),
     "split": ("attend_rows", "SPLIT_BLOCKS"),
     "mix": ("mhc_stages", "MIX_SPLIT"),
+    "mixrows": ("mhc_stages", "MIX_ROWS"),
+    "mixstep": ("mhc_stages", "MIX_STEP"),
 }
+
+
+def numbered(name: str) -> tuple[str, int] | None:
+    """(prefix, N) of a <prefix><N> variant name (the longest prefix that leaves a number > 0), else None."""
+    for prefix in sorted(NUMBERED, key=len, reverse=True):
+        rest = name[len(prefix) :]
+        if name.startswith(prefix) and rest.isdigit() and int(rest) > 0:
+            return prefix, int(rest)
+    return None
 
 
 def known_variant(name: str) -> bool:
     """Whether `name` is a variant this script makes."""
-    for prefix in NUMBERED:
-        if name.startswith(prefix):
-            return name[len(prefix) :].isdigit() and int(name[len(prefix) :]) > 0
-    return name in NAMED
+    return name in NAMED or numbered(name) is not None
 
 
 def switches(name: str) -> list[tuple[object, str, object]]:
@@ -172,9 +182,9 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "pre": [(attend_keys, "PREDECODE_ROWS", 1), (attend_keys, "PREDECODE", 0)],
         "no_skip": [(attend_rows, "SKIP_EMPTY", False)],
     }
-    for prefix, (module, attribute) in NUMBERED.items():
-        if name.startswith(prefix):
-            return [(importlib.import_module(f"tfc.kernels.{module}"), attribute, int(name[len(prefix) :]))]
+    if (found := numbered(name)) is not None:
+        module, attribute = NUMBERED[found[0]]
+        return [(importlib.import_module(f"tfc.kernels.{module}"), attribute, found[1])]
     return named.get(name, [])
 
 
