@@ -133,7 +133,7 @@ def torch_op_origins(runner, tile, steps: int) -> list[dict]:
         own = getattr(e, "self_device_time_total", 0) or 0
         if own <= 0 or not e.key.startswith("aten::"):
             continue
-        where = [f.split("/tfc/")[-1] for f in (e.stack or []) if "/tfc/" in f and "fusion.py" not in f]
+        where = [f for f in (e.stack or []) if not any(s in f for s in ("/torch/", "<built-in", "fusion.py"))]
         rows.append({"op": e.key, "us_per_step": own / steps, "calls": e.count / steps, "from": where[:3]})
     return sorted(rows, key=lambda r: -r["us_per_step"])[:40]
 
