@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
-The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py and router_pick.py (device
+The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py and step_rows.py (device
 helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
 both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing here needs a GPU or a CUDA driver: each entry point is called on
 empty CPU tensors of the Flash shapes (rows R = 16, decode, and 2048, prefill) with Triton's launch caught,
@@ -76,6 +76,7 @@ def _launches(torch) -> list[tuple[str, str, object]]:
     from tfc.kernels import kv_pack as kp
     from tfc.kernels import mhc_stages as mh
     from tfc.kernels import router_pick as rp
+    from tfc.kernels import step_rows as sr
     from tfc.kernels.expert_table import ExpertTable
 
     bf16, i64, u8 = torch.bfloat16, torch.int64, torch.uint8
@@ -97,6 +98,10 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         """select without making candidates, given a candidate mask or none."""
         c = e(r, SELECT_COLS, dtype=torch.bool) if cand else None
         return rp.select(e(r, SELECT_COLS), e(r, dtype=i64), TOPK, c, 2048, 8, False)
+
+    def ratio(r):
+        """step_rows.ratio_rows at ratio 2 over a slot's page ids."""
+        return sr.ratio_rows(e(r, dtype=i64), e(r, 1024, dtype=i64), 2, 32)
 
     rows_defaults = {
         n: getattr(xr, n) for n in ("TILE_DECODE", "TILE_PREFETCH", "FINISH_IN_TILES", "LOW_HALF", "BLOCK_K")
@@ -169,6 +174,13 @@ def _launches(torch) -> list[tuple[str, str, object]]:
             e(3 * r, EXPERTS), True, e(EXPERTS), TOP_K, SCALING, True)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, no candidates", lambda r: select(r, False)),
         ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, candidates", lambda r: select(r, True)),
+        ("router_pick.select", f"{SELECT_COLS} columns, k {TOPK}, making candidates", lambda r: rp.select(
+            e(r, SELECT_COLS), e(r, dtype=i64), TOPK, None, 2048, 8, True)),
+        ("step_rows.ring_rows", f"window {WINDOW}", lambda r: sr.ring_rows(
+            e(r, dtype=i64), e(r, dtype=i64), WINDOW, WINDOW + r)),
+        ("step_rows.ratio_rows", "ratio 2, 32 entries a page", ratio),
+        ("step_rows.page_rows", f"{TOPK} entries", lambda r: sr.page_rows(
+            e(r, 1024, dtype=i64), e(r, TOPK, dtype=i64), 32)),
         *[(f"exl3_rows.exl3_gemm_rows ({p})", f"k {D}, n {Q_LORA}, 4 bit", lambda r, p=p: rows_gemm(r, p))
           for p in ROWS_PATHS],
         *[(f"exl3_rows.moe_rows ({p})", f"E {EXPERTS}, top {TOP_K}, {w}", lambda r, p=p, w=w: rows_moe(r, p, w))
