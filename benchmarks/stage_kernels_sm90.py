@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
-The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py and step_rows.py (device
-helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
-both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing here needs a GPU or a CUDA driver: each entry point is called on
-empty CPU tensors of the Flash shapes (rows R = 16, decode, and 2048, prefill) with Triton's launch caught,
-so the kernel, constexprs, num_warps, options (enable_fp_fusion) and the arguments' dtypes and
-specialisations (divisibility by 16, strides of 1) are the entry point's own; each distinct launch is then
-compiled with `triton.compile` for GPUTarget("cuda", 90, 32) through the bundled ptxas (-v, its log read)
-in a fresh Triton cache, so every compile is cold and timed. Per kernel the JSON holds the entry point,
-constexprs, num_warps, num_stages, registers, spills (`n_spills` as Triton reads it on a GPU: the thread's
-local bytes, its stack frame, / 4; with ptxas' spill stores / loads in bytes and the SASS local loads /
-stores, which tell a real spill from a small local array), shared memory (the dynamic shared memory Triton
-launches with) and the compile seconds, or the error.
+The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py and step_rows.py
+(device helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
+both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing
+here needs a GPU or a CUDA driver: each entry point is called on empty CPU tensors of the Flash shapes (rows R = 16,
+decode, and 2048, prefill) with Triton's launch caught, so the kernel, constexprs, num_warps, options
+(enable_fp_fusion) and the arguments' dtypes and specialisations (divisibility by 16, strides of 1) are the entry
+point's own; each distinct launch is then compiled with `triton.compile` for GPUTarget("cuda", 90, 32) through the
+bundled ptxas (-v, its log read) in a fresh Triton cache, so every compile is cold and timed. Per kernel the JSON
+holds the entry point, constexprs, num_warps, num_stages, registers, spills (`n_spills` as Triton reads it on a GPU:
+the thread's local bytes, its stack frame, / 4; with ptxas' spill stores / loads in bytes and the SASS local loads /
+stores, which tell a real spill from a small local array), shared memory (the dynamic shared memory Triton launches
+with) and the compile seconds, or the error.
 
     python3 benchmarks/stage_kernels_sm90.py --out benchmarks/results/decode/stage_kernels_sm90_run1.json
 

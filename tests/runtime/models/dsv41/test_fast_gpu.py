@@ -1,17 +1,17 @@
-"""The fast forward on a GPU: graphs, exactness, kernels' row invariance, agreement with the reference (skipped without CUDA).
+"""The fast forward on a GPU: graphs, exactness, row invariance, agreement with the reference (skipped without CUDA).
 
-On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps);
-concurrent == solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for
-bit; the layers' KV rows written on a side stream (fast/overlap.py) give the serial steps' bits; the pinned kernel launches give a row the same bits whatever the other rows hold or how many there are; a
-slot restored from a snapshot (device, host copy, bytes: kernels/run_copy.py) continues bit for bit;
-fast vs reference over 520 teacher-forced random positions: top-1 >= 99 % and logits within GPU_ATOL = 0.02
-(the GEMM kernel rounds its rotated input to fp16: emulating that on the CPU gave at most 2.0e-3 over three
-seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set TFC_FLASH_IMAGE to a prepared
-`tfc fixture flash-random --layers 4` image: `tfc fixture flash-random /tmp/fr --layers 4 -j 16 && tfc prepare
-/tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 8 tokens against the reference forward on
-the same weights decoded on the device, in relative L2, within 1e-2 or twice the distance between two valid
-bf16 orders of the fast forward (dense_check.agreement says why), top-1 equal on >= 6 of 8; and each kernel
-call of two layers alone against its decoded weights.
+On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps); concurrent ==
+solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for bit; the layers' KV
+rows written on a side stream (fast/overlap.py) give the serial steps' bits; the pinned kernel launches give a row
+the same bits whatever the other rows hold or how many there are; a slot restored from a snapshot (device, host
+copy, bytes: kernels/run_copy.py) continues bit for bit; fast vs reference over 520 teacher-forced random positions:
+top-1 >= 99 % and logits within GPU_ATOL = 0.02 (the GEMM kernel rounds its rotated input to fp16: emulating that on
+the CPU gave at most 2.0e-3 over three seeds, 6 % of the logits' spread is 0.019). On a Flash-geometry slice (set
+TFC_FLASH_IMAGE to a prepared `tfc fixture flash-random --layers 4` image: `tfc fixture flash-random /tmp/fr
+--layers 4 -j 16 && tfc prepare /tmp/fr -o /tmp/fr-store`): every layer's streams and the logits of 8 tokens against
+the reference forward on the same weights decoded on the device, in relative L2, within 1e-2 or twice the distance
+between two valid bf16 orders of the fast forward (dense_check.agreement says why), top-1 equal on >= 6 of 8; and
+each kernel call of two layers alone against its decoded weights.
 Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3-6 minutes;
 TFC_COMPILE=0 runs the small-op stages uncompiled)
 """
