@@ -250,7 +250,8 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
         _select_kernel[(rows,)](
             scores, visible.contiguous(), cand, order if made is None else made.view(torch.uint8), order,
             ok.view(torch.uint8), width, scores.stride(0), cand.stride(0), k, BLOCK_C=block_c, TOP=top,
-            CANDIDATES=candidates is not None and not make_candidates, MAKE=bool(make_candidates), GROUP=block,
+            CANDIDATES=candidates is not None and not make_candidates, MAKE=bool(make_candidates),
+            GROUP=block if make_candidates else 1,
             HAS_TOPK=bool(HAS_TOPK), num_warps=SELECT_WARPS or max(1, min(16, block_c // SELECT_COLUMNS_A_WARP)),
         )  # fmt: skip
     return order, ok, made
@@ -259,8 +260,9 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
 def _makes(scores: torch.Tensor, top_blocks: int, block: int) -> bool:
     """Whether the kernel makes this candidate mask: every block kept (at most top_blocks of them), a block a
     power of two entries."""
-    blocks = -(-scores.shape[-1] // block) if block > 0 else top_blocks + 1
-    return SELECT_MAKES and block > 0 and block & (block - 1) == 0 and blocks <= top_blocks
+    if not SELECT_MAKES or block < 1 or block & (block - 1):
+        return False
+    return -(-scores.shape[-1] // block) <= top_blocks
 
 
 __all__ = ["MAX_COLUMNS", "MAX_EXPERTS", "SPLIT_BLOCK", "pick", "select", "split3"]

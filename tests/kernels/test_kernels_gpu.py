@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.exl3_inputs import cuda_group
+from support.exl3_inputs import cuda_group, pooled_groups
 
 torch = pytest.importorskip("torch")
 
@@ -199,13 +199,7 @@ def test_row_free_grouped_wo_a_rows_have_the_bits_of_sixteen():
 
     k, n, ng = 4096, 1024, 8
     made = [_group(k, n, 4, 0, 200 + g) for g in range(ng)]
-    pool = torch.cat(
-        [torch.cat([t.flatten(), s.view(torch.int16), v.view(torch.int16)]) for t, s, v, _ in made]
-    )
-    size, words = made[0][0].numel() + k + n, made[0][0].numel()
-    views = [(pool[g * size : g * size + words].view(made[0][0].shape),
-              pool[g * size + words : g * size + words + k].view(torch.float16),
-              pool[g * size + words + k : (g + 1) * size].view(torch.float16)) for g in range(ng)]  # fmt: skip
+    views = pooled_groups(made)
     offsets = group_offsets(*([v[i] for v in views] for i in range(3)))
     config = GemmConfig(row_free=True)
     x = torch.randn(16, ng * k, device="cuda")

@@ -47,3 +47,16 @@ def col_share(g, lo: int, hi: int):
     """Columns [lo, hi) of a group: a column-parallel rank's share."""
     t, suh, svh, cb = g
     return t[:, lo // 16 : hi // 16].contiguous(), suh, svh[lo:hi].contiguous(), cb
+
+
+def pooled_groups(made) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Groups (trellis, suh, svh, codebook) of one shape copied back to back into one int16 buffer, as a
+    grouped launch reads them: each group's (trellis, suh, svh) views into it."""
+    pool = torch.cat(
+        [torch.cat([t.flatten(), s.view(torch.int16), v.view(torch.int16)]) for t, s, v, _ in made]
+    )
+    words, k, n = made[0][0].numel(), made[0][1].numel(), made[0][2].numel()
+    size = words + k + n
+    return [(pool[g * size : g * size + words].view(made[0][0].shape),
+             pool[g * size + words : g * size + words + k].view(torch.float16),
+             pool[g * size + words + k : (g + 1) * size].view(torch.float16)) for g in range(len(made))]  # fmt: skip

@@ -9,7 +9,7 @@ same order, so a second run could not differ; run-to-run equality is checked on 
 from __future__ import annotations
 
 import pytest
-from support.exl3_inputs import random_group, seeded
+from support.exl3_inputs import pooled_groups, random_group, seeded
 
 GEMM_CASES = [
     # (name, width, codebook, rows, k, dtype, config kwargs); n = 256
@@ -242,13 +242,7 @@ def test_row_free_live_rows_run_alone_with_the_bits_of_sixteen(tk, width, cb, gr
     tr, suh, svh, _ = made[0]
     groups = None
     if grouped:
-        pool = torch.cat(
-            [torch.cat([t.flatten(), s.view(torch.int16), v.view(torch.int16)]) for t, s, v, _ in made]
-        )
-        size = tr.numel() + 128 + 256
-        views = [(pool[i * size : i * size + tr.numel()].view(tr.shape),
-                  pool[i * size + tr.numel() : i * size + tr.numel() + 128].view(torch.float16),
-                  pool[i * size + tr.numel() + 128 : (i + 1) * size].view(torch.float16)) for i in range(ng)]  # fmt: skip
+        views = pooled_groups(made)
         tr, suh, svh = views[0]
         groups = g.group_offsets(*([v[i] for v in views] for i in range(3)))
     config = g.GemmConfig(row_free=True, split=2)

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from tfc.runtime.models.dsv41.fast.fusion import stage_kernel
 
-STEP_KERNELS = (
-    True  # the rows' addresses by kernels/step_rows where stage kernels run (else the torch code here)
-)
+STEP_KERNELS = True  # the rows' addresses by kernels/step_rows where stage kernels run
 
 
 @dataclass

@@ -8,8 +8,8 @@ import torch
 from tfc.runtime.models.dsv41.fast import overlap
 
 
-def _forward(exact: bool = True, many_rows: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(ops=SimpleNamespace(exact=exact, many_rows=many_rows), side=None)
+def _forward(exact: bool = True, many_rows: bool = False, tp: object = None) -> SimpleNamespace:
+    return SimpleNamespace(ops=SimpleNamespace(exact=exact, many_rows=many_rows), side=None, tp=tp)
 
 
 def test_the_side_branch_runs_inline_off_the_gpu_or_switched_off(monkeypatch):
@@ -32,3 +32,13 @@ def test_only_exact_decode_steps_overlap(monkeypatch):
     )  # never reaches a stream: each forward below is refused
     assert overlap.side_stream(_forward(exact=False), gpu) is None
     assert overlap.side_stream(_forward(many_rows=True), gpu) is None
+    assert overlap.side_stream(_forward(tp=object()), gpu) is None  # a tensor-parallel rank
+
+
+def test_the_sixteen_row_launch_stays_serial(monkeypatch):
+    # its sums share arrival counters, which two streams at once must not
+    from tfc.runtime.models.dsv41.fast import ops
+
+    monkeypatch.setattr(overlap, "OVERLAP", True)
+    monkeypatch.setattr(ops, "ROW_FREE", False)
+    assert overlap.side_stream(_forward(), SimpleNamespace(is_cuda=True, device="cuda")) is None
