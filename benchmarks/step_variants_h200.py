@@ -20,6 +20,10 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   step_context's torch code (step_context.STEP_KERNELS off), not kernels/step_rows;
 - nomake: the candidate-source layer's candidate mask made by the stage's torch code (router_pick.SELECT_MAKES
   off), not in the select kernel;
+- cublas: the decode step's router and `weights_proj` products by cuBLAS (ops.ROWS_MM off: a split-K product and
+  its splitKreduce) instead of kernels/rows_mm's one launch;
+- torchtap: the drafter's taps of the hc streams by torch (fp32.TAP_KERNEL off: widen, mean, narrow, copy) instead
+  of kernels/hidden_tap's one launch a tap;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
@@ -71,6 +75,8 @@ NAMED = (
     "serial",
     "nomake",
     "torchrows",
+    "cublas",
+    "torchtap",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -169,12 +175,14 @@ def switches(name: str) -> list[tuple[object, str, object]]:
     import importlib
 
     from tfc.kernels import attend_keys, attend_rows, router_pick
-    from tfc.runtime.models.dsv41.fast import compressed, ops, overlap, step_context
+    from tfc.runtime.models.dsv41.fast import compressed, fp32, ops, overlap, step_context
 
     named = {
         "serial": [(overlap, "OVERLAP", False)],
         "nomake": [(router_pick, "SELECT_MAKES", False)],
         "torchrows": [(step_context, "STEP_KERNELS", False)],
+        "cublas": [(ops, "ROWS_MM", False)],
+        "torchtap": [(fp32, "TAP_KERNEL", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

@@ -23,7 +23,7 @@ import torch
 from tfc.runtime.models.dsv41.config import Dsv41Config
 from tfc.runtime.models.dsv41.fast.attention import attention
 from tfc.runtime.models.dsv41.fast.engram import engram
-from tfc.runtime.models.dsv41.fast.fp32 import collapse_norm, first_pre, hc_expand, hc_mix
+from tfc.runtime.models.dsv41.fast.fp32 import collapse_norm, first_pre, hc_expand, hc_mix, stream_tap
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
 from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
@@ -161,8 +161,7 @@ class FastForward:
             streams = engram(self, layer, k, streams, self.buffers.engram[: sc.rows, k])
         if layer in self.capture:
             d, k = cfg.hidden_size, self.capture.index(layer)
-            tap = streams.to(torch.float64).mean(-2).to(torch.float32)
-            self.buffers.hidden[: sc.rows, k * d : (k + 1) * d].copy_(tap)
+            stream_tap(streams, self.buffers.hidden[: sc.rows, k * d : (k + 1) * d])
         attend, ffn = (lambda x: attention(self, layer, mode, x, sc)), (lambda x: moe(self, layer, x, live))
         streams, pre = mhc_sites(self, b, streams, pre, attend, ffn)
         if self.trace is not None:

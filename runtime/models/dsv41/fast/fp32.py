@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import torch
 from tfc.runtime.models.dsv41 import csa, mhc
-from tfc.runtime.models.dsv41.fast.fusion import fused
+from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 
+TAP_KERNEL = (
+    True  # the drafter's tap by kernels/hidden_tap where stage kernels run; off: torch's four launches
+)
 plain_rms_norm = csa.rms_norm.__wrapped__
 rms_norm = fused(plain_rms_norm, kernel="tfc.kernels.mhc_stages:rms_norm")
 hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__, kernel="tfc.kernels.mhc_stages:hc_mix_logits")
@@ -24,6 +27,16 @@ first_pre = mhc.first_pre
 def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm(sum_i pre_i * stream_i): a site's input."""
     return plain_rms_norm(hc_collapse(streams, pre), weight, eps)
+
+
+def stream_tap(streams: torch.Tensor, out: torch.Tensor) -> None:
+    """out [R, D] = the float64 mean of streams [R, S, D] over S rounded to fp32 (the reference's `capture`): one
+    kernel where stage kernels run (kernels/hidden_tap.py, torch's bits), else torch's four launches."""
+    kernel = stage_kernel("tfc.kernels.hidden_tap:stream_mean_into", streams) if TAP_KERNEL else None
+    if kernel is not None:
+        kernel(streams, out)
+    else:
+        out.copy_(streams.to(torch.float64).mean(-2).to(torch.float32))
 
 
 def hc_mix(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *, iters: int,

@@ -137,3 +137,7 @@ class ReferenceOps:
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """bf16 products in fp32 (exact), summed in fp32."""
         return a.float() @ w.float().t()
+
+    def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """torch's fp32 product."""
+        return a @ w.t()
