@@ -22,6 +22,8 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   off), not in the select kernel;
 - cublas: the decode step's router and `weights_proj` products by cuBLAS (ops.ROWS_MM off: a split-K product and
   its splitKreduce) instead of kernels/rows_mm's one launch;
+- split3: the router's three parts cut by router_pick.split3's launch and summed after kernels/rows_mm's product
+  (ops.ROWS_MM_PARTS off), not inside that product's launch;
 - torchtap: the drafter's taps of the hc streams by torch (fp32.TAP_KERNEL off: widen, mean, narrow, copy) instead
   of kernels/hidden_tap's one launch a tap;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
@@ -77,6 +79,7 @@ NAMED = (
     "torchrows",
     "cublas",
     "torchtap",
+    "split3",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -183,6 +186,7 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "torchrows": [(step_context, "STEP_KERNELS", False)],
         "cublas": [(ops, "ROWS_MM", False)],
         "torchtap": [(fp32, "TAP_KERNEL", False)],
+        "split3": [(ops, "ROWS_MM_PARTS", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

@@ -1,6 +1,7 @@
 """kernels/rows_mm on a CUDA GPU (skipped without one): the router's bf16 parts by its gate on the matrix units and
 the indexer's fp32 `weights_proj` by FMA, each within the summation bound of float64 (test_triton_rows_mm.py
-says which); a row's bits the same alone, among 48 and in a second row block; the launch replays in a graph."""
+says which); a row's bits the same alone, among 48 and in a second row block; the router's parts in one launch
+equal to split3, the product and the sum of the parts; the launch replays in a graph."""
 
 from __future__ import annotations
 
@@ -57,3 +58,15 @@ def test_rows_mm_replays_in_a_cuda_graph(rows_mm):
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, rows_mm.rows_mm(other, w))
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_the_parts_launch_gives_split3s_three_products_added_on_the_gpu(rows_mm, rows):
+    from tfc.kernels.router_pick import split3
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 5120, device="cuda", generator=gen)
+    w = torch.randn(384, 5120, device="cuda", generator=gen).bfloat16()
+    prod = rows_mm.rows_mm(split3(x, torch.bfloat16), w)
+    want = (prod[:rows] + prod[rows : 2 * rows]) + prod[2 * rows :]
+    assert torch.equal(rows_mm.rows_mm(x, w, parts=True), want)

@@ -1,5 +1,6 @@
 """kernels/rows_mm interpreted against float64: the router's bf16 parts by its gate, the indexer's fp32
-`weights_proj`, shapes off the blocks; a row's bits the same alone, among 48 and in a second row block.
+`weights_proj`, shapes off the blocks; a row's bits the same alone, among 48 and in a second row block; the router's fp32 input
+in one launch as split3's three parts, bit for bit.
 
 Bound: a sum of n products each exact (bf16 by bf16 in fp32) or rounded once (FMA), summed in fp32 in a fixed
 order, is within n * 2^-24 * sum |a_k w_k| of the exact sum (recursive summation); n = the k a split range
@@ -55,3 +56,16 @@ def test_rows_mm_refuses_mixed_dtypes(tk):
     a, w = _inputs(2, 64, 16, torch.float32)
     with pytest.raises(TypeError, match="one dtype"):
         tk.rows_mm.rows_mm(a, w.bfloat16())
+
+
+@pytest.mark.parametrize(("rows", "k", "n"), [(16, 5120, 384), (3, 1000, 100)])
+def test_the_parts_launch_gives_split3s_three_products_added(tk, rows, k, n):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(rows, k, generator=gen) * torch.exp2(
+        torch.randint(-20, 20, (rows, k), generator=gen).float()
+    )
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    prod = tk.rows_mm.rows_mm(tk.router_pick.split3(x, torch.bfloat16), w)
+    want = (prod[:rows] + prod[rows : 2 * rows]) + prod[2 * rows :]
+    assert torch.equal(tk.rows_mm.rows_mm(x, w, parts=True), want)
+    assert torch.equal(tk.rows_mm.rows_mm(x[1:2], w, parts=True), want[1:2])

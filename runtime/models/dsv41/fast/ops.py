@@ -19,10 +19,14 @@ import copy
 from typing import Any, Protocol
 
 import torch
+from tfc.runtime.models.dsv41.fast.moe import parts_product
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 
 ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
 ROWS_MM = True  # decode steps' bf16 / fp32 products by kernels/rows_mm (one launch); off: cuBLAS (two)
+ROWS_MM_PARTS = (
+    True  # ... the router's three parts cut inside that launch; off: split3 first, the parts' sum after
+)
 
 
 class Ops(Protocol):
@@ -72,6 +76,10 @@ class Ops(Protocol):
 
     def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a [r, k] fp32 @ w [n, k]^T fp32 -> fp32 [r, n] (no TF32)."""
+        ...
+
+    def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x [r, k] fp32 @ w [n, k]^T 16-bit as x's three parts (moe.parts_product) -> fp32 [r, n]."""
         ...
 
     def for_prefill(self, rows: int) -> Ops:
@@ -279,3 +287,9 @@ class TritonOps:
     def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """kernels/rows_mm in a decode step, else torch's fp32 product (TF32 off: build_fast)."""
         return self._mm_rows(a, w) if self._rows_mm() else a @ w.t()
+
+    def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """kernels/rows_mm's parts in a decode step (bf16 gates), else split3, mm_bf16 and the parts' sum."""
+        if self._rows_mm() and ROWS_MM_PARTS and w.dtype == torch.bfloat16:
+            return self._mm_rows(x, w, parts=True)
+        return parts_product(self, x, w)
