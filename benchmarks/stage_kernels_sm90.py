@@ -72,10 +72,10 @@ def _launches(torch) -> list[tuple[str, str, object]]:
     """(entry point, variant, call(rows)) of every Flash launch of the stage kernels."""
     from tfc.kernels import attend_rows as ar
     from tfc.kernels import exl3_rows as xr
+    from tfc.kernels import hidden_tap as ht
     from tfc.kernels import index_scores as ks
     from tfc.kernels import kv_pack as kp
     from tfc.kernels import mhc_stages as mh
-    from tfc.kernels import hidden_tap as ht
     from tfc.kernels import router_pick as rp
     from tfc.kernels import rows_mm as rm
     from tfc.kernels import step_rows as sr

@@ -20,12 +20,11 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   step_context's torch code (step_context.STEP_KERNELS off), not kernels/step_rows;
 - nomake: the candidate-source layer's candidate mask made by the stage's torch code (router_pick.SELECT_MAKES
   off), not in the select kernel;
-- cublas: the decode step's router and `weights_proj` products by cuBLAS (ops.ROWS_MM off: a split-K product and
-  its splitKreduce) instead of kernels/rows_mm's one launch;
-- split3: the router's three parts cut by router_pick.split3's launch and summed after kernels/rows_mm's product
-  (ops.ROWS_MM_PARTS off), not inside that product's launch;
-- torchtap: the drafter's taps of the hc streams by torch (fp32.TAP_KERNEL off: widen, mean, narrow, copy) instead
-  of kernels/hidden_tap's one launch a tap;
+- rowsmm: the decode step's router and `weights_proj` products by kernels/rows_mm, one launch each, the router's
+  three parts cut inside it (ops.ROWS_MM on), instead of cuBLAS's split-K product and its splitKreduce;
+- rowsmm3: rowsmm with the router's parts cut by router_pick.split3's launch first (ops.ROWS_MM_PARTS off);
+- tapkernel: the drafter's taps of the hc streams by kernels/hidden_tap, one launch a tap (fp32.TAP_KERNEL on),
+  instead of torch's widen, mean, narrow and copy;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
@@ -77,9 +76,9 @@ NAMED = (
     "serial",
     "nomake",
     "torchrows",
-    "cublas",
-    "torchtap",
-    "split3",
+    "rowsmm",
+    "rowsmm3",
+    "tapkernel",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -184,9 +183,9 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "serial": [(overlap, "OVERLAP", False)],
         "nomake": [(router_pick, "SELECT_MAKES", False)],
         "torchrows": [(step_context, "STEP_KERNELS", False)],
-        "cublas": [(ops, "ROWS_MM", False)],
-        "torchtap": [(fp32, "TAP_KERNEL", False)],
-        "split3": [(ops, "ROWS_MM_PARTS", False)],
+        "rowsmm": [(ops, "ROWS_MM", True)],
+        "rowsmm3": [(ops, "ROWS_MM", True), (ops, "ROWS_MM_PARTS", False)],
+        "tapkernel": [(fp32, "TAP_KERNEL", True)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

@@ -31,7 +31,8 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
 
 def stream_tap(streams: torch.Tensor, out: torch.Tensor) -> None:
     """out [R, D] = the float64 mean of streams [R, S, D] over S rounded to fp32 (the reference's `capture`): one
-    kernel where stage kernels run (kernels/hidden_tap.py, torch's bits), else torch's four launches."""
+    kernel where stage kernels run and TAP_KERNEL is on (kernels/hidden_tap.py, torch's bits), else torch's four
+    launches."""
     kernel = stage_kernel("tfc.kernels.hidden_tap:stream_mean_into", streams) if TAP_KERNEL else None
     if kernel is not None:
         kernel(streams, out)

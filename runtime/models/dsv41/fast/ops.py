@@ -19,7 +19,6 @@ import copy
 from typing import Any, Protocol
 
 import torch
-from tfc.runtime.models.dsv41.fast.moe import parts_product
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 
 ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
@@ -79,7 +78,8 @@ class Ops(Protocol):
         ...
 
     def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [r, k] fp32 @ w [n, k]^T 16-bit as x's three parts (moe.parts_product) -> fp32 [r, n]."""
+        """x [r, k] fp32 @ w [n, k]^T bf16 as x's three bf16 parts (moe.split3), each part's products summed apart,
+        added (hi + mid) + lo -> fp32 [r, n] in one launch; None where these ops have no such launch."""
         ...
 
     def for_prefill(self, rows: int) -> Ops:
@@ -289,7 +289,7 @@ class TritonOps:
         return self._mm_rows(a, w) if self._rows_mm() else a @ w.t()
 
     def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """kernels/rows_mm's parts in a decode step (bf16 gates), else split3, mm_bf16 and the parts' sum."""
+        """kernels/rows_mm's parts in a decode step (bf16 gates, ROWS_MM and ROWS_MM_PARTS on), else None."""
         if self._rows_mm() and ROWS_MM_PARTS and w.dtype == torch.bfloat16:
             return self._mm_rows(x, w, parts=True)
-        return parts_product(self, x, w)
+        return None
