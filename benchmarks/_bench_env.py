@@ -41,8 +41,8 @@ def compiled_stats(kernel) -> list[dict]:
 
 
 class Parts:
-    """A benchmark's named parts: each timed, a failure kept as its traceback's tail, the JSON rewritten after
-    each, parts that would start past `budget_s` skipped."""
+    """A benchmark's named parts: each timed, a failure kept as its traceback's tail (the whole traceback in a file
+    beside the JSON), the JSON rewritten after each, parts that would start past `budget_s` skipped."""
 
     def __init__(self, res: dict, out: Path, budget_s: float = float("inf")) -> None:
         import time
@@ -72,6 +72,8 @@ class Parts:
                 fn()
                 parts[name] = f"{time.time() - started:.1f} s"
             except Exception:
-                parts[name] = "failed: " + traceback.format_exc()[-1500:]
+                whole = traceback.format_exc()  # chained errors print the inner one first: keep it all beside
+                self.out.with_name(f"{self.out.stem}_{name}_traceback.txt").write_text(whole)
+                parts[name] = "failed: " + whole[-1500:]
         self.save()
         print(f"[{time.time() - self.t0:6.1f} s] {name}: {parts[name][:300]}", flush=True)
