@@ -23,8 +23,8 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
 - rowsmm: the decode step's router and `weights_proj` products by kernels/rows_mm, one launch each, the router's
   three parts cut inside it (ops.ROWS_MM on), instead of cuBLAS's split-K product and its splitKreduce;
 - rowsmm3: rowsmm with the router's parts cut by router_pick.split3's launch first (ops.ROWS_MM_PARTS off);
-- tapkernel: the drafter's taps of the hc streams by kernels/hidden_tap, one launch a tap (fp32.TAP_KERNEL on),
-  instead of torch's widen, mean, narrow and copy;
+- torchtap: the drafter's taps of the hc streams by torch's widen, mean, narrow and copy (fp32.TAP_KERNEL off)
+  instead of kernels/hidden_tap's one launch a tap;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
 - mix<N>: the mHC mix product split into N-channel slices (kernels/mhc_stages.MIX_SPLIT; 512 until variants
   run 1, 128 since);
@@ -78,7 +78,7 @@ NAMED = (
     "torchrows",
     "rowsmm",
     "rowsmm3",
-    "tapkernel",
+    "torchtap",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
 
@@ -185,7 +185,7 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "torchrows": [(step_context, "STEP_KERNELS", False)],
         "rowsmm": [(ops, "ROWS_MM", True)],
         "rowsmm3": [(ops, "ROWS_MM", True), (ops, "ROWS_MM_PARTS", False)],
-        "tapkernel": [(fp32, "TAP_KERNEL", True)],
+        "torchtap": [(fp32, "TAP_KERNEL", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],
         "unpaged": [(compressed, "PAGED", False)],

@@ -12,9 +12,8 @@ import torch
 from tfc.runtime.models.dsv41 import csa, mhc
 from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 
-TAP_KERNEL = (
-    True  # the drafter's tap by kernels/hidden_tap where stage kernels run; off: torch's four launches
-)
+# the drafter's tap by kernels/hidden_tap where stage kernels run; off: torch's four launches
+TAP_KERNEL = True
 plain_rms_norm = csa.rms_norm.__wrapped__
 rms_norm = fused(plain_rms_norm, kernel="tfc.kernels.mhc_stages:rms_norm")
 hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__, kernel="tfc.kernels.mhc_stages:hc_mix_logits")

@@ -22,10 +22,11 @@ import torch
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 
 ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
-ROWS_MM = True  # decode steps' bf16 / fp32 products by kernels/rows_mm (one launch); off: cuBLAS (two)
-ROWS_MM_PARTS = (
-    True  # ... the router's three parts cut inside that launch; off: split3 first, the parts' sum after
-)
+# the decode step's router and weights_proj products by kernels/rows_mm (one launch each, exact); off (the default:
+# slower than cuBLAS's split-K product and reduce in the step, benchmarks/decode.md variants run 17): cuBLAS
+ROWS_MM = False
+# with ROWS_MM, the router's three parts cut inside that launch; off: split3 first, the pick's sum after
+ROWS_MM_PARTS = True
 
 
 class Ops(Protocol):
