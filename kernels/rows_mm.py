@@ -10,7 +10,9 @@ ROWS rows, BN columns and one of SPLIT ranges of k, stores its partial, and the 
 column block) to arrive (an arrival counter the kernel leaves zeroed) sums the SPLIT partials in split order.
 The blocks and the split follow (K, N) alone and every program holds ROWS rows, padding rows zero, so a row's bits
 depend on neither R nor the other rows. Launches only (CUDA-graph safe); launches that may run at once on two
-streams must not share the counter buffer (exl3_launch.counters).
+streams must not share the counter buffer (exl3_launch.counters). In the decode step this took longer than the
+cuBLAS launches it replaces (each block's last program sums every split alone: benchmarks/decode.md, variants run
+17), so ops.ROWS_MM leaves it off.
 """
 
 from __future__ import annotations
