@@ -2,7 +2,7 @@
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
 The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py and step_rows.py
-(device helpers in kernels/stage_tl.py), with the decode step's small products (rows_mm.py) and taps (hidden_tap.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
+(device helpers in kernels/stage_tl.py), with the decode step's taps of the hc streams (hidden_tap.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
 both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing
 here needs a GPU or a CUDA driver: each entry point is called on empty CPU tensors of the Flash shapes (rows R = 16,
 decode, and 2048, prefill) with Triton's launch caught, so the kernel, constexprs, num_warps, options
@@ -77,7 +77,6 @@ def _launches(torch) -> list[tuple[str, str, object]]:
     from tfc.kernels import kv_pack as kp
     from tfc.kernels import mhc_stages as mh
     from tfc.kernels import router_pick as rp
-    from tfc.kernels import rows_mm as rm
     from tfc.kernels import step_rows as sr
     from tfc.kernels.expert_table import ExpertTable
 
@@ -183,11 +182,6 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         ("step_rows.ratio_rows", "ratio 2, 32 entries a page", ratio),
         ("step_rows.page_rows", f"{TOPK} entries", lambda r: sr.page_rows(
             e(r, 1024, dtype=i64), e(r, TOPK, dtype=i64), 32)),
-        ("rows_mm.rows_mm", f"router: 5120 fp32 as three parts by [{EXPERTS}, 5120] bf16", lambda r: rm.rows_mm(
-            e(r, D), e(EXPERTS, D, dtype=bf16), parts=True)),
-        ("rows_mm.rows_mm", f"router's parts apart: [3R, 5120] by [{EXPERTS}, 5120] bf16", lambda r: rm.rows_mm(
-            e(3 * r, D, dtype=bf16), e(EXPERTS, D, dtype=bf16))),
-        ("rows_mm.rows_mm", "weights_proj: 5120 by [32, 5120] fp32", lambda r: rm.rows_mm(e(r, D), e(32, D))),
         ("hidden_tap.stream_mean_into", "hc 4 x 5120", lambda r: ht.stream_mean_into(streams(r), e(r, D))),
         *[(f"exl3_rows.exl3_gemm_rows ({p})", f"k {D}, n {Q_LORA}, 4 bit", lambda r, p=p: rows_gemm(r, p))
           for p in ROWS_PATHS],

@@ -20,9 +20,6 @@ Every variant is its own runner (own graphs) whose launches are made with one sw
   step_context's torch code (step_context.STEP_KERNELS off), not kernels/step_rows;
 - nomake: the candidate-source layer's candidate mask made by the stage's torch code (router_pick.SELECT_MAKES
   off), not in the select kernel;
-- rowsmm: the decode step's router and `weights_proj` products by kernels/rows_mm, one launch each, the router's
-  three parts cut inside it (ops.ROWS_MM on), instead of cuBLAS's split-K product and its splitKreduce;
-- rowsmm3: rowsmm with the router's parts cut by router_pick.split3's launch first (ops.ROWS_MM_PARTS off);
 - torchtap: the drafter's taps of the hc streams by torch's widen, mean, narrow and copy (fp32.TAP_KERNEL off)
   instead of kernels/hidden_tap's one launch a tap;
 - selw<N>: the indexer's top-k selection in N warps a row (router_pick.SELECT_WARPS; by default a warp per 64 columns, up to 16);
@@ -76,8 +73,6 @@ NAMED = (
     "serial",
     "nomake",
     "torchrows",
-    "rowsmm",
-    "rowsmm3",
     "torchtap",
 )  # and mix<N>, split<N>, flight<N>, cap<N>, selw<N>
 DEFAULT_VARIANTS = "apart,mix512,split2,split1"
@@ -183,8 +178,6 @@ def switches(name: str) -> list[tuple[object, str, object]]:
         "serial": [(overlap, "OVERLAP", False)],
         "nomake": [(router_pick, "SELECT_MAKES", False)],
         "torchrows": [(step_context, "STEP_KERNELS", False)],
-        "rowsmm": [(ops, "ROWS_MM", True)],
-        "rowsmm3": [(ops, "ROWS_MM", True), (ops, "ROWS_MM_PARTS", False)],
         "torchtap": [(fp32, "TAP_KERNEL", False)],
         "pinned16": [(ops, "ROW_FREE", False)],
         "nogather": [(attend_keys, "GATHER", False)],

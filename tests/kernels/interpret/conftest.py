@@ -13,7 +13,7 @@ import pytest
 # The modules the tests use, by short name; their own imports of tfc.kernels.* and triton come along.
 MODULES = ("exl3_reference", "exl3_decode", "exl3_gemv", "exl3_lanes", "exl3_scratch", "exl3_sums", "exl3_tl", "expert_table", "moe_exl3", "mhc_sinkhorn",
            "run_copy", "exl3_rotate", "exl3_rows", "exl3_fixed", "exl3_launch", "stage_tl", "kv_pack", "index_scores", "attend_keys", "attend_rows", "mhc_stages",
-           "router_pick", "step_rows", "rows_mm", "hidden_tap")  # fmt: skip
+           "router_pick", "step_rows", "hidden_tap")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -153,7 +153,7 @@ def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, 
     heads = cfg.index_n_heads
     cos, sin = sc.rope["compress"]
     q = index_query(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin, f.grid)
-    weights = f.ops.mm_fp32(x, w.native(f"{p}.weights_proj.weight")) * heads**-0.5
+    weights = (x @ w.native(f"{p}.weights_proj.weight").T) * heads**-0.5
     scores = entry_scores(f.kv.keys[mode.kv_source], rv, q, weights, f.grid)
     candidates = sc.candidates if mode.uses_candidates else None
     order, ok, made = select(scores, rv.visible, cfg.index_topk, candidates,

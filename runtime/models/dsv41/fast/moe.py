@@ -3,8 +3,7 @@
 Router (runtime/models/dsv41/moe.py `route`): scores = sqrt(softplus(x @ gate^T)), the top-k of scores + bias by
 a stable sort (ties to the lower expert id), weights = the picked scores normalised, times routed_scaling. The
 gate weight stays bf16 as stored: x is split into three bf16 parts (x = hi + mid + lo to within fp32 rounding)
-whose bf16 x bf16 -> fp32 products are summed apart, then added (hi + mid) + lo: by split3, one product of the
-three row blocks and the pick's sum, or (`Ops.mm_parts`, ops.ROWS_MM on) in one kernel, kernels/rows_mm.py. The experts
+that go through one bf16 x bf16 -> fp32 product, and the three row blocks are summed in order. The experts
 (clamped SwiGLU, shared expert last) run on the step's first `live` rows only: padding rows pick no experts.
 """
 
@@ -42,9 +41,6 @@ def route(ops, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k:
     """(weights [R, k], expert ids [R, k]) of the rows x [R, D] (an fp32 router weight: one fp32 product)."""
     if weight.dtype == torch.float32:
         return pick(x @ weight.T, False, bias, top_k, scaling, normalise)
-    logits = ops.mm_parts(x, weight)  # one launch where the ops have it, else None
-    if logits is not None:
-        return pick(logits, False, bias, top_k, scaling, normalise)
     return pick(ops.mm_bf16(split3(x, weight.dtype), weight), True, bias, top_k, scaling, normalise)
 
 

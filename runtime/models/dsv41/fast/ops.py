@@ -22,11 +22,6 @@ import torch
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 
 ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
-# the decode step's router and weights_proj products by kernels/rows_mm (one launch each, exact); off (the default:
-# slower than cuBLAS's split-K product and reduce in the step, benchmarks/decode.md variants run 17): cuBLAS
-ROWS_MM = False
-# with ROWS_MM, the router's three parts cut inside that launch; off: split3 first, the pick's sum after
-ROWS_MM_PARTS = True
 
 
 class Ops(Protocol):
@@ -72,15 +67,6 @@ class Ops(Protocol):
 
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """a [r, k] bf16 @ w [n, k]^T bf16 -> fp32 [r, n] (products exact, fp32 sums)."""
-        ...
-
-    def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """a [r, k] fp32 @ w [n, k]^T fp32 -> fp32 [r, n] (no TF32)."""
-        ...
-
-    def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """x [r, k] fp32 @ w [n, k]^T bf16 as x's three bf16 parts (moe.split3), each part's products summed apart,
-        added (hi + mid) + lo -> fp32 [r, n] in one launch; None where these ops have no such launch."""
         ...
 
     def for_prefill(self, rows: int) -> Ops:
@@ -135,7 +121,7 @@ class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
     def __init__(self, device: torch.device, exact: bool = True) -> None:
-        from tfc.kernels import engram_rows, exl3_fixed, exl3_gemv, exl3_rows, moe_exl3, rows_mm
+        from tfc.kernels import engram_rows, exl3_fixed, exl3_gemv, exl3_rows, moe_exl3
         from tfc.kernels.exl3_tl import INTERPRET
 
         self.device = device
@@ -152,7 +138,6 @@ class TritonOps:
         self.step_rows = 0  # the prefill twin's step width (for_prefill)
         self._moe_default = moe_exl3.MoeConfig()
         self._gather = engram_rows.gather_rows
-        self._mm_rows = rows_mm.rows_mm
         self._lut = engram_rows.bf16_lut(device)
         self._configs: dict[tuple[int, int], Any] = {}
         self._group_offsets = exl3_gemv.group_offsets
@@ -273,24 +258,8 @@ class TritonOps:
         """The Engram gather kernel (e4m3 + e8m0 records -> bf16)."""
         return self._gather(table, ids, head_dim, row_lo, lut=self._lut)
 
-    def _rows_mm(self) -> bool:
-        """Whether this step's small products take kernels/rows_mm (decode steps; the prefill twin: cuBLAS)."""
-        return ROWS_MM and not self.many_rows
-
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """kernels/rows_mm in a decode step, else cuBLAS bf16 with fp32 output; w read as stored."""
-        if self._rows_mm():
-            return self._mm_rows(a, w)
+        """cuBLAS bf16 with fp32 output, reading w as stored."""
         if self._mm_dtype:
             return torch.ops.aten.mm.dtype(a, w.t(), torch.float32)
         return a.float() @ w.float().t()
-
-    def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """kernels/rows_mm in a decode step, else torch's fp32 product (TF32 off: build_fast)."""
-        return self._mm_rows(a, w) if self._rows_mm() else a @ w.t()
-
-    def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """kernels/rows_mm's parts in a decode step (bf16 gates, ROWS_MM and ROWS_MM_PARTS on), else None."""
-        if self._rows_mm() and ROWS_MM_PARTS and w.dtype == torch.bfloat16:
-            return self._mm_rows(x, w, parts=True)
-        return None

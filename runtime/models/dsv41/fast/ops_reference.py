@@ -137,11 +137,3 @@ class ReferenceOps:
     def mm_bf16(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """bf16 products in fp32 (exact), summed in fp32."""
         return a.float() @ w.float().t()
-
-    def mm_fp32(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """torch's fp32 product."""
-        return a @ w.t()
-
-    def mm_parts(self, x: torch.Tensor, w: torch.Tensor) -> None:
-        """No one-launch form: the router runs split3, mm_bf16 and the pick's sum."""
-        return None
