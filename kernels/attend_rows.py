@@ -60,7 +60,7 @@ _WIDEN = tl.constexpr(INTERPRET)
 # The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers (ptxas for
 # sm_90: benchmarks/stage_kernels_sm90.py); the arithmetic, so the bits, are the same either way.
 STAGES = 1
-SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks
+SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks (a power of two)
 CHUNK = 32  # channels of q . key a product takes at a time
 MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
 SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
@@ -313,6 +313,8 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
     pieces = PIECES if pieces is None else pieces
     if pieces not in (0, 1, 2, 3):
         raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
+    if SPLIT_BLOCKS < 1 or SPLIT_BLOCKS & (SPLIT_BLOCKS - 1):  # a run's keys are one tl.arange
+        raise ValueError(f"attend_rows: SPLIT_BLOCKS must be a power of two, got {SPLIT_BLOCKS}")
     if entries is None:  # no entry runs (KT = 0): the pointers are never read
         entries, at, ok = ring, read, valid
         kt = 0

@@ -197,3 +197,12 @@ def test_attend_rows_refuses_what_it_does_not_take(tk):
         tk.attend_rows.attend_rows(**(a | {"q": torch.zeros(2, HEADS, 96)}))
     with pytest.raises(ValueError, match="at must"):
         tk.attend_rows.attend_rows(**(a | {"at": a["at"].int()}))
+
+
+def test_attend_rows_refuses_a_run_split_that_is_not_a_power_of_two(tk, monkeypatch):
+    """SPLIT_BLOCKS sizes one tl.arange of a run's keys: 3 would fail inside Triton's compiler, so it is refused
+    in one line before any launch."""
+    a = _inputs(1, True)
+    monkeypatch.setattr(tk.attend_rows, "SPLIT_BLOCKS", 3)
+    with pytest.raises(ValueError, match="SPLIT_BLOCKS must be a power of two, got 3"):
+        tk.attend_rows.attend_rows(**a)
