@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
-The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py and step_rows.py
-(device helpers in kernels/stage_tl.py), with the decode step's taps of the hc streams (hidden_tap.py), with the prefill's many-row EXL3 product and MoE (kernels/exl3_rows.py) on
-both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode in their loop). Nothing
+The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py, step_rows.py and
+hidden_tap.py (device helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE
+(kernels/exl3_rows.py) on both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode
+in their loop). Nothing
 here needs a GPU or a CUDA driver: each entry point is called on empty CPU tensors of the Flash shapes (rows R = 16,
 decode, and 2048, prefill) with Triton's launch caught, so the kernel, constexprs, num_warps, options
 (enable_fp_fusion) and the arguments' dtypes and specialisations (divisibility by 16, strides of 1) are the entry
