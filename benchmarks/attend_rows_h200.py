@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The attention kernel (`kernels/attend_rows.py`) alone at DeepSeek-V4.1-Flash shapes on an H100/H200: its products
+"""The attention kernel (`kernels/dsv41/attend_rows.py`) alone at DeepSeek-V4.1-Flash shapes on an H100/H200: its products
 on the matrix units (bf16 pieces) against fp32 FMA, key blocks and runs, at decode and prefill row counts.
 
     python3 benchmarks/attend_rows_h200.py --out $OUT/attend_rows_h200.json
@@ -59,7 +59,7 @@ DEFAULT = "mma3_h16_k32_s4_w8"
 
 def full_inputs(rows: int, gen: torch.Generator) -> dict:
     """Every key there: windows sliding over a ring of RING_ROWS FP8 rows, TOPK entries of POOL_ROWS at random."""
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid, pack_fp4, pack_fp8
 
     dev = torch.device("cuda")
     grid = Fp4Grid.on(dev)
@@ -81,7 +81,7 @@ def full_inputs(rows: int, gen: torch.Generator) -> dict:
 def spread_inputs() -> dict:
     """The tests' inputs at 64 rows (masked keys, empty runs, a flat row) on the GPU."""
     from support.stage_checks import attend_inputs
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 
     a = attend_inputs(64, HEADS, (DIM, HALF, WINDOW, TOPK), True, 0, q_scale=1.5)
     a = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in a.items()}
@@ -90,7 +90,7 @@ def spread_inputs() -> dict:
 
 def use(variant: tuple[int, int, int, int, int, str]):
     """Set the kernel module to a variant; returns the call with its pieces and keys."""
-    from tfc.kernels import attend_rows as ar
+    from tfc.kernels.dsv41 import attend_rows as ar
 
     pieces, block_h, block_k, split, warps, keys = variant
     ar.blocks = lambda heads, head_dim, pieces=None, decoded=False: (block_h, block_k, warps)
@@ -153,7 +153,7 @@ def main() -> None:
         print(name, json.dumps(out), flush=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
     res["torch_bf16_tflops"] = {rows: torch_bf16_rate(rows) for rows in (16, PREFILL_ROWS)}
-    from tfc.kernels import attend_rows
+    from tfc.kernels.dsv41 import attend_rows
 
     res["compiled"] = compiled_stats(attend_rows._partial_kernel)
     Path(args.out).write_text(json.dumps(res, indent=1))

@@ -190,14 +190,14 @@ def flash_config():
 
 def reference_weights(runner):
     """The reference's weights: the slice's own, decoded on the device."""
-    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+    from support.dense_check import DeviceDense
 
     return DeviceDense(runner.forward.weights)
 
 
 def check_layers(runner, loose) -> dict:
     """The slice's streams per layer and logits of 8 tokens against the reference on device-decoded weights."""
-    from tfc.runtime.models.dsv41.fast.dense_check import agreement
+    from support.dense_check import agreement
 
     vocab = runner.info.vocab_size
     toks = [t % vocab for t in (0, 17, 4242, 99, 123, 5000, 77, 31000)]
@@ -252,7 +252,7 @@ def run(args) -> None:
         )
         res["checks"] = {"graph_equals_eager": eq, "reference": ref}
         if not ref["pass"]:  # where the difference comes from: each kernel call alone
-            from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
+            from support.dense_check import kernel_errors
 
             res["checks"]["kernel_errors"] = {f"L{layer} {k}": v for layer in (0, 2)
                                               for k, v in kernel_errors(runner, layer).items()}  # fmt: skip
@@ -325,7 +325,7 @@ def run(args) -> None:
         observed (1 or 4 a round), then a block of 5 drafts; with the slice's blocks, and with its first block as
         many times as Flash has blocks (three, of the same shapes), graphed (as the runner drafts on a GPU) and
         eager. Wall time, the host's syncs included; each variant's drafts checked against the first's."""
-        from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+        from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
         from tfc.runtime.worker.step import SequenceStep, StepPlan
 
         if runner.drafter is None:
@@ -455,7 +455,7 @@ def _dry() -> None:
         return statistics.median(out)
 
     def dense(runner):
-        from tfc.runtime.models.dsv41.weights import load_dense_weights
+        from tfc.runtime.models.dsv41.reference.weights import load_dense_weights
 
         return load_dense_weights(runner.forward.weights.image.path)[1]
 

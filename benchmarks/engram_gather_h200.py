@@ -40,8 +40,8 @@ def main() -> None:
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
-    from tfc.kernels import engram_rows
-    from tfc.kernels.engram_rows import bf16_lut, gather_rows, gather_rows_reference
+    from tfc.kernels.dsv41 import engram_rows
+    from tfc.kernels.dsv41.engram_rows import bf16_lut, gather_rows, gather_rows_reference
 
     device = "cpu" if args.smoke else "cuda"
     if not args.smoke and not torch.cuda.is_available():

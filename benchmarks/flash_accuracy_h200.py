@@ -38,10 +38,10 @@ def rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def main() -> None:
+    from support.dense_check import agreement
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings
     from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import agreement
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True)

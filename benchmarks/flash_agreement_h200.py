@@ -27,8 +27,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     args = ap.parse_args()
-    from tfc.kernels import attend_keys
-    from tfc.runtime.models.dsv41.fast.dense_check import image_agreement
+    from support.dense_check import image_agreement
+    from tfc.kernels.dsv41 import attend_keys
 
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "modes": {}}
     for mode, gather in (("gather", True), ("runs", False)):

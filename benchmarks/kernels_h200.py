@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _import_kernels():
     try:
-        import tfc.kernels.exl3_gemv  # noqa: F401
+        import tfc.kernels.exl3.gemv  # noqa: F401
     except ImportError:
         shim = Path(tempfile.mkdtemp(prefix="tfc-shim-"))
         (shim / "tfc").mkdir()
@@ -47,13 +47,14 @@ _import_kernels()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
-from tfc.kernels import exl3_gemv, exl3_mma_ptx  # noqa: E402
-from tfc.kernels import exl3_reference as ref  # noqa: E402
-from tfc.kernels import moe_exl3 as moe  # noqa: E402
-from tfc.kernels.exl3_decode import exl3_decode  # noqa: E402
-from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units  # noqa: E402
-from tfc.kernels.expert_table import ExpertTable  # noqa: E402
-from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference  # noqa: E402
+from tfc.kernels.exl3 import gemv as exl3_gemv  # noqa: E402
+from tfc.kernels.exl3 import mma_ptx as exl3_mma_ptx  # noqa: E402
+from tfc.kernels.exl3 import moe  # noqa: E402
+from tfc.kernels.exl3 import reference as ref  # noqa: E402
+from tfc.kernels.exl3.decode import exl3_decode  # noqa: E402
+from tfc.kernels.exl3.expert_table import ExpertTable  # noqa: E402
+from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units  # noqa: E402
+from tfc.kernels.exl3.moe import MoeConfig, moe_exl3, moe_reference  # noqa: E402
 
 DEV = torch.device("cuda")
 L2_BYTES = 50 << 20

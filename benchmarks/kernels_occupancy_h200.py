@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels_h200 as kb
 import torch
-from tfc.kernels.exl3_launch import GemmConfig, num_sms, pick_split
-from tfc.kernels.moe_exl3 import MoeConfig
+from tfc.kernels.exl3.launch import GemmConfig, num_sms, pick_split
+from tfc.kernels.exl3.moe import MoeConfig
 
 SHAPES = {"head_6b": (5120, 129280, 6), "wq_b_4b": (1280, 32768, 4), "wo_b_4b": (8192, 5120, 4),
           "w1_2b": (5120, 2304, 2), "w1_4b": (5120, 2304, 4), "w2_2b": (2304, 5120, 2),

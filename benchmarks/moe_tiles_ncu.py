@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The prefill MoE's tiles (`kernels/exl3_rows.py`, `moe_rows` on the tiles) alone at DeepSeek-V4.1-Flash's shapes,
+"""The prefill MoE's tiles (`kernels/exl3/rows.py`, `moe_rows` on the tiles) alone at DeepSeek-V4.1-Flash's shapes,
 for timing and for Nsight Compute: ragged tables of 384 routed experts (2-6 bits, the fixture's odds) and a 6-bit
 shared one, 5,120 x 2,304 (gate, up) and 2,304 x 5,120 (down), MUL1, 2,048 tokens routed top-6 at random.
 
@@ -36,7 +36,7 @@ BITS, ODDS = (2, 3, 4, 5, 6), (0.55, 0.3, 0.1, 0.04, 0.01)  # fixtures/flash_hea
 
 def tables(gen: torch.Generator) -> list:
     """(w1, w3, w2) ragged expert tables of random trellis words on the GPU, the shared expert (6 bits) last."""
-    from tfc.kernels.expert_table import ExpertTable
+    from tfc.kernels.exl3.expert_table import ExpertTable
 
     bits = [*random.Random(0).choices(BITS, weights=ODDS, k=ROUTED), 6]
     out = []
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="JSON file to write (timing mode)")
     ap.add_argument("--ncu", action="store_true", help="run the default launches three times, nothing else")
     args = ap.parse_args()
-    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3 import rows as exl3_rows
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     w1, w3, w2 = tables(gen)

@@ -26,7 +26,7 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   slot's tokens) on the first of --paths: GPU time by kernel, the largest first.
 `--paths dense,scratch,tiles` times every prefill on each path of the many-row products and checks the others'
 last logits against the first's. `dense` is the default (the linears through the decoded scratch,
-kernels/exl3_scratch.py; the MoE's tables on the tiles, kernels/exl3_rows.py); every other path is dense with
+kernels/exl3/scratch.py; the MoE's tables on the tiles, kernels/exl3/rows.py); every other path is dense with
 one thing changed (PATH_KNOBS), or several joined by "+" (`twohalves+k32`): `scratch` / `tiles` (every product
 through the scratch / on the tiles), `windows` (the tiles' weights by two gathered words a weight, not the lane
 decode), `k32` / `k64` (the tiles' k step), `twohalves` / `onehalf` (the products on the rows' fp16 high and
@@ -57,7 +57,9 @@ ensure_tfc()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from decode_h200 import active_params, bf16_tflops, copy_gbps, flash_config, timed  # noqa: E402
-from tfc.kernels import attend_keys, attend_rows, exl3_lanes, exl3_rows  # noqa: E402
+from tfc.kernels.dsv41 import attend_keys, attend_rows  # noqa: E402
+from tfc.kernels.exl3 import lanes as exl3_lanes  # noqa: E402
+from tfc.kernels.exl3 import rows as exl3_rows  # noqa: E402
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
@@ -107,9 +109,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def kernels(runner, res: dict) -> None:
-    from tfc.kernels.exl3_rotate import rows_seen
-    from tfc.kernels.exl3_rows import exl3_gemm_rows, moe_rows
-    from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+    from support.dense_check import DeviceDense
+    from tfc.kernels.exl3.rotate import rows_seen
+    from tfc.kernels.exl3.rows import exl3_gemm_rows, moe_rows
 
     w, cfg = runner.forward.weights, runner.forward.cfg
     lin = w.linear("layers.0.attn.wq_b")

@@ -156,9 +156,9 @@ def restore_rate_flash_kv(device: str, tokens: int, reps: int) -> dict:
     from decode_h200 import flash_config
     from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
     from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
-    from tfc.runtime.models.dsv41.fast.kv_layout import kv_layout
-    from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
-    from tfc.runtime.models.dsv41.fast.kv_snapshot import restore, snapshot
+    from tfc.runtime.models.dsv41.fast.kv.layout import kv_layout
+    from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
+    from tfc.runtime.models.dsv41.fast.kv.snapshot import restore, snapshot
 
     dev = torch.device(device)
     cfg = flash_config()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The many-row EXL3 product (`kernels/exl3_rows.py`) alone on an H200: launch variants against the decode path's
+"""The many-row EXL3 product (`kernels/exl3/rows.py`) alone on an H200: launch variants against the decode path's
 16-row kernel on the same weight, and the registers and spills of each compiled variant.
 
     python3 benchmarks/rows_kernel_h200.py --out $OUT/rows_kernel_h200.json
@@ -80,10 +80,11 @@ def group(k: int, n: int, bits: int, gen: torch.Generator):
 
 def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     """One group's row: torch's bf16 product, the 16-row kernel, every launch variant, the compiled kernels."""
-    from tfc.kernels import exl3_lanes, exl3_rows
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import exl3_gemm
-    from tfc.kernels.exl3_rotate import rows_seen
+    from tfc.kernels.exl3 import lanes as exl3_lanes
+    from tfc.kernels.exl3 import rows as exl3_rows
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import exl3_gemm
+    from tfc.kernels.exl3.rotate import rows_seen
 
     trellis, suh, svh = group(k, n, bits, gen)
     dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
@@ -144,7 +145,8 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
 
 def set_decode(decode: str, default_cut: str) -> None:
     """The tiles' decode of a variant: "lanes" (default_cut), "windows" or one of exl3_lanes.CUTS."""
-    from tfc.kernels import exl3_lanes, exl3_rows
+    from tfc.kernels.exl3 import lanes as exl3_lanes
+    from tfc.kernels.exl3 import rows as exl3_rows
 
     exl3_rows.TILE_DECODE = "windows" if decode == "windows" else "lanes"
     exl3_lanes.LANE_CUT = decode if decode in exl3_lanes.CUTS else default_cut
@@ -152,9 +154,11 @@ def set_decode(decode: str, default_cut: str) -> None:
 
 def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Generator) -> dict:
     """The scratch path's variants and the tile path's first two variants at ROW_COUNTS rows: checked, timed."""
-    from tfc.kernels import exl3_lanes, exl3_rows, exl3_scratch
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_rotate import rows_seen
+    from tfc.kernels.exl3 import lanes as exl3_lanes
+    from tfc.kernels.exl3 import rows as exl3_rows
+    from tfc.kernels.exl3 import scratch as exl3_scratch
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.rotate import rows_seen
 
     dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32).double()
     words = trellis.contiguous().view(torch.int32).reshape(-1)
@@ -247,7 +251,7 @@ def main() -> None:
         for v in [v for v in table if names and v not in names]:
             del table[v]
     if args.ncu:
-        from tfc.kernels import exl3_rows
+        from tfc.kernels.exl3 import rows as exl3_rows
 
         gen = torch.Generator(device="cuda").manual_seed(0)
         k, n, bits = SHAPES["k4096_n4096_3bit"]

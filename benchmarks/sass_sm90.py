@@ -73,7 +73,7 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
     """The cubin of one MoE launch for sm_90: the run decode (groups 0) or the mma decode with `groups`, on a
     table of one width or (`widths`) of several."""
     import triton
-    from tfc.kernels import moe_exl3 as moe
+    from tfc.kernels.exl3 import moe
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -113,8 +113,8 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
 def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes:
     """The cubin of one configuration for sm_90."""
     import triton
-    from tfc.kernels.exl3_gemv import _exl3_gemm_kernel
-    from tfc.kernels.exl3_mma import mma_asm
+    from tfc.kernels.exl3.gemv import _exl3_gemm_kernel
+    from tfc.kernels.exl3.mma import mma_asm
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The scratch decode (`kernels/exl3_scratch.py`, `decode_round`) alone, for Nsight Compute: a 6-bit 4096 x 16384
+"""The scratch decode (`kernels/exl3/scratch.py`, `decode_round`) alone, for Nsight Compute: a 6-bit 4096 x 16384
 group and a 3-bit 4096 x 4096 one decoded three times each, checked against `exl3_decode`'s W-hat.
 
     ncu -k regex:_decode_entries_kernel --launch-skip 1 --launch-count 2 python3 benchmarks/scratch_decode_ncu.py
@@ -22,8 +22,8 @@ import torch  # noqa: E402
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
-    from tfc.kernels import exl3_scratch
-    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3 import scratch as exl3_scratch
+    from tfc.kernels.exl3.decode import exl3_decode
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     for k, n, bits in ((4096, 16384, 6), (4096, 4096, 3)):

@@ -32,7 +32,7 @@ def child(prof_dir: Path, argv: list[str]) -> None:
     main_prof = cProfile.Profile()
     main_prof.enable()
     atexit.register(lambda: (main_prof.disable(), main_prof.dump_stats(prof_dir / "main.prof")))
-    from tfc.runtime.server import run
+    from tfc.runtime import serve as run
 
     boot_steps = run._boot_steps
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 IMPORTS = {
     "compiled_stages": "import torch._dynamo, torch._inductor.compile_fx",
-    "stage_kernels": "import tfc.kernels.kv_pack, tfc.kernels.attend_rows, tfc.kernels.mhc_stages, tfc.kernels.router_pick",
+    "stage_kernels": "import tfc.kernels.dsv41.kv_pack, tfc.kernels.dsv41.attend_rows, tfc.kernels.dsv41.mhc_stages, tfc.kernels.dsv41.router_pick",
 }
 PROBE = "import time, torch\nt = time.perf_counter()\n{}\nprint(time.perf_counter() - t)"
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Compile every Triton stage kernel for an H200 (sm_90) at DeepSeek-V4.1-Flash shapes, without a GPU.
 
-The stage kernels are those of kernels/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py, step_rows.py and
-hidden_tap.py (device helpers in kernels/stage_tl.py), with the prefill's many-row EXL3 product and MoE
-(kernels/exl3_rows.py) on both of its paths (the decoded scratch, kernels/exl3_scratch.py, and the tiles that decode
+The stage kernels are those of kernels/dsv41/kv_pack.py, attend_rows.py, mhc_stages.py, router_pick.py, step_rows.py and
+hidden_tap.py (device helpers in kernels/dsv41/stage_tl.py), with the prefill's many-row EXL3 product and MoE
+(kernels/exl3/rows.py) on both of its paths (the decoded scratch, kernels/exl3/scratch.py, and the tiles that decode
 in their loop). Nothing
 here needs a GPU or a CUDA driver: each entry point is called on empty CPU tensors of the Flash shapes (rows R = 16,
 decode, and 2048, prefill) with Triton's launch caught, so the kernel, constexprs, num_warps, options
@@ -71,15 +71,15 @@ def _error_line(exc: BaseException) -> str:
 
 def _launches(torch) -> list[tuple[str, str, object]]:
     """(entry point, variant, call(rows)) of every Flash launch of the stage kernels."""
-    from tfc.kernels import attend_rows as ar
-    from tfc.kernels import exl3_rows as xr
-    from tfc.kernels import hidden_tap as ht
-    from tfc.kernels import index_scores as ks
-    from tfc.kernels import kv_pack as kp
-    from tfc.kernels import mhc_stages as mh
-    from tfc.kernels import router_pick as rp
-    from tfc.kernels import step_rows as sr
-    from tfc.kernels.expert_table import ExpertTable
+    from tfc.kernels.dsv41 import attend_rows as ar
+    from tfc.kernels.dsv41 import hidden_tap as ht
+    from tfc.kernels.dsv41 import index_scores as ks
+    from tfc.kernels.dsv41 import kv_pack as kp
+    from tfc.kernels.dsv41 import mhc_stages as mh
+    from tfc.kernels.dsv41 import router_pick as rp
+    from tfc.kernels.dsv41 import step_rows as sr
+    from tfc.kernels.exl3 import rows as xr
+    from tfc.kernels.exl3.expert_table import ExpertTable
 
     bf16, i64, u8 = torch.bfloat16, torch.int64, torch.uint8
     e = torch.empty
@@ -321,7 +321,7 @@ def main() -> None:
     backend = make_backend(target)
     kernels: dict[str, dict] = {}  # one row per distinct compile (kernel, specialisation, options)
     if args.lane_cut:
-        from tfc.kernels import exl3_lanes
+        from tfc.kernels.exl3 import lanes as exl3_lanes
 
         exl3_lanes.LANE_CUT = args.lane_cut
     launches = [launch for launch in _launches(torch) if args.only in launch[0]]

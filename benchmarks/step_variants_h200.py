@@ -171,7 +171,7 @@ def switches(name: str) -> list[tuple[object, str, object]]:
     """(module, attribute, value) of each module switch variant `name` turns."""
     import importlib
 
-    from tfc.kernels import attend_keys, attend_rows, router_pick
+    from tfc.kernels.dsv41 import attend_keys, attend_rows, router_pick
     from tfc.runtime.models.dsv41.fast import compressed, fp32, ops, overlap, step_context
 
     named = {

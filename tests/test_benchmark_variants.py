@@ -30,6 +30,6 @@ def test_no_named_variant_reads_as_a_numbered_one(variants):
 
 def test_numbered_variants_set_their_module_switch(variants):
     ((module, attribute, value),) = variants.switches("split2")
-    assert (module.__name__, attribute, value) == ("tfc.kernels.attend_rows", "SPLIT_BLOCKS", 2)
+    assert (module.__name__, attribute, value) == ("tfc.kernels.dsv41.attend_rows", "SPLIT_BLOCKS", 2)
     assert variants.switches("torchtap")[0][1:] == ("TAP_KERNEL", False)
     assert variants.known_variant("mix512") and not variants.known_variant("split0")

@@ -11,7 +11,7 @@ import pytest
 
 
 def _fp64_weight(trellis, suh, svh, codebook):
-    from tfc.kernels import exl3_reference as ref
+    from tfc.kernels.exl3 import reference as ref
 
     what = ref.decode_rotated(trellis, codebook).astype(np.float64)
     h = np.ones((1, 1))
@@ -29,7 +29,7 @@ def _tfc(*args):
 
 @pytest.mark.parametrize("group", ["head", "layers.0.attn.wq_a", "layers.1.ffn.experts.3.w2"])
 def test_dequant_writes_dense_weight(tiny_pack, tmp_path, group):
-    from tfc.kernels.exl3_codebook import codebook_id
+    from tfc.kernels.exl3.codebook import codebook_id
     from tfc.packs.pack import open_pack, read_tensor
 
     g = open_pack(tiny_pack).groups[group]
@@ -46,8 +46,8 @@ def test_dequant_writes_dense_weight(tiny_pack, tmp_path, group):
 
 
 def test_dequant_rotated_is_the_decoded_tiles(tiny_pack, tmp_path):
-    from tfc.kernels import exl3_reference as ref
-    from tfc.kernels.exl3_codebook import codebook_id
+    from tfc.kernels.exl3 import reference as ref
+    from tfc.kernels.exl3.codebook import codebook_id
     from tfc.packs.pack import open_pack, read_tensor
 
     g = open_pack(tiny_pack).groups["head"]

@@ -45,7 +45,7 @@ def images(tiny_pack, tmp_path_factory):
 @pytest.fixture(scope="module")
 def dense(images):
     """The engram image's config, weights (decoded once) and Engram feed, for in-process references."""
-    from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+    from tfc.runtime.models.dsv41.reference.weights import engram_feed, load_dense_weights
 
     cfg, weights = load_dense_weights(images["engram"])
     return cfg, weights, engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
@@ -69,8 +69,8 @@ def _main(capsys, monkeypatch, *args: str) -> tuple[int, str]:
 @pytest.mark.slow
 def test_generate_greedy_equals_the_reference_forward(images, tiny_pack, dense):
     from tfc.runtime.engine.generate import generate
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
-    from tfc.runtime.models.dsv41.runner import ReferenceRunner
+    from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+    from tfc.runtime.models.dsv41.reference.runner import ReferenceRunner
 
     cfg, weights, feed = dense
     tok = Tokenizer.from_file(str(tiny_pack / "tokenizer.json"))
@@ -92,8 +92,8 @@ def test_generate_greedy_equals_the_reference_forward(images, tiny_pack, dense):
 def test_same_seed_same_sampled_tokens_and_chat_encoding(images, tiny_pack, dense):
     from tfc.runtime.engine.generate import generate
     from tfc.runtime.engine.sampling import SamplingParams
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
-    from tfc.runtime.models.dsv41.runner import ReferenceRunner
+    from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+    from tfc.runtime.models.dsv41.reference.runner import ReferenceRunner
 
     cfg, weights, feed = dense
     tok = tiny_pack / "tokenizer.json"

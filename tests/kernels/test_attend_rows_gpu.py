@@ -28,7 +28,7 @@ DIM, HALF, WINDOW, TOPK = 512, 32, 128, 512
 
 def _inputs(rows: int, heads: int = 64, entries: bool = True, seed: int = 0) -> dict:
     """The stage's arguments for `rows` rows at the Flash shapes, built on the CPU, on the GPU."""
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 
     args = attend_inputs(rows, heads, (DIM, HALF, WINDOW, TOPK), entries, seed, q_scale=1.5)
     args = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
@@ -58,7 +58,7 @@ def _rel(x, want) -> float:
                           (16, 8, True, 3), (256, 64, True, 0), (16, 64, False, 0)])  # fmt: skip
 def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries, pieces):
     """pieces 3: the products on the matrix units from bf16 pieces (the default); 0: fp32 FMA."""
-    from tfc.kernels.attend_rows import attend_rows
+    from tfc.kernels.dsv41.attend_rows import attend_rows
 
     a = _inputs(rows, heads, entries)
     got = attend_rows(**a, pieces=pieces)
@@ -74,7 +74,7 @@ def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries, pieces)
 
 
 def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
-    from tfc.kernels.attend_rows import attend_rows
+    from tfc.kernels.dsv41.attend_rows import attend_rows
 
     a = _inputs(256, seed=1)
     batch = attend_rows(**a)
@@ -95,8 +95,8 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
 def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
     """The key tables decoded to bf16 first (the default at 256 rows) give the bits of the keys decoded in the
     runs (the default at 16), on the matrix units and with FMA."""
-    from tfc.kernels.attend_keys import predecodes
-    from tfc.kernels.attend_rows import attend_rows, blocks
+    from tfc.kernels.dsv41.attend_keys import predecodes
+    from tfc.kernels.dsv41.attend_rows import attend_rows, blocks
 
     a = _inputs(256, seed=3)
     hb = 64 // blocks(64, DIM, pieces)[0]
@@ -117,8 +117,8 @@ def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
 def test_attend_rows_gathered_keys_keep_the_bits(pieces):
     """A decode step's 16 rows gather their own keys (the default there) and give the bits of the keys decoded
     in the runs and of the whole tables decoded first."""
-    from tfc.kernels.attend_keys import gathers
-    from tfc.kernels.attend_rows import attend_rows
+    from tfc.kernels.dsv41.attend_keys import gathers
+    from tfc.kernels.dsv41.attend_rows import attend_rows
 
     a = _inputs(16, seed=5)
     assert gathers(16, WINDOW + TOPK, DIM, False)
@@ -129,7 +129,7 @@ def test_attend_rows_gathered_keys_keep_the_bits(pieces):
 
 def test_attend_rows_in_a_cuda_graph():
     """No host sync and no allocation but the output: it captures, and a replay gives the eager bits."""
-    from tfc.kernels.attend_rows import attend_rows
+    from tfc.kernels.dsv41.attend_rows import attend_rows
 
     a = _inputs(16, seed=2)
     eager = attend_rows(**a)  # the warm-up compiles the kernel before the capture

@@ -14,7 +14,7 @@ import torch
 from tfc.compiler import engram_assets as ea
 from tfc.compiler.engram_map import TokenMap, map_digest
 from tfc.fixtures.engram_tables import write_engram_table_headers, write_engram_tables
-from tfc.kernels.engram_rows import LUT_SHA256, bf16_lut, decode_rows_reference, gather_rows_reference
+from tfc.kernels.dsv41.engram_rows import LUT_SHA256, bf16_lut, decode_rows_reference, gather_rows_reference
 from tfc.packs import deepseek_v41_contract as dsv41
 from tfc.packs.engram_layout import check_layout, layer_rows, layout_from_config
 from tfc.packs.safetensors_header import read_header
@@ -197,7 +197,7 @@ def test_gather_reference_bounds():
 _TRITON_CHECK = textwrap.dedent(
     """
     import numpy as np, torch
-    from tfc.kernels.engram_rows import gather_rows, gather_rows_reference
+    from tfc.kernels.dsv41.engram_rows import gather_rows, gather_rows_reference
     rng = np.random.default_rng(6)
     for head_dim, n, t, c, full in ((64, 300, 5, 6, False), (256, 120, 3, 4, True), (64, 50, 1, 3, True)):
         rec = rng.integers(0, 256, size=(n, head_dim + head_dim // 32), dtype=np.uint8)

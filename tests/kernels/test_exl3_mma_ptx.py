@@ -1,4 +1,4 @@
-"""The register-fed mma decode's PTX (kernels/exl3_mma_ptx.py), run by a small PTX interpreter on the CPU.
+"""The register-fed mma decode's PTX (kernels/exl3/mma_ptx.py), run by a small PTX interpreter on the CPU.
 
 The interpreter executes the generated text for whole warps in lockstep: every integer, f16x2 and memory
 instruction the generator emits, and mma.sync m16n8k16 as one warp-wide product (fp16 inputs exact, sums in
@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from tfc.kernels import exl3_reference as ref
-from tfc.kernels.exl3_mma_ptx import (
+from tfc.kernels.exl3 import reference as ref
+from tfc.kernels.exl3.mma_ptx import (
     SETUP_OUTPUTS,
     WORDS,
     accumulators,
@@ -298,7 +298,7 @@ def test_mma_ptx_split_rows_keep_fp32_input(k_bits, cb, rows, groups):
 
 def test_mma_config_resolves():
     """GemmConfig(mma=G): the matrix-unit input (fp16 rotated rows), 4 / G warps, 8 G programs per SM."""
-    from tfc.kernels.exl3_gemv import GemmConfig
+    from tfc.kernels.exl3.gemv import GemmConfig
 
     cfg = GemmConfig(mma=2).resolved(1, 64)
     assert (cfg.use_dot, cfg.runs, cfg.fuse_rotation, cfg.num_warps, cfg.waves) == (
@@ -325,7 +325,7 @@ def test_mma_gpu_defaults(rows, k, n, width, groups, wt):
     """On a GPU, integer widths take the mma decode from 2 rows and at one row from MMA_WIDE_WEIGHTS weights
     (a routed expert keeps the run decode); up to 8 rows with the weights as A, 4 groups from MMA_WIDE_WEIGHTS
     (benchmarks/kernels.md); half-integer widths keep the matrix-unit gather; the interpreter never."""
-    from tfc.kernels.exl3_gemv import GemmConfig
+    from tfc.kernels.exl3.gemv import GemmConfig
 
     cfg = GemmConfig().resolved(rows, width, n, k, ptx=True)
     assert (cfg.mma, cfg.mma_wt) == (groups, wt)
@@ -361,7 +361,7 @@ def test_mma_fused_input_reads_coherently():
 def stubbed(monkeypatch):
     """exl3_gemv with its kernels stubbed, and a random 512 x 256 4-bit group: (module, stubs, group)."""
     import torch
-    from tfc.kernels import exl3_gemv
+    from tfc.kernels.exl3 import gemv as exl3_gemv
 
     stubs = {name: _Launch() for name in ("_exl3_gemm_kernel", "_rotate_kernel", "reduce_kernel")}
     for name, stub in stubs.items():
@@ -423,9 +423,9 @@ def test_moe_mma_host_side(monkeypatch):
     the weights-as-A PTX of their tables (8 sums, one k-tile per step, 4 / G warps), per width on a ragged table;
     half-integer widths and unknown group counts are refused."""
     import torch
-    from tfc.kernels import moe_exl3 as moe
-    from tfc.kernels.exl3_mma import mma_asm
-    from tfc.kernels.expert_table import ExpertTable
+    from tfc.kernels.exl3 import moe
+    from tfc.kernels.exl3.expert_table import ExpertTable
+    from tfc.kernels.exl3.mma import mma_asm
 
     stubs = {name: _Launch() for name in ("_moe_rotate_kernel", "_moe_gate_up_kernel", "_moe_down_kernel")}
     for name, stub in stubs.items():
@@ -487,7 +487,7 @@ def test_moe_mma_host_side(monkeypatch):
 def test_byte_plan_cuts_fewer_instructions():
     """At 2 and 4 bits every state is cut by one byte permute from a few shifted window registers (11
     instructions per 8 states against 14 / 13 for shift-and-mask); other widths keep shift-and-mask."""
-    from tfc.kernels.exl3_mma_ptx import byte_plan, step_ptx
+    from tfc.kernels.exl3.mma_ptx import byte_plan, step_ptx
 
     assert byte_plan(2) == (0, 2, 4, 6) and byte_plan(4) == (0, 4, 12, 16)
     assert all(byte_plan(k) is None for k in (1, 3, 5, 6, 7, 8))

@@ -1,4 +1,4 @@
-"""The prefill's many-row EXL3 kernels (kernels/exl3_rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
+"""The prefill's many-row EXL3 kernels (kernels/exl3/rows.py) at DeepSeek-V4.1-Flash's expert shapes on a CUDA
 GPU (skipped without one): the tiles' lane decode against their window decode bit for bit, both against float64,
 and each way of cutting a lane's states (exl3_lanes.CUTS) on both paths bit for bit;
 the rotation kernel's in-place gathers against torch's gathered rotation bit for bit; the default products (the
@@ -26,7 +26,7 @@ TOL = 3e-5
 def tiles_only(monkeypatch):
     """The module with every product on the tiles (the scratch off) and both input halves (fp32-level sums),
     restored after the test."""
-    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3 import rows as exl3_rows
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", "none")
     monkeypatch.setattr(exl3_rows, "LOW_HALF", True)
@@ -35,7 +35,7 @@ def tiles_only(monkeypatch):
 
 def _ragged_moe(d: int, inter: int, bits: list, codebook: int, seed: int):
     """A ragged MoE on the GPU: (tables, x, ids, weights) for 12 routed experts at `bits`, a shared one last."""
-    from tfc.kernels.expert_table import ExpertTable
+    from tfc.kernels.exl3.expert_table import ExpertTable
 
     routed, topk, tokens = len(bits) - 1, 6, 70
     tables = []
@@ -51,8 +51,8 @@ def _ragged_moe(d: int, inter: int, bits: list, codebook: int, seed: int):
     ("k", "n", "bits", "codebook"), [(5120, 2304, 3, 0), (2304, 5120, 2.5, 2), (5120, 2304, 6, 1)]
 )
 def test_the_tiles_lane_decode_gives_the_window_decodes_bits(tiles_only, monkeypatch, k, n, bits, codebook):
-    from tfc.kernels import exl3_lanes
-    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3 import lanes as exl3_lanes
+    from tfc.kernels.exl3.decode import exl3_decode
 
     tr, suh, svh, cb = cuda_group(k, n, bits, codebook, 11)
     x = torch.randn(150, k, device="cuda")
@@ -79,7 +79,7 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
 
     bits = [*np.random.default_rng(3).choice([2, 2.5, 3, 4], size=12).tolist(), 6]
     tables, x, ids, wts = _ragged_moe(5120, 2304, bits, 2, 0)
-    from tfc.kernels import exl3_lanes
+    from tfc.kernels.exl3 import lanes as exl3_lanes
 
     lanes = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=False)
     scratch = tiles_only.moe_rows(x, ids, wts, *tables, swiglu_limit=10.0, scratch=True)
@@ -97,7 +97,7 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
 
 
 def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
-    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3 import rows as exl3_rows
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     x = torch.randn(70, 5120, device="cuda", generator=gen).bfloat16()
@@ -111,8 +111,9 @@ def test_the_rotation_kernel_reads_gathered_rows_and_signs_in_place():
 
 @pytest.mark.parametrize("scratch", ["all", "none"])
 def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch):
-    from tfc.kernels import exl3_rotate, exl3_rows
-    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3 import rotate as exl3_rotate
+    from tfc.kernels.exl3 import rows as exl3_rows
+    from tfc.kernels.exl3.decode import exl3_decode
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
     assert not exl3_rows.LOW_HALF, "the default: the high halves alone"
@@ -131,7 +132,7 @@ def test_the_default_products_take_the_rows_rounded_to_fp16(monkeypatch, scratch
 def test_the_prefetching_loop_and_the_tiles_own_finish_keep_the_bits(monkeypatch, option, scratch):
     """Each option (on by default) against the loop without it, on the default's other settings."""
     import numpy as np
-    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3 import rows as exl3_rows
 
     monkeypatch.setattr(exl3_rows, "SCRATCH", scratch)
     tr, suh, svh, cb = cuda_group(5120, 2304, 4, 2, 13)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 def test_the_tap_is_torchs_mean_on_the_gpu(rows, s):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from tfc.kernels.hidden_tap import stream_mean_into
+    from tfc.kernels.dsv41.hidden_tap import stream_mean_into
 
     gen = torch.Generator(device="cuda").manual_seed(rows)
     streams = torch.randn(rows, s, 5120, device="cuda", generator=gen)

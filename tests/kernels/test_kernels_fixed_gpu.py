@@ -35,10 +35,10 @@ def _shares(n: int, world: int) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_row_shares_add_up_to_the_whole_wo_b(rows, world):
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_fixed import fixed_value
-    from tfc.kernels.exl3_gemv import exl3_gemm, uses_matrix_units
-    from tfc.kernels.exl3_launch import GemmConfig, pinned_config
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.fixed import fixed_value
+    from tfc.kernels.exl3.gemv import exl3_gemm, uses_matrix_units
+    from tfc.kernels.exl3.launch import GemmConfig, pinned_config
 
     k, n = 8192, 5120
     g = cuda_group(k, n, 4, 2, 11)
@@ -62,8 +62,8 @@ def test_row_shares_add_up_to_the_whole_wo_b(rows, world):
     ("k", "n", "rows"), [(1280, 32768, 1), (1280, 32768, 4), (1280, 32768, 16), (5120, 129280, 16)]
 )
 def test_pinned_column_shares_are_the_whole_products_columns(k, n, rows, world):
-    from tfc.kernels.exl3_gemv import exl3_gemm
-    from tfc.kernels.exl3_launch import GemmConfig, pinned_config
+    from tfc.kernels.exl3.gemv import exl3_gemm
+    from tfc.kernels.exl3.launch import GemmConfig, pinned_config
 
     g = cuda_group(k, n, 4, 2, 12)
     x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
@@ -77,10 +77,10 @@ def test_pinned_column_shares_are_the_whole_products_columns(k, n, rows, world):
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("tokens", [1, 16])
 def test_moe_shares_add_up_to_the_whole(tokens, world):
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_fixed import fixed_value
-    from tfc.kernels.expert_table import ExpertTable
-    from tfc.kernels.moe_exl3 import moe_exl3, moe_reference
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.expert_table import ExpertTable
+    from tfc.kernels.exl3.fixed import fixed_value
+    from tfc.kernels.exl3.moe import moe_exl3, moe_reference
     from tfc.runtime.models.dsv41.fast.ops import moe_config
 
     d, inter, routed, topk, limit = 5120, 2304, 12, 6, 10.0

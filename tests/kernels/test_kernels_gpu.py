@@ -16,8 +16,8 @@ _group = cuda_group
     ("k", "n", "bits", "codebook"), [(5120, 2304, 2, 2), (2304, 5120, 3, 0), (5120, 512, 2.5, 2)]
 )
 def test_decode_matches_reference(k, n, bits, codebook):
-    from tfc.kernels import exl3_reference as ref
-    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3 import reference as ref
+    from tfc.kernels.exl3.decode import exl3_decode
 
     tr, suh, svh, cb = _group(k, n, bits, codebook, 1)
     out = torch.full((k, n), float("nan"), dtype=torch.float16, device="cuda")
@@ -35,8 +35,8 @@ def test_decode_matches_reference(k, n, bits, codebook):
     ("k", "n", "bits"), [(5120, 2304, 2), (2304, 5120, 3), (8192, 5120, 4), (1280, 32768, 4)]
 )
 def test_gemm_matches_reference(rows, k, n, bits):
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, uses_matrix_units
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, uses_matrix_units
 
     tr, suh, svh, cb = _group(k, n, bits, 2, 2)
     w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
@@ -54,8 +54,8 @@ def test_gemm_matches_reference(rows, k, n, bits):
 @pytest.mark.parametrize("mode", ["runs", "runs_rotated", "dot"])
 def test_gemm_rows_flash(rows, mode):
     """Several rows at the routed w1 shape: the run decode (default, fp32) and the matrix units (fp16 input)."""
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_input, uses_matrix_units
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, rotate_input, uses_matrix_units
 
     k, n = 5120, 2304
     tr, suh, svh, cb = _group(k, n, 3, 0, 3)
@@ -81,8 +81,8 @@ def test_gemm_rows_flash(rows, mode):
 def test_gemm_mma_flash(rows, bits, groups, wt):
     """The weights decoded into mma from registers (GemmConfig.mma; mma_wt: as the A operand): 1-16 rows at
     the routed shapes."""
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, rotate_for, uses_matrix_units
 
     k, n = (5120, 2304) if bits != 6 else (2304, 5120)
     tr, suh, svh, cb = _group(k, n, bits, 2 if bits != 4 else 0, bits)
@@ -109,8 +109,8 @@ def test_gemm_mma_flash(rows, bits, groups, wt):
 def test_gemm_mma_wt_fused_one_row(bits, groups):
     """Weights as A at one row with the input rotation in the same kernel (fp16 high / low pairs it writes
     and reads back): fp32-path accuracy, deterministic."""
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm
 
     k, n = (5120, 2304) if bits != 6 else (2304, 5120)
     tr, suh, svh, cb = _group(k, n, bits, 2 if bits != 4 else 0, bits)
@@ -136,7 +136,7 @@ def test_gemm_grouped_flash_wo_a(rows, cfg):
     """Eight wo_a groups (4096 -> 1024, 4 bit) in one grouped launch, their views in one buffer at their own
     offsets: each group's bits as its own exl3_gemm with the same config (mma decode, fused rotation at one row,
     the matrix units), x read as column slices of the attention output."""
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, group_offsets
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, group_offsets
 
     if cfg.get("fuse_rotation") and rows > 1:
         pytest.skip("the rotation fuses at one row only")
@@ -175,8 +175,8 @@ def test_row_free_rows_have_the_bits_of_sixteen(k, n, bits, codebook):
     """GemmConfig(row_free=True): a launch of 1-16 live rows gives each its bits in the 16-row launch (the mma
     decode with the weights as A runs only the live rows: one mma a tile up to 8, two above), zeros after
     them; within the matrix units' tolerance of float64 (fp16 inputs, as the 16-row default)."""
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm
 
     tr, suh, svh, cb = _group(k, n, bits, codebook, 7)
     config = GemmConfig(row_free=True)
@@ -195,7 +195,7 @@ def test_row_free_rows_have_the_bits_of_sixteen(k, n, bits, codebook):
 
 def test_row_free_grouped_wo_a_rows_have_the_bits_of_sixteen():
     """The eight wo_a groups in one row-free grouped launch: 1-16 live rows, each with its 16-row bits."""
-    from tfc.kernels.exl3_gemv import GemmConfig, exl3_gemm, group_offsets
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, group_offsets
 
     k, n, ng = 4096, 1024, 8
     made = [_group(k, n, 4, 0, 200 + g) for g in range(ng)]
@@ -229,9 +229,9 @@ def test_moe_matches_reference(layout, mma):
     """The MoE over a Flash layer's tables; mma: the weights-as-A mma decode (MoeConfig.mma), each pair's row
     as an fp16 high / low pair, so the fp32 paths' tolerance holds; ragged_int: routed 2-5 bit and a 6-bit
     shared expert, integer widths only (the mma decode takes a branch per width)."""
-    from tfc.kernels.exl3_decode import exl3_decode
-    from tfc.kernels.expert_table import ExpertTable
-    from tfc.kernels.moe_exl3 import MoeConfig, moe_exl3, moe_reference
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.expert_table import ExpertTable
+    from tfc.kernels.exl3.moe import MoeConfig, moe_exl3, moe_reference
 
     d, inter, routed, topk, tokens = 5120, 2304, 12, 6, 3
     rng = np.random.default_rng(7)
@@ -261,8 +261,8 @@ def test_moe_matches_reference(layout, mma):
 def test_sinkhorn_matches_the_models_loop(rows):
     # 2e-6 absolute on entries in [0, 1], as under the interpreter (tests/kernels/interpret/test_triton_sinkhorn.py),
     # with the GPU's exp in it
-    from tfc.kernels.mhc_sinkhorn import sinkhorn
-    from tfc.runtime.models.dsv41.mhc import sinkhorn as loop
+    from tfc.kernels.dsv41.mhc_sinkhorn import sinkhorn
+    from tfc.runtime.models.dsv41.reference.mhc import sinkhorn as loop
 
     logits = (
         torch.randn(rows, 4, 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(rows)) * 3

@@ -13,9 +13,9 @@ import struct
 
 import numpy as np
 import pytest
-from tfc.kernels import exl3_codebook as cbk
-from tfc.kernels import exl3_reference as ref
-from tfc.kernels.hadamard import had128_last, had128_rows, hadamard128
+from tfc.kernels.exl3 import codebook as cbk
+from tfc.kernels.exl3 import reference as ref
+from tfc.kernels.exl3.hadamard import had128_last, had128_rows, hadamard128
 
 ALL_WIDTHS = [(w, cb) for w in range(16, 129, 16) for cb in (0, 1, 2)] + [(w, 2) for w in (24, 40, 56)]
 

@@ -1,4 +1,4 @@
-"""The packing and scoring stage kernels (kernels/kv_pack.py) at DeepSeek-V4.1-Flash shapes on a CUDA GPU.
+"""The packing and scoring stage kernels (kernels/dsv41/kv_pack.py) at DeepSeek-V4.1-Flash shapes on a CUDA GPU.
 
 The checks of tests/kernels/interpret/test_triton_kv_pack.py at n = 512 (rope 64), index keys of 128 channels,
 32 index heads of 128 and R = 16 (decode) or 2048 (prefill). Where the kernel must give torch's bits (the
@@ -31,7 +31,7 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _grid(device: str):
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 
     return Fp4Grid.on(torch.device(device))
 
@@ -71,8 +71,8 @@ def _alone(fn, picks, *tensors):
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "fp4_ue8m0"])
 def test_pack_rows_are_torchs_bytes(rows, fp8):
     """The window / key pack of rope(x) (rms_norm skipped) gives torch's bytes, alone or among rows."""
-    from tfc.kernels import kv_pack as kp
-    from tfc.runtime.models.dsv41.fast.kv_rows import pack_fp4, pack_fp8
+    from tfc.kernels.dsv41 import kv_pack as kp
+    from tfc.runtime.models.dsv41.fast.kv.rows import pack_fp4, pack_fp8
     from tfc.runtime.models.dsv41.fast.rope import apply_rope
 
     n = N if fp8 else KEY
@@ -92,7 +92,7 @@ def test_pack_rows_are_torchs_bytes(rows, fp8):
 @pytest.mark.parametrize("rows", ROWS)
 def test_entry_rows_are_torchs_bytes(rows):
     """entry_rows: rope then e2m1 codes with an e4m3 scale per 16, the bytes of torch's stage (on the CPU)."""
-    from tfc.kernels import kv_pack as kp
+    from tfc.kernels.dsv41 import kv_pack as kp
     from tfc.runtime.models.dsv41.fast.compressed import entry_rows
 
     latent = _spread(rows, N, 3)
@@ -115,7 +115,7 @@ def test_entry_rows_are_torchs_bytes(rows):
 @pytest.mark.parametrize("fp8", [True, False], ids=["window_rows", "key_rows"])
 def test_norm_rows_flip_at_most_neighbours(rows, fp8):
     """window_rows / key_rows against the CUDA torch stages: the same codes but for rare neighbour flips."""
-    from tfc.kernels import kv_pack as kp
+    from tfc.kernels.dsv41 import kv_pack as kp
     from tfc.runtime.models.dsv41.fast.attention import window_rows
     from tfc.runtime.models.dsv41.fast.compressed import key_rows
 
@@ -140,7 +140,7 @@ def test_norm_rows_flip_at_most_neighbours(rows, fp8):
 @pytest.mark.parametrize("rows", ROWS)
 def test_index_query_is_torchs_bits(rows):
     """index_query at 32 heads of 128: torch's bits (signed zeros included), alone or among rows."""
-    from tfc.kernels import kv_pack as kp
+    from tfc.kernels.dsv41 import kv_pack as kp
     from tfc.runtime.models.dsv41.fast.compressed import index_query
 
     y = _spread(rows, HEADS * D, 10)
@@ -158,9 +158,9 @@ def test_index_query_is_torchs_bits(rows):
 @pytest.mark.parametrize(("rows", "entries"), [(16, 4096), (2048, 300)])
 def test_chunk_scores_are_torchs_and_ignore_the_chunk(rows, entries):
     """chunk_scores: torch's scores exactly; an entry's score the same in any chunk, alone or among rows."""
-    from tfc.kernels import index_scores as kp
+    from tfc.kernels.dsv41 import index_scores as kp
     from tfc.runtime.models.dsv41.fast.compressed import chunk_scores
-    from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4
+    from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4
 
     cpu, gen = _grid("cpu"), _gen(12)
     scale = torch.exp2(torch.randint(-6, 6, (rows, entries, D // 32), generator=gen).float())
@@ -182,8 +182,8 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(rows, entries):
 @pytest.mark.parametrize(("rows", "pages"), [(16, 256), (2048, 20)])
 def test_paged_scores_are_the_gathered_ones(rows, pages):
     """paged_scores: the entries read through each row's page ids give chunk_scores' bits on them gathered."""
-    from tfc.kernels import index_scores as kp
-    from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4
+    from tfc.kernels.dsv41 import index_scores as kp
+    from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4
 
     cpu, gen, per_page, pool_pages = _grid("cpu"), _gen(13), 16, 512
     keys = torch.randn(pool_pages * per_page, D, generator=gen)
@@ -199,7 +199,7 @@ def test_paged_scores_are_the_gathered_ones(rows, pages):
 @pytest.mark.parametrize("rows", ROWS)
 def test_pooled_matches_torch(rows):
     """pooled (groups of 2 ring rows of 512) within 1e-5 of the CUDA torch stage; a row's bits its own."""
-    from tfc.kernels import kv_pack as kp
+    from tfc.kernels.dsv41 import kv_pack as kp
     from tfc.runtime.models.dsv41.fast.compressed import pooled
 
     gen = _gen(13)

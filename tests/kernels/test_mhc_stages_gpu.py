@@ -1,4 +1,4 @@
-"""The stage kernels (kernels/mhc_stages.py) at DeepSeek-V4.1-Flash shapes on a CUDA GPU (skipped without one).
+"""The stage kernels (kernels/dsv41/mhc_stages.py) at DeepSeek-V4.1-Flash shapes on a CUDA GPU (skipped without one).
 
 hc 4, D 5120 (fn [24, 20480]), norms of 5120 / 1280 / 512, 64 query heads of 512 with a 64-channel rope, at R
 16 (decode) and 2048 (prefill). Each output is checked against the torch stage it replaces (its torch code in
@@ -75,9 +75,9 @@ def _all(st, a):
     ("n", "wdtype"), [(5120, torch.bfloat16), (1280, torch.float32), (512, torch.bfloat16)]
 )
 def test_rms_norm_flash(rows, n, wdtype):
-    from tfc.kernels.mhc_stages import rms_norm
-    from tfc.runtime.models.dsv41 import csa
+    from tfc.kernels.dsv41.mhc_stages import rms_norm
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import csa
 
     g = torch.Generator(device="cuda").manual_seed(n + rows)
     x = torch.randn(rows, n, generator=g, device="cuda") * 3
@@ -89,9 +89,9 @@ def test_rms_norm_flash(rows, n, wdtype):
 
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_collapse_norm_and_expand_flash(rows):
-    from tfc.kernels.mhc_stages import collapse_norm, hc_expand
-    from tfc.runtime.models.dsv41 import csa, mhc
+    from tfc.kernels.dsv41.mhc_stages import collapse_norm, hc_expand
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import csa, mhc
 
     a = _inputs(rows, 1)
     s, pre, w = a["streams"], a["pre"], a["norm"]
@@ -106,9 +106,9 @@ def test_collapse_norm_and_expand_flash(rows):
 
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_hc_mix_logits_flash(rows):
-    from tfc.kernels.mhc_stages import hc_mix_logits
-    from tfc.runtime.models.dsv41 import mhc
+    from tfc.kernels.dsv41.mhc_stages import hc_mix_logits
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import mhc
 
     a = _inputs(rows, 2)
     s, fn, scale, base = a["streams"], a["fn"], a["scale"], a["base"]
@@ -122,7 +122,7 @@ def test_hc_mix_logits_flash(rows):
 
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_engram_gate_flash(rows):
-    from tfc.kernels.mhc_stages import engram_gate
+    from tfc.kernels.dsv41.mhc_stages import engram_gate
     from tfc.runtime.models.dsv41.fast import engram
 
     a = _inputs(rows, 3)
@@ -135,9 +135,9 @@ def test_engram_gate_flash(rows):
 
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_rope_heads_flash(rows):
-    from tfc.kernels.mhc_stages import rope_heads
+    from tfc.kernels.dsv41.mhc_stages import rope_heads
     from tfc.runtime.models.dsv41.fast import attention
-    from tfc.runtime.models.dsv41.rope import apply_rope
+    from tfc.runtime.models.dsv41.reference.rope import apply_rope
 
     a = _inputs(rows, 4)
     q, cos, sin = a["q"], a["cos"], a["sin"]
@@ -151,7 +151,7 @@ def test_rope_heads_flash(rows):
 
 
 def test_rows_alone_get_their_batch_bits_and_reruns_agree():
-    from tfc.kernels import mhc_stages
+    from tfc.kernels.dsv41 import mhc_stages
 
     big = _inputs(2048, 5)
     rows = slice(1000, 1016)
@@ -167,7 +167,7 @@ def test_rows_alone_get_their_batch_bits_and_reruns_agree():
 
 
 def test_stages_replay_in_a_cuda_graph():
-    from tfc.kernels import mhc_stages
+    from tfc.kernels.dsv41 import mhc_stages
 
     a = _inputs(16, 6)
     eager = _all(mhc_stages, a)  # also compiles every kernel before the capture

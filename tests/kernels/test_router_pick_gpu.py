@@ -40,7 +40,7 @@ def _prod(rows, split, seed=0):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_split3_bit_exact_at_flash(rows, dtype):
-    from tfc.kernels.router_pick import split3 as kernel
+    from tfc.kernels.dsv41.router_pick import split3 as kernel
     from tfc.runtime.models.dsv41.fast.moe import split3
 
     x = _x(rows, rows)
@@ -64,7 +64,7 @@ def _check_ids(ids, want, scores_bias):
 @pytest.mark.parametrize("rows", [16, 2048])
 def test_pick_at_flash(rows, split, normalise):
     import torch.nn.functional as F
-    from tfc.kernels.router_pick import pick as kernel
+    from tfc.kernels.dsv41.router_pick import pick as kernel
     from tfc.runtime.models.dsv41.fast.moe import pick
 
     prod, bias = _prod(rows, split)
@@ -86,7 +86,7 @@ def test_pick_at_flash(rows, split, normalise):
 @pytest.mark.parametrize("rows", [16, 2048])
 @pytest.mark.parametrize(("cols", "k"), [(8192, 512), (3000, 512), (300, 512)])
 def test_select_at_flash(rows, cols, k):
-    from tfc.kernels.router_pick import select as kernel
+    from tfc.kernels.dsv41.router_pick import select as kernel
     from tfc.runtime.models.dsv41.fast.compressed import select
 
     gen = torch.Generator(device="cuda").manual_seed(cols + rows)
@@ -106,7 +106,7 @@ def test_select_at_flash(rows, cols, k):
 @pytest.mark.parametrize("cols", [4096, 16384, 3001])
 def test_select_makes_the_candidate_source_mask_at_flash(rows, cols):
     # layer 20's candidates (2048 blocks of 8): made in the kernel, the stage's mask and picks bit for bit
-    from tfc.kernels.router_pick import select as kernel
+    from tfc.kernels.dsv41.router_pick import select as kernel
     from tfc.runtime.models.dsv41.fast.compressed import select
 
     gen = torch.Generator(device="cuda").manual_seed(cols + rows)
@@ -122,7 +122,7 @@ def test_select_makes_the_candidate_source_mask_at_flash(rows, cols):
 
 
 def test_launches_replay_in_a_cuda_graph():
-    from tfc.kernels.router_pick import pick, select, split3
+    from tfc.kernels.dsv41.router_pick import pick, select, split3
 
     x = _x(16, 5)
     prod, bias = _prod(16, True, 5)

@@ -23,7 +23,7 @@ def torch_code(monkeypatch):
 
 @pytest.mark.parametrize("rows", [1, 16, 2048])
 def test_step_rows_equal_the_torch_code_at_flash(torch_code, rows):
-    from tfc.kernels import step_rows
+    from tfc.kernels.dsv41 import step_rows
 
     gen = torch.Generator(device="cuda").manual_seed(rows)
     slots = torch.randint(0, 17, (rows,), device="cuda", generator=gen)
@@ -44,7 +44,7 @@ def test_step_rows_equal_the_torch_code_at_flash(torch_code, rows):
 
 
 def test_step_rows_replay_in_a_cuda_graph(torch_code):
-    from tfc.kernels import step_rows
+    from tfc.kernels.dsv41 import step_rows
 
     slots = torch.arange(16, device="cuda")
     positions = torch.arange(16, device="cuda") * 1000

@@ -6,8 +6,8 @@ from __future__ import annotations
 def attend_float64(a: dict, dim: int):
     """attend_rows' maths in float64 on the decoded keys of its arguments `a` (the same bytes, exact in fp32)."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
-    from tfc.runtime.models.dsv41.rope import apply_rope
+    from tfc.runtime.models.dsv41.fast.kv.rows import unpack_fp4, unpack_fp8
+    from tfc.runtime.models.dsv41.reference.rope import apply_rope
 
     q = a["q"].double()
     keys, valid = unpack_fp8(a["ring"][a["read"]], dim), a["valid"]
@@ -33,7 +33,7 @@ def code_steps(got, want, n: int, fp8: bool, grid):
     """(got's values, want's values, one code step) of two packed window (fp8) or index key rows of n values:
     where the two differ, a kernel whose norm rounds otherwise may move a value by one step at most."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import ue8m0_values, unpack_fp4, unpack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import ue8m0_values, unpack_fp4, unpack_fp8
 
     split = n if fp8 else n // 2
     scale = torch.maximum(ue8m0_values(got[:, split:]), ue8m0_values(want[:, split:])).repeat_interleave(
@@ -52,7 +52,7 @@ def attend_inputs(rows: int, heads: int, shape: tuple[int, int, int, int], entri
     and FP4 entries packed from values at scales 2**-4 to 2**3, masked keys reading an all-0xFF row, rows with
     half their window or all their entries or every key masked, row 0 with near-flat logits."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, pack_fp4, pack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid, pack_fp4, pack_fp8
 
     dim, half, window, topk = shape
     g = torch.Generator().manual_seed(seed)

@@ -2,7 +2,7 @@
 
 Triton decides interpreter or native when a function is decorated: `@triton.jit` reads TRITON_INTERPRET then,
 triton.language decorates its own helpers (tl.zeros, tl.sum, ...) when triton is imported, and
-tfc.kernels.exl3_tl reads the variable once at import. In one pytest process over tests/ other modules import
+tfc.kernels.exl3.tl reads the variable once at import. In one pytest process over tests/ other modules import
 triton and the kernels natively long before an interpreter test is reached, so setting the variable in a
 conftest would be ignored, and setting it for the whole process would take native Triton from the GPU tests.
 
@@ -20,7 +20,7 @@ import importlib
 import os
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 FLAG = "TRITON_INTERPRET"
 PARKED = "interpreted:"  # prefix of the names the copy is parked under (see park)
@@ -44,9 +44,9 @@ class Interpreted:
             return not name.startswith("triton._C")
         return any(name == p or name.startswith(p + ".") for p in self.packages)
 
-    def namespace(self, package: str, names: Sequence[str]) -> types.SimpleNamespace:
-        """The copy's modules package.NAME by short name."""
-        return types.SimpleNamespace(**{n: self.modules[f"{package}.{n}"] for n in names})
+    def namespace(self, package: str, names: Mapping[str, str]) -> types.SimpleNamespace:
+        """The copy's modules package.MODULE under their short names (`names`: short name -> MODULE)."""
+        return types.SimpleNamespace(**{n: self.modules[f"{package}.{m}"] for n, m in names.items()})
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Interpreted]:

@@ -44,8 +44,8 @@ def dequant(pack: Path, group: str, output: Path, rotated: bool, as_json: bool) 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from tfc.kernels import exl3_reference as ref
-    from tfc.kernels.exl3_codebook import codebook_id
+    from tfc.kernels.exl3 import reference as ref
+    from tfc.kernels.exl3.codebook import codebook_id
     from tfc.packs.pack import open_pack, read_tensor
 
     groups = open_pack(pack).groups

@@ -78,9 +78,9 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     launch_if_world(click.get_current_context(), image)
     early = _early_cuda(device)  # the server's modules import torch: start CUDA beside that import
     from tfc.runtime.parallel.session import join_world
+    from tfc.runtime.serve import ServeOptions, follow
+    from tfc.runtime.serve import serve as run
     from tfc.runtime.server.auth import gather_keys
-    from tfc.runtime.server.run import ServeOptions, follow
-    from tfc.runtime.server.run import serve as run
 
     keys = gather_keys(api_keys, api_key_file)
     options = ServeOptions(

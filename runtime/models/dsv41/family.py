@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tfc.packs.deepseek_v41_contract import FAMILY as NAME
-from tfc.runtime.models.dsv41.chat import Dsv41ChatFormat
-from tfc.runtime.models.dsv41.runner import build_reference
+from tfc.runtime.models.dsv41.chat.format import Dsv41ChatFormat
+from tfc.runtime.models.dsv41.reference.runner import build_reference
 from tfc.runtime.models.family import Family
 
 FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact", "prefill_rows", "tp_exact")  # only the fast runner's

@@ -2,7 +2,7 @@
 
 Column-parallel results (the head's vocabulary, Engram rows) are all-gathered in rank order, so every
 rank holds the whole result; row-parallel partial sums are fixed-point words summed by an all-reduce
-(runtime/models/dsv41/numerics.py); the embedding is looked up on the rank owning each id and gathered.
+(runtime/models/dsv41/reference/numerics.py); the embedding is looked up on the rank owning each id and gathered.
 A world of one (`Shard()`) runs the same code with no exchange.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import SEG_SHARDS
-from tfc.runtime.models.dsv41.numerics import BLOCK, from_fixed
+from tfc.runtime.models.dsv41.reference.numerics import BLOCK, from_fixed
 from tfc.runtime.parallel.comm import SOLO
 
 from tfc.errors import TfcError

@@ -10,10 +10,33 @@ from __future__ import annotations
 
 import pytest
 
-# The modules the tests use, by short name; their own imports of tfc.kernels.* and triton come along.
-MODULES = ("exl3_reference", "exl3_decode", "exl3_gemv", "exl3_lanes", "exl3_scratch", "exl3_sums", "exl3_tl", "expert_table", "moe_exl3", "mhc_sinkhorn",
-           "run_copy", "exl3_rotate", "exl3_rows", "exl3_fixed", "exl3_launch", "stage_tl", "kv_pack", "index_scores", "attend_keys", "attend_rows", "mhc_stages",
-           "router_pick", "step_rows", "hidden_tap")  # fmt: skip
+# The modules the tests use: short name -> module under tfc.kernels; their own imports of tfc.kernels.* and triton come along.
+MODULES = {
+    "exl3_reference": "exl3.reference",
+    "exl3_decode": "exl3.decode",
+    "exl3_gemv": "exl3.gemv",
+    "exl3_lanes": "exl3.lanes",
+    "exl3_scratch": "exl3.scratch",
+    "exl3_sums": "exl3.sums",
+    "exl3_tl": "exl3.tl",
+    "expert_table": "exl3.expert_table",
+    "moe_exl3": "exl3.moe",
+    "mhc_sinkhorn": "dsv41.mhc_sinkhorn",
+    "run_copy": "run_copy",
+    "exl3_rotate": "exl3.rotate",
+    "exl3_rows": "exl3.rows",
+    "exl3_fixed": "exl3.fixed",
+    "exl3_launch": "exl3.launch",
+    "stage_tl": "dsv41.stage_tl",
+    "kv_pack": "dsv41.kv_pack",
+    "index_scores": "dsv41.index_scores",
+    "attend_keys": "dsv41.attend_keys",
+    "attend_rows": "dsv41.attend_rows",
+    "mhc_stages": "dsv41.mhc_stages",
+    "router_pick": "dsv41.router_pick",
+    "step_rows": "dsv41.step_rows",
+    "hidden_tap": "dsv41.hidden_tap",
+}
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +46,7 @@ def interpreted():
     pytest.importorskip("triton")
     from support.triton_interpret import Interpreted
 
-    copy = Interpreted([f"tfc.kernels.{m}" for m in MODULES])
+    copy = Interpreted([f"tfc.kernels.{m}" for m in MODULES.values()])
     yield copy
     copy.park()
 

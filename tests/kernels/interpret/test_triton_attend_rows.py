@@ -1,4 +1,4 @@
-"""The attend_rows kernel (kernels/attend_rows.py) against the torch stage and float64, interpreted.
+"""The attend_rows kernel (kernels/dsv41/attend_rows.py) against the torch stage and float64, interpreted.
 
 Tiny shapes (8 heads, d 128, rope 32, window 32, 16 entries): rings and entries packed by kv_rows from random
 values, masked keys pointing at rows of 0xFF bytes (NaN / inf once decoded: a masked key must add nothing),
@@ -76,7 +76,7 @@ def test_attend_rows_predecoded_tables_keep_the_bits(tk, entries, pieces):
     """The key tables decoded to bf16 first (a prefill step's many rows) give the bits of the keys decoded in
     the runs: the tables hold every key's exact value, the 0xFF rows' NaN and inf included (masked, never read)."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import unpack_fp4, unpack_fp8
 
     a = _inputs(4, entries, seed=2)
     got = tk.attend_rows.attend_rows(**a, pieces=pieces, predecode=True)
@@ -98,7 +98,7 @@ def test_attend_rows_gathered_keys_keep_the_bits(tk, entries, pieces):
     bits of the keys decoded in the runs; the gathered table holds every valid key's exact value at its row's
     positions, and keys not there are never read (the 0xFF rows' NaN and inf stay out)."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import unpack_fp4, unpack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import unpack_fp4, unpack_fp8
 
     a = _inputs(4, entries, seed=6)
     assert tk.attend_keys.gathers(4, WINDOW + TOPK, DIM, False)

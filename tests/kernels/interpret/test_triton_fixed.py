@@ -48,8 +48,8 @@ def test_gemm_pinned_column_share_is_exact(tk):
 
 def test_fixed_value_matches_the_words():
     import torch
-    from tfc.kernels.exl3_fixed import fixed_reference
-    from tfc.runtime.models.dsv41.numerics import from_fixed
+    from tfc.kernels.exl3.fixed import fixed_reference
+    from tfc.runtime.models.dsv41.reference.numerics import from_fixed
 
     p = torch.randn(3, 5) * 100
     words = fixed_reference(p)

@@ -35,7 +35,7 @@ def test_the_copy_runs_every_kernel_in_the_interpreter(tk):
     import triton  # what a test or Triton itself imports meanwhile is the interpreted copy, tl's helpers too
 
     assert isinstance(triton.language.standard.zeros, InterpretedFunction)
-    assert sys.modules["tfc.kernels.exl3_gemv"] is tk.exl3_gemv
+    assert sys.modules["tfc.kernels.exl3.gemv"] is tk.exl3_gemv
 
 
 def test_the_process_keeps_its_native_kernels(interpreted):
@@ -44,10 +44,13 @@ def test_the_process_keeps_its_native_kernels(interpreted):
     if interpreted.process_interprets:
         pytest.skip("this pytest process runs with TRITON_INTERPRET set")
     import triton
-    from tfc.kernels import exl3_decode, exl3_gemv, exl3_tl, moe_exl3
+    from tfc.kernels.exl3 import decode as exl3_decode
+    from tfc.kernels.exl3 import gemv as exl3_gemv
+    from tfc.kernels.exl3 import moe as moe_exl3
+    from tfc.kernels.exl3 import tl as exl3_tl
     from triton.runtime.jit import JITFunction
 
-    assert exl3_gemv is not interpreted.modules["tfc.kernels.exl3_gemv"] and not exl3_tl.INTERPRET
+    assert exl3_gemv is not interpreted.modules["tfc.kernels.exl3.gemv"] and not exl3_tl.INTERPRET
     assert isinstance(triton.language.standard.zeros, JITFunction)
     kernels = _kernels([exl3_decode, exl3_gemv, moe_exl3])
     assert kernels and all(isinstance(k, JITFunction) for k in kernels.values())
@@ -56,7 +59,7 @@ def test_the_process_keeps_its_native_kernels(interpreted):
 def test_a_native_launch_here_fails(interpreted):
     """A decode launched natively: no GPU here, so it must raise; the interpreted copy runs the same call."""
     import torch
-    from tfc.kernels.exl3_decode import exl3_decode
+    from tfc.kernels.exl3.decode import exl3_decode
 
     if interpreted.process_interprets:
         pytest.skip("this pytest process runs with TRITON_INTERPRET set")
@@ -67,5 +70,5 @@ def test_a_native_launch_here_fails(interpreted):
     with pytest.raises(RuntimeError):
         exl3_decode(tr, suh, svh, 0)
     with interpreted.active() as copy:
-        out = copy.modules["tfc.kernels.exl3_decode"].exl3_decode(tr, suh, svh, 0)
+        out = copy.modules["tfc.kernels.exl3.decode"].exl3_decode(tr, suh, svh, 0)
     assert out.shape == (128, 256) and out.isfinite().all()

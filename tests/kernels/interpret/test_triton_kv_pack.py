@@ -1,4 +1,4 @@
-"""The packing and scoring stage kernels (kernels/kv_pack.py) against the torch stages, interpreted.
+"""The packing and scoring stage kernels (kernels/dsv41/kv_pack.py) against the torch stages, interpreted.
 
 Bit for bit where the kernel runs torch's very operations: the packers given the same rotated values (the rope
 is one rounded product per term and one rounded sum, as in torch), so entry_rows and index_query whole, and
@@ -28,7 +28,7 @@ def _gen(seed: int):
 
 def _grid():
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 
     return Fp4Grid.on(torch.device("cpu"))
 
@@ -95,7 +95,7 @@ def _neighbours(got, want, step, what: str) -> None:
 def test_pack_rows_are_torchs_bytes(tk, fp8):
     """window_rows' / key_rows' pack of rope(x) (the rms_norm skipped) gives torch's bytes, ties included."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import pack_fp4, pack_fp8
+    from tfc.runtime.models.dsv41.fast.kv.rows import pack_fp4, pack_fp8
     from tfc.runtime.models.dsv41.fast.rope import apply_rope
 
     ties = _e4m3_ties().clamp(max=448) if fp8 else torch.tensor(E2M1_TIES)
@@ -191,7 +191,7 @@ def test_index_query_is_torchs_bits(tk):
 def _index_inputs(rows: int, entries: int, seed: int):
     """(raw key rows [rows, entries, D/2 + D/32], FP4 queries [rows, HEADS, D], weights [rows, HEADS])."""
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4
+    from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4
 
     grid, gen = _grid(), _gen(seed)
     scale = torch.exp2(torch.randint(-6, 6, (rows, entries, D // 32), generator=gen).float())
@@ -239,7 +239,7 @@ def test_paged_scores_read_the_pages_in_place_with_the_gathered_bits(tk):
     try:
         for where in ("off", "all"):  # the stage as written on the rows gathered, then the paged kernel
             fusion.use_kernels(where)
-            kernel = fusion.stage_kernel("tfc.kernels.index_scores:paged_scores", q)
+            kernel = fusion.stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
             assert (kernel is None) == (where == "off")
             assert torch.equal(compressed.entry_scores(pool, rv, q, weights, grid), want), where
     finally:

@@ -1,4 +1,4 @@
-"""The fast forward's stage kernels (kernels/mhc_stages.py) against the torch stages and float64, interpreted.
+"""The fast forward's stage kernels (kernels/dsv41/mhc_stages.py) against the torch stages and float64, interpreted.
 
 Tiny shapes: hc 4, D 256 and the non-power-of-two 320, R 1 to 5. Each output is checked against the torch
 stage it replaces (its torch code in fp32: the stage's __wrapped__) and against the reference maths in
@@ -84,8 +84,8 @@ def _call(tk, name, args):
 @pytest.mark.parametrize("wdtype", ["float32", "bfloat16"])
 def test_rms_norm_matches_the_stage(tk, rows, d, wdtype):
     import torch
-    from tfc.runtime.models.dsv41 import csa
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import csa
 
     g = _gen(rows * 1000 + d)
     x = torch.randn(rows, d, generator=g) * 3
@@ -98,8 +98,8 @@ def test_rms_norm_matches_the_stage(tk, rows, d, wdtype):
 @pytest.mark.parametrize(("rows", "d"), [(1, 256), (5, 320)])
 def test_collapse_norm_matches_the_stage(tk, rows, d):
     import torch
-    from tfc.runtime.models.dsv41 import csa, mhc
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import csa, mhc
 
     g = _gen(rows * 1000 + d)
     streams = torch.randn(rows, HC, d, generator=g)
@@ -113,8 +113,8 @@ def test_collapse_norm_matches_the_stage(tk, rows, d):
 @pytest.mark.parametrize(("rows", "d"), [(1, 256), (5, 320)])
 def test_hc_expand_matches_the_stage(tk, rows, d):
     import torch
-    from tfc.runtime.models.dsv41 import mhc
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import mhc
 
     g = _gen(rows * 1000 + d)
     y, residual = torch.randn(rows, d, generator=g), torch.randn(rows, HC, d, generator=g)
@@ -126,8 +126,8 @@ def test_hc_expand_matches_the_stage(tk, rows, d):
 
 @pytest.mark.parametrize(("rows", "d"), [(1, 256), (5, 320)])
 def test_hc_mix_logits_matches_the_stage(tk, rows, d):
-    from tfc.runtime.models.dsv41 import mhc
     from tfc.runtime.models.dsv41.fast import fp32
+    from tfc.runtime.models.dsv41.reference import mhc
 
     streams, fn, scale, base = _mix_inputs(rows, d, rows * 1000 + d)
     mix = {"norm_eps": EPS, "hc_eps": 1e-6, "post_alpha": 2.0}
@@ -160,7 +160,7 @@ def test_engram_gate_matches_the_stage(tk, rows, d):
 def test_rope_heads_matches_the_stage_bit_for_bit(tk, heads, d, half):
     import torch
     from tfc.runtime.models.dsv41.fast import attention
-    from tfc.runtime.models.dsv41.rope import apply_rope
+    from tfc.runtime.models.dsv41.reference.rope import apply_rope
 
     g = _gen(heads * d + half)
     y = torch.randn(3, heads * d, generator=g)

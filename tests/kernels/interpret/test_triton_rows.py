@@ -261,7 +261,7 @@ def test_the_moes_tiles_lane_decode_gives_the_window_decodes_bits_over_a_ragged_
 
 def test_expert_tiles_cover_each_entrys_rows_once():
     import torch
-    from tfc.kernels.exl3_rows import BLOCK_M, expert_tiles
+    from tfc.kernels.exl3.rows import BLOCK_M, expert_tiles
 
     entries = torch.sort(torch.tensor([0] * 3 + [2] * (2 * BLOCK_M + 5) + [5] * BLOCK_M)).values
     tiles = expert_tiles(entries, 6).tolist()

@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.parametrize(("rows", "iters"), [(1, 20), (16, 20), (37, 3), (5, 1)])
 def test_sinkhorn_kernel_matches_the_models_loop(tk, rows, iters):
     import torch
-    from tfc.runtime.models.dsv41.mhc import sinkhorn
+    from tfc.runtime.models.dsv41.reference.mhc import sinkhorn
 
     gen = torch.Generator().manual_seed(rows * 100 + iters)
     logits = torch.randn(rows, 4, 4, generator=gen) * 3

@@ -1,4 +1,4 @@
-"""The stage kernels' number formats (kernels/stage_tl.py) against kv_rows.py's torch code, bit for bit, interpreted.
+"""The stage kernels' number formats (kernels/dsv41/stage_tl.py) against kv_rows.py's torch code, bit for bit, interpreted.
 
 Exact by construction: every function is integer work on the bits or a product by a power of two, so each must
 give torch's bytes and values for every input, ties and signed zeros included.
@@ -61,7 +61,7 @@ def test_e4m3_code_is_torchs_cast_and_value_its_inverse(tk):
 
 def test_ue8m0_and_pow2_exponents(tk):
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import pow2_exponent, ue8m0_values
+    from tfc.runtime.models.dsv41.fast.kv.rows import pow2_exponent, ue8m0_values
 
     b = torch.arange(255, dtype=torch.int32)
     assert torch.equal(_apply(tk, "ue8m0_value", b), ue8m0_values(b.to(torch.uint8)))
@@ -75,7 +75,7 @@ def test_ue8m0_and_pow2_exponents(tk):
 @pytest.mark.parametrize("scale", [1.0, 0.1])
 def test_e2m1_code_is_kv_rows_and_value_its_table(tk, scale):
     import torch
-    from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid, e2m1_codes
+    from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid, e2m1_codes
 
     grid = Fp4Grid.on(torch.device("cpu"))
     q = (torch.randn(20000, generator=torch.Generator().manual_seed(5)) * 3 * scale).clamp(-6, 6)

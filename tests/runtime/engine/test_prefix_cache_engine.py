@@ -16,7 +16,7 @@ from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
-from tfc.runtime.models.dsv41.state_io import StateFormatError, state_from_bytes, state_to_bytes
+from tfc.runtime.models.dsv41.reference.state_io import StateFormatError, state_from_bytes, state_to_bytes
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,7 +17,7 @@ from tfc.packs.engram_layout import head_shards
 from tfc.runtime.boot.image_open import open_image
 from tfc.runtime.engine.generate import generate
 from tfc.runtime.engine.sampling import SamplingParams
-from tfc.runtime.models.dsv41.numerics import (
+from tfc.runtime.models.dsv41.reference.numerics import (
     FixedPointRange,
     column_linear,
     fixed_sum,
@@ -25,8 +25,8 @@ from tfc.runtime.models.dsv41.numerics import (
     row_partials,
     to_fixed,
 )
-from tfc.runtime.models.dsv41.runner import build_reference
-from tfc.runtime.models.dsv41.weights import ImageWeights
+from tfc.runtime.models.dsv41.reference.runner import build_reference
+from tfc.runtime.models.dsv41.reference.weights import ImageWeights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

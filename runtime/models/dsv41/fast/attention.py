@@ -1,6 +1,6 @@
 """Fast DeepSeek-V4.1 attention of one step: q-LoRA, the shared K=V latent, window ring + selected entries, sinks.
 
-The maths of runtime/models/dsv41/attention.py in fp32 over fixed shapes: each row attends to its window's
+The maths of runtime/models/dsv41/reference/attention.py in fp32 over fixed shapes: each row attends to its window's
 `sliding_window` keys read back from the FP8 ring (its own key included, written first) and, on compressed
 layers, to the `index_topk` entries its index source selected, read back from the FP4 pool; keys that are not
 there (before position 0, fewer entries than index_topk) are masked, and their values zeroed so a masked
@@ -15,7 +15,7 @@ from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.compressed import compress, index
 from tfc.runtime.models.dsv41.fast.fp32 import plain_rms_norm, rms_norm
 from tfc.runtime.models.dsv41.fast.fusion import fused
-from tfc.runtime.models.dsv41.fast.kv_rows import pack_fp8, unpack_fp4, unpack_fp8
+from tfc.runtime.models.dsv41.fast.kv.rows import pack_fp8, unpack_fp4, unpack_fp8
 from tfc.runtime.models.dsv41.fast.overlap import SideBranch
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
@@ -31,13 +31,13 @@ def attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, sinks: torc
     return torch.bmm(probs, values)
 
 
-@fused(kernel="tfc.kernels.mhc_stages:rope_heads")
+@fused(kernel="tfc.kernels.dsv41.mhc_stages:rope_heads")
 def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rows [R, heads * d] as heads [R, heads, d], their rope slice rotated."""
     return apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
 
 
-@fused(kernel="tfc.kernels.kv_pack:window_rows")
+@fused(kernel="tfc.kernels.dsv41.kv_pack:window_rows")
 def window_rows(
     y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
 ) -> torch.Tensor:
@@ -45,7 +45,7 @@ def window_rows(
     return pack_fp8(apply_rope(plain_rms_norm(y, weight, eps), cos, sin))
 
 
-@fused(kernel="tfc.kernels.attend_rows:attend_rows")
+@fused(kernel="tfc.kernels.dsv41.attend_rows:attend_rows")
 def attend_rows(
     q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None
 ) -> torch.Tensor:

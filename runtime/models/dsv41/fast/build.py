@@ -13,8 +13,8 @@ from tfc.runtime.models.dsv41.config import config_from_dict
 from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
 from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
-from tfc.runtime.models.dsv41.fast.kv_layout import PAGE_TOKENS, kv_layout
-from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
+from tfc.runtime.models.dsv41.fast.kv.layout import PAGE_TOKENS, kv_layout
+from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
 from tfc.runtime.models.dsv41.fast.rope import RopeTables
 from tfc.runtime.models.dsv41.fast.runner import FastRunner
 from tfc.runtime.models.dsv41.fast.weights import FastWeights
@@ -64,7 +64,7 @@ def build_fast(
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
     wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0: opt-in, for
     the reasons fast-forward.md gives; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
-    from tfc.runtime.models.dsv41.runner import MissingEngramTables
+    from tfc.runtime.models.dsv41.reference.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
     m = opened.manifest
@@ -151,7 +151,7 @@ def build_fast(
                               shard, tp_exact)  # fmt: skip
     drafter, note = None, "built without a drafter (draft=False)"
     if draft:
-        from tfc.runtime.models.dsv41.fast.dspark import fast_dspark_slots
+        from tfc.runtime.models.dsv41.dspark.fast import fast_dspark_slots
 
         drafter, note = fast_dspark_slots(forward, booted.graphs)
         if drafter is None:

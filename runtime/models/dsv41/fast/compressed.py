@@ -1,6 +1,6 @@
 """The CSA2 compressed branch of one step: KV compressor, lightning indexer, candidate blocks (fixed shapes).
 
-The maths of runtime/models/dsv41/csa.py and attention.py `_compress` / `_index` in fp32. A ratio-r source
+The maths of runtime/models/dsv41/reference/csa.py and attention.py `_compress` / `_index` in fp32. A ratio-r source
 keeps every row's projected kv / gate rows in a per-slot ring (row = position % ring) and a row that closes a
 group pools the group's r rows from it, so a group's tokens may arrive in any steps. The indexer scores a row's
 query against the index keys of the step's whole context bucket through the page table, the entries the row
@@ -16,7 +16,7 @@ import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
 from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
-from tfc.runtime.models.dsv41.fast.kv_rows import fake_fp4, pack_fp4, unpack_fp4
+from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
@@ -25,7 +25,7 @@ SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial
 PAGED = True  # where stage kernels run, the index keys are scored where they lie (False: gathered first)
 
 
-@fused(kernel="tfc.kernels.kv_pack:pooled")
+@fused(kernel="tfc.kernels.dsv41.kv_pack:pooled")
 def pooled(
     pending: torch.Tensor, slot: torch.Tensor, at: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -35,13 +35,13 @@ def pooled(
     )
 
 
-@fused(kernel="tfc.kernels.kv_pack:entry_rows")
+@fused(kernel="tfc.kernels.dsv41.kv_pack:entry_rows")
 def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
     """The FP4 entry rows of normalised latents: pack(rope(latent)) with e4m3 scales per 16."""
     return pack_fp4(apply_rope(latent, cos, sin), 16, True, grid)
 
 
-@fused(kernel="tfc.kernels.kv_pack:key_rows")
+@fused(kernel="tfc.kernels.dsv41.kv_pack:key_rows")
 def key_rows(
     y: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, grid
 ) -> torch.Tensor:
@@ -97,20 +97,20 @@ def candidate_mask(scores: torch.Tensor, visible: torch.Tensor, top_blocks: int,
     return keep.unsqueeze(-1).expand(rows, nb, block).reshape(rows, nb * block)[:, :width]
 
 
-@fused(kernel="tfc.kernels.kv_pack:index_query")
+@fused(kernel="tfc.kernels.dsv41.kv_pack:index_query")
 def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
     """The indexer's FP4 queries [R, heads, d]: fake-quantised rope(y)."""
     q = apply_rope(y.view(y.shape[0], heads, -1), cos.unsqueeze(1), sin.unsqueeze(1))
     return fake_fp4(q, 32, grid)
 
 
-@fused(dynamic={"raw": 1}, kernel="tfc.kernels.index_scores:chunk_scores")
+@fused(dynamic={"raw": 1}, kernel="tfc.kernels.dsv41.index_scores:chunk_scores")
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
 
 
-@fused(dynamic={"scores": 1, "candidates": 1}, kernel="tfc.kernels.router_pick:select")
+@fused(dynamic={"scores": 1, "candidates": 1}, kernel="tfc.kernels.dsv41.router_pick:select")
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
            block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""
@@ -133,7 +133,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
 def entry_scores(pool: torch.Tensor, rv, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, entries] of the index keys each row's pages hold: read where they lie by the stage kernel
     (kernels/index_scores.paged_scores), else gathered and scored in chunks; the same bits either way."""
-    paged = stage_kernel("tfc.kernels.index_scores:paged_scores", q) if PAGED else None
+    paged = stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q) if PAGED else None
     if paged is not None:
         return paged(pool, rv.pages, rv.per_page, q, weights)
     rows = q.shape[0]

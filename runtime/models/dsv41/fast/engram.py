@@ -1,6 +1,6 @@
 """Fast Engram of one step: the rows the host hashed, gathered from the uploaded table shard, then the gate.
 
-The maths of runtime/models/dsv41/engram.py `engram_apply` in fp32: rows (bf16 from the e4m3 + e8m0 records,
+The maths of runtime/models/dsv41/reference/engram.py `engram_apply` in fp32: rows (bf16 from the e4m3 + e8m0 records,
 widened) -> engram.wkv (EXL3) -> hc keys and one value; each stream gets sigmoid(signed sqrt of its scaled
 dot with its key) times the value. The row ids come in the step's static inputs (hashed on the host over
 each slot's history while the previous step runs on the device; a tensor-parallel rank gets its own hash
@@ -13,7 +13,7 @@ import torch
 from tfc.runtime.models.dsv41.fast.fusion import fused
 
 
-@fused(kernel="tfc.kernels.mhc_stages:engram_gate")
+@fused(kernel="tfc.kernels.dsv41.mhc_stages:engram_gate")
 def engram_gate(
     streams: torch.Tensor, kv: torch.Tensor, qk: torch.Tensor, eps: float, clamp: float
 ) -> torch.Tensor:

@@ -25,8 +25,8 @@ from tfc.runtime.models.dsv41.fast.attention import attention
 from tfc.runtime.models.dsv41.fast.engram import engram
 from tfc.runtime.models.dsv41.fast.fp32 import collapse_norm, first_pre, hc_expand, hc_mix, stream_tap
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
-from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
-from tfc.runtime.models.dsv41.fast.kv_rows import Fp4Grid
+from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
+from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 from tfc.runtime.models.dsv41.fast.moe import moe
 from tfc.runtime.models.dsv41.fast.rope import RopeTables
 from tfc.runtime.models.dsv41.fast.step_context import step_context
@@ -171,7 +171,7 @@ class FastForward:
 
 def mhc_sites(f, block: str, streams: torch.Tensor, pre: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor],
               ffn: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(streams, the FFN site's pre) after a block's two mixed sites (runtime/models/dsv41/block.py in fp32):
+    """(streams, the FFN site's pre) after a block's two mixed sites (runtime/models/dsv41/reference/block.py in fp32):
     `attend(x)` is its attention, `ffn(x)` its MoE; shared by the backbone and the DSpark blocks (dspark.py)."""
     cfg, w, eps = f.cfg, f.weights, f.cfg.rms_norm_eps
     mix = {"norm_eps": eps, "hc_eps": cfg.hc_eps, "iters": cfg.hc_sinkhorn_iters,

@@ -1,6 +1,6 @@
 """Fast DeepSeek-V4.1 MoE of one step: the sqrt-softplus noaux_tc router in fp32, experts through the MoE kernel.
 
-Router (runtime/models/dsv41/moe.py `route`): scores = sqrt(softplus(x @ gate^T)), the top-k of scores + bias by
+Router (runtime/models/dsv41/reference/moe.py `route`): scores = sqrt(softplus(x @ gate^T)), the top-k of scores + bias by
 a stable sort (ties to the lower expert id), weights = the picked scores normalised, times routed_scaling. The
 gate weight stays bf16 as stored: x is split into three bf16 parts (x = hi + mid + lo to within fp32 rounding)
 that go through one bf16 x bf16 -> fp32 product, and the three row blocks are summed in order. The experts
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tfc.runtime.models.dsv41.fast.fusion import fused
 
 
-@fused(kernel="tfc.kernels.router_pick:split3")
+@fused(kernel="tfc.kernels.dsv41.router_pick:split3")
 def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[3R, D]: x as three parts in `dtype` (hi, mid, lo) whose sum is x to within fp32 rounding."""
     hi = x.to(dtype)
@@ -23,7 +23,7 @@ def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat((hi, mid, lo))
 
 
-@fused(kernel="tfc.kernels.router_pick:pick")
+@fused(kernel="tfc.kernels.dsv41.router_pick:pick")
 def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scaling: float, normalise: bool):
     """(weights [R, k], expert ids [R, k]) from the logits [R, E], or the three parts' products [3R, E] (split)."""
     rows = prod.shape[0] // 3

@@ -7,7 +7,7 @@ which a `row_free` launch (exl3_launch.GemmConfig; ROW_FREE) runs alone, each wi
 (ROW_FREE off: the 16-row launch, partials summed for the live rows); the MoE, which runs the live rows' pairs
 only, gets its k-splits and decode chosen once per table for one token's pairs (`moe_config`) instead of per
 call from the pair count. The prefill forward's twin (`for_prefill`) sends every EXL3 product
-and MoE to the many-row kernels (kernels/exl3_rows.py), whose rows are each summed alone in one order whatever
+and MoE to the many-row kernels (kernels/exl3/rows.py), whose rows are each summed alone in one order whatever
 the rows, so a prompt token's bits depend neither on its chunk nor on the rows beside it (they differ from the
 decode kernels' bits: another summation order). The kernels' torch references stand in on machines without a
 GPU (ops_reference.py).
@@ -81,8 +81,8 @@ def moe_config(
 ) -> Any:
     """The MoE launch the kernel would pick for one token, pinned (k-splits, decode) for any number of tokens;
     `inter`: the whole expert width a tensor-parallel rank's share of it is pinned to (default: the table's)."""
-    from tfc.kernels.exl3_launch import even_split, num_sms, pick_split
-    from tfc.kernels.moe_exl3 import MOE_MMA_GROUPS, MOE_MMA_GROUPS_RAGGED, MOE_MMA_WAVES, MoeConfig
+    from tfc.kernels.exl3.launch import even_split, num_sms, pick_split
+    from tfc.kernels.exl3.moe import MOE_MMA_GROUPS, MOE_MMA_GROUPS_RAGGED, MOE_MMA_WAVES, MoeConfig
 
     w1, w3, w2 = tables.w1, tables.w3, tables.w2
 
@@ -121,8 +121,12 @@ class TritonOps:
     """The Triton kernels (a GPU, or the CPU interpreter for tiny checks)."""
 
     def __init__(self, device: torch.device, exact: bool = True) -> None:
-        from tfc.kernels import engram_rows, exl3_fixed, exl3_gemv, exl3_rows, moe_exl3
-        from tfc.kernels.exl3_tl import INTERPRET
+        from tfc.kernels.dsv41 import engram_rows
+        from tfc.kernels.exl3 import fixed as exl3_fixed
+        from tfc.kernels.exl3 import gemv as exl3_gemv
+        from tfc.kernels.exl3 import moe as moe_exl3
+        from tfc.kernels.exl3 import rows as exl3_rows
+        from tfc.kernels.exl3.tl import INTERPRET
 
         self.device = device
         self.exact = exact
@@ -165,7 +169,7 @@ class TritonOps:
         return err <= 1e-5
 
     def for_prefill(self, rows: int) -> TritonOps:
-        """A twin of these ops on the many-row kernels (kernels/exl3_rows.py) for `rows`-row steps, sharing
+        """A twin of these ops on the many-row kernels (kernels/exl3/rows.py) for `rows`-row steps, sharing
         their state; its MoE's path is chosen by that width, never by a call's live rows."""
         twin = copy.copy(self)
         twin.many_rows = True
@@ -224,7 +228,7 @@ class TritonOps:
         """The GEMM launch of the whole k x n product this share belongs to (exl3_launch.pinned_config)."""
         key = (lin.name, rows)
         if key not in self._pinned:
-            from tfc.kernels.exl3_launch import GemmConfig, pinned_config
+            from tfc.kernels.exl3.launch import GemmConfig, pinned_config
 
             self._pinned[key] = pinned_config(GemmConfig(), rows, lin.trellis.shape[-1], k, n, self.device)
         return self._pinned[key]

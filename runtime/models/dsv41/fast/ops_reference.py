@@ -1,6 +1,6 @@
 """The kernels' torch references standing in for them where there is no GPU (CPU runs and tests of the fast forward).
 
-Same views, same maths as the kernels' references (kernels/exl3_reference.py, moe_exl3.moe_reference,
+Same views, same maths as the kernels' references (kernels/exl3/reference.py, moe_exl3.moe_reference,
 engram_rows.gather_rows_reference), in fp32: an EXL3 group is decoded to a dense weight once, on first use,
 one 128 x 128 tile at a time (the CPU path only; the GPU path never decodes), and every MoE pair is its own
 one-row product, summed in the kernel's order (routed slots, then the shared expert), so a row's result never
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
-from tfc.runtime.models.dsv41.numerics import BLOCK, from_fixed, to_fixed
+from tfc.runtime.models.dsv41.reference.numerics import BLOCK, from_fixed, to_fixed
 
 
 def column_blocks(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -59,7 +59,7 @@ class ReferenceOps:
     def _decoded(self, key: tuple[int, int], trellis, suh, svh, codebook: int) -> torch.Tensor:
         held = self._dense.get(key)
         if held is None:
-            from tfc.runtime.models.dsv41.weights import dequant_tiles
+            from tfc.runtime.models.dsv41.reference.weights import dequant_tiles
 
             dense = dequant_tiles(trellis.cpu().numpy(), suh.cpu().numpy(), svh.cpu().numpy(), codebook)
             held = self._dense[key] = dense
@@ -130,7 +130,7 @@ class ReferenceOps:
 
     def engram_rows(self, table: torch.Tensor, ids: torch.Tensor, head_dim: int, row_lo: int) -> torch.Tensor:
         """The Engram gather's reference."""
-        from tfc.kernels.engram_rows import gather_rows_reference
+        from tfc.kernels.dsv41.engram_rows import gather_rows_reference
 
         return gather_rows_reference(table, ids, head_dim, row_lo)
 

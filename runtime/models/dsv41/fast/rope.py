@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 from tfc.runtime.models.dsv41.config import Dsv41Config
-from tfc.runtime.models.dsv41.rope import apply_rope, build_rope
+from tfc.runtime.models.dsv41.reference.rope import apply_rope, build_rope
 
 __all__ = ["RopeTables", "apply_rope"]
 

@@ -1,7 +1,7 @@
 """The fast runner: step plans -> fixed-shape steps of <= 16 rows, each replayed from (or captured into) the
 graph cache by its key, over KV pages the slots hold; the runner contract of runtime/worker/step.py.
 
-With a drafter (runtime/models/dsv41/drafting.py) it drafts as the reference runner does: a verify row's logits
+With a drafter (runtime/models/dsv41/dspark/drafting.py) it drafts as the reference runner does: a verify row's logits
 come back for every row, `rollback` keeps a slot's rows before a position (a position reset: rollback.py says
 why that is exact), and the drafter gets the static hidden rows the step captured of committed positions only
 (non-verify rows at once, a verify step's at its rollback, or whole at the slot's next call).
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tfc.runtime.models.dsv41.drafting import DraftingRunner, SlotDrafter
+from tfc.runtime.models.dsv41.dspark.drafting import DraftingRunner, SlotDrafter
 from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
 from tfc.runtime.models.dsv41.fast.forward import FastForward, head_rows
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
@@ -194,7 +194,7 @@ class FastRunner(DraftingRunner):
 
     def snapshot(self, slot: int):
         """A copy of a slot's KV rows and fed tokens (the prefix cache's entry); never mid-verify."""
-        from tfc.runtime.models.dsv41.fast.kv_snapshot import snapshot
+        from tfc.runtime.models.dsv41.fast.kv.snapshot import snapshot
 
         state = self._slots.get(slot)
         if state is None:
@@ -206,7 +206,7 @@ class FastRunner(DraftingRunner):
     def restore(self, slot: int, snap) -> None:
         """Put a snapshot's rows into a slot: fresh pages for its position, its rings and entries written back
         (its drafter starts over)."""
-        from tfc.runtime.models.dsv41.fast.kv_snapshot import restore
+        from tfc.runtime.models.dsv41.fast.kv.snapshot import restore
 
         if not 0 <= slot < self.capacity.slots:
             raise FastStepError(f"slot {slot} is outside this worker's {self.capacity.slots} slots")
@@ -216,7 +216,7 @@ class FastRunner(DraftingRunner):
 
     def load_snapshot(self, data: bytes):
         """A snapshot from its bytes (KvSnapshotError for bytes that do not fit this KV layout)."""
-        from tfc.runtime.models.dsv41.fast.kv_snapshot import load
+        from tfc.runtime.models.dsv41.fast.kv.snapshot import load
 
         return load(self.kv, data)
 

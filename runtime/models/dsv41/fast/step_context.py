@@ -84,7 +84,7 @@ def step_context(rows: int, slots: torch.Tensor, positions: torch.Tensor, rope, 
 
 def _kernel(name: str, tensor: torch.Tensor):
     """kernels/step_rows' `name` where stage kernels run on tensor's device and STEP_KERNELS is on, else None."""
-    return stage_kernel(f"tfc.kernels.step_rows:{name}", tensor) if STEP_KERNELS else None
+    return stage_kernel(f"tfc.kernels.dsv41.step_rows:{name}", tensor) if STEP_KERNELS else None
 
 
 def ring_rows(slots: torch.Tensor, positions: torch.Tensor, window: int,

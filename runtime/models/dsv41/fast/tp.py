@@ -5,7 +5,7 @@ operands as at TP=1 (docs/parallel.md):
 - column-parallel products (wq_b, the head, the experts' w1 / w3) launch the GEMM / MoE with the whole product's
   pinned config (decode, k-split), so a column's sum runs in the whole product's order;
 - row-parallel products (wo_b, the experts' w2) give one partial per 128-row block as fixed-point words
-  (kernels/exl3_fixed.py), summed as integers by the rank and then by the all-reduce: exact in any grouping;
+  (kernels/exl3/fixed.py), summed as integers by the rank and then by the all-reduce: exact in any grouping;
 - attention runs on every head (the rank's queries in place, zeros elsewhere), so its products and softmax have
   TP=1's shapes; each rank keeps its wo_a groups;
 - the embedding row comes from the rank owning the id, Engram rows and logits are gathered in rank order.

@@ -128,7 +128,7 @@ class FastWeights:
         """The expert tables of `block` (e.g. `layers.3`), validated once (host reads of their index arrays)."""
         held = self._tables.get(block)
         if held is None:
-            from tfc.kernels.expert_table import ExpertTable
+            from tfc.kernels.exl3.expert_table import ExpertTable
 
             tables = []
             for proj in ("w1", "w3", "w2"):

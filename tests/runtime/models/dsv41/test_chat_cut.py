@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from test_chat_dsml import D, _ids, summary
 from tfc.fixtures.tokenizer import build_tokenizer
-from tfc.runtime.models.dsv41.chat_reply import ReplyReader
+from tfc.runtime.models.dsv41.chat.reply import ReplyReader
 
 CUT = (
     f'\n\n<{D} calls>\n<{D} invoke name="ping">\n\n</{D} invoke>\n'

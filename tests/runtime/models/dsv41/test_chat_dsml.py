@@ -9,7 +9,7 @@ import pytest
 from support.v41_tokenizer import v41_tokenizer
 from tfc.fixtures.tokenizer import build_tokenizer
 from tfc.runtime.engine.chat import CallArguments, CallStart, Content, Reasoning, ReplyEnd
-from tfc.runtime.models.dsv41.chat_reply import ReplyIds, ReplyReader
+from tfc.runtime.models.dsv41.chat.reply import ReplyIds, ReplyReader
 
 D = "｜DSML｜"
 BLOCK = (

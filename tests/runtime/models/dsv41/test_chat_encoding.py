@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from support.v41_tokenizer import v41_tokenizer
 from tfc.runtime.engine.chat import ChatOptions
-from tfc.runtime.models.dsv41.chat import ChatError, Dsv41ChatFormat, effort_of
-from tfc.runtime.models.dsv41.chat_encoding import TOOLS_SECTION, Encoding, render
+from tfc.runtime.models.dsv41.chat.encoding import TOOLS_SECTION, Encoding, render
+from tfc.runtime.models.dsv41.chat.format import ChatError, Dsv41ChatFormat, effort_of
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "chat_encoding.json").read_text(encoding="utf-8"))
 CASES = CORPUS["cases"]

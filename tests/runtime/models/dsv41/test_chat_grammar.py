@@ -10,8 +10,8 @@ import pytest
 from tfc.fixtures.tokenizer import build_tokenizer
 from tfc.runtime.engine.chat import CallArguments, CallStart, Content, ReplyEnd
 from tfc.runtime.engine.grammar import Grammars
-from tfc.runtime.models.dsv41.chat_grammar import json_grammar, tool_grammar
-from tfc.runtime.models.dsv41.chat_reply import ReplyIds, ReplyReader
+from tfc.runtime.models.dsv41.chat.grammar import json_grammar, tool_grammar
+from tfc.runtime.models.dsv41.chat.reply import ReplyIds, ReplyReader
 
 FUNCTIONS = [
     {"name": "get_weather", "parameters": {"type": "object", "properties": {

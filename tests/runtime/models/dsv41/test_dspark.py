@@ -3,7 +3,7 @@
 `draft_oneshot` recomputes a draft from scratch in plain float64 loops, straight from the maths in
 docs/drafting.md (no ring, no state: the context keys are rebuilt from every observed hidden row). Only the
 FP8 quantiser and the rope frequency table are shared with tfc, as in test_dsv41_reference.py. Tolerances:
-float64 runs agree to 1e-9; float32 runs to 2e-6 (runtime/models/dsv41/numerics.py says why).
+float64 runs agree to 1e-9; float32 runs to 2e-6 (runtime/models/dsv41/reference/numerics.py says why).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import math
 
 import pytest
 import torch
-from tfc.runtime.models.dsv41.dspark import DraftError, DsparkDrafter
-from tfc.runtime.models.dsv41.quant import fake_quant_fp8
-from tfc.runtime.models.dsv41.reference import Dsv41Model
-from tfc.runtime.models.dsv41.rope import default_inv_freq
-from tfc.runtime.models.dsv41.weights import load_dense_weights
+from tfc.runtime.models.dsv41.dspark.drafter import DraftError, DsparkDrafter
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp8
+from tfc.runtime.models.dsv41.reference.rope import default_inv_freq
+from tfc.runtime.models.dsv41.reference.weights import load_dense_weights
 
 F32, F64 = torch.float32, torch.float64
 ATOL = {F32: 2e-6, F64: 1e-9}

@@ -15,9 +15,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 from tfc.runtime.engine.generate import generate
-from tfc.runtime.models.dsv41.reference import Dsv41Model
-from tfc.runtime.models.dsv41.runner import ReferenceRunner
-from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+from tfc.runtime.models.dsv41.reference.runner import ReferenceRunner
+from tfc.runtime.models.dsv41.reference.weights import engram_feed, load_dense_weights
 
 from tfc.cli import cli
 

@@ -18,7 +18,7 @@ from tfc.packs.deepseek_v41_config import load_config
 from tfc.packs.pack import open_pack
 from tfc.runtime.models.dsv41.config import LayerModeError
 from tfc.runtime.models.dsv41.config import config_from_dict as runtime_config
-from tfc.runtime.models.dsv41.weights import load_dense_weights
+from tfc.runtime.models.dsv41.reference.weights import load_dense_weights
 
 from tfc.cli import cli, main
 
@@ -87,7 +87,7 @@ def test_only_reindex_layers_on_the_candidate_source_kv_use_its_candidates():
 def test_the_forward_runs_a_candidate_source_before_a_later_kv_source():
     import torch
     from support.dsv41_random import random_weights, tiny_config_dict
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
+    from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
 
     raw = tiny_config_dict()
     raw["text_config"].update(LATE_KV)

@@ -1,7 +1,7 @@
 """Whole-model gates of the DeepSeek-V4.1 reference forward on the tiny random-weights geometry, in fp32.
 
 The forward keeps fp32 activations but computes every module in fp64 and rounds its result to fp32
-(runtime/models/dsv41/numerics.py), so a token's fp32 bits do not depend on the batch or on chunking. The gates:
+(runtime/models/dsv41/reference/numerics.py), so a token's fp32 bits do not depend on the batch or on chunking. The gates:
 one pass, random chunks and token-by-token decode give the same logits and the same 64 greedy tokens;
 four prompts in one batch give each prompt's solo tokens and logits; the same seed samples the same tokens.
 
@@ -27,10 +27,10 @@ from tfc.fixtures.layer_modes import layer_mode_records
 from tfc.runtime.engine.generate import generate
 from tfc.runtime.engine.sampling import Sampler, SamplingParams
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.engram import EngramFeed
 from tfc.runtime.models.dsv41.engram_hash import HashTables, hash_ids
-from tfc.runtime.models.dsv41.reference import Dsv41Model, EngramRowsMissing
-from tfc.runtime.models.dsv41.runner import ReferenceRunner
+from tfc.runtime.models.dsv41.reference.engram import EngramFeed
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model, EngramRowsMissing
+from tfc.runtime.models.dsv41.reference.runner import ReferenceRunner
 
 F32, F64 = torch.float32, torch.float64
 ATOL = {F32: 2e-6, F64: 1e-9}

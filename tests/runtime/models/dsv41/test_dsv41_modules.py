@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from tfc.runtime.models.dsv41 import csa
-from tfc.runtime.models.dsv41.attention import attend
-from tfc.runtime.models.dsv41.engram import engram_apply
-from tfc.runtime.models.dsv41.mhc import hc_collapse, hc_expand, hc_mix
-from tfc.runtime.models.dsv41.moe import moe
-from tfc.runtime.models.dsv41.quant import fake_quant_fp4, fake_quant_fp8
-from tfc.runtime.models.dsv41.rope import apply_rope, default_inv_freq, yarn_inv_freq
-from tfc.runtime.models.dsv41.state import new_compressor
+from tfc.runtime.models.dsv41.reference import csa
+from tfc.runtime.models.dsv41.reference.attention import attend
+from tfc.runtime.models.dsv41.reference.engram import engram_apply
+from tfc.runtime.models.dsv41.reference.mhc import hc_collapse, hc_expand, hc_mix
+from tfc.runtime.models.dsv41.reference.moe import moe
+from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp4, fake_quant_fp8
+from tfc.runtime.models.dsv41.reference.rope import apply_rope, default_inv_freq, yarn_inv_freq
+from tfc.runtime.models.dsv41.reference.state import new_compressor
 
 F64 = torch.float64
 

@@ -16,9 +16,9 @@ import torch
 from support.dsv41_random import random_weights, tiny_config_dict
 from tfc.fixtures.layer_modes import layer_mode_records
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.quant import fake_quant_fp4, fake_quant_fp8
-from tfc.runtime.models.dsv41.reference import Dsv41Model
-from tfc.runtime.models.dsv41.rope import default_inv_freq, yarn_inv_freq
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp4, fake_quant_fp8
+from tfc.runtime.models.dsv41.reference.rope import default_inv_freq, yarn_inv_freq
 
 F64 = torch.float64
 

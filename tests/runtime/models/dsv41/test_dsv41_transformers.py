@@ -16,10 +16,10 @@ v4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 from support.dsv41_random import random_weights, tiny_config_dict  # noqa: E402
 from tfc.fixtures.layer_modes import layer_mode_records  # noqa: E402
 from tfc.runtime.models.dsv41.config import config_from_dict  # noqa: E402
-from tfc.runtime.models.dsv41.csa import rms_norm  # noqa: E402
-from tfc.runtime.models.dsv41.mhc import hc_collapse, hc_mix  # noqa: E402
-from tfc.runtime.models.dsv41.moe import moe  # noqa: E402
-from tfc.runtime.models.dsv41.rope import apply_rope, build_rope  # noqa: E402
+from tfc.runtime.models.dsv41.reference.csa import rms_norm  # noqa: E402
+from tfc.runtime.models.dsv41.reference.mhc import hc_collapse, hc_mix  # noqa: E402
+from tfc.runtime.models.dsv41.reference.moe import moe  # noqa: E402
+from tfc.runtime.models.dsv41.reference.rope import apply_rope, build_rope  # noqa: E402
 from transformers import DeepseekV4Config  # noqa: E402
 
 F64 = torch.float64
@@ -149,7 +149,7 @@ def test_moe_block_matches_v4(setup):
 
 
 def test_sink_attention_matches_v4_eager(setup):
-    from tfc.runtime.models.dsv41.attention import attend
+    from tfc.runtime.models.dsv41.reference.attention import attend
 
     cfg, _, w = setup
     g = torch.Generator().manual_seed(5)

@@ -12,7 +12,7 @@ from tfc.cache.reader import open_rank
 from tfc.compiler import engram_assets as ea
 from tfc.compiler.engram_map import build_token_map, check_token_map
 from tfc.compiler.prepare import prepare
-from tfc.kernels.engram_rows import decode_rows_reference, gather_rows_reference
+from tfc.kernels.dsv41.engram_rows import decode_rows_reference, gather_rows_reference
 from tfc.packs import deepseek_v41_contract as dsv41
 from tfc.packs.engram_layout import check_layout
 from tfc.packs.pack import open_pack

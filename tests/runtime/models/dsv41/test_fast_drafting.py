@@ -23,7 +23,7 @@ from support.dsv41_image import prepared_image
 from support.scripted_drafter import Scripted
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
-from tfc.runtime.models.dsv41.fast.kv_snapshot import entry_rows
+from tfc.runtime.models.dsv41.fast.kv.snapshot import entry_rows
 from tfc.runtime.models.dsv41.fast.runner import FastStepError
 from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner
 
@@ -166,7 +166,7 @@ class Recorder:
 @pytest.fixture(scope="module")
 def reference(fast):
     """The reference runner over the same image (Engram on), with its DSpark drafter."""
-    from tfc.runtime.models.dsv41.runner import build_reference
+    from tfc.runtime.models.dsv41.reference.runner import build_reference
 
     image = fast.forward.weights.image
     return build_reference(image, device="cpu", dtype=torch.float32, engram=True, slots=1)
@@ -199,7 +199,7 @@ def test_hidden_rows_reach_the_drafter_once_committed_and_match_the_reference(fr
 @ON_CPU_ONLY
 @pytest.mark.slow
 def test_dspark_drafts_on_the_fast_runner_are_the_reference_runners(fresh, reference):
-    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+    from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 
     assert isinstance(fresh.drafter.drafter, FastDsparkDrafter)  # the blocks on the arena, not dense
     drafts = []

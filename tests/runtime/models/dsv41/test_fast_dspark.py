@@ -12,9 +12,9 @@ import pytest
 import torch
 from support.dsv41_image import prepared_image
 from tfc.runtime.boot.rank import boot
-from tfc.runtime.models.dsv41.dspark import DraftError
+from tfc.runtime.models.dsv41.dspark.drafter import DraftError
+from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 from tfc.runtime.models.dsv41.fast.build import build_fast
-from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -24,7 +24,7 @@ TOKENS = torch.randint(3, 640, (70,), generator=torch.Generator().manual_seed(2)
 @pytest.fixture(scope="module")
 def pair(tiny_pack, tmp_path_factory):
     """(the fast drafter, the reference drafter, the reference's target hidden rows of TOKENS)."""
-    from tfc.runtime.models.dsv41.runner import build_reference
+    from tfc.runtime.models.dsv41.reference.runner import build_reference
 
     booted = boot(prepared_image(tiny_pack, tmp_path_factory.mktemp("img")), device="cpu")
     fast = build_fast(booted, slots=1, tokens_per_slot=512, context_step=256, page_tokens=32, draft=False)

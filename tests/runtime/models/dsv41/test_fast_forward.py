@@ -17,13 +17,13 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from support.dense_check import fast_layers, reference_layers
 from support.dsv41_image import prepared_image
 from support.fast_steps import decode_alongside
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
-from tfc.runtime.models.dsv41.fast.dense_check import fast_layers, reference_layers
-from tfc.runtime.models.dsv41.reference import Dsv41Model
-from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+from tfc.runtime.models.dsv41.reference.weights import engram_feed, load_dense_weights
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 from tfc.runtime.worker.worker import Worker
 

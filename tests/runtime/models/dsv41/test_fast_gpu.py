@@ -24,9 +24,9 @@ import os
 import pytest
 import torch
 from click.testing import CliRunner
+from support.dense_check import AGREE_TOKENS
 from support.dsv41_image import prepared_image
 from support.fast_steps import decode_alongside
-from tfc.runtime.models.dsv41.fast.dense_check import AGREE_TOKENS
 
 from tfc.cli import cli
 
@@ -70,7 +70,7 @@ def _tokens(n: int, seed: int) -> list[int]:
 def test_graphed_drafts_equal_eager_ones(graphed, eager):
     # the DSpark drafter's blocks replayed from its CUDA graph give an eager drafter's drafts and logits, bit for
     # bit, over rounds that observe more rows (the ring's context growing, then past the window) between drafts
-    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+    from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 
     gen = torch.Generator().manual_seed(9)
     width = len(graphed.forward.capture) * graphed.forward.cfg.hidden_size
@@ -202,8 +202,8 @@ def test_a_restored_slot_continues_as_the_original_through_the_run_copy_kernel(g
 
 
 def test_fast_matches_the_reference_teacher_forced(graphed):
-    from tfc.runtime.models.dsv41.reference import Dsv41Model
-    from tfc.runtime.models.dsv41.weights import engram_feed, load_dense_weights
+    from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
+    from tfc.runtime.models.dsv41.reference.weights import engram_feed, load_dense_weights
 
     cfg, weights = load_dense_weights(graphed.forward.weights.image.path)
     feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim)
@@ -307,7 +307,7 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
     not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
 def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
-    from tfc.runtime.models.dsv41.fast.dense_check import image_agreement
+    from support.dense_check import image_agreement
 
     res = image_agreement(os.environ["TFC_FLASH_IMAGE"], AGREE_TOKENS)
     assert res["pass"] and res["top1_equal"] >= 0.75, res
@@ -319,9 +319,9 @@ def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
 def test_flash_slice_kernel_calls_match_the_decoded_weights():
     # localises a Flash-geometry disagreement: each kernel call of layers 0 and 2 (and the head) on random
     # inputs against its device-decoded weights, and that decode against the numpy reference
+    from support.dense_check import kernel_errors
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
-    from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
 
     booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
     try:

@@ -31,7 +31,7 @@ from tfc.runtime.models.dsv41.config import config_from_dict
 from tfc.runtime.models.dsv41.fast.ops import TritonOps, moe_config
 from tfc.runtime.models.dsv41.fast.ops_reference import ReferenceOps
 from tfc.runtime.models.dsv41.fast.weights import FastWeights
-from tfc.kernels.exl3_tl import INTERPRET
+from tfc.kernels.exl3.tl import INTERPRET
 
 booted = boot(sys.argv[1], device="cpu")
 meta = booted.image.manifest.meta
@@ -65,7 +65,7 @@ table, lo = w.engram_table(cfg.engram_layer_ids[0], 0)
 ids = torch.randint(lo, lo + table.shape[0], (4, cfg.engram_cols), generator=gen)
 out["engram_equal"] = bool(torch.equal(ops.engram_rows(table, ids, cfg.engram_head_dim, lo),
                                        ref.engram_rows(table, ids, cfg.engram_head_dim, lo)))
-from tfc.runtime.models.dsv41.fast.dense_check import DeviceDense
+from support.dense_check import DeviceDense
 dense, tables = DeviceDense(w), w.experts("layers.2")
 pairs = [(dense["layers.2.attn.wkv"], ref.dense(w.linear("layers.2.attn.wkv"))),
          (dense["layers.2.ffn.experts.1.w2"], ref.expert(tables.w2, 1)),
@@ -74,7 +74,7 @@ out["dense"] = [float((a - b).abs().max() / b.abs().max()) for a, b in pairs]
 out["dense_native"] = bool(dense["layers.2.ffn.gate.bias"].data_ptr() == w.native("layers.2.ffn.gate.bias").data_ptr())
 out["dense_missing"] = "layers.2.ffn.experts.8.w1" not in dense and "layers.2.nothing" not in dense
 from types import SimpleNamespace
-from tfc.runtime.models.dsv41.fast.dense_check import kernel_errors
+from support.dense_check import kernel_errors
 out["kernel_errors"] = kernel_errors(SimpleNamespace(forward=SimpleNamespace(weights=w, ops=ops, cfg=cfg)), 2)
 print(json.dumps(out))
 """

@@ -13,10 +13,10 @@ from tfc.fixtures.flash_headers import flash_config
 from tfc.fixtures.tiny import tiny_config
 from tfc.packs.deepseek_v41_config import config_from_dict as pack_config
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.fast.kv_layout import kv_layout
-from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
-from tfc.runtime.models.dsv41.fast.kv_pages import KvFull, PagePool
-from tfc.runtime.models.dsv41.fast.kv_rows import (
+from tfc.runtime.models.dsv41.fast.kv.layout import kv_layout
+from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
+from tfc.runtime.models.dsv41.fast.kv.pages import KvFull, PagePool
+from tfc.runtime.models.dsv41.fast.kv.rows import (
     Fp4Grid,
     fake_fp4,
     pack_fp4,
@@ -24,7 +24,7 @@ from tfc.runtime.models.dsv41.fast.kv_rows import (
     unpack_fp4,
     unpack_fp8,
 )
-from tfc.runtime.models.dsv41.quant import fake_quant_fp4, fake_quant_fp8
+from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp4, fake_quant_fp8
 
 GRID = Fp4Grid.on(torch.device("cpu"))
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 def test_the_prefill_twins_moe_path_follows_its_step_width_not_its_live_rows(monkeypatch, width, scratch):
     """A wide prefill step's MoE decodes its tables into the scratch (kernels/exl3_rows.MOE_SCRATCH_TOKENS),
     at every count of live rows: a prompt's last, short chunk keeps its width's path, so its bits."""
-    from tfc.kernels import exl3_rows
+    from tfc.kernels.exl3 import rows as exl3_rows
     from tfc.runtime.models.dsv41.fast.ops import TritonOps
 
     ops = TritonOps(torch.device("cpu"))

@@ -3,7 +3,7 @@ their own, so a prompt's state does not depend on how it was chunked, decode row
 the engine caches prompt states only (a decoded row's bits are not its prefilled bits).
 
 The wide steps are 32 rows here, so that a 70-token prompt takes several. TFC_TEST_FAST_DEVICE=cuda runs the same
-on a GPU (graphs on), where the prefill forward runs the many-row kernels (kernels/exl3_rows.py) and the decode
+on a GPU (graphs on), where the prefill forward runs the many-row kernels (kernels/exl3/rows.py) and the decode
 steps the decode kernels: agreement between them is then within the decode kernels' fp16 rounding of their
 input, test_fast_gpu.py's GPU_ATOL (0.02), instead of fp32 sums' rounding on the CPU."""
 

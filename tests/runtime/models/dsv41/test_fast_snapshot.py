@@ -12,7 +12,7 @@ import torch
 from support.dsv41_image import prepared_image
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
-from tfc.runtime.models.dsv41.fast.kv_snapshot import KvSnapshotError
+from tfc.runtime.models.dsv41.fast.kv.snapshot import KvSnapshotError
 from tfc.runtime.worker.step import SequenceStep, StepPlan, snapshot_runner
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]

@@ -87,7 +87,7 @@ def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
     # the DSpark drafter's blocks and head as a GraphCache step: the first draft captures it, later drafts replay
     # it, and every draft (tokens, logits) equals an eager drafter's on the same rows, the ring's context growing
     # and then past the window
-    from tfc.runtime.models.dsv41.fast.dspark import FastDsparkDrafter
+    from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 
     backend = Recording()
     cache = GraphCache(GraphSettings(), backend=backend)

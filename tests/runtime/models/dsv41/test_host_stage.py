@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tfc.runtime.models.dsv41.fast.kv_memory import HostStage
+from tfc.runtime.models.dsv41.fast.kv.memory import HostStage
 
 
 def test_on_the_cpu_an_upload_is_its_own_copy():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tfc.runtime.models.dsv41.runner import StepError
+from tfc.runtime.models.dsv41.reference.runner import StepError
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,0 +1,153 @@
+"""Drafting on the dsv41 runners (reference, fast): each slot's DSpark context of committed target rows, and its drafts.
+
+The runner hands a slot drafter the target hidden rows of committed positions only (`commit`); rows a verify
+step fed are committed once the engine says how many it kept, so the drafter never sees a rejected row and
+needs no rollback of its own. Rows wait, unobserved, until the slot drafts; only the last `window` of them
+can reach the DSpark rings, so older ones are dropped on arrival. A slot whose rows skipped positions (it
+was resumed from a prefix-cache snapshot, which holds no drafter state) starts a fresh context there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from tfc.runtime.models.dsv41.dspark.drafter import DraftError, DsparkDrafter
+from tfc.runtime.models.dsv41.dspark.state import DraftState
+from tfc.runtime.models.dsv41.reference.forward import Dsv41Model, MissingWeight
+
+Choose = Callable[[int, torch.Tensor], int]  # (draft index i, its logits [V]) -> the token proposed
+
+
+class SlotDrafter(Protocol):
+    """What the runner asks of a drafter (the DSpark one, or a test's scripted stand-in)."""
+
+    block_size: int  # the most tokens one draft proposes
+    target_layers: tuple[int, ...]  # backbone layers whose input rows `commit` wants (none: no rows)
+
+    def commit(self, slot: int, position: int, hidden: torch.Tensor) -> None:
+        """Committed target rows [n, width] of positions position .. position+n-1."""
+        ...
+
+    def propose(
+        self, slot: int, tokens: Sequence[int], last_token: int, k: int, choose: Choose
+    ) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` after the slot's committed `tokens`."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """Forget a slot."""
+        ...
+
+
+@dataclass
+class SlotContext:
+    """One slot's drafter state and the committed rows it has not observed yet."""
+
+    state: DraftState
+    rows: list[torch.Tensor] = field(default_factory=list)
+    waiting: int = 0  # rows in `rows`
+
+    @property
+    def end(self) -> int:
+        """The position after the last committed row it holds."""
+        return self.state.position + self.waiting
+
+
+class DsparkSlots:
+    """A DSpark drafter over every slot of a runner (`DsparkDrafter`, or fast/dspark.py's, which has its interface)."""
+
+    def __init__(self, drafter: DsparkDrafter) -> None:
+        self.drafter = drafter
+        self.block_size = drafter.block_size
+        self.target_layers = tuple(drafter.target_layers)
+        self.window = drafter.config.sliding_window
+        self.contexts: dict[int, SlotContext] = {}
+
+    def commit(self, slot: int, position: int, hidden: torch.Tensor) -> None:
+        """Keep committed rows for the slot's next draft (a fresh context where they do not follow its last)."""
+        ctx = self.contexts.get(slot)
+        if ctx is None or ctx.end != position:
+            ctx = self.contexts[slot] = SlotContext(DraftState(position=position, start=position))
+        ctx.rows.append(hidden)
+        ctx.waiting += hidden.shape[0]
+        extra = ctx.waiting - self.window
+        while extra > 0:  # rows the rings could not keep anyway: skip them
+            first = ctx.rows[0]
+            cut = min(extra, first.shape[0])
+            ctx.rows[0] = first[cut:]
+            if ctx.rows[0].shape[0] == 0:
+                ctx.rows.pop(0)
+            ctx.state.position += cut
+            ctx.waiting -= cut
+            extra -= cut
+
+    def propose(
+        self, slot: int, tokens: Sequence[int], last_token: int, k: int, choose: Choose
+    ) -> tuple[int, ...]:
+        """The DSpark block's first k tokens after `last_token` (none before the slot observed a row)."""
+        ctx = self.contexts.get(slot)
+        if ctx is None or ctx.end != len(tokens) or ctx.end == ctx.state.start:
+            return ()
+        hidden = torch.cat(ctx.rows) if ctx.rows else None
+        ctx.rows, ctx.waiting = [], 0
+        if hidden is None:
+            hidden = torch.empty(0, len(self.target_layers) * self.drafter.config.hidden_size)
+        index = iter(range(k))
+        draft = self.drafter.draft(ctx.state, hidden, last_token, k, lambda row: choose(next(index), row))
+        return draft.tokens
+
+    def release(self, slot: int) -> None:
+        """Forget a slot's context."""
+        self.contexts.pop(slot, None)
+
+
+class DraftingRunner:
+    """`draft` as both DeepSeek-V4.1 runners serve it: a subclass sets `drafter`, `draft_note`, `draft_block`,
+    `info`, `step_error` (the error it raises) and gives `_fed_tokens` and `_settle`."""
+
+    drafter: SlotDrafter | None
+    draft_note: str
+    step_error: type[Exception] = ValueError
+
+    @property
+    def can_draft(self) -> bool:
+        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
+        return self.drafter is not None
+
+    def _fed_tokens(self, slot: int) -> Sequence[int] | None:
+        """The tokens a slot was fed (None: the slot holds no sequence)."""
+        raise NotImplementedError
+
+    def _settle(self, slot: int) -> None:
+        """Commit a verify step the engine did not roll back."""
+        raise NotImplementedError
+
+    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
+        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet); `choose(i, logits)`
+        picks draft i (default: the highest logit)."""
+        if self.drafter is None:
+            raise self.step_error(f"this runner cannot draft ({self.draft_note})")
+        tokens = self._fed_tokens(slot)
+        if tokens is None:
+            raise self.step_error(f"slot {slot} holds no sequence to draft for")
+        self._settle(slot)
+        k = min(k, self.draft_block)
+        if k < 1:
+            return ()
+        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
+        out = tuple(int(t) for t in self.drafter.propose(slot, tokens, last_token, k, pick))[:k]
+        vocab = self.info.vocab_size
+        if any(not 0 <= t < vocab for t in out):
+            raise self.step_error(f"slot {slot}: a draft {out} outside the vocabulary [0, {vocab})")
+        return out
+
+
+def dspark_slots(model: Dsv41Model) -> tuple[DsparkSlots | None, str]:
+    """The DSpark drafter over a model's mtp blocks (decoded when first drafted), or None and why not."""
+    try:
+        return DsparkSlots(DsparkDrafter(model)), ""
+    except (DraftError, MissingWeight) as error:
+        return None, str(error).splitlines()[0]
