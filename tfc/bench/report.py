@@ -56,15 +56,21 @@ class ConsoleReporter:
         self._progress.update(self._task, advance=1, failed=failed)
 
     def setting_done(self, summary: dict) -> None:
-        self._progress.stop()
+        self.close()
         if self.as_json:
             print(json.dumps(summary), flush=True)
         else:
             Console().print(table(summary))
 
+    def close(self) -> None:
+        """Take the bar down (also when a run is interrupted, so the terminal gets its cursor back)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
 
 def table(summary: dict) -> Group:
-    """A setting's summary: counts and rates on two lines, then p50 / p90 / p99 rows in ms, then its errors."""
+    """A setting's summary: counts and rates on one line, then p50 / p90 / p99 rows in ms, then its errors."""
     setting = ", ".join(f"{k} {v}" for k, v in summary.items() if k in ("concurrency", "rate"))
     head = Text(
         f"{setting}: {summary['ok']} ok, {summary['failed']} failed in {summary['duration_s']:.2f} s; "

@@ -95,7 +95,11 @@ def bench(url, endpoint, concurrency, rate, requests, input_len, output_len, max
         timeout_s=timeout_s, warmup=warmup, seed=seed,
     )  # fmt: skip
     prompts = PromptSource(seed, input_len, load_dataset(dataset) if dataset is not None else None)
-    summaries = asyncio.run(run(plan, prompts, ConsoleReporter(as_json)))
+    reporter = ConsoleReporter(as_json)
+    try:
+        summaries = asyncio.run(run(plan, prompts, reporter))
+    finally:
+        reporter.close()
     if not any(s["ok"] for s in summaries):
         click.echo("tfc bench: no request succeeded", err=True)
         sys.exit(1)
