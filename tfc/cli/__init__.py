@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "serve": ("tfc.cli.serve_cmd", "serve", "Serve an image over an OpenAI-compatible HTTP API."),
     "chat": ("tfc.cli.chat_cmd", "chat", "Chat with an image in the terminal (reasoning, tool calls)."),
+    "bench": ("tfc.cli.bench_cmd", "bench", "Load an OpenAI-compatible server: throughput, TTFT, TPOT, ITL."),
     "engram": ("tfc.cli.engram_cmd", "engram", "Which Engram table rows a text touches."),
     "dequant": ("tfc.cli.dequant_cmd", "dequant", "One EXL3 group's dense weight from the reference decode."),
     "fixture": ("tfc.cli.fixture_cmd", "fixture", "Write a synthetic pack in the real layout."),
