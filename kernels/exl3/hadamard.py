@@ -28,22 +28,6 @@ def hadamard128(dtype: str = "float32", normalized: bool = True) -> np.ndarray:
     return (h * SCALE).astype(dtype) if normalized else h.astype(dtype)
 
 
-def had128_rows(a: np.ndarray) -> np.ndarray:
-    """Apply the normalized block Hadamard to every 128-row block: blockdiag(H) @ a (a is [k, n])."""
-    k = a.shape[0]
-    h = hadamard128(a.dtype.name if a.dtype.kind == "f" else "float64")
-    blocks = a.reshape(k // BLOCK, BLOCK, *a.shape[1:])
-    return np.einsum("ij,bj...->bi...", h, blocks).reshape(a.shape)
-
-
-def had128_last(a: np.ndarray) -> np.ndarray:
-    """Apply the normalized block Hadamard along the last axis, per 128-value chunk (a @ blockdiag(H))."""
-    n = a.shape[-1]
-    h = hadamard128(a.dtype.name if a.dtype.kind == "f" else "float64")
-    chunks = a.reshape(*a.shape[:-1], n // BLOCK, BLOCK)
-    return (chunks @ h).reshape(a.shape)
-
-
 def had128_torch(x, dim: int = -1):
     """Torch: the normalized block Hadamard along `dim` (length a multiple of 128), in x's dtype."""
     import torch

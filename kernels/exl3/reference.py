@@ -7,7 +7,7 @@ from functools import cache
 
 import numpy as np
 from tfc.kernels.exl3.codebook import CB_MUL1, CODEBOOKS, lut
-from tfc.kernels.exl3.hadamard import BLOCK, had128_last, had128_rows
+from tfc.kernels.exl3.hadamard import BLOCK, hadamard128
 
 from tfc.errors import TfcError
 
@@ -101,7 +101,7 @@ def signs_from_packed(packed: np.ndarray) -> np.ndarray:
 def iter_dequant(
     trellis: np.ndarray, suh: np.ndarray, svh: np.ndarray, codebook: int, rows: int = 1024
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield (row0, W[row0:row0+rows] float32) blocks of the dense weight; steps 7-8 in fp32."""
+    """Yield (row0, W[row0:row0+rows] float32) blocks of the dense weight, each 128-row block tile by tile."""
     tk, tn, _ = trellis.shape
     k, n = 16 * tk, 16 * tn
     if k % BLOCK or n % BLOCK:
@@ -109,18 +109,35 @@ def iter_dequant(
     if suh.shape != (k,) or svh.shape != (n,):
         raise Exl3FormatError(f"suh {suh.shape} / svh {svh.shape} do not match k={k}, n={n}")
     rows = max(BLOCK, rows // BLOCK * BLOCK)
-    su = suh.astype(np.float32)[:, None]
-    sv = svh.astype(np.float32)[None, :]
     for row0 in range(0, k, rows):
-        what = decode_rotated(trellis[row0 // 16 : (row0 + rows) // 16], codebook).astype(np.float32)
-        block = had128_last(had128_rows(what))
-        block *= su[row0 : row0 + block.shape[0]]
-        block *= sv
+        block = np.concatenate([
+            _tile_row(trellis, suh, svh, codebook, r) for r in range(row0, min(k, row0 + rows), BLOCK)
+        ])  # fmt: skip
         yield row0, block
 
 
+def _tile_row(trellis: np.ndarray, suh: np.ndarray, svh: np.ndarray, codebook: int, row0: int) -> np.ndarray:
+    """W[row0:row0+128] float32: each 128 x 128 tile H W-hat H on its own (steps 7-8 in fp32), then the signs.
+
+    A tile never reads its neighbours, so a TP rank's column slice has the bits of the same columns decoded
+    whole, and every caller (the forward, `tfc dequant`, the kernels' references) gets one set of bits."""
+    import torch
+
+    what = torch.from_numpy(
+        decode_rotated(trellis[row0 // 16 : row0 // 16 + BLOCK // 16], codebook).astype(np.float32)
+    )
+    n = what.shape[1]
+    h = torch.from_numpy(hadamard128("float32"))
+    tiles = what.reshape(BLOCK, n // BLOCK, BLOCK).transpose(0, 1).contiguous()
+    tiles = torch.matmul(torch.matmul(h, tiles), h)  # [n/128, 128, 128]: the same batched GEMM for any k
+    dense = tiles.transpose(0, 1).reshape(BLOCK, n)
+    dense *= torch.from_numpy(suh[row0 : row0 + BLOCK].astype(np.float32))[:, None]
+    dense *= torch.from_numpy(svh.astype(np.float32))[None, :]
+    return dense.numpy()
+
+
 def dequant(trellis: np.ndarray, suh: np.ndarray, svh: np.ndarray, codebook: int) -> np.ndarray:
-    """The dense weight W [k, n] float32 = diag(suh) Hk W-hat Hn diag(svh)."""
+    """The dense weight W [k, n] float32 = diag(suh) Hk W-hat Hn diag(svh), decoded tile by tile."""
     tk, tn, _ = trellis.shape
     out = np.empty((16 * tk, 16 * tn), dtype=np.float32)
     for row0, block in iter_dequant(trellis, suh, svh, codebook):

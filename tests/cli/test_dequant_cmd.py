@@ -64,3 +64,32 @@ def test_unknown_group_is_one_line_with_suggestions(tiny_pack, tmp_path):
     assert len(lines) == 1 and "no EXL3 group named 'layers.0.attn.wq_c'" in lines[0]
     assert "layers.0.attn.wq_a" in lines[0]
     assert not (tmp_path / "x.npy").exists()
+
+
+@pytest.mark.slow
+def test_every_group_dequantises_to_the_forwards_weight(tiny_pack, tiny_image, tmp_path):
+    """One EXL3 decode: what `tfc dequant` writes is, bit for bit, the weight the reference forward runs (every
+    group through the decode the command streams; a few through the command itself)."""
+    from click.testing import CliRunner
+    from tfc.kernels.exl3 import reference as ref
+    from tfc.kernels.exl3.codebook import codebook_id
+    from tfc.packs.pack import open_pack, read_tensor
+    from tfc.runtime.models.dsv41.reference.weights import open_dense
+
+    from tfc.cli import cli
+
+    _, weights, opened = open_dense(tiny_image)
+    groups = open_pack(tiny_pack).groups
+    assert len(groups) > 200
+    for name, g in groups.items():
+        trellis, suh, svh = read_tensor(g.trellis), read_tensor(g.suh), read_tensor(g.svh)
+        streamed = np.concatenate(
+            [b for _, b in ref.iter_dequant(trellis, suh, svh, codebook_id(g.codebook))]
+        )
+        np.testing.assert_array_equal(streamed, weights[name].numpy(), err_msg=name)
+    out = tmp_path / "w.npy"
+    for name in ("head", "layers.0.attn.wq_a", "layers.1.ffn.experts.3.w2", "layers.1.ffn.shared_experts.w1"):
+        result = CliRunner().invoke(cli, ["dequant", str(tiny_pack), name, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        np.testing.assert_array_equal(np.load(out), weights[name].numpy(), err_msg=name)
+    opened.close()

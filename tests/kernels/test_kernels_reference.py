@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from tfc.kernels.exl3 import codebook as cbk
 from tfc.kernels.exl3 import reference as ref
-from tfc.kernels.exl3.hadamard import had128_last, had128_rows, hadamard128
+from tfc.kernels.exl3.hadamard import hadamard128
 
 ALL_WIDTHS = [(w, cb) for w in range(16, 129, 16) for cb in (0, 1, 2)] + [(w, 2) for w in (24, 40, 56)]
 
@@ -156,14 +156,6 @@ def test_reconstruction_within_fp32_tolerance(width, codebook):
     # Streaming in row blocks gives the same bytes as the whole matrix.
     blocks = dict(ref.iter_dequant(trellis, suh, svh, codebook, rows=128))
     np.testing.assert_array_equal(np.concatenate([blocks[0], blocks[128]]), w32)
-
-
-def test_had128_helpers_agree():
-    rng = np.random.default_rng(5)
-    a = rng.standard_normal((256, 384))
-    h = hadamard128("float64")
-    np.testing.assert_allclose(had128_rows(a)[:128], h @ a[:128], atol=1e-12)
-    np.testing.assert_allclose(had128_last(a)[:, 128:256], a[:, 128:256] @ h, atol=1e-12)
 
 
 @pytest.mark.parametrize(("width", "codebook"), [(72, 2), (136, 0), (8, 2), (24, 0), (40, 1), (88, 2)])

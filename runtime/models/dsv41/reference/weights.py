@@ -122,23 +122,13 @@ class ImageWeights(Mapping):
 
 
 def dequant_tiles(trellis: np.ndarray, suh: np.ndarray, svh: np.ndarray, codebook: int) -> torch.Tensor:
-    """W [k, n] float32 = diag(suh) Hk W-hat Hn diag(svh), steps 7-8 in fp32 one 128 x 128 tile at a time."""
-    from tfc.kernels.exl3.hadamard import BLOCK, hadamard128
-    from tfc.kernels.exl3.reference import decode_rotated
+    """W [k, n] float32 by the one EXL3 decode (kernels/exl3/reference.py), as a tensor."""
+    from tfc.kernels.exl3.reference import Exl3FormatError, dequant
 
-    what = torch.from_numpy(decode_rotated(trellis, codebook).astype(np.float32))
-    k, n = what.shape
-    if k % BLOCK or n % BLOCK or suh.shape != (k,) or svh.shape != (n,):
-        raise WeightLoadError(
-            f"trellis {trellis.shape} with suh {suh.shape}, svh {svh.shape}: not 128-value blocks"
-        )
-    h = torch.from_numpy(hadamard128("float32"))
-    tiles = what.reshape(k // BLOCK, BLOCK, n // BLOCK, BLOCK).transpose(1, 2).contiguous()
-    tiles = torch.matmul(torch.matmul(h, tiles), h)  # per tile: H tile H (every tile one same-shape GEMM)
-    dense = tiles.transpose(1, 2).reshape(k, n)
-    dense *= torch.from_numpy(suh.astype(np.float32))[:, None]
-    dense *= torch.from_numpy(svh.astype(np.float32))[None, :]
-    return dense
+    try:
+        return torch.from_numpy(dequant(trellis, suh, svh, codebook))
+    except Exl3FormatError as e:
+        raise WeightLoadError(str(e)) from None
 
 
 def dense_from_opened(opened: Any) -> tuple[Dsv41Config, ImageWeights]:
