@@ -228,6 +228,7 @@ def response_object(
         "truncation": "disabled",
         "usage": None,
         "user": body.user,
+        "safety_identifier": body.safety_identifier,
         "metadata": body.metadata or {},
         "background": False,
         "service_tier": "default",

@@ -55,6 +55,7 @@ def test_string_input_runs_as_its_chat_completion(client):
         temperature=0,
         metadata={"run": "a"},
         user="u1",
+        safety_identifier="s1",
     )
     c = client.chat.completions.create(
         model="tiny",
@@ -72,7 +73,8 @@ def test_string_input_runs_as_its_chat_completion(client):
     assert (u.input_tokens, u.output_tokens) == (c.usage.prompt_tokens, 8)
     assert u.total_tokens == u.input_tokens + 8 and u.output_tokens_details.reasoning_tokens == 0
     assert r.store is False and r.instructions == "Be brief" and r.max_output_tokens == 8
-    assert r.metadata == {"run": "a"} and r.user == "u1" and r.previous_response_id is None
+    assert r.metadata == {"run": "a"} and r.user == "u1" and r.safety_identifier == "s1"
+    assert r.previous_response_id is None
 
 
 @pytest.mark.slow
