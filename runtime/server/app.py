@@ -19,6 +19,8 @@ from tfc.runtime.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from tfc.runtime.server.responses import create_response, not_kept
+from tfc.runtime.server.responses_protocol import ResponsesRequest
 from tfc.runtime.server.state import ServerState
 
 OPEN_PATHS = frozenset({"/health"})
@@ -102,6 +104,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         return await generation(state, body, chat=False)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest):
+        return await create_response(state, body)
+
+    app.add_api_route("/v1/responses/{response_id}", not_kept, methods=["GET", "DELETE"])
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
