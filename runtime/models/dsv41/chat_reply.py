@@ -130,8 +130,8 @@ class ReplyReader:
         text, hold = self.held, 0
         if not self.reasoning and self.stops:
             hits = [(at, s) for s in self.stops if (at := text.find(s)) >= 0]
-            if hits:
-                cut, self.stopped_by = min(hits, key=lambda hit: hit[0])  # the earliest; ties: the first given
+            if hits:  # the earliest; at one place, the first given
+                cut, self.stopped_by = min(hits, key=lambda hit: hit[0])
                 text, self.done, everything = text[:cut], True, True
         if not everything:
             if self.tools:
