@@ -72,8 +72,10 @@ class CallArguments:
 
 @dataclass(frozen=True)
 class ReplyEnd:
-    """The reader's last word: reasoning tokens, whether the reply ended inside its reasoning, calls made."""
+    """The reader's last word: reasoning tokens, whether the reply ended inside its reasoning, calls made, and
+    the stop string that ended it (None when none did)."""
 
     reasoning_tokens: int
     in_reasoning: bool
     calls: int
+    stop: str | None = None

@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, API-key guard, OpenAI-shaped errors for every refusal."""
+"""The FastAPI application: routes, API-key guard, errors in the shape of the API each route belongs to."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tfc.runtime.engine.request import PromptError
 from tfc.runtime.server import chat as chats
+from tfc.runtime.server import messages
 from tfc.runtime.server.auth import presented_key
 from tfc.runtime.server.completions import BadRequest, generation
 from tfc.runtime.server.errors import error_response
@@ -36,6 +37,8 @@ def build_app(state: ServerState) -> FastAPI:
         if state.keys.enabled and request.url.path not in OPEN_PATHS:
             key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
             if not state.keys.allows(key):
+                if messages.owns(request.url.path):
+                    return messages.error_response("missing or invalid API key", 401)
                 return error_response("missing or invalid API key", 401, "invalid_api_key")
         return await call_next(request)
 
@@ -110,6 +113,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await create_response(state, body)
 
     app.add_api_route("/v1/responses/{response_id}", not_kept, methods=["GET", "DELETE"])
+    messages.register(app, state)
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")

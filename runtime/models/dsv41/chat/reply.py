@@ -49,6 +49,7 @@ class ReplyReader:
         self.calls = 0
         self.reasoning_tokens = 0
         self.done = False
+        self.stopped_by: str | None = None  # the stop string that ended the reply
 
     # -- the engine's side ---------------------------------------------------------------------------------
 
@@ -128,8 +129,9 @@ class ReplyReader:
         """Hand out held text, keeping back what may start a block or a stop string."""
         text, hold = self.held, 0
         if not self.reasoning and self.stops:
-            cut = min((at for at in (text.find(s) for s in self.stops) if at >= 0), default=-1)
-            if cut >= 0:
+            hits = [(at, s) for s in self.stops if (at := text.find(s)) >= 0]
+            if hits:  # the earliest; at one place, the first given
+                cut, self.stopped_by = min(hits, key=lambda hit: hit[0])
                 text, self.done, everything = text[:cut], True, True
         if not everything:
             if self.tools:
@@ -196,4 +198,4 @@ class ReplyReader:
         self.block, self.sent, self.separator = None, [], ""
 
     def _end(self) -> ReplyEnd:
-        return ReplyEnd(self.reasoning_tokens, self.reasoning, self.calls)
+        return ReplyEnd(self.reasoning_tokens, self.reasoning, self.calls, self.stopped_by)

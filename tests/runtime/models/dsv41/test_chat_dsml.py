@@ -219,7 +219,15 @@ def test_stop_strings_cut_the_answer_not_the_reasoning(tok):
     ids = tok.encode("think STOP here</think>the answer STOP and more", add_special_tokens=False).ids
     parts, hit = read(tok, ids, True, False, stops=("STOP",))
     assert hit and summary(parts)[:2] == ("think STOP here", "the answer ")
-    assert isinstance(parts[-1], ReplyEnd)
+    assert isinstance(parts[-1], ReplyEnd) and parts[-1].stop == "STOP"
+
+
+def test_the_reply_end_names_the_earliest_stop_string(tok):
+    ids = tok.encode("a bee and a wasp", add_special_tokens=False).ids
+    parts, hit = read(tok, ids, False, False, stops=("wasp", "bee", "zebra"))
+    assert hit and summary(parts)[1] == "a " and parts[-1].stop == "bee"
+    parts, hit = read(tok, ids, False, False, stops=("zebra",))
+    assert not hit and parts[-1].stop is None
 
 
 def test_reasoning_tokens_are_counted(tok):

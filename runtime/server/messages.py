@@ -1,0 +1,231 @@
+"""Anthropic's Messages API: POST /v1/messages (JSON or SSE) and /v1/messages/count_tokens.
+
+A body is checked here, translated into the chat completion it means (`messages_request`), prepared and
+submitted on the chat route's path, and its reply parts built into content blocks (`messages_reply`).
+Refusals come in Anthropic's error shape; a draining server answers 529 overloaded_error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from tfc.runtime.engine.generate import token_sha
+from tfc.runtime.engine.request import Event, PromptError, Rejected
+from tfc.runtime.server import chat as chats
+from tfc.runtime.server import sse
+from tfc.runtime.server.completions import BadRequest, _prepare
+from tfc.runtime.server.messages_errors import OVERLOADED, error_body, error_response
+from tfc.runtime.server.messages_protocol import CountTokensRequest, MessagesRequest, parse
+from tfc.runtime.server.messages_reply import MessageBlocks, usage
+from tfc.runtime.server.messages_request import Translated, translate
+from tfc.runtime.server.state import ServerState
+
+PREFIX = "/v1/messages"
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def owns(path: str) -> bool:
+    """Whether a path is a Messages route (its refusals, 401 included, take Anthropic's shape)."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def register(app: FastAPI, state: ServerState) -> None:
+    """Add the Messages routes to the app."""
+
+    @app.post(PREFIX)
+    async def create(request: Request):
+        return await create_message(state, await request.body())
+
+    @app.post(PREFIX + "/count_tokens")
+    async def count_tokens(request: Request):
+        return await count_message_tokens(state, await request.body())
+
+    @app.api_route(PREFIX, methods=["GET", "PUT", "PATCH", "DELETE"])
+    async def wrong_method(request: Request):
+        return error_response(f"{request.method} is not allowed on {PREFIX}: POST a message", 405)
+
+    @app.api_route(PREFIX + "/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def unknown(rest: str):
+        return error_response(f"no such route: {PREFIX}/{rest}", 404)
+
+
+def event(name: str, data: dict) -> bytes:
+    """One typed SSE event."""
+    return (
+        f"event: {name}\ndata: ".encode()
+        + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
+
+
+def _body(model: type, raw: bytes) -> Any:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise BadRequest("the body is not valid JSON", "body") from None
+    return parse(model, data)
+
+
+def _not_ready(state: ServerState) -> JSONResponse:
+    if state.status == "draining":
+        return error_response("server restarting: retry shortly", OVERLOADED, retry_after=30, close=True)
+    if state.status == "failed":
+        return error_response(f"the server failed: {state.failure}", 500)
+    return error_response("the model is still booting: retry shortly", 503, retry_after=5)
+
+
+def _wrong_model(state: ServerState, model: str | None) -> JSONResponse | None:
+    if model is None or model == state.model_name:
+        return None
+    return error_response(
+        f"model: the model {model!r} does not exist (this server serves {state.model_name!r})", 404
+    )
+
+
+async def create_message(state: ServerState, raw: bytes):
+    """Serve one Messages body: admission first, then a message or its event stream."""
+    state.inflight += 1
+    handed_off = False
+    try:
+        if state.after_count is not None:
+            state.after_count()
+        if state.status != "ready":
+            return _not_ready(state)
+        translated = None
+        try:
+            body = _body(MessagesRequest, raw)
+            wrong = _wrong_model(state, body.model)
+            if wrong is not None:
+                return wrong
+            translated = translate(body)
+            job, requests = await asyncio.to_thread(_prepare, state, translated.chat, True)
+            (stream,) = state.engine.submit(requests)
+        except BadRequest as bad:
+            return error_response(_named(translated, bad.message, bad.param), bad.status)
+        except PromptError as bad:
+            return error_response(_named(translated, str(bad), bad.param), 400)
+        except chats.ConstraintError as bad:
+            return error_response(_named(translated, bad.message, bad.param), 400)
+        except Rejected as no:
+            if no.code == "server_restarting":
+                return error_response(no.message, OVERLOADED, no.retry_after, close=True)
+            status = 500 if no.status == 503 and no.code == "engine_dead" else no.status
+            return error_response(_named(translated, no.message, no.param), status, no.retry_after)
+        state.metrics.requests.inc()
+        reply = _Reply(state, "msg_" + secrets.token_hex(12), len(job.prompts[0]), translated.show_thinking)
+        if body.stream:
+            handed_off = True
+            return StreamingResponse(
+                reply.events(stream), media_type="text/event-stream", headers=sse.HEADERS
+            )
+        return await reply.whole(stream)
+    finally:
+        if not handed_off:
+            state.inflight -= 1
+
+
+def _named(translated: Translated | None, message: str, param: str | None) -> str:
+    """An error line with the chat field it names put as the Messages field."""
+    if translated is None:
+        return message
+    message = translated.message(message, param)
+    name = translated.param(param)
+    return message if name is None or name in message else f"{name}: {message}"
+
+
+async def count_message_tokens(state: ServerState, raw: bytes):
+    """The prompt tokens a Messages body renders to: {"input_tokens": N}."""
+    if not state.ready:
+        return _not_ready(state)
+    translated = None
+    try:
+        body = _body(CountTokensRequest, raw)
+        wrong = _wrong_model(state, body.model)
+        if wrong is not None:
+            return wrong
+        translated = translate(body)
+        chat = translated.chat
+        ids = await asyncio.to_thread(state.chat.render, chats.messages(chat), chats.options(chat))
+    except BadRequest as bad:
+        return error_response(_named(translated, bad.message, bad.param), bad.status)
+    except PromptError as bad:
+        return error_response(_named(translated, str(bad), bad.param), 400)
+    return {"input_tokens": len(ids)}
+
+
+class _Reply:
+    """One admitted message: its id, prompt size and thinking display; a whole reply or its events."""
+
+    def __init__(self, state: ServerState, rid: str, prompt: int, show_thinking: bool) -> None:
+        self.state, self.rid, self.prompt, self.show_thinking = state, rid, prompt, show_thinking
+
+    def _head(self, blocks: MessageBlocks | None = None, last: Event | None = None) -> dict:
+        reason, sequence = blocks.stop(last.finish) if last is not None else (None, None)
+        counts = last.usage if last is not None else None
+        return {"id": self.rid, "type": "message", "role": "assistant", "model": self.state.model_name,
+                "content": blocks.content() if blocks is not None else [], "stop_reason": reason,
+                "stop_sequence": sequence,
+                "usage": usage(self.prompt, counts.completion_tokens, counts.cached_tokens)
+                if counts is not None else usage(self.prompt, 0, 0)}  # fmt: skip
+
+    def _failed(self, last: Event) -> tuple[str, int]:
+        self.state.metrics.errors.inc()
+        return last.error or "generation failed", OVERLOADED if self.state.status == "draining" else 500
+
+    def _cut(self, blocks: MessageBlocks, last: Event) -> None:
+        if blocks.cut_in_reasoning(last.finish):
+            chats.warn_cut(self.rid, last.usage.completion_tokens)
+
+    async def whole(self, stream) -> JSONResponse:
+        """Wait for the reply; one message object."""
+        blocks = MessageBlocks(self.show_thinking)
+        try:
+            async for last in stream:
+                blocks.add(last.text if isinstance(last.text, list) else [])
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        if last.finish == "error":
+            return error_response(*self._failed(last))
+        self._cut(blocks, last)
+        return JSONResponse({**self._head(blocks, last), "token_sha": token_sha(last.tokens)})
+
+    async def events(self, stream):
+        """message_start, pings until the first token, the blocks' events, message_delta, message_stop."""
+        state, blocks = self.state, MessageBlocks(self.show_thinking)
+        try:
+            yield event("message_start", {"type": "message_start", "message": self._head()})
+            seen_token = False
+            while True:
+                if not seen_token and state.keepalive_s:
+                    try:
+                        last = await asyncio.wait_for(anext(stream), state.keepalive_s)
+                    except TimeoutError:
+                        yield PING
+                        continue
+                else:
+                    last = await anext(stream)
+                seen_token = True
+                if last.finish == "error":
+                    yield event("error", error_body(*self._failed(last)))
+                    return
+                for name, data in blocks.add(last.text if isinstance(last.text, list) else []):
+                    yield event(name, data)
+                if last.finish is not None:
+                    break
+            for name, data in blocks.close():
+                yield event(name, data)
+            self._cut(blocks, last)
+            head = self._head(blocks, last)
+            yield event("message_delta", {"type": "message_delta", "usage": head["usage"],
+                                          "delta": {"stop_reason": head["stop_reason"], "stop_sequence": head["stop_sequence"]},
+                                          "token_sha": token_sha(last.tokens)})  # fmt: skip
+            yield event("message_stop", {"type": "message_stop"})
+        finally:
+            stream.cancel()
+            state.inflight -= 1
