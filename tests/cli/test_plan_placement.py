@@ -111,5 +111,8 @@ def test_prepare_records_the_placement_and_keys_on_it(tmp_path, tiny_pack, sizes
     plain_m = RankManifest.load(f"{plain['path']}/rank0")
     assert "placement" not in plain_m.plan and {s.tier for s in plain_m.segments} == {"device"}
     assert [s.digest for s in plain_m.segments] == [s.digest for s in m.segments]  # tiers do not change bytes
+    shown = json.loads(CliRunner().invoke(cli, ["inspect", placed["path"], "--json"]).output)["ranks"][0]
+    assert shown["bytes_by_tier"] == placed["tiers"][0] and shown["placed_for"]["max_seqs"] == 1
+    assert "  placed   device " in CliRunner().invoke(cli, ["inspect", placed["path"]]).output
     again = json.loads(CliRunner().invoke(cli, [*args, *_rows_off(sizes)]).output)
     assert again["ranks"] == {"0": "hit"} and again["tiers"] is None
