@@ -113,8 +113,9 @@ def _boot(
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
     try:
-        check_room(opened.manifest, probe(dev))  # before anything is allocated or uploaded
-        refuse_off_device(opened.manifest)
+        with phases.time("room", note="the placement's needs against this machine's free memory"):
+            check_room(opened.manifest, probe(dev))  # before anything is allocated or uploaded
+            refuse_off_device(opened.manifest)
         if verify:
             with phases.time("verify", nbytes=opened.nbytes, note=f"{verify} digests"):
                 verify_digests(opened, verify)
