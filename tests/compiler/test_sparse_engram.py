@@ -62,7 +62,7 @@ def test_hole_chunks_come_as_zeros_and_dense_ones_as_rows(sparse_pack, tiny_pack
     assert not any(isinstance(c, Zeros) for _, c in ea.iter_rows(dense, chunk_rows=97, holes=True))
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_prepared_rows_of_a_sparse_pack_take_no_disk(sparse_pack, tmp_path, world):
     pack = open_pack(sparse_pack)
     result = prepare(pack, tmp_path, world, jobs=2)
