@@ -159,13 +159,8 @@ def place(plans: Sequence[RankPlan], rules: PlacementRules, config: Any, budget:
     worst = max(range(world), key=lambda r: hot[r])
     if hot[worst] + reserve > gpu:
         raise PlacementError(_unfit_device(budget, world, worst, hot[worst], kv, overhead))
-    layers = sorted(set().union(*experts))
     size = [{layer: sum(s.nbytes for s in segs) for layer, segs in e.items()} for e in experts]
-    for count in range(len(layers) + 1):
-        cold = spread(layers, count) if count else []
-        used = [hot[r] + sum(b for layer, b in size[r].items() if layer not in cold) for r in range(world)]
-        if all(u + reserve <= gpu for u in used):
-            break
+    cold, used = _fewest_cold(hot, size, gpu - reserve)
     tiers = {seg.name: "host" for layer in cold for seg in experts[0].get(layer, ())}
     host_left = None if budget.host_gib is None else int(budget.host_gib * GIB)
     cold_bytes = sum(size[r].get(layer, 0) for r in range(world) for layer in cold)
@@ -194,6 +189,20 @@ def place(plans: Sequence[RankPlan], rules: PlacementRules, config: Any, budget:
             )
     ranks = tuple(tier_bytes(p, tiers) for p in plans)
     return Placement(budget, tiers, kv, overhead, tuple(cold), ranks)
+
+
+def _fewest_cold(hot: list[int], size: list[dict[int, int]], room: int) -> tuple[list[int], list[int]]:
+    """The fewest layers whose expert tables, spread evenly, must leave the device for every rank's rest to fit
+    in `room`, and each rank's device bytes then (every layer cold always fits: the hot part was checked)."""
+    layers = sorted(set().union(*size))
+    for count in range(len(layers) + 1):
+        cold = spread(layers, count) if count else []
+        used = [
+            h + sum(b for layer, b in s.items() if layer not in cold) for h, s in zip(hot, size, strict=True)
+        ]
+        if all(u <= room for u in used):
+            break
+    return cold, used
 
 
 def _gib(nbytes: int) -> str:
