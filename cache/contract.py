@@ -38,6 +38,11 @@ LAYOUTS = frozenset(
     }
 )
 
+# Where a segment lives while the model runs (the placement `tfc prepare` decides for a stated target): the device
+# arena, pinned host memory the device reads, or records read on demand from NVMe. A manifest without one: device.
+TIER_DEVICE = "device"
+TIERS = (TIER_DEVICE, "host", "nvme")
+
 # numpy-style dtype name -> bytes per element
 DTYPES: dict[str, int] = {
     "bool": 1,

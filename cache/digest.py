@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -57,6 +58,12 @@ def finish(raw_chunks: Sequence[bytes], length: int) -> SegmentDigest:
 def hash_chunk(buf) -> bytes:
     """The raw 32-byte BLAKE3 digest of one chunk (single-threaded; releases the GIL)."""
     return blake3.blake3(buf).digest()
+
+
+@functools.lru_cache(maxsize=4)
+def zero_chunk(size: int) -> bytes:
+    """The raw digest of a chunk of `size` zero bytes (the same wherever the chunk lies)."""
+    return hash_chunk(bytes(size))
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -178,6 +185,22 @@ class StreamingDigest:
                     self._store(chunk, hash_chunk(buf), take)
             pos += take
             mv = mv[take:]
+
+    def update_zeros(self, offset: int, length: int) -> None:
+        """Feed `length` zero bytes at `offset` without materialising them (whole chunks hash once per size)."""
+        if offset < 0 or offset + length > self.length:
+            raise ValueError(f"{length} bytes at {offset} overrun a {self.length}-byte segment")
+        pos, end = offset, offset + length
+        while pos < end:
+            chunk = pos // CHUNK
+            start = chunk * CHUNK
+            size = min(CHUNK, self.length - start)
+            take = min(end, start + size) - pos
+            if take == size:
+                self._store(chunk, zero_chunk(size), take)
+            else:
+                self.update(bytes(take), pos)
+            pos += take
 
     def _store(self, chunk: int, digest: bytes, took: int) -> None:
         with self._lock:

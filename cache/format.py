@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import blake3
-from tfc.cache.contract import SegmentRecord
+from tfc.cache.contract import TIER_DEVICE, SegmentRecord
 from tfc.cache.key import canonical_json
 
 FORMAT_VERSION = 1
@@ -42,6 +42,7 @@ class SegmentEntry(SegmentRecord):
 
     digest: str
     chunks: tuple[str, ...] = ()
+    tier: str = TIER_DEVICE
 
     def to_dict(self) -> dict:
         """The segment as stored in manifest.json."""
@@ -57,6 +58,8 @@ class SegmentEntry(SegmentRecord):
         }
         if self.chunks:
             d["chunks"] = list(self.chunks)
+        if self.tier != TIER_DEVICE:  # a device-only image's manifest reads as before placement existed
+            d["tier"] = self.tier
         return d
 
 

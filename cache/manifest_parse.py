@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from tfc.cache import digest as _digest
-from tfc.cache.contract import DTYPES, ID
+from tfc.cache.contract import DTYPES, ID, TIER_DEVICE, TIERS
 from tfc.cache.errors import ImageError
 from tfc.cache.files import open_regular
 from tfc.cache.format import (
@@ -47,7 +47,7 @@ _TOP_KEYS = {
     "meta",
     "root_digest",
 }
-_SEGMENT_KEYS = {"name", "file", "offset", "length", "dtype", "shape", "layout", "digest", "chunks"}
+_SEGMENT_KEYS = {"name", "file", "offset", "length", "dtype", "shape", "layout", "digest", "chunks", "tier"}
 
 
 def read_manifest(path: str | os.PathLike) -> RankManifest:
@@ -262,7 +262,10 @@ def _segment(s: dict, i: int, files: dict[str, FileEntry]) -> SegmentEntry:
         _str(c, f"{what} chunk digest", HEX64)
     if chunks and _digest.combine([bytes.fromhex(c) for c in chunks], length) != dig:
         raise ImageError(f"{what}: digest does not match its chunk digests")
-    return SegmentEntry(name, fname, offset, length, dtype, tuple(shape), layout, dig, tuple(chunks))
+    tier = s.get("tier", TIER_DEVICE)
+    if type(tier) is not str or tier not in TIERS:
+        raise ImageError(f"{what}: tier {tier!r:.40} is not one of {', '.join(TIERS)}")
+    return SegmentEntry(name, fname, offset, length, dtype, tuple(shape), layout, dig, tuple(chunks), tier)
 
 
 def _check_overlaps(segments: list[SegmentEntry]) -> None:

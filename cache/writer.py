@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfc.cache import digest as _digest
-from tfc.cache.contract import DTYPES, ID, SegmentRecord, SegmentSpec
+from tfc.cache.contract import DTYPES, ID, TIER_DEVICE, TIERS, SegmentRecord, SegmentSpec
 from tfc.cache.errors import ImageError
 from tfc.cache.format import (
     FILE_NAME,
@@ -44,6 +44,7 @@ class SegmentSlot(SegmentRecord):
     """A reserved segment: its range in a data file of the rank folder being written."""
 
     index: int
+    tier: str = TIER_DEVICE
 
 
 class _SlotState:
@@ -93,9 +94,19 @@ class ImageWriter:
     # -- reserving and writing ------------------------------------------------------------------
 
     def add_segment(
-        self, name: str, dtype: str, shape, layout: str, nbytes: int, file: str = "data.bin"
+        self,
+        name: str,
+        dtype: str,
+        shape,
+        layout: str,
+        nbytes: int,
+        file: str = "data.bin",
+        tier: str = TIER_DEVICE,
+        holes: int = 0,
     ) -> SegmentSlot:
-        """Reserve a 4 KiB-aligned range for a segment at the end of `file` (call order = upload order)."""
+        """Reserve a 4 KiB-aligned range for a segment at the end of `file` (call order = upload order);
+        `tier` is where the runtime keeps it (cache/contract.py TIERS); `holes`, bytes it will get from
+        write_zeros, take no disk space."""
         if type(name) is not str or not SEGMENT_NAME.fullmatch(name):
             raise ImageError(f"segment name {name!r:.80} is not allowed (letters, digits, _ . : + -)")
         if type(file) is not str or not FILE_NAME.fullmatch(file):
@@ -104,6 +115,8 @@ class ImageWriter:
             )
         if dtype not in DTYPES:
             raise ImageError(f"segment {name}: unknown dtype {dtype!r}")
+        if tier not in TIERS:
+            raise ImageError(f"segment {name}: tier {tier!r:.40} is not one of {', '.join(TIERS)}")
         if type(layout) is not str or not ID.fullmatch(layout):
             raise ImageError(f"segment {name}: layout id {layout!r:.80} is malformed")
         shape = tuple(int(d) for d in shape)
@@ -125,10 +138,10 @@ class ImageWriter:
                 self._cursor[file] = 0
             offset = self._cursor[file]
             self._cursor[file] = align_up(offset + nbytes)
-            slot = SegmentSlot(name, file, offset, nbytes, dtype, shape, layout, len(self._states))
+            slot = SegmentSlot(name, file, offset, nbytes, dtype, shape, layout, len(self._states), tier)
             self._states.append(_SlotState(slot))
             self._names.add(name)
-            self._reserved += nbytes
+            self._reserved += nbytes - min(max(holes, 0), nbytes)
             return slot
 
     def write(self, slot: SegmentSlot, rel_offset: int, data) -> None:
@@ -163,6 +176,18 @@ class ImageWriter:
             state.written += len(mv)
         with self._lock:
             self._written += len(mv)
+
+    def write_zeros(self, slot: SegmentSlot, rel_offset: int, length: int) -> None:
+        """Let `length` bytes at `rel_offset` within a slot be zeros without writing them: the data file keeps a
+        hole there (sparse sources stay sparse); the digest covers the zeros."""
+        state = self._state(slot)
+        if rel_offset < 0 or length < 0 or rel_offset + length > slot.length:
+            raise ImageError(
+                f"segment {slot.name}: {length} zero bytes at {rel_offset} exceed its {slot.length} bytes"
+            )
+        state.stream.update_zeros(rel_offset, length)
+        with state.lock:
+            state.written += length
 
     # -- publishing -----------------------------------------------------------------------------
 
@@ -341,6 +366,7 @@ class ImageWriter:
             slot.layout,
             d.digest,
             d.chunks,
+            slot.tier,
         )
 
     def _close_files(self) -> None:

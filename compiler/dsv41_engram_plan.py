@@ -12,7 +12,7 @@ from tfc.compiler.build import Reader
 from tfc.compiler.convert import bf16_round, to_f32
 from tfc.compiler.engram_map import TokenMap, build_token_map, check_token_map
 from tfc.compiler.errors import BuildError, PlanError
-from tfc.compiler.segments import SegmentPlan
+from tfc.compiler.segments import SegmentPlan, Zeros
 from tfc.packs.engram_layout import check_layout
 
 
@@ -86,6 +86,7 @@ def engram_segments(pack, world: int, rank: int, sources: EngramSources) -> tupl
                 nbytes=row_seg.nbytes,
                 derive=("engram_rows", row_seg),
                 attrs={"lo": row_seg.lo, "hi": row_seg.hi, "layer": row_seg.table.layer_id},
+                holes=ea.hole_bytes(row_seg),
             )
         )
     return segments, True
@@ -94,7 +95,8 @@ def engram_segments(pack, world: int, rank: int, sources: EngramSources) -> tupl
 def fill_derived(
     seg: SegmentPlan, reader: Reader, write: Callable[[int, np.ndarray], None], memo: dict
 ) -> None:
-    """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`."""
+    """Write a segment built from several tensors (or from the tokenizer) through `write(offset, bytes)`; rows a
+    sparse source holds as holes come as `write(offset, Zeros(n))`."""
     kind = seg.derive[0]
     if kind == "engram_qk":
         q_info, k_info = seg.derive[1], seg.derive[2]
@@ -106,6 +108,10 @@ def fill_derived(
             memo["token_map"] = token_map_for(seg.derive[1])
         write(0, memo["token_map"].view(np.uint8))
     elif kind == "engram_rows":
-        ea.fill_rows(seg.derive[1], lambda offset, data: write(offset, np.frombuffer(data, np.uint8)))
+        ea.fill_rows(
+            seg.derive[1],
+            lambda offset, data: write(offset, np.frombuffer(data, np.uint8)),
+            zeros=lambda offset, nbytes: write(offset, Zeros(nbytes)),
+        )
     else:
         raise BuildError(f"{seg.name}: unknown derived segment kind {kind!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 from tfc.cache.contract import LAYOUT_ENGRAM_ASSET, LAYOUT_ENGRAM_ROWS
 from tfc.compiler.engram_map import TokenMap
+from tfc.compiler.segments import Zeros
 from tfc.packs.deepseek_v41_contract import (
     ENGRAM_PARAMS,
     SEG_LAYER_IDS,
@@ -198,20 +200,22 @@ def row_segments(
 
 
 def iter_rows(
-    seg: RowSegment, chunk_rows: int = DEFAULT_CHUNK_ROWS, jobs: int = 4
-) -> Iterator[tuple[int, np.ndarray]]:
-    """(byte offset in the segment, uint8 [k, row_bytes]) chunks in order; reads only the rank's rows."""
-    spans = [(lo, min(lo + chunk_rows, seg.hi)) for lo in range(seg.lo, seg.hi, chunk_rows)]
+    seg: RowSegment, chunk_rows: int = DEFAULT_CHUNK_ROWS, jobs: int = 4, holes: bool = False
+) -> Iterator[tuple[int, np.ndarray | Zeros]]:
+    """(byte offset in the segment, uint8 [k, row_bytes]) chunks in order; reads only the rank's rows. With
+    `holes`, a chunk whose source rows are holes of sparse files comes as Zeros instead, unread."""
+    spans = _spans(seg, chunk_rows)
     if not spans:
         return
+    read = _read_or_skip if holes else _read_chunk
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         # a bounded window of reads in flight keeps memory at jobs+1 chunks
-        pending = [pool.submit(_read_chunk, seg, lo, hi) for lo, hi in spans[: jobs + 1]]
+        pending = [pool.submit(read, seg, lo, hi) for lo, hi in spans[: jobs + 1]]
         nxt = len(pending)
         for lo, _hi in spans:
             chunk = pending.pop(0).result()
             if nxt < len(spans):
-                pending.append(pool.submit(_read_chunk, seg, *spans[nxt]))
+                pending.append(pool.submit(read, seg, *spans[nxt]))
                 nxt += 1
             yield (lo - seg.lo) * seg.row_bytes, chunk
 
@@ -221,13 +225,26 @@ def fill_rows(
     write: Callable[[int, memoryview], None],
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     jobs: int = 4,
+    zeros: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Write a row segment through `write(rel_offset, bytes)` (e.g. ImageWriter.write); returns bytes written."""
+    """Write a row segment through `write(rel_offset, bytes)` (e.g. ImageWriter.write); returns bytes written.
+    With `zeros(rel_offset, nbytes)`, rows whose source is a hole go there instead (ImageWriter.write_zeros)."""
     total = 0
-    for offset, chunk in iter_rows(seg, chunk_rows, jobs):
-        write(offset, memoryview(chunk).cast("B"))
-        total += chunk.nbytes
+    for offset, chunk in iter_rows(seg, chunk_rows, jobs, holes=zeros is not None):
+        if isinstance(chunk, Zeros):
+            zeros(offset, chunk.nbytes)
+            total += chunk.nbytes
+        else:
+            write(offset, memoryview(chunk).cast("B"))
+            total += chunk.nbytes
     return total
+
+
+def hole_bytes(seg: RowSegment, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+    """Bytes of the segment that fill_rows with `zeros` hands over as Zeros (their source rows are holes)."""
+    return sum(
+        (hi - lo) * seg.row_bytes for lo, hi in _spans(seg, chunk_rows) if _rows_are_holes(seg, lo, hi)
+    )
 
 
 def read_rows(seg: RowSegment, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> np.ndarray:
@@ -237,6 +254,42 @@ def read_rows(seg: RowSegment, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> np.ndarr
         start = offset // seg.row_bytes
         out[start : start + chunk.shape[0]] = chunk
     return out
+
+
+def _spans(seg: RowSegment, chunk_rows: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + chunk_rows, seg.hi)) for lo in range(seg.lo, seg.hi, chunk_rows)]
+
+
+def _read_or_skip(seg: RowSegment, lo: int, hi: int) -> np.ndarray | Zeros:
+    if _rows_are_holes(seg, lo, hi):
+        return Zeros((hi - lo) * seg.row_bytes)
+    return _read_chunk(seg, lo, hi)
+
+
+def _rows_are_holes(seg: RowSegment, lo: int, hi: int) -> bool:
+    """Whether rows lo..hi-1 of both tensors lie in holes of their files (zeros, never written)."""
+    d = seg.table.head_dim
+    s = d // SCALE_BLOCK
+    weight, scale = seg.table.weight, seg.table.scale
+    return _is_hole(weight, lo * d, (hi - lo) * d) and _is_hole(scale, lo * s, (hi - lo) * s)
+
+
+def _is_hole(info: Any, rel: int, length: int) -> bool:
+    """Whether a tensor's byte range holds no data: inside the file, before its next data (SEEK_DATA)."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    if seek_data is None:
+        return False
+    fd = open_fd(info.file, EngramTableError)
+    try:
+        start = info.offset + rel
+        if start + length > os.fstat(fd).st_size:
+            return False  # a short file is read, and refused, as such
+        try:
+            return os.lseek(fd, start, seek_data) >= start + length
+        except OSError as error:
+            return error.errno == errno.ENXIO  # no data after `start`
+    finally:
+        os.close(fd)
 
 
 def _read_chunk(seg: RowSegment, lo: int, hi: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfc.compiler.errors import PlanError
+from tfc.compiler.placement import PlacementRules
 from tfc.packs import deepseek_v41_contract as dsv41
 
 
@@ -17,12 +18,13 @@ class UnknownFamily(PlanError):
 
 @dataclass(frozen=True)
 class FamilyPlanner:
-    """A family's planning: refuse a TP world, plan one rank, write the segments a plan derives."""
+    """A family's planning: refuse a TP world, plan one rank, write the segments a plan derives, place them."""
 
     name: str
     check_world: Callable[[Any, int], None]
     plan_rank: Callable[..., Any]  # (pack, world, rank, engram_dir=None, with_copies=True) -> RankPlan
     fill_derived: Callable[..., None]  # (segment plan, reader, write(offset, bytes), memo) -> None
+    placement: PlacementRules  # which segments may leave the device; the KV bytes of a context
 
 
 # family name (as packs report it and manifests record it) -> module holding its PLANNER.

@@ -17,7 +17,9 @@ from tfc.compiler.build import Op, Reader, run_reads
 from tfc.compiler.errors import BuildError
 from tfc.compiler.family import planner_for
 from tfc.compiler.identity import pack_identity
-from tfc.compiler.segments import RankPlan
+from tfc.compiler.placement import Budget, Placement
+from tfc.compiler.segments import RankPlan, Zeros
+from tfc.compiler.world_plan import plan_world
 
 FILE_FOR_TOP = "top.bin"
 
@@ -53,10 +55,15 @@ class PrepareResult:
     ranks: dict[int, str] = field(default_factory=dict)  # rank -> "hit" | "built"
     bytes_written: int = 0
     seconds: float = 0.0
+    placement: Placement | None = (
+        None  # where the built ranks' segments live (None when every rank was a hit)
+    )
 
 
-def key_inputs(pack, world: int, strict: bool, jobs: int, engram_dir: Path | None = None) -> dict:
-    """Every input of the world key: format, loader source, pack identity, byte-changing options."""
+def key_inputs(
+    pack, world: int, strict: bool, jobs: int, engram_dir: Path | None = None, budget: Budget | None = None
+) -> dict:
+    """Every input of the world key: format, loader source, pack identity, byte-changing options, the target."""
     extra = [
         p
         for p in (pack.config_path, pack.tokenizer_path, pack.root / "model.safetensors.index.json")
@@ -73,6 +80,8 @@ def key_inputs(pack, world: int, strict: bool, jobs: int, engram_dir: Path | Non
     if engram_dir is not None:
         tables = sorted(Path(engram_dir).glob("*.safetensors"))
         inputs["engram_identity"] = pack_identity(tables, [], strict=strict, jobs=jobs)
+    if budget is not None:  # the tiers it decides are in the manifest, so another target is another image
+        inputs["placement"] = budget.inputs()
     return inputs
 
 
@@ -84,9 +93,9 @@ def block_file(block: str) -> str:
     return f"{'L' if kind == 'layers' else 'M'}{int(index):02d}.bin"
 
 
-def plan_json(plan: RankPlan) -> dict:
-    """The part of a rank plan recorded in its manifest: per block bytes and per segment attributes."""
-    return {
+def plan_json(plan: RankPlan, placement: Placement | None = None) -> dict:
+    """The part of a rank plan recorded in its manifest: per block bytes, per segment attributes, the placement."""
+    out = {
         "world": plan.world,
         "rank": plan.rank,
         "total": plan.total,
@@ -94,11 +103,15 @@ def plan_json(plan: RankPlan) -> dict:
         "engram_tables": any(s.kind == "engram_rows" for s in plan.segments),
         "attrs": {s.name: s.attrs for s in plan.segments if s.attrs},
     }
+    record = placement.record() if placement is not None else None
+    if record is not None:
+        out["placement"] = record
+    return out
 
 
 def check_space(root: Path, plans: list[RankPlan]) -> None:
-    """Refuse, before anything is created, a build the store's filesystem has no room for."""
-    need = sum(plan.total for plan in plans)
+    """Refuse, before anything is created, a build the store's filesystem has no room for (holes take none)."""
+    need = sum(seg.nbytes - seg.holes for plan in plans for seg in plan.segments)
     probe = Path(root)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -119,8 +132,10 @@ def build_ranks(
     jobs: int,
     progress: Callable[[int, int], None] | None = None,
     unchanged: Callable[[], None] | None = None,
+    placement: Placement | None = None,
 ) -> dict[int, Path]:
     """Build the images of several ranks in one pass over the pack; publish each atomically."""
+    tier = (placement or Placement(None)).tier
     fill_derived = planner_for(pack.family).fill_derived
     writers = {plan.rank: ImageWriter(root, world_key, plan.rank) for plan in plans}
     sinks: list[tuple[int, object]] = []
@@ -130,18 +145,22 @@ def build_ranks(
             writer = writers[plan.rank]
             for seg in plan.segments:
                 slot = writer.add_segment(
-                    seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, block_file(seg.block)
-                )
+                    seg.name, seg.dtype, seg.shape, seg.layout, seg.nbytes, block_file(seg.block), tier(seg.name),
+                    seg.holes,
+                )  # fmt: skip
                 sink = len(sinks)
                 sinks.append((plan.rank, slot, seg))
                 ops.extend(Op(copy, sink) for copy in seg.copies)
         lock = threading.Lock()
 
-        def write(sink: int, dst: int, data: np.ndarray) -> None:
+        def write(sink: int, dst: int, data: np.ndarray | Zeros) -> None:
             rank, slot, seg = sinks[sink]
             if dst + data.nbytes > seg.nbytes:
                 raise BuildError(f"{seg.name}: write past its end ({dst} + {data.nbytes} > {seg.nbytes})")
-            writers[rank].write(slot, dst, data)
+            if isinstance(data, Zeros):
+                writers[rank].write_zeros(slot, dst, data.nbytes)
+            else:
+                writers[rank].write(slot, dst, data)
 
         def count(sink: int, nbytes: int) -> None:
             if progress:
@@ -175,7 +194,7 @@ def build_ranks(
                     "key": image_key({"world_key": world_key, "rank": plan.rank}),
                     "key_inputs": inputs,
                     "world": plan.world,
-                    "plan": plan_json(plan),
+                    "plan": plan_json(plan, placement),
                     "meta": image_meta(pack),
                 }
             )
@@ -203,12 +222,6 @@ def default_jobs() -> int:
     return max(4, min(16, 2 * (os.cpu_count() or 2)))
 
 
-def plans_for(pack, world: int, ranks: list[int], engram_dir: Path | None = None) -> list[RankPlan]:
-    """Rank plans for the ranks asked for."""
-    plan_rank = planner_for(pack.family).plan_rank
-    return [plan_rank(pack, world, rank, engram_dir) for rank in ranks]
-
-
 def sampled_identity(pack, jobs: int, engram_dir: Path | None) -> dict:
     """The cheap identity of a pack (and Engram folder) compared before and after a build."""
     inputs = key_inputs(pack, 1, False, jobs, engram_dir)
@@ -231,8 +244,10 @@ def prepare(
     force: bool = False,
     engram_dir: Path | None = None,
     progress_factory: Callable[[dict[int, int]], Callable[[int, int], None]] | None = None,
+    budget: Budget | None = None,
 ) -> PrepareResult:
-    """Find or build the images of `ranks` (default: all) of a TP world; publish each atomically."""
+    """Find or build the images of `ranks` (default: all) of a TP world, placed for `budget` (without one: all on
+    the device); publish each atomically."""
     import time
 
     planner_for(pack.family).check_world(pack.config, world)
@@ -242,7 +257,7 @@ def prepare(
         raise BuildError(f"rank(s) {', '.join(map(str, bad))} outside a TP world of {world}")
     jobs = jobs or default_jobs()
     started = time.perf_counter()
-    inputs = key_inputs(pack, world, strict_identity, jobs, engram_dir)
+    inputs = key_inputs(pack, world, strict_identity, jobs, engram_dir, budget)
     world_key = image_key(inputs)
     result = PrepareResult(world_key, Path(root) / world_key[:16], world)
     if force and result.path.exists():
@@ -251,15 +266,19 @@ def prepare(
         ImageStore(root).rm(world_key)  # refuses (ImageBusy) while a running process holds the image
     missing = [rank for rank in ranks if not find_rank(root, world_key, rank)]
     if missing:
-        plans = plans_for(pack, world, missing, engram_dir)
+        # every rank is planned (byte counts only where it is built already): placement weighs them all
+        world_plan = plan_world(pack, world, budget, engram_dir, copies=missing)
+        result.placement = world_plan.placement
+        plans = [world_plan.plans[rank] for rank in missing]
         check_space(root, plans)
         # one builder of a key at a time: a second prepare waits, then finds what the first published
         try:
             with building(result.path):
                 plans = [plan for plan in plans if not find_rank(root, world_key, plan.rank)]
                 _build_missing(
-                    pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result
-                )
+                    pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result,
+                    world_plan.placement,
+                )  # fmt: skip
         finally:
             _drop_if_empty(result.path)
     for rank in ranks:
@@ -279,7 +298,9 @@ def _drop_if_empty(world_dir: Path) -> None:
         pass  # another prepare may be using the folder right now; an empty folder is harmless
 
 
-def _build_missing(pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result) -> None:
+def _build_missing(
+    pack, root, plans, world_key, inputs, jobs, engram_dir, progress_factory, result, placement
+) -> None:
     """Build the planned ranks still missing, recording them in `result`."""
     if plans:
         totals = {plan.rank: plan.total for plan in plans}
@@ -292,7 +313,7 @@ def _build_missing(pack, root, plans, world_key, inputs, jobs, engram_dir, progr
                     f"{pack.root}: the pack changed while it was being prepared; nothing was published"
                 )
 
-        build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress, unchanged)
+        build_ranks(pack, plans, Path(root), world_key, inputs, jobs, progress, unchanged, placement)
         for plan in plans:
             result.ranks[plan.rank] = "built"
         result.bytes_written = sum(totals.values())

@@ -106,6 +106,14 @@ class SegmentPlan:
     const: bytes | None = None  # bytes decided by the plan itself (table index arrays)
     derive: tuple | None = None  # a named builder for segments made from several tensors
     attrs: dict = field(default_factory=dict, compare=False, hash=False)
+    holes: int = 0  # bytes whose source is a hole (a sparse file): zeros the image keeps as holes, no disk
+
+
+@dataclass(frozen=True)
+class Zeros:
+    """A run of zero bytes a derived segment hands its writer instead of data: the image keeps it a hole."""
+
+    nbytes: int
 
 
 @dataclass(frozen=True)

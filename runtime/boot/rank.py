@@ -12,6 +12,7 @@ from tfc.runtime.boot import cuda_start, staging_pool, warm_imports
 from tfc.runtime.boot.arena import DeviceArena, plan_arena
 from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
+from tfc.runtime.boot.placement_check import check_room, probe, refuse_off_device
 from tfc.runtime.boot.upload import UploadReport, upload
 from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings, check_same_settings
 
@@ -112,6 +113,9 @@ def _boot(
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
     try:
+        with phases.time("room", note="the placement's needs against this machine's free memory"):
+            check_room(opened.manifest, probe(dev))  # before anything is allocated or uploaded
+            refuse_off_device(opened.manifest)
         if verify:
             with phases.time("verify", nbytes=opened.nbytes, note=f"{verify} digests"):
                 verify_digests(opened, verify)

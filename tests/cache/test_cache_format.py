@@ -134,6 +134,8 @@ HOSTILE = {
     "bad layout": lambda o: _seg(o).__setitem__("layout", "Native v1"),
     "file size not aligned": lambda o: o["files"][0].__setitem__("size", o["files"][0]["size"] + 1),
     "plan not an object": lambda o: o.__setitem__("plan", [1]),
+    "unknown tier": lambda o: _seg(o).__setitem__("tier", "gpu"),
+    "tier not a string": lambda o: _seg(o).__setitem__("tier", 1),
 }
 
 

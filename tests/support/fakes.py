@@ -13,7 +13,18 @@ import time
 
 
 class FakeCuda:
-    """Enough of torch.cuda for the upload paths to run their control flow on the CPU."""
+    """Enough of torch.cuda for the upload paths to run their control flow on the CPU (and for the placement
+    check: `memory` is the (free, total) bytes mem_get_info reports)."""
+
+    memory = (80 << 30, 80 << 30)
+
+    @classmethod
+    def mem_get_info(cls, device=None):
+        return cls.memory
+
+    @staticmethod
+    def current_device():
+        return 0
 
     class Stream:
         cuda_stream = 0

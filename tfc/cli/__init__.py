@@ -17,7 +17,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "inspect",
         "What a pack or image holds, from headers or manifests alone.",
     ),
-    "plan": ("tfc.cli.plan_cmd", "plan", "The rank weight plan of a pack, without writing anything."),
+    "plan": (
+        "tfc.cli.plan_cmd",
+        "plan",
+        "The rank weight plan of a pack and its placement on a target, without writing anything.",
+    ),
     "prepare": (
         "tfc.cli.prepare_cmd",
         "prepare",

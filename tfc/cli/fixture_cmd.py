@@ -33,14 +33,28 @@ def flash_headers(out: Path) -> None:
     click.echo(write_flash_headers(out))
 
 
-@fixture.command("flash-random", epilog=example("tfc fixture flash-random ./flash-random --layers 4 -j 8"))
+@fixture.command(
+    "flash-random",
+    epilog=example(
+        "tfc fixture flash-random ./flash-random --layers 4 -j 8",
+        "tfc fixture flash-random ./flash-engram --layers 4 --engram real",
+    ),
+)
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
     "--layers", default=4, show_default=True, help="Backbone layers (at least 4; 4 makes about 22 GB)."
 )
+@click.option(
+    "--engram",
+    type=click.Choice(["none", "real"]),
+    default="none",
+    show_default=True,
+    help="real: two Engram layers with the real model's table rows (~100 GB each, sparse files: no disk) and a "
+    "tokenizer.json, so placement and the Engram tiers run at the real table size.",
+)
 @seed_option("Seed of every random payload, 0 to 2**63-1.", default=0)
 @jobs_option("Writer threads.", default=8)
-def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
+def flash_random(out: Path, layers: int, engram: str, seed: int, jobs: int) -> None:
     """Flash geometry with fewer layers and random payloads written out: packs of tens of GB for benchmarks."""
     from tfc.fixtures.flash_random import write_flash_random
 
@@ -48,4 +62,4 @@ def flash_random(out: Path, layers: int, seed: int, jobs: int) -> None:
         raise click.BadParameter(
             "needs at least 4 layers (swa, swa, ratio 2, ratio 1)", param_hint="--layers"
         )
-    click.echo(write_flash_random(out, layers=layers, seed=seed, jobs=jobs))
+    click.echo(write_flash_random(out, layers=layers, seed=seed, jobs=jobs, engram=engram))

@@ -37,6 +37,8 @@ def summarize_image(path: Path) -> dict:
                 "bytes_by_kind": {k: v for k, v in kinds.items() if v},
                 "layouts": dict(Counter(s.layout for s in m.segments)),
                 "engram_tables": bool(m.plan.get("engram_tables")),
+                "bytes_by_tier": _tiers(m),
+                "placed_for": (m.plan.get("placement") or {}).get("inputs"),
             }
         )
     identity = (first.key_inputs or {}).get("pack_identity", {})
@@ -51,6 +53,16 @@ def summarize_image(path: Path) -> dict:
         "pack_identity": identity,
         "ranks": ranks,
     }
+
+
+def _tiers(m) -> dict[str, int]:
+    """Segment bytes by tier (device, host, nvme)."""
+    from tfc.cache.contract import TIERS
+
+    out = dict.fromkeys(TIERS, 0)
+    for seg in m.segments:
+        out[seg.tier] += seg.length
+    return out
 
 
 def image_text(s: dict) -> str:
@@ -70,5 +82,8 @@ def image_text(s: dict) -> str:
             f"Engram tables {'present' if r['engram_tables'] else 'absent'}"
         )
         lines += [f"  {k:<16} {v:>16,}" for k, v in r["bytes_by_kind"].items()]
+        if r["placed_for"] is not None:
+            tiers = ", ".join(f"{k} {v:,}" for k, v in r["bytes_by_tier"].items())
+            lines.append(f"  placed   {tiers} bytes, for a {r['placed_for'].get('gpu_memory_gib')} GiB GPU")
         lines.append("  layouts  " + ", ".join(f"{k} {v}" for k, v in sorted(r["layouts"].items())))
     return "\n".join(lines)

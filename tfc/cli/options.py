@@ -155,3 +155,60 @@ def tp_option() -> Decorator:
 def example(*commands: str) -> str:
     """A command's --help epilog: its example lines, printed last and never rewrapped."""
     return "\b\n" + "\n".join(f"Example: {c}" for c in commands)
+
+
+def placement_options() -> Decorator:
+    """The target a placement is planned for: --gpu-memory-gib, --host-memory-gib, --nvme, --max-context,
+    --max-seqs, --overhead-gib (the command gets them as one `budget`: a Budget, or None without a GPU size)."""
+    gib = click.FloatRange(0, 1 << 20, min_open=True)
+    options = [
+        click.option("--gpu-memory-gib", "gpu_gib", type=gib, metavar="G",
+                     help="GPU memory of each rank's GPU: place every segment for it (without: all on the device)."),
+        click.option("--host-memory-gib", "host_gib", type=gib, metavar="G",
+                     help="Host memory the ranks may pin for segments off the GPU, all ranks together (default: no limit)."),
+        click.option("--nvme", "nvme_dir", type=click.Path(file_okay=False), metavar="DIR",
+                     help="Folder on the target's NVMe: Engram rows that fit neither GPU nor host are read from it."),
+        click.option("--max-context", "max_context", type=click.IntRange(1), metavar="N",
+                     help="Tokens a sequence may reach, for the KV memory kept free on the GPU (default 65,536)."),
+        click.option("--max-seqs", "max_seqs", type=click.IntRange(1, 1024), metavar="N",
+                     help="Sequences served at once, for the KV memory kept free on the GPU (default 16)."),
+        click.option("--overhead-gib", "overhead_gib", type=click.FloatRange(0, 1 << 20), metavar="G",
+                     help="GPU memory kept free for the runtime besides weights and KV (default 6)."),
+    ]  # fmt: skip
+
+    def to_budget(ctx: click.Context, kwargs: dict):
+        from tfc.compiler.placement import DEFAULT_CONTEXT, DEFAULT_OVERHEAD_GIB, DEFAULT_SEQS, Budget
+
+        values = {name: kwargs.pop(name) for name in
+                  ("gpu_gib", "host_gib", "nvme_dir", "max_context", "max_seqs", "overhead_gib")}  # fmt: skip
+        if values["gpu_gib"] is None:
+            given = [name for name, value in values.items() if value is not None]
+            if given:
+                flag = {"host_gib": "--host-memory-gib", "nvme_dir": "--nvme"}.get(given[0])
+                flag = flag or "--" + given[0].replace("_", "-")
+                raise click.UsageError(
+                    f"{flag} places segments for a target: give its --gpu-memory-gib too", ctx
+                )
+            return None
+        return Budget(
+            values["gpu_gib"],
+            values["host_gib"],
+            values["nvme_dir"],
+            values["max_context"] or DEFAULT_CONTEXT,
+            values["max_seqs"] or DEFAULT_SEQS,
+            DEFAULT_OVERHEAD_GIB if values["overhead_gib"] is None else values["overhead_gib"],
+        )
+
+    def decorate(fn: Callable) -> Callable:
+        import functools
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            kwargs["budget"] = to_budget(click.get_current_context(), kwargs)
+            return fn(*args, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate

@@ -1,4 +1,4 @@
-"""`tfc plan PACK --tp N`: the exact bytes every rank's image will hold, without writing anything."""
+"""`tfc plan PACK --tp N`: the exact bytes every rank's image will hold and where they live, without writing anything."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import sys
 
 import click
 
-from tfc.cli.options import example, tp_option
+from tfc.cli.options import example, placement_options, tp_option
 
 
-def plan_report(pack, world: int) -> dict:
-    """The stable `--json` shape: per rank, per block, bytes by kind, plus totals."""
-    from tfc.compiler.family import planner_for
+def plan_report(pack, world: int, budget=None) -> dict:
+    """The stable `--json` shape: per rank, per block, bytes by kind, bytes by tier, plus totals and the placement."""
     from tfc.compiler.segments import KINDS
+    from tfc.compiler.world_plan import plan_world
 
-    planner = planner_for(pack.family)
+    planned = plan_world(pack, world, budget)
+    placement = planned.placement
     ranks = []
-    for rank in range(world):
-        plan = planner.plan_rank(pack, world, rank, with_copies=False)
+    for rank, plan in enumerate(planned.plans):
         blocks = plan.bytes_by_block()
         layers = []
         for index in range(pack.config.num_blocks):
@@ -33,9 +33,16 @@ def plan_report(pack, world: int) -> dict:
                 "layers": layers,
                 "top": blocks.get("top", dict.fromkeys(KINDS, 0)),
                 "segments": len(plan.segments),
+                "tiers": placement.ranks[rank],
             }
         )
-    return {"world": world, "ranks": ranks}
+        if budget is not None:
+            ranks[-1]["device_need"] = placement.device_need(rank)
+            ranks[-1]["kv_room"] = placement.kv_room(rank)
+    record = placement.record()
+    if record is not None:
+        record = {**record, "off_device": dict(sorted(placement.tiers.items()))}
+    return {"world": world, "ranks": ranks, "placement": record}
 
 
 SHORT = {
@@ -82,17 +89,59 @@ def _human(report: dict) -> None:
             table.add_row(block, *(human_bytes(kinds[k]) for k in shown), human_bytes(sum(kinds.values())))
         console.print(table)
     console.print("bytes in decimal units; `--json` gives every count exact to the byte", style="dim")
+    if report["placement"] is not None:
+        for line in placement_lines(report):
+            click.echo(line)
 
 
-@click.command("plan", epilog=example("tfc plan ./pack --tp 4 --json"))
+def placement_lines(report: dict) -> list[str]:
+    """The placement in words: the target, then per rank its bytes by tier and the GPU memory left for KV."""
+    GIB = 1 << 30
+    record = report["placement"]
+    got = record["inputs"]
+    host = (
+        "no host limit"
+        if got["host_memory_gib"] is None
+        else f"{got['host_memory_gib']:g} GiB of host memory"
+    )
+    nvme = f", NVMe at {got['nvme_dir']}" if got["nvme_dir"] else ""
+    lines = [
+        f"placement for {report['world']} GPU(s) of {got['gpu_memory_gib']:g} GiB, {host}{nvme}; KV for "
+        f"{got['max_seqs']} sequences of {got['max_context']:,} tokens ({record['kv_bytes'] / GIB:.2f} GiB a rank), "
+        f"{record['overhead_bytes'] / GIB:g} GiB overhead"
+    ]
+    if record["cold_layers"]:
+        layers = ", ".join(map(str, record["cold_layers"]))
+        lines.append(f"cold experts: the routed expert tables of layers {layers} in host memory")
+    rows = [name for name in record["off_device"] if name.endswith(".engram.rows")]
+    if rows:
+        lines.append("Engram rows: " + ", ".join(f"{name} in {record['off_device'][name]}" for name in rows))
+    for rank in report["ranks"]:
+        tiers = rank["tiers"]
+        lines.append(
+            f"rank {rank['rank']}: device {tiers['device'] / GIB:.1f} GiB, host {tiers['host'] / GIB:.1f} GiB, "
+            f"nvme {tiers['nvme'] / GIB:.1f} GiB; GPU memory left for KV {rank['kv_room'] / GIB:.1f} GiB "
+            f"(the stated sequences take {record['kv_bytes'] / GIB:.2f})"
+        )
+    return lines
+
+
+@click.command(
+    "plan",
+    epilog=example(
+        "tfc plan ./pack --tp 4 --json", "tfc plan ./pack --tp 2 --gpu-memory-gib 141 --max-context 4096"
+    ),
+)
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
 @tp_option()
+@placement_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(pack_path: str, world: int, as_json: bool) -> None:
-    """Print every rank's bytes by kind and block, exactly what `tfc prepare` will write."""
+def plan(pack_path: str, world: int, budget, as_json: bool) -> None:
+    """Print every rank's bytes by kind and block, exactly what `tfc prepare` will write, and with
+    --gpu-memory-gib where each segment lives on that target (device, pinned host memory or NVMe)."""
     from tfc.packs.pack import open_pack
 
-    report = plan_report(open_pack(pack_path), world)
+    report = plan_report(open_pack(pack_path), world, budget)
     if as_json:
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tfc.cli.options import example, jobs_option, store_option, tp_option
+from tfc.cli.options import example, jobs_option, placement_options, store_option, tp_option
 
 
 def _parse_ranks(text: str | None) -> list[int] | None:
@@ -50,10 +50,17 @@ def _progress_factory(enabled: bool):
     return factory, bars.stop
 
 
-@click.command("prepare", epilog=example("tfc prepare ./pack --tp 2 --store /data/tfc-images"))
+@click.command(
+    "prepare",
+    epilog=example(
+        "tfc prepare ./pack --tp 2 --store /data/tfc-images",
+        "tfc prepare ./pack --tp 2 --gpu-memory-gib 141 --host-memory-gib 240 --max-context 4096",
+    ),
+)
 @click.argument("pack_path", metavar="PACK", type=click.Path(exists=True, file_okay=False))
 @store_option(old=("-o", "--output"))
 @tp_option()
+@placement_options()
 @click.option("--ranks", help="Build only these ranks, e.g. 0,1 (default: every rank).")
 @jobs_option("Parallel reads (default: twice the cores, 4..16).")
 @click.option(
@@ -70,8 +77,11 @@ def _progress_factory(enabled: bool):
     help="Remove this key's image from the store and build it again (refused while a process holds it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def prepare(pack_path, store, world, ranks, jobs, strict_identity, engram_dir, force, as_json) -> None:
-    """Plan and build every rank's image of PACK, or find it in the store; print where it is."""
+def prepare(
+    pack_path, store, world, budget, ranks, jobs, strict_identity, engram_dir, force, as_json
+) -> None:
+    """Plan and build every rank's image of PACK, or find it in the store; print where it is. With
+    --gpu-memory-gib the image is placed for that target (`tfc plan` shows how), and is another image."""
     from tfc.cache.store import default_root
     from tfc.compiler.prepare import prepare as run_prepare
     from tfc.packs.pack import open_pack
@@ -89,6 +99,7 @@ def prepare(pack_path, store, world, ranks, jobs, strict_identity, engram_dir, f
             force=force,
             engram_dir=engram_dir,
             progress_factory=factory,
+            budget=budget,
         )
     finally:
         stop()
@@ -101,6 +112,7 @@ def prepare(pack_path, store, world, ranks, jobs, strict_identity, engram_dir, f
                 "ranks": {str(r): s for r, s in result.ranks.items()},
                 "bytes_written": result.bytes_written,
                 "seconds": round(result.seconds, 3),
+                "tiers": None if result.placement is None else list(result.placement.ranks),
             },
             sys.stdout,
         )
@@ -116,4 +128,13 @@ def prepare(pack_path, store, world, ranks, jobs, strict_identity, engram_dir, f
         )
     if hits:
         click.echo(f"cache hit for rank(s) {','.join(map(str, hits))}", err=True)
+    if result.placement is not None and result.placement.budget is not None:
+        gib = 1 << 30
+        for rank in built:
+            tiers = result.placement.ranks[rank]
+            click.echo(
+                f"rank {rank} placed: device {tiers['device'] / gib:.1f} GiB, host {tiers['host'] / gib:.1f} GiB, "
+                f"nvme {tiers['nvme'] / gib:.1f} GiB",
+                err=True,
+            )
     click.echo(str(result.path))
