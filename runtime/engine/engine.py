@@ -101,7 +101,10 @@ class Engine:
         loop = asyncio.get_running_loop()
         streams = []
         with self._lock:
-            if len(self._waiting) + len(requests) > self.config.max_waiting + len(self._free):
+            # a cancelled sequence's slot frees at the next step boundary, before anything queued is admitted
+            leaving = sum(s.cancelled for s in self._running)
+            queued = sum(not s.cancelled for s in self._waiting)
+            if queued + len(requests) > self.config.max_waiting + len(self._free) + leaving:
                 self.metrics.rejected.inc(len(requests))
                 raise Rejected(
                     429, f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting)",
