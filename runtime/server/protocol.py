@@ -118,6 +118,7 @@ class Sampling(Strict):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0  # vLLM's: no stop ends the reply before this many tokens
     user: str | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
