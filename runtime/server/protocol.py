@@ -145,10 +145,15 @@ class CompletionRequest(Sampling):
 
 
 class TokenizeRequest(ChatRendering):
+    """vLLM's /tokenize: a `prompt` (completion style) or `messages` (chat style, rendered as the chat route does)."""
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's defaults)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False
 
 
 class DetokenizeRequest(Strict):
