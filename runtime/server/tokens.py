@@ -15,6 +15,7 @@ CHAT_ONLY = ("add_generation_prompt", "continue_final_message", *ChatRendering.m
 
 def tokenize(state: ServerState, body: TokenizeRequest, context: int) -> dict:
     """{count, max_model_len, tokens, token_strs} of a /tokenize body (a 400 naming the field it cannot take)."""
+    _served(state, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise BadRequest("give exactly one of `prompt` and `messages`", "prompt")
     given = body.model_fields_set
@@ -48,7 +49,14 @@ def _prompt_ids(state: ServerState, prompt: str, special: bool) -> list[int]:
 
 def detokenize(state: ServerState, body: DetokenizeRequest) -> dict:
     """{prompt} of a /detokenize body: the ids' text, special tokens spelled out."""
+    _served(state, body.model)
     vocab = state.engine.info.vocab_size
     if any(t >= vocab for t in body.tokens):
         raise BadRequest(f"token ids must lie in [0, {vocab})", "tokens")
     return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+
+def _served(state: ServerState, model: str | None) -> None:
+    """A 404 for a model name other than the served one, as the generation routes answer."""
+    if model is not None and model != state.model_name:
+        raise BadRequest(f"The model `{model}` does not exist.", "model", 404, "model_not_found")

@@ -79,6 +79,13 @@ def test_tokenize_refuses_what_it_cannot_do_by_name(client, body, param):
     assert status == 400 and error["param"] == param and "\n" not in error["message"]
 
 
+def test_tokenize_and_detokenize_name_only_the_served_model(client):
+    for path, body in (("/tokenize", {"prompt": PROMPT}), ("/detokenize", {"tokens": [WORD]})):
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.post(path, body={"model": "other", **body}, cast_to=object)
+        assert caught.value.body["param"] == "model" and caught.value.body["code"] == "model_not_found"
+
+
 def _completion(client, **kw):
     return client.completions.create(model="tiny", prompt=PROMPT, temperature=0, **kw)
 
