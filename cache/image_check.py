@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import stat
@@ -22,6 +23,8 @@ from tfc.cache.errors import ImageError
 from tfc.cache.format import MANIFEST_NAME, RankManifest
 from tfc.cache.key import image_key
 
+from tfc.errors import TfcError
+
 RANK_DIR = re.compile(r"rank(\d{1,4})")
 WORLD_DIR = re.compile(r"[0-9a-f]{16}")
 
@@ -36,6 +39,11 @@ LAYOUT_SHAPES: dict[str, tuple[frozenset[str], tuple[int, ...]]] = {
     LAYOUT_ENGRAM_ASSET: (frozenset({"int32", "int64"}), (1, 2)),
     LAYOUT_TOKENIZER: (frozenset({"uint8"}), (1,)),
 }
+
+
+# family -> the family's stdlib-only module whose expected_segments(config, world, rank, attrs, names) states
+# every segment's dtype and shape from the config and plan a manifest records
+FAMILY_SEGMENTS = {"deepseek_v41": "tfc.packs.deepseek_v41_image"}
 
 
 def rank_folders(path: Path) -> tuple[bool, dict[int | None, Path]]:
@@ -104,6 +112,38 @@ def check_rank(m: RankManifest, folder: Path) -> None:
                 f"segment {s.name} is {s.dtype}{list(s.shape)}, but {s.layout} holds "
                 f"{'/'.join(sorted(rule[0]))} with {dims} dimension(s)",
             )
+    check_segments(m, where)
+
+
+def check_segments(m: RankManifest, where: str) -> None:
+    """Refuse a segment whose dtype or shape is not the one its family states (a retyped or reshaped record)."""
+    module = FAMILY_SEGMENTS.get(m.family)
+    config = m.meta.get("pack_config")
+    if module is None or config is None:
+        return  # no family or no model config to state them from: no runtime builds a model of it either
+    try:
+        expected = importlib.import_module(module).expected_segments(
+            config, m.world, m.rank, m.plan.get("attrs", {}), m.segment_map
+        )
+    except TfcError as error:
+        raise ImageError(
+            f"{where}: its segments cannot be checked against its config and plan: {error}"
+        ) from None
+    for s in m.segments:
+        if s.name not in expected:
+            _refuse(where, f"segment {s.name} is not one a {m.family} image holds")
+        dtype, shapes = expected[s.name]
+        if (dtype is not None and s.dtype != dtype) or not any(_fits(s.shape, shape) for shape in shapes):
+            want = " or ".join(f"{dtype or s.dtype}{_dims(shape)}" for shape in shapes)
+            _refuse(where, f"segment {s.name}: expected {want}, found {s.dtype}{_dims(s.shape)}")
+
+
+def _fits(shape: tuple[int, ...], want: tuple[int | None, ...]) -> bool:
+    return len(shape) == len(want) and all(w is None or w == x for x, w in zip(shape, want, strict=True))
+
+
+def _dims(shape: tuple) -> str:
+    return "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
 
 
 def _refuse(where: str, why: str) -> None:

@@ -8,6 +8,7 @@ from tfc.cache.contract import LAYOUT_TOKENIZER
 from tfc.compiler.dsv41_planner import RankPlanner
 from tfc.compiler.errors import PlanError
 from tfc.compiler.segments import Copy, RankPlan, SegmentPlan
+from tfc.packs.deepseek_v41_image import group_split
 
 WORLDS = (1, 2, 4, 8)
 PROJECTIONS = ("w1", "w3", "w2")
@@ -25,15 +26,6 @@ def check_world(config, world: int) -> None:
         raise PlanError(f"{config.num_attention_heads} attention heads do not divide among {world} ranks")
     if config.o_groups % world:
         raise PlanError(f"{config.o_groups} wo_a groups (o_groups) do not divide among {world} ranks")
-
-
-def split_of(name: str) -> str:
-    """How an EXL3 group (not a routed or shared expert) is split across ranks."""
-    if name == "head" or name.endswith(".attn.wq_b"):
-        return "column"
-    if name.endswith(".attn.wo_b"):
-        return "row"
-    return "whole"
 
 
 def plan_rank(pack, world: int, rank: int, engram_dir=None, with_copies: bool = True) -> RankPlan:
@@ -74,7 +66,7 @@ def plan_rank(pack, world: int, rank: int, engram_dir=None, with_copies: bool = 
                     m = _WO_A.match(group.name)
                     if m and int(m["g"]) not in planner.wo_a_groups:
                         continue
-                    planner.add_group(block, group, "whole" if m else split_of(group.name))
+                    planner.add_group(block, group, "whole" if m else group_split(group.name))
         for proj in PROJECTIONS:
             if proj in tables:
                 planner.add_table(block, proj, tables[proj] + tables.get(proj + ".shared", []))

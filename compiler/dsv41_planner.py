@@ -18,25 +18,17 @@ from tfc.compiler import exl3_slices as sl
 from tfc.compiler.errors import PlanError
 from tfc.compiler.segments import HELD_ITEMSIZE, STORED_HELD, STORED_NUMPY, Copy, SegmentPlan
 from tfc.compiler.splits import Part, block_parts, even_parts
+from tfc.packs.deepseek_v41_image import native_dtype, wo_a_groups
 
 CODEBOOK_IDS = {"3inst": 0, "mcg": 1, "mul1": 2}
 TABLE_ALIGN = 16
 
-# Natives held in float32 (norms, mHC, sinks, selection bias, indexer weights), the rest by name.
-_F32_NATIVE = re.compile(
-    r"(norm\.weight|(^|\.)hc_[a-z_]+|attn_sink|gate\.bias|weights_proj\.weight|confidence_head\.proj\.weight)$"
-)
-_BF16_NATIVE = re.compile(r"(ffn\.gate\.weight|^embed\.weight|markov_head\.(embed|head)\.weight)$")
 _BF16_ROUNDED = re.compile(r"weights_proj\.weight$")  # rounded to bf16, then held as float32
 
 
 def held_dtype(name: str, stored: str) -> str:
-    """The dtype a native tensor is held in on the device."""
-    if _F32_NATIVE.search(name):
-        return "float32"
-    if _BF16_NATIVE.search(name):
-        return "bfloat16"
-    return STORED_HELD.get(stored, "uint8")
+    """The dtype a native tensor is held in on the device: the family's by name, else as stored."""
+    return native_dtype(name) or STORED_HELD.get(stored, "uint8")
 
 
 class RankPlanner:
@@ -54,8 +46,7 @@ class RankPlanner:
         ]
         self.heads = even_parts(cfg.num_attention_heads, world, 1, "attn.attn_sink")[rank]
         self.vocab = block_parts(cfg.vocab_size, world, "vocabulary (head, embed)")[rank]
-        per = cfg.o_groups // world
-        self.wo_a_groups = range(rank * per, (rank + 1) * per)
+        self.wo_a_groups = wo_a_groups(cfg, world, rank)
         self.segments: list[SegmentPlan] = []
 
     def part_for(self, group, split: str) -> Part | None:

@@ -25,6 +25,8 @@ class ChatOptions:
     parallel_tool_calls: bool = True
     response_format: dict | None = None  # OpenAI response_format
     stop: tuple[str, ...] = ()
+    add_generation_prompt: bool = True  # False: no assistant header after the last turn
+    continue_final_message: bool = False  # the last message is an assistant turn left open (no end of turn)
 
 
 @dataclass(frozen=True)

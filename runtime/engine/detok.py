@@ -20,9 +20,10 @@ TRIM = 256  # released characters kept beyond the stop strings' reach before the
 class StopText:
     """Generated ids -> released text; finds stop strings and holds back what may become one."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+    def __init__(self, tokenizer: Any, stops: Sequence[str], min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.stops = tuple(s for s in stops if s)
+        self.min_tokens = min_tokens  # a stop string ends nothing until more ids than this were added
         self.reach = max((len(s) for s in self.stops), default=1)
         self.ids: list[int] = []
         self.prefix = self.read = 0  # ids[prefix:read] are decoded again as context; ids[:read] are settled
@@ -38,7 +39,7 @@ class StopText:
             self.ids.append(token)
             self._decode()
         text = self.settled + self.tail
-        for stop in self.stops:
+        for stop in self.stops if len(self.ids) > self.min_tokens else ():
             at = text.find(stop, max(0, self.released - self.base - len(stop) + 1))
             if at >= 0:
                 return self._release(text, at), True

@@ -86,6 +86,13 @@ class Engine:
                 "context_length_exceeded",
                 param="messages",
             )
+        if not 0 <= request.min_tokens <= request.max_tokens:
+            raise Rejected(
+                400,
+                f"min_tokens must lie in [0, max_tokens={request.max_tokens}], got {request.min_tokens}",
+                "invalid_request_error",
+                param="min_tokens",
+            )
         if any(not 0 <= t < self.info.vocab_size for t in request.prompt):
             raise Rejected(
                 400,
@@ -101,7 +108,10 @@ class Engine:
         loop = asyncio.get_running_loop()
         streams = []
         with self._lock:
-            if len(self._waiting) + len(requests) > self.config.max_waiting + len(self._free):
+            # a cancelled sequence's slot frees at the next step boundary, before anything queued is admitted
+            leaving = sum(s.cancelled for s in self._running)
+            queued = sum(not s.cancelled for s in self._waiting)
+            if queued + len(requests) > self.config.max_waiting + len(self._free) + leaving:
                 self.metrics.rejected.inc(len(requests))
                 raise Rejected(
                     429, f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting)",
@@ -109,7 +119,7 @@ class Engine:
                 )  # fmt: skip
             for r in requests:
                 queue: asyncio.Queue = asyncio.Queue()
-                reader = r.reader() if r.reader is not None else StopText(self.tokenizer, r.stop_strings)
+                reader = _reader(r, self.tokenizer)
                 seq = EngineSeq(r, reader, pusher(loop, queue))
                 self._waiting.append(seq)
                 streams.append(Stream(self, seq, queue))
@@ -387,6 +397,13 @@ class Engine:
         self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
         seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs,
                        event.prompt_logprobs))  # fmt: skip
+
+
+def _reader(r: Request, tokenizer: Any) -> Any:
+    """The request's reader: its own (told min_tokens when set), or text with its stop strings held back."""
+    if r.reader is None:
+        return StopText(tokenizer, r.stop_strings, r.min_tokens)
+    return r.reader(min_tokens=r.min_tokens) if r.min_tokens else r.reader()
 
 
 def _why(error: Exception) -> str:

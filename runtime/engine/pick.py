@@ -38,11 +38,23 @@ def step_draws(plan: Any, logits: Any, seqs: dict[int, EngineSeq]) -> dict[tuple
 
 
 def _adjusted(logits: Any, r: Request, run: Running, row: Any, i: int) -> Any:
-    """A row's logits for the token after its row's i-th token, with the request's bias and penalties."""
-    if not r.params.penalizes:
+    """A row's logits for the token after its row's i-th token, with the request's bias and penalties, its stop
+    ids masked before min_tokens."""
+    if r.params.penalizes:
+        before = run.ids_before(row.position) + tuple(row.tokens[: i + 1])
+        logits = penalized(logits, r.params, before, len(run.prompt))
+    return held_open(logits, r, row.position + i + 1, len(run.prompt))
+
+
+def held_open(logits: Any, r: Request, position: int, prompt_len: int) -> Any:
+    """Logits [V] with the request's stop ids at -inf while the token at `position` comes before min_tokens
+    generated ones (vLLM masks them the same way); unchanged when that would leave no token to draw."""
+    if position - prompt_len >= r.min_tokens or not r.stop_ids:
         return logits
-    before = run.ids_before(row.position) + tuple(row.tokens[: i + 1])
-    return penalized(logits, r.params, before, len(run.prompt))
+    ids = [t for t in r.stop_ids if 0 <= t < logits.numel()]
+    out = logits.reshape(-1).to(torch.float64).clone()
+    out[ids] = float("-inf")
+    return out if bool(torch.isfinite(out).any()) else logits
 
 
 def pick(r: Request, logits: Any, position: int, drawn: int | None = None,
@@ -54,11 +66,11 @@ def pick(r: Request, logits: Any, position: int, drawn: int | None = None,
     logits = logits.detach().reshape(-1).to(torch.float64)  # where the step left them: sample draws there
     if r.constraint is not None:
         logits = masked(logits, r.constraint.allowed())
-    if drawn is None and r.params.penalizes:
+    if drawn is None and (r.params.penalizes or r.min_tokens):
         if run is None:
-            raise ValueError("a request with penalties needs its run to pick")
-        token = sample(penalized(logits, r.params, run.ids_before(position), len(run.prompt)),
-                       r.params, seed_of(r), position)  # fmt: skip
+            raise ValueError("a request with penalties or min_tokens needs its run to pick")
+        adjusted = penalized(logits, r.params, run.ids_before(position), len(run.prompt))
+        token = sample(held_open(adjusted, r, position, len(run.prompt)), r.params, seed_of(r), position)
     else:
         token = drawn if drawn is not None else sample(logits, r.params, seed_of(r), position)
     if r.constraint is not None:

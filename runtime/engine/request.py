@@ -28,7 +28,9 @@ class Request:
     `constraint` (a TokenConstraint) masks the logits before sampling; `logprobs` asks for each token's
     logprob and that many alternatives (None: none); `prompt_logprobs` the same for every prompt token after the
     first (its prompt is then computed, never restored from the prefix cache); `reader` makes the object that turns generated ids into
-    released pieces (default: text with `stop_strings` held back), e.g. a chat format's reply reader.
+    released pieces (default: text with `stop_strings` held back), e.g. a chat format's reply reader; it is called
+    with `min_tokens=` when that is set. `min_tokens`: no stop id is drawn and no stop string ends the sequence
+    before that many generated tokens (vLLM's rule).
     """
 
     prompt: tuple[int, ...]
@@ -43,6 +45,7 @@ class Request:
     reader: Callable[[], Any] | None = field(default=None, compare=False)
     draft: bool = True  # draft tokens and verify them in one step where the engine drafts (same tokens)
     prompt_logprobs: int | None = None
+    min_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tfc.runtime.engine.request import PromptError
-from tfc.runtime.server import chat as chats
-from tfc.runtime.server import messages
+from tfc.runtime.server import messages, tokens
 from tfc.runtime.server.auth import presented_key
 from tfc.runtime.server.completions import BadRequest, generation
 from tfc.runtime.server.errors import error_response
@@ -120,25 +119,14 @@ def build_app(state: ServerState) -> FastAPI:
     async def tokenize(body: TokenizeRequest):
         if not state.ready:
             return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
-        if (body.prompt is None) == (body.messages is None):
-            raise BadRequest("give exactly one of `prompt` and `messages`", "prompt")
-        if body.messages is not None:
-            ids = state.chat.render(chats.messages(body), chats.options(body))
-        elif body.add_special_tokens:
-            ids = state.chat.encode(body.prompt, chat=False)
-        else:
-            ids = state.tokenizer.encode(body.prompt, add_special_tokens=False).ids
-        return {"tokens": list(ids), "count": len(ids), "max_model_len": _context(state)}
+        return tokens.tokenize(state, body, _context(state))
 
     @app.post("/detokenize")
     @app.post("/v1/detokenize")
     async def detokenize(body: DetokenizeRequest):
         if not state.ready:
             return error_response("the model is still booting: retry shortly", 503, "booting", retry_after=5)
-        vocab = state.engine.info.vocab_size
-        if any(t >= vocab for t in body.tokens):
-            raise BadRequest(f"token ids must lie in [0, {vocab})", "tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return tokens.detokenize(state, body)
 
     return app
 

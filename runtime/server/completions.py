@@ -141,7 +141,7 @@ def _requests(state: ServerState, body: Sampling, job: _Job) -> list[Request]:
             )  # fmt: skip
             out.append(Request(prompt, params, limit, frozenset(stop_ids), tuple(stops),
                                constraint=constraints[j], logprobs=logprobs, reader=reader, draft=body.draft,
-                               prompt_logprobs=prompt_logprobs))  # fmt: skip
+                               prompt_logprobs=prompt_logprobs, min_tokens=body.min_tokens))  # fmt: skip
     return out
 
 

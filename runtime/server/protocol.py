@@ -118,6 +118,7 @@ class Sampling(Strict):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
     ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0  # vLLM's: no stop ends the reply before this many tokens
     user: str | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
@@ -144,10 +145,15 @@ class CompletionRequest(Sampling):
 
 
 class TokenizeRequest(ChatRendering):
+    """vLLM's /tokenize: a `prompt` (completion style) or `messages` (chat style, rendered as the chat route does)."""
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (vLLM's defaults)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False
 
 
 class DetokenizeRequest(Strict):

@@ -111,6 +111,39 @@ def test_over_capacity_is_refused_before_the_head_and_a_disconnect_frees_the_slo
     assert health["running"] == 0 and health["waiting"] == 0
 
 
+@pytest.fixture(scope="module")
+def three_slots(served_image, tmp_path_factory):
+    """A server with three slots and no queue."""
+    log = tmp_path_factory.mktemp("three-slots") / "log"
+    with ServerProcess(
+        served_image, "--max-seqs", "3", "--max-waiting", "0", "--model-name", "tiny", log=log
+    ) as s:
+        yield s
+
+
+@pytest.mark.slow
+def test_a_burst_right_after_abandoned_streams_is_admitted(three_slots):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=three_slots.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+    def one(_: int) -> int:
+        try:
+            client.completions.create(model="tiny", prompt="Hello", max_tokens=2, temperature=0)
+        except openai.APIStatusError as error:
+            return error.status_code
+        return 200
+
+    for _ in range(3):  # each round drops a full house mid-step: its slots must count as free at once
+        streams = [client.completions.create(model="tiny", prompt="Hello", max_tokens=3000, temperature=0, stream=True,
+                                             extra_body={"ignore_eos": True}) for _ in range(3)]  # fmt: skip
+        for stream in streams:
+            next(iter(stream))  # its first token came: it holds a slot
+        for stream in streams:
+            stream.close()  # the client goes away mid-stream
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(one, range(3))) == [200] * 3
+
+
 @pytest.mark.slow
 def test_keepalives_flow_until_the_first_token(one_slot):
     events = _sse(

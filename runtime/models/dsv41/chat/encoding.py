@@ -72,6 +72,8 @@ class Encoding:
     tools: tuple[dict, ...] = ()  # OpenAI function objects ({"name", "description", "parameters", ...})
     response_format: Any = None  # the JSON value rendered under "## Response Format:"
     drop_thinking: bool = True
+    generation_prompt: bool = True  # the assistant header after a last user (or later system) turn
+    open_last: bool = False  # a last assistant turn left open: no EOS (its reasoning open, with no answer)
 
 
 def _json(value: Any) -> str:
@@ -165,7 +167,8 @@ def _last_user(turns: list[_Turn]) -> int:
 def render(messages: list[dict], enc: Encoding) -> str:
     """The prompt text (special tokens as literal text) for the model to continue.
 
-    A conversation that ends with an assistant turn renders that turn closed (with EOS) and no header.
+    A conversation that ends with an assistant turn renders that turn closed (with EOS) and no header, or open
+    with `enc.open_last`.
     """
     if not messages:
         raise ChatError("messages: at least one message is needed", "messages")
@@ -192,14 +195,17 @@ def render(messages: list[dict], enc: Encoding) -> str:
             out.append(USER + "\n\n".join(x if kind == "text" else TOOL_RESULT.format(content=x)
                                           for kind, x, _ in t.blocks))  # fmt: skip
         else:
+            open_ = enc.open_last and i == len(turns) - 1
             if enc.thinking and (not drop or i > last_user):
-                out.append(t.reasoning + THINK_END)
+                thinking_on = open_ and not t.text and not t.calls  # continuing it continues the reasoning
+                out.append(t.reasoning + ("" if thinking_on else THINK_END))
             out.append(t.text)
             if t.calls:
                 out.append(SEPARATOR + render_calls(t.calls, t.where))
-            out.append(EOS)
+            out.append("" if open_ else EOS)
         nxt = turns[i + 1].role if i + 1 < len(turns) else None
-        if nxt in (None, "assistant") and (t.role == "user" or (t.role == "system" and i > 0)):
+        asks = nxt == "assistant" or (nxt is None and enc.generation_prompt)
+        if asks and (t.role == "user" or (t.role == "system" and i > 0)):
             thinks = enc.thinking and (not drop or i >= last_user)
             out.append(ASSISTANT + (THINK if thinks else THINK_END))
     return "".join(out)

@@ -129,11 +129,11 @@ class Dsv41ChatFormat:
 
     def plan(self, messages: list[dict], options: ChatOptions) -> ChatPlan:
         """The prompt ids, reply reader and decoding constraint of one chat request."""
-        if messages and messages[-1].get("role") == "assistant":
-            last = len(messages) - 1
-            raise ChatError(
-                "the last message is an assistant turn; end with a user turn", f"messages[{last}]"
-            )
+        last = len(messages) - 1
+        if messages and (messages[-1].get("role") == "assistant") != options.continue_final_message:
+            said = ("continue_final_message needs an assistant turn last" if options.continue_final_message
+                    else "the last message is an assistant turn; end with a user turn")  # fmt: skip
+            raise ChatError(said, f"messages[{last}]")
         effort, says = effort_of(options.effort)
         thinking = options.thinking if options.thinking is not None else bool(says)
         functions = _functions(options.tools)
@@ -145,7 +145,9 @@ class Dsv41ChatFormat:
             _choice(options.tool_choice, functions) if functions or options.tool_choice != "auto" else "auto"
         )
         schema, strict = _schema_of(options.response_format)
-        text = render(messages, Encoding(thinking, effort, tuple(functions), schema))
+        enc = Encoding(thinking, effort, tuple(functions), schema, generation_prompt=options.add_generation_prompt,
+                       open_last=options.continue_final_message)  # fmt: skip
+        text = render(messages, enc)
         think_end = self.ids.think_end if thinking and self.ids else None
         grammar, about = None, ""
         if choice not in ("none", "auto"):

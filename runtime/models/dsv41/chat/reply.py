@@ -36,11 +36,13 @@ class ReplyReader:
     """One reply: `add(token)` -> (parts, stop string hit); `flush()` -> the rest and a ReplyEnd."""
 
     def __init__(self, tokenizer, ids: ReplyIds, *, thinking: bool, tools: bool, parallel: bool = True,
-                 stops: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 stops: tuple[str, ...] = (), min_tokens: int = 0) -> None:  # fmt: skip
         self.tokenizer, self.ids = tokenizer, ids
         self.reasoning = thinking
         self.tools, self.parallel = tools, parallel
         self.stops = tuple(s for s in stops if s)
+        self.min_tokens = min_tokens  # a stop string ends nothing until more ids than this were read
+        self.seen = 0
         self.pending: list[int] = []  # ids whose text is an unfinished UTF-8 character
         self.held = ""  # text of the current channel not released yet
         self.block: str | None = None  # an open calls block, MARK for the ｜DSML｜ token
@@ -57,6 +59,7 @@ class ReplyReader:
         """The parts this token completes, and whether a stop string ended the reply here."""
         out: list = []
         in_reasoning = self.reasoning
+        self.seen += 1
         if token == self.ids.think_end and self.reasoning and self.block is None:
             self._text(self._decode(), out)
             self._release(out, everything=True)
@@ -128,7 +131,7 @@ class ReplyReader:
     def _release(self, out: list, everything: bool = False) -> None:
         """Hand out held text, keeping back what may start a block or a stop string."""
         text, hold = self.held, 0
-        if not self.reasoning and self.stops:
+        if not self.reasoning and self.stops and self.seen > self.min_tokens:
             hits = [(at, s) for s in self.stops if (at := text.find(s)) >= 0]
             if hits:  # the earliest; at one place, the first given
                 cut, self.stopped_by = min(hits, key=lambda hit: hit[0])

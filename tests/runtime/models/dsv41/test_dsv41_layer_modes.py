@@ -154,12 +154,12 @@ DAMAGE = {
 
 
 def _publish(root, meta):
-    """A one-segment DeepSeek-V4.1 TP=1 image whose manifest carries `meta`."""
+    """A one-segment DeepSeek-V4.1 TP=1 image (the tiny model's final norm) whose manifest carries `meta`."""
     inputs = {"family": "deepseek_v41", "world": 1}
     world_key = image_key(inputs)
     with ImageWriter(root, world_key, 0) as writer:
-        slot = writer.add_segment("x", "float32", (4,), "native.v1", 16)
-        writer.write(slot, 0, b"\0" * 16)
+        slot = writer.add_segment("norm.weight", "float32", (256,), "native.v1", 1024)
+        writer.write(slot, 0, b"\0" * 1024)
         return writer.publish(
             {
                 "family": "deepseek_v41",
