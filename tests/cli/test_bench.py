@@ -192,9 +192,7 @@ def test_a_stream_is_timed_from_its_token_chunks_and_counted_from_its_usage():
     for outcome in (slow, chat):
         assert outcome.ok and outcome.output_tokens == 5  # the usage frame's count, not the 3 chunks
         assert outcome.ttft_s >= PAUSE_S and len(outcome.itl_s) == 2  # the role-only chat chunk carries none
-        assert min(outcome.itl_s) >= PAUSE_S / 2 and outcome.latency_s >= outcome.ttft_s + sum(
-            outcome.itl_s
-        )
+        assert min(outcome.itl_s) >= PAUSE_S / 2 and outcome.latency_s >= outcome.ttft_s + sum(outcome.itl_s)
     assert plain.ok and plain.output_tokens == 3  # no usage: one token a chunk
 
 

@@ -73,7 +73,9 @@ def test_prepared_rows_of_a_sparse_pack_take_no_disk(sparse_pack, tmp_path, worl
             entry = m.segment_map[seg.name]
             assert entry.length == seg.nbytes > 50 << 20
             assert entry.digest == segment_digest(np.zeros(seg.nbytes, np.uint8)).digest
-        st = os.stat(path / "L01.bin")  # the rows' first 64 MiB read is dense: it holds the file's header page
+        st = os.stat(
+            path / "L01.bin"
+        )  # the rows' first 64 MiB read is dense: it holds the file's header page
         assert st.st_blocks * 512 < st.st_size // 4
         image = open_rank(path)
         assert not np.frombuffer(image.segment(seg.name), np.uint8)[-(1 << 20) :].any()
