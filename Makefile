@@ -19,7 +19,7 @@ for _ in range(600):
         time.sleep(0.1)
 reply = OpenAI(base_url=url + "/v1", api_key="demo").chat.completions.create(
     model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
-print(f"chat: {reply.choices[0].message.content!r} ({reply.usage.completion_tokens} tokens, {reply.choices[0].finish_reason}, token_sha {reply.token_sha[:16]})")
+print(f"chat (random weights, noise by design): {reply.choices[0].message.content!r} ({reply.usage.completion_tokens} tokens, {reply.choices[0].finish_reason}, token_sha {reply.token_sha[:16]})")
 endef
 export DEMO_CLIENT
 
@@ -36,6 +36,8 @@ $(VENV)/.ready: pyproject.toml
 	@touch $@
 
 demo: $(VENV)/.ready
+	@echo "tfc demo: a tiny synthetic DeepSeek-V4.1 pack in the real layout. Its weights are RANDOM, so every"
+	@echo "generated text below is noise by design: the demo shows the pipeline, not a model's answers."
 	@rm -rf $(DEMO) && mkdir -p $(DEMO)
 	$(BIN)/tfc fixture tiny $(DEMO)/pack
 	$(BIN)/tfc inspect $(DEMO)/pack
