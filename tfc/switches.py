@@ -1,4 +1,4 @@
-"""On/off environment switches (TFC_COMPILE, TFC_STAGE_CACHE, TFC_STAGE_KERNELS: on unless off;
+"""On/off environment switches (TFC_GRAPHS, TFC_COMPILE, TFC_STAGE_CACHE, TFC_STAGE_KERNELS: on unless off;
 TFC_PREFILL_STEPS: off unless on): one spelling of "off" and one of "on" for all."""
 
 from __future__ import annotations
