@@ -59,10 +59,11 @@ async def run(args) -> dict:
     from tfc.runtime.engine.request import Request
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.worker.worker import Worker
 
     torch.set_num_threads(args.threads)
-    worker = Worker.start(args.image, device=args.device, graphs=False)
+    worker = Worker.start(args.image, device=args.device, options=RuntimeOptions(graphs=False))
     try:
         runner = worker.load_model(dtype=torch.float32, slots=args.batch)
         tok = image_tokenizer(worker.booted.image, str(args.image))

@@ -103,10 +103,11 @@ def copy_floor(nbytes: int, device: str, reps: int) -> float:
 
 def restore_rate(image: str, device: str, tokens: int, reps: int, vocab: int) -> dict:
     import torch
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.worker.step import SequenceStep, StepPlan
     from tfc.runtime.worker.worker import Worker
 
-    w = Worker.start(image, device=device, graphs=False)
+    w = Worker.start(image, device=device, options=RuntimeOptions(graphs=False))
     try:
         w.load_model(dtype=torch.float32, slots=2, tokens_per_slot=tokens + 64)
         prompt, step = ids(tokens, 7, vocab), 256

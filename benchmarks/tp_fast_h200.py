@@ -128,8 +128,9 @@ def prepare_tiny(work: Path) -> dict[int, Path]:
 def solo(image: Path, fuse: bool, tp_exact: bool, graphs: bool) -> dict:
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.options import RuntimeOptions
 
-    booted = boot(image, device=RUN["device"], graphs=graphs)
+    booted = boot(image, device=RUN["device"], options=RuntimeOptions(graphs=graphs))
     try:
         runner = build_fast(booted, slots=4, tokens_per_slot=512, fuse=fuse, tp_exact=tp_exact)
         res = greedy(runner)
@@ -143,6 +144,7 @@ def world_run(image: Path, world: int, fuse: bool) -> dict:
     """Every rank of the image as a thread; rank 0's result (every rank's tokens checked equal)."""
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.options import RuntimeOptions
 
     hub, results, errors = Hub(world), [None] * world, []
 
@@ -150,7 +152,7 @@ def world_run(image: Path, world: int, fuse: bool) -> dict:
         hub.turn.acquire()
         booted = None
         try:
-            booted = boot(image, rank=rank, device=RUN["device"], graphs=False)
+            booted = boot(image, rank=rank, device=RUN["device"], options=RuntimeOptions(graphs=False))
             runner = build_fast(booted, slots=4, tokens_per_slot=512, fuse=fuse, comm=ThreadComm(hub, rank))
             results[rank] = greedy(runner)
             results[rank]["collective_calls"] = runner.forward.shard.comm.stats.calls

@@ -16,14 +16,15 @@ from tfc.cache.image_check import RANK_DIR, check_rank, check_rank_folder
 from tfc.cache.locks import HOLD_NAME, ImageHold, _open, pid_alive, remove_tree, try_exclusive, world_dir_of
 from tfc.cache.publish import TEMP_PATTERN
 
+from tfc import settings
+
 KEY16 = re.compile(r"[0-9a-f]{16}")
 TRASH_PATTERN = re.compile(r"\.trash-[0-9a-f]{16}-(\d+)-[0-9a-f]+")
 
 
 def default_root() -> Path:
-    """$TFC_CACHE, else ~/.cache/tfc/images."""
-    env = os.environ.get("TFC_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tfc" / "images"
+    """The store a command uses when it names none: the TFC_CACHE setting (default ~/.cache/tfc/images)."""
+    return settings.get("TFC_CACHE")
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,7 @@ class ImageWriter:
         if free < pending + SPACE_MARGIN:
             raise ImageError(
                 f"not enough free space in {self.world_dir.parent}: {pending / 1e9:.2f} GB still to write "
-                f"+ {SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another --out/TFC_CACHE"
+                f"+ {SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another --store"
             )
         with self._lock:
             self._space_checked = max(self._space_checked, reserved)
@@ -302,7 +302,7 @@ class ImageWriter:
     def _os_error(self, error: OSError, file: str) -> ImageError:
         where = self.path / file if file else self.path
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return ImageError(f"no space left writing {where}; free space or use another --out/TFC_CACHE")
+            return ImageError(f"no space left writing {where}; free space or use another --store")
         return ImageError(f"cannot write {where}: {error.strerror or error}")
 
     def _digests(self, given: dict) -> dict[int, _digest.SegmentDigest]:

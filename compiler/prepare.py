@@ -119,7 +119,7 @@ def check_space(root: Path, plans: list[RankPlan]) -> None:
     if free < need + SPACE_MARGIN:
         raise BuildError(
             f"not enough free space in {root} for {len(plans)} rank image(s): {need / 1e9:.2f} GB to write + "
-            f"{SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another -o / TFC_CACHE"
+            f"{SPACE_MARGIN / 2**30:.0f} GiB margin, {free / 1e9:.2f} GB free; free space or use another --store"
         )
 
 

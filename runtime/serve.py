@@ -9,15 +9,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.server.app import build_app
 from tfc.runtime.server.auth import ApiKeys
 from tfc.runtime.server.state import ServerState
 
+from tfc import settings
 from tfc.errors import TfcError
 from tfc.switches import switched_on
 
@@ -37,7 +39,7 @@ class ServeOptions:
     max_seqs: int = 16
     max_context: int | None = None
     device: str = "auto"
-    graphs: bool = True
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # every rank boots and joins with these
     jobs: int | None = None
     dtype: str = "float32"
     drain_s: float = 20.0
@@ -50,6 +52,7 @@ class ServeOptions:
     disk_cache_gib: float = 16.0
     draft: bool = True
     tokenizer: Path | None = None  # a tokenizer.json instead of the image's
+    keepalive_s: float = settings.default("TFC_SSE_KEEPALIVE_S")  # between pre-token SSE comments; 0: none
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -133,7 +136,7 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float, world: Any = Non
     if not is_loopback(options.host) and not keys.enabled:
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it")
     name = options.model_name or f"deepseek-v41-{Path(options.image).resolve().name[:16]}"
-    state = ServerState(model_name=name, keys=keys)
+    state = ServerState(model_name=name, keys=keys, keepalive_s=options.keepalive_s)
     config = uvicorn.Config(
         build_app(state), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2,
         timeout_keep_alive=5,
@@ -179,7 +182,7 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
     from tfc.runtime.worker.worker import Worker
 
     rank, device = (None, options.device) if world is None else (world.rank, world.device)
-    worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
+    worker = Worker.start(options.image, rank=rank, device=device, options=options.runtime, jobs=options.jobs)
     # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
     # the reference runner takes no such option and drops it
     on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in: docs/serving.md says when it pays

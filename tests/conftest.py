@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 
 import pytest
 from support.fakes import FakeCuda
+
+from tfc import settings
 
 
 def _has_cuda() -> bool:
@@ -24,7 +25,7 @@ HAS_CUDA = _has_cuda()
 def pytest_runtest_logreport(report):
     """With TFC_INSTANT_FAILURES=1, a failure's traceback prints as it happens (a device run cut by its time
     limit still shows why the tests before the cut failed)."""
-    if report.failed and os.environ.get("TFC_INSTANT_FAILURES") == "1":
+    if report.failed and settings.get("TFC_INSTANT_FAILURES"):
         sys.stderr.write(f"\n--- FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
         sys.stderr.flush()
 

@@ -1,16 +1,11 @@
-"""Boot phase timing: wall time and bytes per phase, written as JSON when TFC_PHASES asks for it."""
+"""Boot phase timing: wall time and bytes per phase (`tfc load --json` prints them)."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-
-DEFAULT_FILE = "tfc-phases.json"
 
 
 @dataclass
@@ -60,18 +55,3 @@ class Phases:
             if p.note:
                 out[p.name]["note"] = p.note
         return out
-
-
-def phases_path(env: dict[str, str] | None = None) -> Path | None:
-    """Where TFC_PHASES asks for the JSON: None when unset or 0, ./tfc-phases.json for 1, else a path."""
-    value = (os.environ if env is None else env).get("TFC_PHASES", "").strip()
-    if value in ("", "0"):
-        return None
-    return Path(DEFAULT_FILE) if value == "1" else Path(value)
-
-
-def write_phases(phases: Phases, path: Path, **extra: object) -> None:
-    """Write the phase JSON (replacing the file atomically)."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(phases.to_dict(**extra), indent=1) + "\n")
-    os.replace(tmp, path)

@@ -14,7 +14,8 @@ from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
 from tfc.runtime.boot.placement_check import check_room, probe, refuse_off_device
 from tfc.runtime.boot.upload import UploadReport, upload
-from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings, check_same_settings
+from tfc.runtime.graphs.graph_cache import GraphCache, check_same_settings
+from tfc.runtime.options import RuntimeOptions
 
 from tfc.errors import TfcError
 
@@ -61,19 +62,20 @@ def boot(
     device: str | None = None,
     method: str | None = None,
     verify: str | None = None,
-    graphs: bool | None = None,
+    options: RuntimeOptions | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Booted:
     """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
 
     While torch imports, threads start the device's CUDA context (runtime/boot/cuda_start.py) and, where the upload
-    may take the mmap path on a GPU, fault in its staging (runtime/boot/staging_pool.py; TFC_PREFAULT=0 turns that
-    off)."""
+    may take the mmap path on a GPU, fault in its staging (runtime/boot/staging_pool.py; unless `options.prefault`
+    is off). `options` (default: RuntimeOptions()) also say whether and how many graphs the rank keeps."""
+    options = options or RuntimeOptions()
     early = cuda_start.start(device)
-    prefaulted = _prefault_staging(device, method, threads)
+    prefaulted = options.prefault and _prefault_staging(device, method, threads)
     try:
-        return _boot(path, rank, device, method, verify, graphs, threads, progress)
+        return _boot(path, rank, device, method, verify, options, threads, progress)
     finally:
         if prefaulted:
             staging_pool.release()
@@ -100,7 +102,7 @@ def _boot(
     device: str | None,
     method: str | None,
     verify: str | None,
-    graphs: bool | None,
+    options: RuntimeOptions,
     threads: int | None,
     progress: Callable[[int, int], None] | None,
 ) -> Booted:
@@ -152,7 +154,7 @@ def _boot(
         if report.staging_seconds:
             phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")
 
-        settings = GraphSettings.from_env(graphs=graphs if dev != "cpu" else False)
+        settings = options.graph_settings(dev)
         check_same_settings(settings)  # a no-op until torch.distributed runs several ranks
         cache = GraphCache(settings)
         with phases.time("capture") as ph:

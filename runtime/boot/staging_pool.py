@@ -9,7 +9,6 @@ slot), every slot `take`s its piece, and `release` unlocks and unmaps the region
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 from collections.abc import Callable
 
@@ -119,8 +118,8 @@ def release() -> int:
 
 def wanted(device: str | None, method: str | None) -> bool:
     """Whether a boot on `device` with upload `method` may use the mmap path on a GPU (so prefaulting pays):
-    on CUDA (runtime/cuda_start.uses_cuda), not a forced ring or register path, TFC_PREFAULT not 0."""
-    if os.environ.get("TFC_PREFAULT", "1") == "0" or method not in (None, "auto", "mmap"):
+    on CUDA (runtime/cuda_start.uses_cuda), not a forced ring or register path."""
+    if method not in (None, "auto", "mmap"):
         return False
     return cuda_start.uses_cuda(device)
 

@@ -4,9 +4,9 @@ The Python copy threads of upload_mmap take the interpreter's lock several times
 (whose staging could stay in the host's last-level cache while the DMA reads it) cost more in lock waits than
 they save (benchmarks/boot.md). Here one ctypes call runs the whole loop on C threads with the lock released.
 It is built on first use with the system C compiler (`$CC`, else `cc`; Triton's launcher needs one on every GPU
-host) into `$TFC_NATIVE_CACHE` (default ~/.cache/tfc/native), named by the source's digest, and loaded with
-ctypes. The CUDA driver calls go in as function pointers (libcuda's, or host-only stand-ins in the tests);
-`upload_native` is upload_mmap's ring on these threads.
+host) into the TFC_NATIVE_CACHE folder (an internal setting, default ~/.cache/tfc/native), named by the source's
+digest, and loaded with ctypes. The CUDA driver calls go in as function pointers (libcuda's, or host-only
+stand-ins in the tests); `upload_native` is upload_mmap's ring on these threads.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from tfc.runtime.boot import upload_files as uf
 from tfc.runtime.boot import upload_mmap as um
 from tfc.runtime.boot.arena import DeviceArena
 
+from tfc import settings
+
 SOURCE = Path(__file__).with_name("stage_copy.c")
 _LOCK = threading.Lock()
 _LIB: list[ctypes.CDLL] = []
@@ -35,9 +37,8 @@ _P = ctypes.c_void_p
 
 
 def cache_dir() -> Path:
-    """$TFC_NATIVE_CACHE, else ~/.cache/tfc/native."""
-    env = os.environ.get("TFC_NATIVE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tfc" / "native"
+    """Where the copier is built: the TFC_NATIVE_CACHE setting (default ~/.cache/tfc/native)."""
+    return settings.get("TFC_NATIVE_CACHE")
 
 
 def library() -> ctypes.CDLL:

@@ -24,14 +24,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from tfc.errors import TfcError
-from tfc.switches import switched_off
 
 FLOOR_MODES = ("shed", "hold")
 FAIL_MODES = ("skip", "off")
@@ -70,27 +68,6 @@ class GraphSettings:
         """SHA-256 over the canonical JSON of every shared setting, bucket lists included."""
         text = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
-
-    @classmethod
-    def from_env(cls, graphs: bool | None = None, env: dict[str, str] | None = None, **kw: Any):
-        """Settings with the operator switches applied: `graphs=False` or TFC_GRAPHS=0 mean eager.
-
-        TFC_GRAPHS_MAX, TFC_GRAPH_MIN_KEEP and TFC_GRAPH_FLOOR override the defaults.
-        """
-        env = os.environ if env is None else env
-        for name, attr, conv in (
-            ("TFC_GRAPHS_MAX", "max_graphs", int),
-            ("TFC_GRAPH_MIN_KEEP", "min_keep", int),
-            ("TFC_GRAPH_FLOOR", "floor", str),
-        ):
-            if env.get(name, "") != "" and attr not in kw:
-                try:
-                    kw[attr] = conv(env[name])
-                except ValueError:
-                    raise GraphSettingsError(f"{name}={env[name]!r} is not a valid value") from None
-        if graphs is False or switched_off("TFC_GRAPHS", env):
-            kw["max_graphs"] = 0
-        return cls(**kw)
 
 
 @dataclass(frozen=True)
@@ -364,7 +341,7 @@ def check_same_settings(settings: GraphSettings, gather: Callable[[str], list[st
     if len(set(digests)) > 1:
         raise GraphSettingsError(
             f"graph settings differ between ranks (digests {sorted(set(digests))}); start every rank "
-            "with the same TFC_GRAPHS* settings and flags"
+            "with the same settings and flags"
         )
 
 

@@ -2,8 +2,11 @@
 
 What must match: the tfc version, the command, the world and the image (its world key: one prepare of
 one pack for one world), the device kind, and the options every rank applies alike (dtype, Engram, slots,
-context, the graph-cache settings and bucket lists). A rank that cannot start (no rank folder of its
-number, an image for another world) says why through the same exchange, so every rank refuses together.
+context, the runtime options that its flags and the operator's settings gave (runtime/options.py), the
+graph-cache settings and bucket lists). Every rank reruns the command line it was given, so its flags are
+rank 0's; a setting exported on one host and not another is refused here, by its option's name. A rank
+that cannot start (no rank folder of its number, an image for another world) says why through the same
+exchange, so every rank refuses together.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from tfc.runtime.parallel.world import World, WorldLost, timeout_seconds
+from tfc.runtime.parallel.world import World, WorldLost
 from tfc.runtime.worker.step import StepOutput, StepPlan
 
 
@@ -32,7 +32,7 @@ class Leader:
 
     def __init__(self, worker: Any, world: World) -> None:
         self.worker, self.world = worker, world
-        self.tick_s = max(1.0, min(30.0, timeout_seconds() / 10))
+        self.tick_s = max(1.0, min(30.0, world.timeout_s / 10))
         self.broadcast_s = 0.0  # seconds spent sending control messages (the control plane's cost)
         self.steps = 0
         self._calls: queue.Queue[_Call] = queue.Queue()

@@ -1,4 +1,5 @@
-"""The launcher variables a rank reads (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), as torchrun sets them."""
+"""The launcher variables a rank reads (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), as torchrun sets
+them, and the two tfc's own launcher adds (TFC_LAUNCHER, TFC_LAUNCH_T0: internal, in tfc/settings.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tfc import settings
 from tfc.errors import TfcError
 
-LAUNCHER = "TFC_LAUNCHER"  # set by tfc's own launcher: the rank's stdin is the launcher's pipe
-RUN_ID = "TFC_TP_RUN"  # one world's id (keys in the store are prefixed with it)
-T0 = "TFC_LAUNCH_T0"  # wall time the world was launched at (for "resident N s after launch")
 EXIT_LOST = 70  # a rank died, hung or failed: the whole world exits with this code
 
 
@@ -33,21 +32,10 @@ class RankEnv:
     run_id: str = ""
 
 
-def env_seconds(name: str, default: float, least: float) -> float:
-    """A duration in seconds from the environment (at least `least`), or the default when unset or not a number."""
-    try:
-        return max(least, float(os.environ.get(name, default)))
-    except ValueError:
-        return default
-
-
-def since_launch() -> float | None:
+def since_launch(environ: Mapping[str, str] | None = None) -> float | None:
     """Seconds since the world was launched (TFC_LAUNCH_T0, wall time), or None when no launcher set it."""
-    raw = os.environ.get(T0)
-    try:
-        return None if raw is None else round(time.time() - float(raw), 6)
-    except ValueError:
-        return None
+    t0 = settings.get("TFC_LAUNCH_T0", environ)
+    return None if t0 is None else round(time.time() - t0, 6)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -85,6 +73,7 @@ def rank_env(environ: Mapping[str, str] | None = None) -> RankEnv | None:
     port = _int(env, "MASTER_PORT")
     if not 0 < port < 65536:
         raise RankEnvError(f"MASTER_PORT={port} is not a port")
-    run = env.get(RUN_ID) or env.get("TORCHELASTIC_RUN_ID") or f"{addr}:{port}"
+    launcher = settings.get("TFC_LAUNCHER", env)  # tfc's launcher names its world's run
+    run = launcher or env.get("TORCHELASTIC_RUN_ID") or f"{addr}:{port}"
     run += f".{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return RankEnv(rank, world, local_rank, local_world, addr, port, env.get(LAUNCHER) == "1", run)
+    return RankEnv(rank, world, local_rank, local_world, addr, port, bool(launcher), run)

@@ -1,10 +1,12 @@
 """Start every rank of a TP=N world on this host, relay their output, forward stop signals, end them together.
 
 Each rank is `python -m tfc <the same command>` with the launcher variables torchrun would set (RANK,
-LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus TFC_LAUNCHER=1: its stdin is this launcher's
-pipe, which says `lost ...` when another rank dies and reaches end-of-file when the launcher is gone.
-Ranks run in their own sessions, so a terminal's Ctrl-C reaches the launcher only; it forwards SIGTERM to
-rank 0, which drains and stops the others. Stdlib only: the launcher never imports torch.
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus TFC_LAUNCHER, the world's run id (an internal setting,
+tfc/settings.py): its stdin is this launcher's pipe, which says `lost ...` when another rank dies and reaches
+end-of-file when the launcher is gone. The command's options reach every rank on the command line each reruns,
+and the ranks compare them at start (agreement.py): no flag travels as a variable. Ranks run in their own
+sessions, so a terminal's Ctrl-C reaches the launcher only; it forwards SIGTERM to rank 0, which drains and
+stops the others. Stdlib only: the launcher never imports torch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from tfc.runtime.parallel.env import EXIT_LOST, LAUNCHER, RUN_ID, T0
+from tfc.runtime.parallel.env import EXIT_LOST
+
+from tfc import settings
 
 GRACE_S = 3.0  # after a rank fails, the others get this long to exit on their own before SIGKILL
 STOP_S = 15.0  # after rank 0 exits cleanly, the others get this long to follow
@@ -38,12 +42,12 @@ def free_port() -> int:
 def rank_environ(base: Mapping[str, str], rank: int, world: int, port: int, run: str) -> dict[str, str]:
     """The environment of one local rank: the launcher variables, one share of the CPU threads."""
     env = dict(base)
-    env.setdefault(T0, repr(time.time()))
+    env.setdefault("TFC_LAUNCH_T0", settings.text_of("TFC_LAUNCH_T0", time.time()))  # a benchmark's own stays
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # a lost store is reported once, by tfc, in one line
     env.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{LAUNCHER: "1", RUN_ID: run},
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TFC_LAUNCHER=settings.text_of("TFC_LAUNCHER", run),
     )  # fmt: skip
     for name, value in NCCL_ENV.items():
         env.setdefault(name, value)

@@ -16,21 +16,24 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from tfc.runtime.parallel.env import env_seconds
-
-HANG_S = 4.0  # a rank whose heartbeat stands still this long is lost (TFC_TP_HANG_S)
 PERIOD_S = 0.25
 START_GRACE_S = 10.0  # a rank's first heartbeat may take this long after the world formed
 
 
 class Monitor:
-    """The watch threads of one rank; `fail(reason, store_ok)` is called (once is enough) when the world is lost."""
+    """The watch threads of one rank; `fail(reason, store_ok)` is called (once is enough) when the world is lost,
+    a peer whose heartbeat stands still for `hang_s` among the reasons."""
 
     def __init__(
-        self, env: Any, prefix: str, fail: Callable[[str, bool], None], stopping: Callable[[], bool]
+        self,
+        env: Any,
+        prefix: str,
+        fail: Callable[[str, bool], None],
+        stopping: Callable[[], bool],
+        hang_s: float,
     ) -> None:
         self.env, self.prefix, self._fail, self._stopping = env, prefix, fail, stopping
-        self.hang_s = env_seconds("TFC_TP_HANG_S", HANG_S, 0.5)
+        self.hang_s = hang_s
         self._done = threading.Event()
 
     def start(self) -> None:

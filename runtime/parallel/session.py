@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.parallel.agreement import agree, rank_settings
 from tfc.runtime.parallel.control import Leader, follow
 from tfc.runtime.parallel.env import rank_env
@@ -21,17 +22,11 @@ def device_kind(device: str | None) -> str:
     return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def graph_settings(graphs: bool | None, kind: str) -> Any:
-    """The graph-cache settings a boot on this device kind takes (graphs are off on the CPU)."""
-    from tfc.runtime.graphs.graph_cache import GraphSettings
-
-    return GraphSettings.from_env(graphs=graphs if kind != "cpu" else False)
-
-
 def join_world(
-    command: str, image: str | Path, device: str | None, graphs: bool | None, **settings: Any
+    command: str, image: str | Path, device: str | None, options: RuntimeOptions, **settings: Any
 ) -> World | None:
-    """This process's rank world, its settings agreed with every rank; None for a process that is no rank."""
+    """This process's rank world, its settings agreed with every rank (the command's runtime options and the
+    graph settings they give among them); None for a process that is no rank."""
     env = rank_env()
     if env is None:
         return None
@@ -39,8 +34,8 @@ def join_world(
     if env.rank != 0:  # the world stops through rank 0 (or its launcher), never by a signal to a follower
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
-    world = World.join(env, kind)
-    settings["graphs"] = graph_settings(graphs, kind)
+    world = World.join(env, kind, options)
+    settings.update(runtime=options, graphs=options.graph_settings(kind))
     world.settings_digest = agree(
         world, rank_settings(image, env.rank, env.world, command, device=kind, **settings)
     )

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.parallel.comm import TorchCollectives
-from tfc.runtime.parallel.env import EXIT_LOST, RankEnv, RankEnvError, env_seconds
+from tfc.runtime.parallel.env import EXIT_LOST, RankEnv, RankEnvError
 from tfc.runtime.parallel.launch import NCCL_ENV
 from tfc.runtime.parallel.monitor import Monitor, mark_failed
 
 from tfc.errors import TfcError
 
-TIMEOUT_S = 600.0  # a collective that waits this long fails (TFC_TP_TIMEOUT_S); liveness is the monitor's job
 STOP_WAIT_S = 15.0
 
 
@@ -28,11 +28,6 @@ class WorldLost(TfcError):
     """A rank of the world died, hung or failed: every rank stops (exit code 70)."""
 
     exit_code = EXIT_LOST
-
-
-def timeout_seconds() -> float:
-    """TFC_TP_TIMEOUT_S, or the default."""
-    return env_seconds("TFC_TP_TIMEOUT_S", TIMEOUT_S, 1.0)
 
 
 def await_store(addr: str, port: int, timeout_s: float, poll_s: float = 0.005) -> None:
@@ -54,8 +49,13 @@ def await_store(addr: str, port: int, timeout_s: float, poll_s: float = 0.005) -
 class World:
     """This process's rank of a TP world: groups, collectives, control messages, clean stop and fail-fast."""
 
-    def __init__(self, env: RankEnv, device: str, control: Any, comm: TorchCollectives) -> None:
+    def __init__(
+        self, env: RankEnv, device: str, control: Any, comm: TorchCollectives, options: RuntimeOptions
+    ) -> None:
         self.env, self.device, self.control, self.comm = env, device, control, comm
+        self.timeout_s = (
+            options.tp_timeout_s
+        )  # a collective that waits this long fails; liveness is the monitor's
         self.prefix = f"tfc/{env.run_id}/"
         self.fail_grace = 0.0  # seconds between a failure and exit 70 (rank 0's server answers in between)
         self._state = "running"  # running | stopping | failed
@@ -64,7 +64,9 @@ class World:
         self._store: Any = None
         self.reason: str | None = None  # why the world was lost, once it is
         self.settings_digest: str | None = None  # what every rank agreed on at start (agreement.py)
-        self.monitor = Monitor(env, self.prefix, self.fail, lambda: self._state != "running")
+        self.monitor = Monitor(
+            env, self.prefix, self.fail, lambda: self._state != "running", options.tp_hang_s
+        )
 
     @property
     def rank(self) -> int:
@@ -75,15 +77,16 @@ class World:
         return self.env.world
 
     @classmethod
-    def join(cls, env: RankEnv, device: str) -> World:
-        """Form the world (every rank calls this), start the fail-fast watch, route graph agreement through it."""
+    def join(cls, env: RankEnv, device: str, options: RuntimeOptions) -> World:
+        """Form the world (every rank calls this), start the fail-fast watch, route graph agreement through it;
+        `options` give its collectives' timeout and its heartbeat's patience."""
         import torch
         import torch.distributed as dist
         from tfc.runtime.graphs import graph_cache
 
-        timeout = timedelta(seconds=timeout_seconds())
+        timeout = timedelta(seconds=options.tp_timeout_s)
         if env.rank != 0:
-            await_store(env.master_addr, env.master_port, timeout_seconds())
+            await_store(env.master_addr, env.master_port, options.tp_timeout_s)
         if device == "cuda":
             if torch.cuda.device_count() <= env.local_rank:
                 raise RankEnvError(
@@ -102,7 +105,7 @@ class World:
                 "gloo", init_method="env://", rank=env.rank, world_size=env.world, timeout=timeout
             )
             control, device = None, "cpu"
-        world = cls(env, device, control, TorchCollectives(env.world, env.rank))
+        world = cls(env, device, control, TorchCollectives(env.world, env.rank), options)
         world.monitor.start()
         graph_cache.use_world(graph_cache.dist_agree(control), world.gather_objects)
         return world

@@ -1,17 +1,16 @@
-"""API keys: from options, TFC_API_KEY (comma-separated) or a key file (mode 0600); SHA-256 digests only."""
+"""API keys: from options, the TFC_API_KEY setting (comma-separated) or a key file (mode 0600); SHA-256 digests
+only."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from tfc import settings
 from tfc.errors import TfcError
-
-ENV = "TFC_API_KEY"
 
 
 class KeyFileError(TfcError):
@@ -76,9 +75,8 @@ def read_key_file(path: Path) -> list[str]:
 
 
 def gather_keys(options: Iterable[str], key_file: Path | None) -> ApiKeys:
-    """Keys from --api-key options, the environment and a key file, together."""
-    keys = list(options)
-    keys += [k.strip() for k in os.environ.get(ENV, "").split(",") if k.strip()]
+    """Keys from --api-key options, the TFC_API_KEY setting and a key file, together."""
+    keys = [*options, *settings.get("TFC_API_KEY")]
     if key_file is not None:
         keys += read_key_file(key_file)
     return ApiKeys(keys)

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tfc.runtime.server.auth import ApiKeys
-
-
-def keepalive_seconds() -> float:
-    """Seconds between pre-token SSE keepalives (TFC_SSE_KEEPALIVE_S, default 15; 0 turns them off)."""
-    raw = os.environ.get("TFC_SSE_KEEPALIVE_S", "15")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 15.0
-    return value if value > 0 else 0.0
 
 
 @dataclass
@@ -38,7 +27,7 @@ class ServerState:
     started_wall: float = field(default_factory=time.time)
     boot_s: float | None = None
     boot_phases: dict[str, float] = field(default_factory=dict)
-    keepalive_s: float = field(default_factory=keepalive_seconds)
+    keepalive_s: float = 15.0  # between pre-token SSE keepalives (the serve options say; 0: none)
     after_count: Callable[[], None] | None = (
         None  # a test hook between counting a request and reading the flag
     )

@@ -9,6 +9,7 @@ from typing import Any
 from tfc.runtime.boot.kernel_cache import use_store_cache
 from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.worker.step import (
     Capacity,
     DraftRunner,
@@ -56,13 +57,14 @@ class Worker:
         device: str | None = None,
         method: str | None = None,
         verify: str | None = None,
-        graphs: bool | None = None,
+        options: RuntimeOptions | None = None,
         jobs: int | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> Worker:
-        """Boot one rank of an image (open, arena, upload, graphs), with `progress(done, total)` during upload."""
+        """Boot one rank of an image (open, arena, upload, graphs), with `progress(done, total)` during upload;
+        `options` are the command's (runtime/options.py; default: RuntimeOptions())."""
         booted = boot(
-            image, rank=rank, device=device, method=method, verify=verify, graphs=graphs, threads=jobs,
+            image, rank=rank, device=device, method=method, verify=verify, options=options, threads=jobs,
             progress=progress,
         )  # fmt: skip
         try:

@@ -246,3 +246,37 @@ def test_the_stage_kernels_flag_sets_its_switch_either_way_and_only_when_given(m
         monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
         assert CliRunner().invoke(probe, args).exit_code == 0 and seen["value"] == value, args
     monkeypatch.delenv("TFC_STAGE_KERNELS", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "args"),
+    [("TFC_GRAPHS_MAX", "many", ("load",)), ("TFC_GRAPHS", "maybe", ("generate", "--prompt", "hi")),
+     ("TFC_TP_HANG_S", "0.01", ("serve",)), ("TFC_SSE_KEEPALIVE_S", "-1", ("serve",)),
+     ("TFC_TP_TIMEOUT_S", "soon", ("chat",))],
+)  # fmt: skip
+def test_a_bad_setting_is_one_line_naming_it_before_any_work(
+    capsys, monkeypatch, tmp_path, name, value, args
+):
+    monkeypatch.setenv(name, value)
+    line = _refused(capsys, monkeypatch, args[0], str(tmp_path), *args[1:], "--device", "cpu")
+    assert line.startswith(f"tfc: error: {name}={value!r} cannot be used: {name} takes "), line
+
+
+def test_the_graphs_flag_reaches_the_boot_as_an_option_not_a_variable(monkeypatch, tmp_path):
+    """--no-graphs goes down as RuntimeOptions(graphs=False); the environment the ranks inherit stays as it was."""
+    import os
+
+    from tfc.runtime.worker import worker
+
+    seen = {}
+
+    def start(image, **kw):
+        seen.update(kw, environ=dict(os.environ))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(worker.Worker, "start", start)
+    monkeypatch.setenv("TFC_GRAPHS_MAX", "5")
+    before = dict(os.environ)
+    assert CliRunner().invoke(cli, ["load", str(tmp_path), "--device", "cpu", "--no-graphs"]).exit_code == 0
+    options = seen["options"]
+    assert (options.graphs, options.max_graphs) == (False, 5) and seen["environ"] == before

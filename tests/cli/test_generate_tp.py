@@ -89,10 +89,12 @@ def test_tp_load_boots_every_rank_and_reports_each(images):
     assert solo.exit_code == 0 and json.loads(solo.output.strip().splitlines()[-1])["rank"] == 1
 
 
-def _rank(image: str, rank: int, world: int, port: int, *args: str, as_json: bool = True) -> subprocess.Popen:
-    """One rank started by hand, as torchrun would start it."""
+def _rank(
+    image: str, rank: int, world: int, port: int, *args: str, as_json: bool = True, env: dict | None = None
+) -> subprocess.Popen:
+    """One rank started by hand, as torchrun would start it (`env`: settings of this rank's own)."""
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}  # fmt: skip
+           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(env or {})}  # fmt: skip
     cmd = [sys.executable, "-m", "tfc", "generate", image, "--prompt", PROMPT, "--device", "cpu", *args]
     cmd += ["--json"] if as_json else []
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -117,19 +119,34 @@ def test_a_settings_mismatch_between_ranks_is_refused_at_start_in_one_line(image
     assert outs[1][1].strip() == ""  # rank 0 speaks for the world
 
 
+def test_an_operator_setting_that_differs_between_ranks_is_refused_by_name(images):
+    port = free_port()
+    procs = [_rank(images[2], 0, 2, port), _rank(images[2], 1, 2, port, env={"TFC_GRAPHS_MAX": "5"})]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2]
+    assert outs[0][1].strip().splitlines() == [
+        "tfc: error: ranks disagree on runtime.max_graphs: rank 0 has 48, rank 1 has 5; "
+        "start every rank with the same image and options"
+    ]
+
+
 def test_a_rank_that_hangs_takes_the_world_down_with_exit_70(images):
     port = free_port()
+    hang = {
+        "TFC_TP_HANG_S": "2.5"
+    }  # the heartbeat's patience reaches the monitor through the command's options
     procs = [
-        _rank(images[2], r, 2, port, "--max-tokens", "400", "--ignore-eos", as_json=False) for r in range(2)
+        _rank(images[2], r, 2, port, "--max-tokens", "400", "--ignore-eos", as_json=False, env=hang)
+        for r in range(2)
     ]
     try:
         procs[0].stdout.read(1)  # rank 0 streams its first token: both ranks are generating
         procs[1].send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         procs[0].wait(timeout=30)
-        assert time.monotonic() - stopped < 7.0  # TFC_TP_HANG_S (4 s) and the exit
+        assert time.monotonic() - stopped < 5.5  # TFC_TP_HANG_S and the exit
         assert procs[0].returncode == 70
-        assert "rank 1 stopped answering" in procs[0].stderr.read()
+        assert "rank 1 stopped answering (2.5 s without a heartbeat)" in procs[0].stderr.read()
     finally:
         for p in procs:
             p.send_signal(signal.SIGCONT)

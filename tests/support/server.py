@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tfc import settings
+
 
 def free_port() -> int:
     """A port nothing listens on right now."""
@@ -35,7 +37,7 @@ class ServerProcess:
         ready_s: float = 90.0,
         command: list[str] | None = None,
     ):
-        device = device or os.environ.get("TFC_TEST_SERVE_DEVICE", "cpu")  # cuda: the fast forward (GPU runs)
+        device = device or settings.get("TFC_TEST_SERVE_DEVICE")  # cuda: the fast forward (GPU runs)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_s = ready_s  # how long `with` waits for /health

@@ -76,10 +76,12 @@ async def _session(image, system, thinking, effort, tools, tool_choice, max_toke
     from tfc.runtime.engine.request import PromptError, Request
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.server.chat import ConstraintError, plan_constraints
     from tfc.runtime.worker.worker import Worker
 
-    worker = Worker.start(image, device=device, graphs=False, jobs=jobs)
+    options = RuntimeOptions.from_settings(graphs=False)
+    worker = Worker.start(image, device=device, options=options, jobs=jobs)
     try:
         runner = worker.load_model(dtype=getattr(torch, dtype), slots=1)
         tok = image_tokenizer(worker.booted.image, str(image))

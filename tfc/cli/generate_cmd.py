@@ -49,9 +49,7 @@ class GenerateError(TfcError):
 @click.option("--reference", is_flag=True, help="Run the reference forward (dense, fp64-wide) even on a GPU.")
 @click.option("--fast", is_flag=True,
               help="Run the fast forward even without a GPU (the kernels' torch references stand in: slow).")  # fmt: skip
-@click.option(
-    "--no-graphs", is_flag=True, help="Fast forward: run every step eagerly (same as TFC_GRAPHS=0)."
-)
+@click.option("--no-graphs", is_flag=True, help="Fast forward: run every step eagerly (no CUDA graphs).")
 @no_compile_option()
 @stage_kernels_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
@@ -94,6 +92,9 @@ def generate(
     """
     if reference and fast:
         raise click.UsageError("--reference and --fast exclude each other")
+    from tfc.runtime.options import RuntimeOptions
+
+    options = RuntimeOptions.from_settings(graphs=not no_graphs)  # a bad setting: one line, before any work
     launch_if_world(click.get_current_context(), image)
     import torch
 
@@ -105,14 +106,13 @@ def generate(
     from tfc.runtime.parallel.session import join_world, lead_or_follow, model_options
     from tfc.runtime.worker.worker import Worker
 
-    graphs_on = False if no_graphs else None
-    world = join_world("generate", image, device, graphs_on, dtype=dtype, engram=not no_engram, slots=1)
+    world = join_world("generate", image, device, options, dtype=dtype, engram=not no_engram, slots=1)
     kind = "reference" if reference else "fast" if fast else "auto"
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     bars = sys.stderr.isatty() and not as_json and (world is None or world.rank == 0)
     rank, where = (None, device) if world is None else (world.rank, world.device)
     with byte_bar("upload", bars) as bar:
-        worker = Worker.start(image, rank=rank, device=where, graphs=graphs_on, jobs=jobs, progress=bar)
+        worker = Worker.start(image, rank=rank, device=where, options=options, jobs=jobs, progress=bar)
     runner = worker
     try:
         with count_bar("decode", bars) as bar:

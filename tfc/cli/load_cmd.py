@@ -24,7 +24,7 @@ from tfc.cli.world_cmd import launch_if_world
     help="Upload path on CUDA: auto takes mmap when the page cache holds the image, else ring (a CPU arena takes host copies).",
 )
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
-@click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
+@click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (every step eager).")
 @no_compile_option()
 @stage_kernels_option()
 @jobs_option(
@@ -40,18 +40,18 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     the fast forward and captures its first decode graph (phases `model` and `graphs`), then stops. An image
     prepared with --tp N (and no --rank) boots all N ranks at once, one process each, and reports each.
     """
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.parallel.env import since_launch
 
     started = since_launch()  # before torch is imported: what the rest costs is the boot's
+    options = RuntimeOptions.from_settings(graphs=not no_graphs)  # a bad setting: one line, before any work
     if rank is None:
         launch_if_world(click.get_current_context(), image)
-    from tfc.runtime.boot.phases import phases_path, write_phases
     from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line
     from tfc.runtime.parallel.session import join_world, lead_or_follow
     from tfc.runtime.worker.worker import Worker
 
-    graphs_on = False if no_graphs else None
-    world = None if rank is not None else join_world("load", image, device, graphs_on, verify=verify)
+    world = None if rank is not None else join_world("load", image, device, options, verify=verify)
     joined = since_launch() if world is not None else None
     with byte_bar(
         "upload", sys.stderr.isatty() and not as_json and (world is None or world.rank == 0)
@@ -62,7 +62,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             device=device if world is None else world.device,
             method=method,
             verify="full" if verify else None,
-            graphs=graphs_on,
+            options=options,
             jobs=jobs,
             progress=update,
         )
@@ -99,9 +99,6 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             extra["ranks"] = ranks
             extra["settings_digest"] = world.settings_digest
             extra["world_resident_s"] = _latest(ranks)
-        out = phases_path()
-        if out is not None:
-            write_phases(booted.phases, out, **extra)
         if as_json:
             json.dump(booted.phases.to_dict(**extra), sys.stdout)
             sys.stdout.write("\n")
@@ -125,8 +122,6 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             when = extra["world_resident_s"]
             after = f" {when:.2f} s after launch" if when is not None else ""
             click.echo(f"TP={m.world}: every rank resident{after} (own boots: {own})")
-        if out is not None:
-            click.echo(f"phase timings written to {out}", err=True)
     finally:
         if leader is not None:
             leader.stop()  # every other rank exits 0

@@ -8,10 +8,12 @@ from collections.abc import Callable, Sequence
 
 import click
 
+from tfc import settings
+
 MAX_JOBS = 1024
 MAX_SEED = 2**63 - 1  # what torch and numpy generators take
 DEVICES = ("auto", "cuda", "cpu")
-STORE_HELP = "Image store folder (default: $TFC_CACHE or ~/.cache/tfc/images)."
+STORE_HELP = f"Image store folder (default: $TFC_CACHE, else {settings.declared('TFC_CACHE').shown_default})."
 
 
 class AliasedOption(click.Option):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tfc import settings
 from tfc.cli.options import device_option, example, jobs_option, no_compile_option, stage_kernels_option
 from tfc.cli.world_cmd import launch_if_world
 
@@ -42,7 +43,7 @@ from tfc.cli.world_cmd import launch_if_world
 @device_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Activation dtype of the reference forward.")  # fmt: skip
-@click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
+@click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (every step eager).")
 @no_compile_option()
 @stage_kernels_option()
 @jobs_option("Upload threads (default: as `tfc load`).")
@@ -75,6 +76,10 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     started = time.monotonic()
     if disk_cache is not None and disk_cache.exists() and not disk_cache.is_dir():
         raise click.BadParameter(f"{disk_cache} is not a folder", param_hint="'--disk-cache'")
+    from tfc.runtime.options import RuntimeOptions
+
+    runtime = RuntimeOptions.from_settings(graphs=not no_graphs)  # a bad setting: one line, before any work
+    keepalive_s = settings.get("TFC_SSE_KEEPALIVE_S")
     launch_if_world(click.get_current_context(), image)
     early = _early_cuda(device)  # the server's modules import torch: start CUDA beside that import
     from tfc.runtime.parallel.session import join_world
@@ -85,14 +90,12 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     keys = gather_keys(api_keys, api_key_file)
     options = ServeOptions(
         image=image, host=host, port=port, model_name=model_name, max_seqs=max_seqs, max_context=max_context,
-        device=device, graphs=not no_graphs, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
+        device=device, runtime=runtime, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
         max_waiting=max_waiting, prefix_cache=prefix_cache, prefix_cache_gib=prefix_cache_gib,
         host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib, draft=draft,
-        tokenizer=tokenizer_path,
+        tokenizer=tokenizer_path, keepalive_s=keepalive_s,
     )  # fmt: skip
-    world = join_world(
-        "serve", image, device, not no_graphs, dtype=dtype, slots=max_seqs, context=max_context
-    )
+    world = join_world("serve", image, device, runtime, dtype=dtype, slots=max_seqs, context=max_context)
     if world is not None and world.rank != 0:
         follow(options, world)  # rank 0 serves HTTP; this rank runs its steps until it stops the world
     try:

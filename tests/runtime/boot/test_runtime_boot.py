@@ -178,25 +178,28 @@ def test_host_upload_equals_file_bytes(image):
             arena.view("embed", "float32", (77, 5))
 
 
-def test_tfc_load_cli_prints_phases_and_writes_json(image, tmp_path):
+def test_tfc_load_cli_prints_phases_and_their_json(image):
     path, _ = image
-    out = tmp_path / "phases.json"
-    env = {**os.environ, "TFC_PHASES": str(out)}
-    r = subprocess.run(
-        [sys.executable, "-m", "tfc", "load", str(path.parent), "--device", "cpu", "--verify"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
+
+    def load(*args: str) -> str:
+        r = subprocess.run(
+            [sys.executable, "-m", "tfc", "load", str(path.parent), "--device", "cpu", "--verify", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    out = load()
     for phase in ("open", "alloc", "upload", "read", "capture"):
-        assert f"  {phase} " in r.stdout
-    assert "captured at warm-up" in r.stdout or "graphs off" in r.stdout
-    data = json.loads(out.read_text())
+        assert f"  {phase} " in out
+    assert "captured at warm-up" in out or "graphs off" in out
+    data = json.loads(load("--json"))
     assert data["notes"] == [] or all(isinstance(n, str) for n in data["notes"])  # the runner's notes, listed
     assert data["bytes"] > 0 and data["upload"]["bytes"] == data["bytes"] and data["rank"] == 0
     assert data["method"] == "host" and "upload_config" in data and data["upload_steps"] == {}
+    assert all(phase in data for phase in ("open", "alloc", "upload", "read", "capture"))
 
 
 def test_tfc_load_cli_refusal_is_one_line(tmp_path):

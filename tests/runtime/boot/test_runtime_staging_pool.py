@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 
 import pytest
@@ -86,25 +87,37 @@ def test_mmap_upload_takes_the_prefaulted_slots(tmp_path, fake_cuda, monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("device", "method", "env", "driver", "want"),
+    ("device", "method", "driver", "want"),
     [
-        (None, None, None, True, True),
-        ("auto", "mmap", None, True, True),
-        ("cuda:1", "auto", None, False, True),
-        (None, None, None, False, False),  # no NVIDIA driver: a CPU boot
-        ("cpu", None, None, True, False),
-        ("cuda", "ring", None, True, False),  # forced paths that never stage through the ring
-        ("cuda", "register", None, True, False),
-        ("cuda", None, "0", True, False),  # TFC_PREFAULT=0
+        (None, None, True, True),
+        ("auto", "mmap", True, True),
+        ("cuda:1", "auto", False, True),
+        (None, None, False, False),  # no NVIDIA driver: a CPU boot
+        ("cpu", None, True, False),
+        ("cuda", "ring", True, False),  # forced paths that never stage through the ring
+        ("cuda", "register", True, False),
     ],
 )
-def test_prefault_only_where_the_mmap_path_may_run(monkeypatch, device, method, env, driver, want):
-    monkeypatch.setattr(sp.os.path, "exists", lambda p: driver and p == "/dev/nvidiactl")
-    if env is None:
-        monkeypatch.delenv("TFC_PREFAULT", raising=False)
-    else:
-        monkeypatch.setenv("TFC_PREFAULT", env)
+def test_prefault_only_where_the_mmap_path_may_run(monkeypatch, device, method, driver, want):
+    monkeypatch.setattr(os.path, "exists", lambda p: driver and p == "/dev/nvidiactl")
     assert sp.wanted(device, method) is want
+
+
+@pytest.mark.parametrize(
+    ("env", "started"), [({}, 1), ({"TFC_PREFAULT": "0"}, 0), ({"TFC_PREFAULT": "on"}, 1)]
+)
+def test_the_prefault_is_the_boots_option_not_read_at_depth(tmp_path, monkeypatch, env, started):
+    """TFC_PREFAULT reaches the boot as RuntimeOptions.prefault; the boot itself reads no variable."""
+    from tfc.runtime.boot import rank as b
+    from tfc.runtime.options import RuntimeOptions
+
+    monkeypatch.setattr(sp, "wanted", lambda device, method: True)
+    monkeypatch.setenv("TFC_PREFAULT", "0" if started else "1")  # what the process has is not what counts
+    calls = []
+    monkeypatch.setattr(sp, "prefault", lambda n, c: calls.append((n, c)) and None)
+    with pytest.raises(TfcError):
+        b.boot(tmp_path / "no-such-image", device="cpu", options=RuntimeOptions.from_settings(env=env))
+    assert len(calls) == started
 
 
 def test_boot_releases_the_pool_when_it_fails(tmp_path, monkeypatch):

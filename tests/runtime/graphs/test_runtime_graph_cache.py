@@ -13,6 +13,10 @@ from tfc.runtime.graphs.graph_cache import (
     check_same_settings,
     fingerprint,
 )
+from tfc.runtime.options import RuntimeOptions
+
+from tfc import settings
+from tfc.settings import SettingError
 
 
 class FakeGraph:
@@ -128,16 +132,30 @@ def test_max_zero_is_always_eager():
     assert cache.stats.eager == 3 and cache.stats.captures == 0
 
 
-def test_env_switch_and_flag():
-    assert GraphSettings.from_env(env={"TFC_GRAPHS": "0"}).max_graphs == 0
-    assert GraphSettings.from_env(graphs=False, env={}).max_graphs == 0
-    assert GraphSettings.from_env(env={}).max_graphs == 48
-    s = GraphSettings.from_env(env={"TFC_GRAPHS_MAX": "5", "TFC_GRAPH_FLOOR": "hold"})
-    assert (s.max_graphs, s.floor) == (5, "hold")
-    with pytest.raises(GraphSettingsError):
-        GraphSettings.from_env(env={"TFC_GRAPHS_MAX": "many"})
+@pytest.mark.parametrize(
+    ("env", "graphs", "device", "want"),
+    [({}, True, "cuda", 48), ({"TFC_GRAPHS": "0"}, True, "cuda", 0), ({}, False, "cuda:1", 0),
+     ({"TFC_GRAPHS_MAX": "5"}, True, "cuda", 5), ({"TFC_GRAPHS": "off", "TFC_GRAPHS_MAX": "5"}, True, "cuda", 0),
+     ({"TFC_GRAPHS_MAX": "5"}, True, "cpu", 0)],
+)  # fmt: skip
+def test_the_cache_settings_come_from_the_commands_options(env, graphs, device, want):
+    """The flag and the operator's settings meet in RuntimeOptions; the graph cache only takes its settings."""
+    options = RuntimeOptions.from_settings(graphs=graphs, env=env)
+    cache = options.graph_settings(device)
+    assert cache.max_graphs == want and cache.enabled == (want > 0)
+    assert (cache.min_keep, cache.floor) == (GraphSettings().min_keep, GraphSettings().floor)
+
+
+def test_bad_graph_settings_are_refused_by_name():
+    with pytest.raises(
+        SettingError, match=r"^TFC_GRAPHS_MAX='many' cannot be used: TFC_GRAPHS_MAX takes a whole"
+    ):
+        RuntimeOptions.from_settings(env={"TFC_GRAPHS_MAX": "many"})
+    with pytest.raises(SettingError, match=r"^TFC_GRAPHS='maybe' cannot be used: TFC_GRAPHS takes on or off"):
+        RuntimeOptions.from_settings(env={"TFC_GRAPHS": "maybe"})
     with pytest.raises(GraphSettingsError):
         GraphSettings(floor="drop")
+    assert GraphSettings().max_graphs == RuntimeOptions().max_graphs == settings.default("TFC_GRAPHS_MAX")
 
 
 def test_floor_shed_quarter_then_cap_returns():

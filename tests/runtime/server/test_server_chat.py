@@ -255,13 +255,14 @@ def test_chat_logprobs_are_ordered_and_hold_the_pick(client):
 
 def test_completion_logprobs_equal_the_model_logits(client, served_image):
     torch = pytest.importorskip("torch")
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.worker.step import SequenceStep, StepPlan
     from tfc.runtime.worker.worker import Worker
 
     ids = [0, 297, 315, 522, 363, 331, 265, 317, 518]
     r = client.completions.create(model="tiny", prompt=ids, max_tokens=3, temperature=0, logprobs=20)
     lp = r.choices[0].logprobs
-    worker = Worker.start(served_image, device="cpu", graphs=False)
+    worker = Worker.start(served_image, device="cpu", options=RuntimeOptions(graphs=False))
     try:
         worker.load_model(dtype=torch.float32, slots=1)
         logits = worker.execute(StepPlan((SequenceStep(0, tuple(ids), 0),))).logits[0]

@@ -15,7 +15,6 @@ bounds that).
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
@@ -25,11 +24,14 @@ from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.kv.snapshot import entry_rows
 from tfc.runtime.models.dsv41.fast.runner import FastStepError
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner
+
+from tfc import settings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DEVICE = os.environ.get("TFC_TEST_FAST_DEVICE", "cpu")
+DEVICE = settings.get("TFC_TEST_FAST_DEVICE")
 ON_CPU_ONLY = pytest.mark.skipif(DEVICE != "cpu", reason="against the CPU reference runner's bits: CPU only")
 
 VOCAB = 640
@@ -45,7 +47,7 @@ def fast(tiny_pack, tmp_path_factory):
     if DEVICE == "cuda" and not torch.cuda.is_available():
         pytest.skip("TFC_TEST_FAST_DEVICE=cuda without CUDA")
     image = prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
-    booted = boot(image, device=DEVICE, graphs=DEVICE == "cuda")
+    booted = boot(image, device=DEVICE, options=RuntimeOptions(graphs=DEVICE == "cuda"))
     runner = build_fast(booted, slots=6, tokens_per_slot=512, context_step=256, page_tokens=32)
     runner.dspark = runner.drafter
     yield runner

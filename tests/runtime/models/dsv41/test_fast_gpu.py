@@ -28,6 +28,7 @@ from support.dense_check import AGREE_TOKENS
 from support.dsv41_image import prepared_image
 from support.fast_steps import decode_alongside
 
+from tfc import settings
 from tfc.cli import cli
 
 pytestmark = pytest.mark.gpu
@@ -44,8 +45,9 @@ def image(tiny_pack, tmp_path_factory):
 def _runner(image, graphs: bool, **options):
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.options import RuntimeOptions
 
-    booted = boot(image, device="cuda", graphs=graphs)
+    booted = boot(image, device="cuda", options=RuntimeOptions(graphs=graphs))
     return booted, build_fast(booted, **{**FAST, **options})
 
 
@@ -304,17 +306,17 @@ def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
 
 
 @pytest.mark.skipif(
-    not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
+    settings.get("TFC_FLASH_IMAGE") is None, reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
 def test_flash_slice_layers_match_the_reference_on_device_decoded_weights():
     from support.dense_check import image_agreement
 
-    res = image_agreement(os.environ["TFC_FLASH_IMAGE"], AGREE_TOKENS)
+    res = image_agreement(settings.get("TFC_FLASH_IMAGE"), AGREE_TOKENS)
     assert res["pass"] and res["top1_equal"] >= 0.75, res
 
 
 @pytest.mark.skipif(
-    not os.environ.get("TFC_FLASH_IMAGE"), reason="set TFC_FLASH_IMAGE to a flash-random image"
+    settings.get("TFC_FLASH_IMAGE") is None, reason="set TFC_FLASH_IMAGE to a flash-random image"
 )
 def test_flash_slice_kernel_calls_match_the_decoded_weights():
     # localises a Flash-geometry disagreement: each kernel call of layers 0 and 2 (and the head) on random
@@ -323,7 +325,7 @@ def test_flash_slice_kernel_calls_match_the_decoded_weights():
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
-    booted = boot(os.environ["TFC_FLASH_IMAGE"], device="cuda")
+    booted = boot(settings.get("TFC_FLASH_IMAGE"), device="cuda")
     try:
         fast = build_fast(booted, slots=1, tokens_per_slot=4096)
         errs = {f"L{layer} {k}": v for layer in (0, 2) for k, v in kernel_errors(fast, layer).items()}

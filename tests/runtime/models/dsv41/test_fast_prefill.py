@@ -10,7 +10,6 @@ input, test_fast_gpu.py's GPU_ATOL (0.02), instead of fp32 sums' rounding on the
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
@@ -21,11 +20,14 @@ from tfc.runtime.engine.prefix_cache import PrefixSettings
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.models.dsv41.fast.build import FastBuildError, build_fast
+from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.worker.step import SequenceStep, StepPlan
+
+from tfc import settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 WIDE = 32
-DEVICE = os.environ.get("TFC_TEST_FAST_DEVICE", "cpu")
+DEVICE = settings.get("TFC_TEST_FAST_DEVICE")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,9 @@ def booted(tiny_pack, tmp_path_factory):
     if DEVICE == "cuda" and not torch.cuda.is_available():
         pytest.skip("TFC_TEST_FAST_DEVICE=cuda without CUDA")
     b = boot(
-        prepared_image(tiny_pack, tmp_path_factory.mktemp("img")), device=DEVICE, graphs=DEVICE == "cuda"
+        prepared_image(tiny_pack, tmp_path_factory.mktemp("img")),
+        device=DEVICE,
+        options=RuntimeOptions(graphs=DEVICE == "cuda"),
     )
     yield b
     b.close()

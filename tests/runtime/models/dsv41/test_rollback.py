@@ -21,9 +21,10 @@ DRAFT = (17, 240, 3, 99, 512)
 
 @pytest.fixture(scope="module")
 def runner(tiny_image):
+    from tfc.runtime.options import RuntimeOptions
     from tfc.runtime.worker.worker import Worker
 
-    w = Worker.start(tiny_image, device="cpu", graphs=False)
+    w = Worker.start(tiny_image, device="cpu", options=RuntimeOptions(graphs=False))
     w.load_model(dtype=torch.float32, slots=2)
     yield w.runner
     w.close()
