@@ -26,7 +26,8 @@ __all__ = ["AttendConfig", "decoded_table", "gathered_keys", "gathers", "predeco
 
 @dataclass(frozen=True)
 class AttendConfig:
-    """Launch values of attend_rows and its keys (every value gives the same bits)."""
+    """Launch values of attend_rows and its keys (keys_a_block and split_blocks set a row's summation order; the
+    others change no bit)."""
 
     predecode: int = 4  # the times over a call's runs must decode the tables' rows to decode the tables first
     predecode_rows: int = 64  # ... from this many rows a call
@@ -34,7 +35,11 @@ class AttendConfig:
     decode_rows: int = 16  # table rows a program of the table decode takes
     gather_bytes: int = 64 << 20  # the most bytes of gathered keys a call makes (past it: in the runs)
     gather_keys: int = 16  # keys a program of the gather takes
+    heads_a_program: int = 16  # heads a program of attend_rows takes (BLOCK_H)
+    keys_a_block: int = 32  # keys a step of a program's online softmax takes (BLOCK_K)
     split_blocks: int = 4  # key blocks a program of attend_rows' first launch walks (a power of two)
+    # warps a program; None: 8 at d > 256 reading packed keys, whose decode takes registers, else 4
+    num_warps: int | None = None
     max_scratch: int = 64 << 20  # bytes of partials one launch of rows may use
     # The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers
     # (ptxas for sm_90: benchmarks/stage_kernels_sm90.py).

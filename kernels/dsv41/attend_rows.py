@@ -62,11 +62,13 @@ __all__ = ["AttendConfig", "attend_rows", "blocks"]
 _WIDEN = tl.constexpr(INTERPRET)
 
 
-def blocks(head_dim: int, decoded: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 32 keys a block; 8 warps at d > 256 but
-    from decoded or gathered tables (`predecodes`, `gathers`), whose keys take fewer registers. Warps and heads a
-    program change no bit."""
-    return 16, 32, 8 if head_dim > 256 and not decoded else 4
+def blocks(
+    head_dim: int, decoded: bool = False, config: AttendConfig = AttendConfig()
+) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_K, num_warps) for a shape: config's heads a program and keys a block; its warps, by default
+    8 at d > 256 but from decoded or gathered tables (`predecodes`, `gathers`), whose keys take fewer registers."""
+    warps = config.num_warps or (8 if head_dim > 256 and not decoded else 4)
+    return config.heads_a_program, config.keys_a_block, warps
 
 
 def runs(window: int, entries: int, block_k: int, split_blocks: int) -> tuple[int, int]:
@@ -264,11 +266,11 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
         kt = at.shape[1]
     window = read.shape[1]
     table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
-    hb = triton.cdiv(heads, blocks(d)[0])
+    hb = triton.cdiv(heads, config.heads_a_program)
     decoded = predecodes(rows, hb, window + kt, table_rows, d, config)
     gather = gathers(rows, window + kt, d, decoded, config)
-    block_h, block_k, warps = blocks(d, decoded or gather)
-    fold_warps = blocks(d, decoded)[2]  # the fold reads partials, whatever the runs' keys
+    block_h, block_k, warps = blocks(d, decoded or gather, config)
+    fold_warps = blocks(d, decoded, config)[2]  # the fold reads partials, whatever the runs' keys
     rw, re = runs(window, kt, block_k, split_blocks)
     nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
