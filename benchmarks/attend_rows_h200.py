@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The attention kernel (`kernels/dsv41/attend_rows.py`) alone at DeepSeek-V4.1-Flash shapes on an H100/H200: its products
-on the matrix units (bf16 pieces) against fp32 FMA, key blocks and runs, at decode and prefill row counts.
+"""The attention kernel (`kernels/dsv41/attend_rows.py`) alone at DeepSeek-V4.1-Flash shapes on an H100/H200: its launch
+values (AttendConfig: heads a program, keys a block, key blocks a run, warps, how keys are read), at decode and prefill
+row counts.
 
     python3 benchmarks/attend_rows_h200.py --out $OUT/attend_rows_h200.json
 
 A compressed layer's shapes (64 heads, d 512, rope 32 pairs, a 128-key window and 512 entries), every key there
 (a long context: the most work a row can have): a ring of 4,096 FP8 rows read as sliding windows, a pool of
-8,192 FP4 entries read at random. For each variant (products: PIECES 0 = fp32 FMA, 1-3 = bf16 pieces; heads a
-program; keys a block; key blocks a run; warps; the key tables decoded to bf16 first, each row's keys gathered
-and decoded first, or the keys decoded in the runs) at 1, 16 and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
+8,192 FP4 entries read at random. For each variant (heads a program; keys a block; key blocks a run; warps; the key
+tables decoded to bf16 first, each row's keys gathered and decoded first, or the keys decoded in the runs) at 1, 16
+and 2,048 rows (PREFILL_ROWS): the median time between CUDA events of
 a CUDA graph's replay of the whole call (both launches, no host launch work), and TFLOP/s = 4 x heads x keys x d a row (the logits and the weighted sum) over
 it. Each variant is checked on the spread inputs of the tests (`support.stage_checks.attend_inputs`: masked keys
 on rows of 0xFF bytes, empty runs, a flat row) at 64 rows against float64 (largest error relative to the largest
@@ -39,21 +40,20 @@ HEADS, DIM, HALF, WINDOW, TOPK = 64, 512, 32, 128, 512
 RING_ROWS, POOL_ROWS = 4096, 8192
 ROW_COUNTS = (1, 16, 2048)
 PREFILL_ROWS = 2048
-# name: (pieces, heads a block, keys a block, key blocks a run, warps, keys): keys "runs" decoded in the runs,
-# "pre" the whole tables decoded to bf16 first (attend_keys.decoded_table), "gather" each row's own keys decoded
-# to bf16 first (attend_keys.gathered_keys)
+# name: (heads a program, keys a block, key blocks a run, warps, keys): keys "runs" decoded in the runs, "pre" the
+# whole tables decoded to bf16 first (attend_keys.decoded_table), "gather" each row's own keys decoded to bf16
+# first (attend_keys.gathered_keys); the names keep the earlier runs' (mma3: the three bf16 pieces)
 VARIANTS = {
-    "fma_h16_k16_s4_w8": (0, 16, 16, 4, 8, "runs"), "mma3_h16_k32_s4_w8": (3, 16, 32, 4, 8, "runs"),
-    "mma3_h32_k16_s4_w8": (3, 32, 16, 4, 8, "runs"), "fma_h16_k16_s4_w8_pre": (0, 16, 16, 4, 8, "pre"),
-    "mma3_h16_k32_s4_w8_pre": (3, 16, 32, 4, 8, "pre"), "mma3_h16_k64_s2_w8_pre": (3, 16, 64, 2, 8, "pre"),
-    "mma3_h32_k32_s4_w8_pre": (3, 32, 32, 4, 8, "pre"), "mma3_h32_k64_s2_w8_pre": (3, 32, 64, 2, 8, "pre"),
-    "mma3_h16_k32_s4_w4_pre": (3, 16, 32, 4, 4, "pre"), "mma1_h16_k32_s4_w8_pre": (1, 16, 32, 4, 8, "pre"),
-    "mma3_h16_k32_s4_w4_gather": (3, 16, 32, 4, 4, "gather"), "mma3_h16_k32_s4_w8_gather": (3, 16, 32, 4, 8, "gather"),
-    "mma3_h16_k32_s2_w4_gather": (3, 16, 32, 2, 4, "gather"), "mma3_h16_k32_s1_w4_gather": (3, 16, 32, 1, 4, "gather"),
-    "mma3_h16_k64_s2_w8_gather": (3, 16, 64, 2, 8, "gather"), "fma_h16_k16_s4_w8_gather": (0, 16, 16, 4, 8, "gather"),
+    "mma3_h16_k32_s4_w8": (16, 32, 4, 8, "runs"), "mma3_h32_k16_s4_w8": (32, 16, 4, 8, "runs"),
+    "mma3_h16_k32_s4_w8_pre": (16, 32, 4, 8, "pre"), "mma3_h16_k64_s2_w8_pre": (16, 64, 2, 8, "pre"),
+    "mma3_h32_k32_s4_w8_pre": (32, 32, 4, 8, "pre"), "mma3_h32_k64_s2_w8_pre": (32, 64, 2, 8, "pre"),
+    "mma3_h16_k32_s4_w4_pre": (16, 32, 4, 4, "pre"),
+    "mma3_h16_k32_s4_w4_gather": (16, 32, 4, 4, "gather"), "mma3_h16_k32_s4_w8_gather": (16, 32, 4, 8, "gather"),
+    "mma3_h16_k32_s2_w4_gather": (16, 32, 2, 4, "gather"), "mma3_h16_k32_s1_w4_gather": (16, 32, 1, 4, "gather"),
+    "mma3_h16_k64_s2_w8_gather": (16, 64, 2, 8, "gather"),
 }  # fmt: skip
-# The kernel's blocks at these shapes (attend_rows.blocks): below PREDECODE_ROWS rows mma3_h16_k32_s4_w4_gather
-# (mma3_h16_k32_s4_w8 before the gather), from there mma3_h16_k32_s4_w4_pre; the bits of all three are equal
+# The kernel's defaults at these shapes (AttendConfig): below predecode_rows rows mma3_h16_k32_s4_w4_gather, from
+# there mma3_h16_k32_s4_w4_pre; the bits of these and of the keys decoded in the runs are equal
 DEFAULT = "mma3_h16_k32_s4_w8"
 
 
@@ -88,14 +88,18 @@ def spread_inputs() -> dict:
     return a | {"grid": Fp4Grid.on(torch.device("cuda"))}
 
 
-def use(variant: tuple[int, int, int, int, int, str]):
-    """Set the kernel module to a variant; returns the call with its pieces and keys."""
-    from tfc.kernels.dsv41 import attend_rows as ar
+def use(variant: tuple[int, int, int, int, str]):
+    """The call of attend_rows with a variant's AttendConfig."""
+    from tfc.kernels.dsv41.attend_keys import AttendConfig
+    from tfc.kernels.dsv41.attend_rows import attend_rows
 
-    pieces, block_h, block_k, split, warps, keys = variant
-    ar.blocks = lambda heads, head_dim, pieces=None, decoded=False: (block_h, block_k, warps)
-    ar.SPLIT_BLOCKS = split
-    return lambda a: ar.attend_rows(**a, pieces=pieces, predecode=keys == "pre", gather=keys == "gather")
+    heads, keys_a_block, split, warps, keys = variant
+    never = 1 << 40
+    read = {"runs": {"predecode_rows": never, "gather_bytes": 0}, "pre": {"predecode_rows": 0, "predecode": 0},
+            "gather": {"predecode_rows": never, "gather_bytes": never}}[keys]  # fmt: skip
+    config = AttendConfig(heads_a_program=heads, keys_a_block=keys_a_block, split_blocks=split, num_warps=warps,
+                          **read)  # fmt: skip
+    return lambda a: attend_rows(**a, config=config)
 
 
 def torch_bf16_rate(rows: int) -> float:

@@ -40,8 +40,7 @@ def main() -> None:
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
-    from tfc.kernels.dsv41 import engram_rows
-    from tfc.kernels.dsv41.engram_rows import bf16_lut, gather_rows, gather_rows_reference
+    from tfc.kernels.dsv41.engram_rows import GatherConfig, bf16_lut, gather_rows, gather_rows_reference
 
     device = "cpu" if args.smoke else "cuda"
     if not args.smoke and not torch.cuda.is_available():
@@ -65,30 +64,30 @@ def main() -> None:
     moved = positions * columns * (row_bytes + 2 * d + 8)  # read record + index, write bf16 values
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     by_block: dict[int, list[float]] = {}
-    for block_r in (4, 8, 16, 32):  # lookups per program (the kernel's BLOCK_R, default 8)
-        engram_rows.BLOCK_R = block_r
+    for block_r in (4, 8, 16, 32):  # lookups per program (GatherConfig.block_r, default 8)
+        config = GatherConfig(block_r=block_r)
         times_us = by_block.setdefault(block_r, [])
         for _ in range(args.repeats):
             rows = torch.randint(0, n_rows, (positions, columns), device=device, generator=gen) + row_lo
             for _ in range(10):
-                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
+                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, config=config)
             torch.cuda.synchronize()
             start.record()
             for _ in range(args.iters):
-                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
+                gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, config=config)
             stop.record()
             torch.cuda.synchronize()
             times_us.append(start.elapsed_time(stop) * 1000 / args.iters)
     best = min(by_block, key=lambda b: statistics.median(by_block[b]))
-    engram_rows.BLOCK_R = best
+    config = GatherConfig(block_r=best)
     times_us = by_block[best]
     ref = gather_rows_reference(table, rows, d, row_lo=row_lo)
-    got = gather_rows(table, rows, d, row_lo=row_lo, lut=lut)
+    got = gather_rows(table, rows, d, row_lo=row_lo, lut=lut, config=config)
     assert same_bits(got, ref), "gather differs from the reference"
     graph = torch.cuda.CUDAGraph()  # launch overhead excluded: the runtime replays graphs
     with torch.cuda.graph(graph):
         for _ in range(args.iters):
-            gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out)
+            gather_rows(table, rows, d, row_lo=row_lo, lut=lut, out=out, config=config)
     graph.replay()
     torch.cuda.synchronize()
     graph_us = []

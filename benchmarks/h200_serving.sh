@@ -18,7 +18,6 @@
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
 #   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
-#   bash benchmarks/h200_serving.sh flashagree  # flash_agreement_h200.py: the slice's layers against the reference, each keys mode (#19)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh decode    # decode_h200's checks and decode steps only (#19)
 #   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage eager / compiled / kernel (stages_h200.py)
@@ -143,9 +142,6 @@ case "$PART" in
   warmup)  # the tiny image's restart warm-up, stages with and without their guards (warmup_profile.py)
     (cd /tmp && timeout 420 python3 "$R/benchmarks/warmup_profile.py" --device cuda --variants guards shape \
       --out "$OUT/warmup_profile_h200.json") 2>&1 | head -3 ;;
-  flashagree)  # the slice's layers against the reference, attend_rows' keys gathered per row and decoded in the runs
-    TFC_FLASH_IMAGE=$IMG timeout "${TFC_FLASHAGREE_S:-300}" python3 benchmarks/flash_agreement_h200.py --out "$OUT/flash_agreement.json" 2>&1 \
-      | grep -v "^DEBUG\|^INFO " | tail -4 ;;
   flashtests)  # the Flash slice's layer and kernel-call tests (test_fast_gpu.py -k flash_slice)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1

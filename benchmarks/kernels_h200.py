@@ -47,9 +47,6 @@ _import_kernels()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
-from tfc.kernels.exl3 import gemv as exl3_gemv  # noqa: E402
-from tfc.kernels.exl3 import mma_ptx as exl3_mma_ptx  # noqa: E402
-from tfc.kernels.exl3 import moe  # noqa: E402
 from tfc.kernels.exl3 import reference as ref  # noqa: E402
 from tfc.kernels.exl3.decode import exl3_decode  # noqa: E402
 from tfc.kernels.exl3.expert_table import ExpertTable  # noqa: E402
@@ -81,7 +78,7 @@ MOE_LAYOUTS: list[str] = []  # --moe-layouts: the MoE layouts to time (default: 
 # (exl3_runs) against it; kernels_occupancy_h200.py swept k-splits and tile shapes for occupancy (the
 # one-row and MoE defaults since). Each table keeps the default and the previous default.
 ONE_ROW = {
-    # from MMA_WIDE_WEIGHTS weights (wq_b, wo_b, the head) the weights-as-A mma decode, 4 groups; below, the
+    # from mma_wide_weights weights (wq_b, wo_b, the head) the weights-as-A mma decode, 4 groups; below, the
     # run decode (runs_default)
     "default": GemmConfig(),
     "runs_default": GemmConfig(
@@ -100,8 +97,6 @@ ONE_ROW = {
     "mma_wt_g1": GemmConfig(mma=1, mma_wt=True),
     "mma_wt_g2": GemmConfig(mma=2, mma_wt=True),
     "mma_wt_g4": GemmConfig(mma=4, mma_wt=True),
-    "mma_wt_g1_fused": GemmConfig(mma=1, mma_wt=True, fuse_rotation=True),  # ... rotating its own k rows
-    "mma_wt_g2_fused": GemmConfig(mma=2, mma_wt=True, fuse_rotation=True),
     # programs per SM the k-split aims for (default 8 per group; 72 registers let 28 one-warp programs in)
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
@@ -110,13 +105,14 @@ ONE_ROW = {
     "runs_inkernel": GemmConfig(mma=0, reduce_apart=False),  # ... up to run 25: the last program sums
     # programs per SM the run decode's k-split aims for, partials summed apart (default 32 from 4 bits, else 8)
     **{f"runs_o{w}": GemmConfig(mma=0, waves=w) for w in (4, 8, 16, 64)},
-    # ... 32 partials loaded at a time (FLIGHT) instead of 8
-    "runs_apart32": GemmConfig(mma=0, reduce_apart=True),
-    "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, waves=64),
-    "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True),
-    **{f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, waves=w) for w in (64, 128)},
-    "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
-    "mma_wt_g4_mask": GemmConfig(mma=4, mma_wt=True),
+    # ... 32 partials loaded at a time instead of 8
+    "runs_apart32": GemmConfig(mma=0, reduce_apart=True, reduce_flight=32),
+    "runs_apart32_o64": GemmConfig(mma=0, reduce_apart=True, waves=64, reduce_flight=32),
+    "wt_apart32": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, reduce_flight=32),
+    **{
+        f"wt_apart32_o{w}": GemmConfig(mma=4, mma_wt=True, reduce_apart=True, waves=w, reduce_flight=32)
+        for w in (64, 128)
+    },
 }
 MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp32 FMAs) and the matrix units
     # up to 8 rows the weights as A, 4 groups on wq_b / wo_b / the head, 1 on a routed matrix; above, x as A
@@ -146,9 +142,8 @@ MANY_ROWS = {  # 2-16 rows: the mma decode (default) against the run decode (fp3
     **{f"mma_wt_g4_o{w}": GemmConfig(mma=4, mma_wt=True, waves=w) for w in (16, 24, 32, 40, 64, 128, 256)},
     "mma_wt_g2_o32": GemmConfig(mma=2, mma_wt=True, waves=32),
     **{f"mma_g4_o{w}": GemmConfig(mma=4, mma_wt=False, waves=w) for w in (64, 128)},
-    # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp; FLIGHT)
-    "apart32": GemmConfig(),
-    "default_mask": GemmConfig(),  # states cut by shift-and-mask (set_cut)
+    # the partials summed by a second launch loading 32 at a time (4 warps) instead of 8 (1 warp)
+    "apart32": GemmConfig(reduce_flight=32),
 }
 MOE = {
     "default": MoeConfig(),  # the mma decode: 4 groups on one width per table, 2 on ragged integer widths
@@ -166,30 +161,13 @@ MOE = {
     **{f"mma_g4_o{w}": MoeConfig(mma=4, waves=w) for w in (14, 16, 20, 24, 28, 32, 56, 64, 128)},
     # the k-splits up to run 27 (divisors of the k-tiles at 32 programs per SM: gate/up 1.09 waves)
     "mma_g4_div32": MoeConfig(mma=4, split_gate_up=32, split_down=12),
-    # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84; FLIGHT)
-    **{f"flight{f}": MoeConfig() for f in (16, 32)},
+    # the last programs' sums with 16 or 32 partials in flight instead of 8 (the down launch sums 84)
+    **{f"flight{f}": MoeConfig(reduce_flight=f) for f in (16, 32)},
     **{f"mma_g2_o{w}": MoeConfig(mma=2, waves=w) for w in (8, 12, 16, 20, 40, 32, 64)},
-    "default_mask": MoeConfig(),  # states cut by shift-and-mask (set_cut)
     # the down launch's k-split alone (4 groups; the default aims both launches at 20 per SM: down split 9)
     **{f"mma_g4_down{d}": MoeConfig(mma=4, split_down=d) for d in (6, 12, 15)},
 }
 TOL_ONE_ROW, TOL_DOT = 1e-5, 2e-3  # relative Frobenius error vs float64 (fp16 rotated input on matrix units)
-
-
-# Variants of settings the kernels hold as module constants, not launch options: partials loaded at a time by the
-# sums of the k-split partials (exl3_gemv / moe_exl3 REDUCE_FLIGHT, default 8) ...
-FLIGHT = {"runs_apart32": 32, "runs_apart32_o64": 32, "wt_apart32": 32, "wt_apart32_o64": 32,
-          "wt_apart32_o128": 32, "apart32": 32, "flight16": 16, "flight32": 32}  # fmt: skip
-_DEFAULTS = (exl3_gemv.REDUCE_FLIGHT, moe.REDUCE_FLIGHT, exl3_mma_ptx.byte_plan)
-
-
-def set_variant(vname):
-    """Apply a variant's module constants: FLIGHT's loads in flight, and for *_mask the mma decode's states cut by
-    shift-and-mask everywhere (no byte plan) instead of by byte permutes where that saves instructions, a
-    same-run comparison of the two."""
-    exl3_gemv.REDUCE_FLIGHT = FLIGHT.get(vname, _DEFAULTS[0])
-    moe.REDUCE_FLIGHT = FLIGHT.get(vname, _DEFAULTS[1])
-    exl3_mma_ptx.byte_plan = (lambda k_bits: None) if vname.endswith("_mask") else _DEFAULTS[2]
 
 
 def log(*args):
@@ -309,7 +287,6 @@ def bench_gemm(results, copy_bw, quick, save):
                      "bf16_matmul_us": mm, "bf16_bytes": wbf.numel() * 2, "variants": {}}  # fmt: skip
             variants = ONE_ROW if rows == 1 else MANY_ROWS
             for vname, cfg in variants.items():
-                set_variant(vname)
                 out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=DEV)
                 try:
                     exl3_gemm(x, tr, suh, svh, cb, config=cfg, out=out)
@@ -413,7 +390,6 @@ def bench_moe(results, copy_bw):
             for e in used:
                 nbytes += groups[p][e][0].numel() * 2 + 2 * (d + inter)
         for vname, cfg in MOE.items():
-            set_variant(vname)
             out = torch.full((1, d), float("nan"), dtype=torch.float32, device=DEV)
             try:
                 moe_exl3(x, ids, wts, tables["w1"], tables["w3"], tables["w2"], config=cfg, out=out)

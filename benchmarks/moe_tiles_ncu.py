@@ -64,8 +64,8 @@ def main() -> None:
     ids = torch.stack([torch.randperm(ROUTED, device="cuda", generator=gen)[:TOP_K] for _ in range(TOKENS)])
     wts = torch.rand(TOKENS, TOP_K, device="cuda", generator=gen) + 0.05
 
-    def moe():
-        return exl3_rows.moe_rows(x, ids, wts, w1, w3, w2, swiglu_limit=10.0, scratch=False)
+    def moe(config=exl3_rows.RowsConfig()):
+        return exl3_rows.moe_rows(x, ids, wts, w1, w3, w2, swiglu_limit=10.0, scratch=False, config=config)
 
     if args.ncu:
         for _ in range(3):
@@ -76,15 +76,13 @@ def main() -> None:
         3 * (ROUTED + 1) * D * INTER
     )  # each expert decoded once a tile; most have one tile at 2,048 tokens
     res: dict = {"device": torch.cuda.get_device_name(), "tokens": TOKENS, "weights_a_call": weights}
-    cap = exl3_rows.MAX_REGS
     outs = {}
-    for name, regs in (("default", cap), ("nocap", None)):
-        exl3_rows.MAX_REGS = regs
-        outs[name] = moe()
-        s = timed(moe, reps=10)
+    for name, regs in (("default", exl3_rows.RowsConfig().max_regs), ("nocap", None)):
+        config = exl3_rows.RowsConfig(max_regs=regs)
+        outs[name] = moe(config)
+        s = timed(lambda config=config: moe(config), reps=10)
         res[name] = {"max_regs": regs, "s": s, "gweights_s": weights / s / 1e9}
         print(name, res[name], flush=True)
-    exl3_rows.MAX_REGS = cap
     res["bits_equal"] = bool(torch.equal(outs["default"], outs["nocap"]))
     print("bits equal:", res["bits_equal"], flush=True)
     if args.out:

@@ -6,23 +6,22 @@
 
 Synthetic EXL3 groups (random trellis words, mul1 codebook, the Flash fixture's widths): a 4096 x 4096 group at
 3 bits (an expert's or attention's shape) and a 4096 x 16384 group at 6 bits (a head slice). For each launch
-variant (rows a tile, warps, k rows a step, pipeline stages, the tile decode: lanes or window gathers) at 256
+variant of the tiles (a RowsConfig: rows a tile, warps, k rows a step, pipeline stages, register cap) at 256
 rows: the median time between CUDA events,
 TFLOP/s = 2 x rows x k x n / time, and the decode rate = weights decoded / time (each program decodes its
 block once per tile of rows, so rows / BM tiles decode every weight). Each variant's output is checked against
 x @ the weight decoded by `exl3_decode` in float64 (relative Frobenius error < 1e-5; x as the products see it,
 `exl3_rotate.rows_seen`: rounded to fp16 by default) and against the first
-variant's bits (`bits_of_the_first`: equal where only the decode, warps or stages differ); `kernels_s` times the
-two kernels alone on rotated rows (the rate figures use it), `s` the whole call with the torch rotation;
-`rotation` times the torch rotation against `rotate_rows` (one kernel a row) and checks their bits equal. The
-scratch path (`exl3_scratch`: the weight decoded once a call into fp16, then tensor-core tiles) is timed the same
-way for each of SCRATCH_VARIANTS at 256 and 2,048 rows, beside the tile path's default at both, with its decode
+variant's bits (`bits_of_the_first`: equal where only the warps, stages or register cap differ); `kernels_s`
+times the tiles alone on rotated rows (the rate figures use it), `s` the whole call with the rotation; `rotation`
+times torch's rotation against `rotate_rows` (one kernel a row) and checks their bits equal. The scratch path
+(`exl3_scratch`: the weight decoded once a call into fp16, then tensor-core tiles; the linears' path) is timed the
+same way for each of SCRATCH_VARIANTS at 256 and 2,048 rows, beside the tiles' default at both, with its decode
 alone (`decode_s`, `decode_gweights_s`: weights decoded a second, each once) and its product alone by difference
-(`product_tflops`: 2 x rows x k x n over the kernels' time less the decode's; the product runs two fp16 mma
-products a k step, the rows' high and low halves). Beside it:
+(`product_tflops`: 2 x rows x k x n over the kernels' time less the decode's). Beside it:
 `exl3_gemm` (the decode path's <=16-row kernel) at 16 rows, whose decode rate is the bar a tile decode should
 reach, and torch's bf16 product of the same shape. (That 16-row figure is eager, one call at a time: its host
-launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the default variant
+launch work is in it, so it is not the kernel's graphed rate of kernels.md.) `--ncu` runs the tiles' default
 three times and nothing else, for `h200_serving.sh rowsncu`.
 """
 
@@ -47,18 +46,13 @@ SHAPES = {
     "k4096_n4096_3bit": (4096, 4096, 3),
     "k4096_n16384_6bit": (4096, 16384, 6),
 }
-# (rows a tile, warps, k rows a step, stages, register cap, tile decode: "lanes" (the default lane cut),
-# "windows" or a lane cut of exl3_lanes.CUTS); the first is the tile path's default
-# (exl3_rows' other settings, LOW_HALF, TILE_PREFETCH, FINISH_IN_TILES, at their defaults in every variant)
-VARIANTS = {
-    "bm64_w4_k64_s1": (64, 4, 64, 1, None, "lanes"), "windows_bm64_w4_k64_s1": (64, 4, 64, 1, None, "windows"),
-    "bm64_w4_k32_s1": (64, 4, 32, 1, None, "lanes"), "bm64_w8_k32_s1": (64, 8, 32, 1, None, "lanes"),
-    "bm64_w4_k32_s2": (64, 4, 32, 2, None, "lanes"), "bm32_w4_k32_s1": (32, 4, 32, 1, None, "lanes"),
-    "aligned_bm64_w4_k64_s1": (64, 4, 64, 1, None, "aligned"), "pairs_bm64_w4_k64_s1": (64, 4, 64, 1, None, "pairs"),
-    "cap168_bm64_w4_k64_s1": (64, 4, 64, 1, 168, "lanes"), "cap128_bm64_w4_k64_s1": (64, 4, 64, 1, 128, "lanes"),
-    "bm64_w8_k64_s1": (64, 8, 64, 1, None, "lanes"), "aligned_cap168_bm64_w4_k64_s1": (64, 4, 64, 1, 168, "aligned"),
+# the tiles' launch: (rows a tile, warps, k rows a step, stages, register cap); the first is the default
+TILE_VARIANTS = {
+    "bm64_w4_k64_s1_cap168": (64, 4, 64, 1, 168), "bm64_w4_k64_s1": (64, 4, 64, 1, None),
+    "bm64_w4_k32_s1": (64, 4, 32, 1, None), "bm64_w8_k32_s1": (64, 8, 32, 1, None),
+    "bm64_w4_k32_s2": (64, 4, 32, 2, None), "bm32_w4_k32_s1": (32, 4, 32, 1, None),
+    "cap128_bm64_w4_k64_s1": (64, 4, 64, 1, 128), "bm64_w8_k64_s1": (64, 8, 64, 1, None),
 }  # fmt: skip
-
 # the scratch path: (rows a tile, product warps, product stages, tile rows a decode step, decode warps)
 SCRATCH_VARIANTS = {
     "scratch_bm64_w4_s3_t2_d4": (64, 4, 3, 2, 4), "scratch_bm128_w8_s3_t2_d4": (128, 8, 3, 2, 4),
@@ -67,6 +61,26 @@ SCRATCH_VARIANTS = {
 ROWS = 256
 ROW_COUNTS = (256, 2048)  # rows the scratch variants and the tile default are timed at
 MUL1 = 2
+
+
+def tile_config(variant: tuple):
+    """The RowsConfig of a TILE_VARIANTS entry."""
+    from tfc.kernels.exl3.rows import RowsConfig
+
+    bm, warps, bk, stages, cap = variant
+    return RowsConfig(block_m=bm, num_warps=warps, block_k=bk, num_stages=stages, max_regs=cap)
+
+
+def scratch_config(variant: tuple):
+    """The RowsConfig of a SCRATCH_VARIANTS entry."""
+    from tfc.kernels.exl3.rows import RowsConfig
+    from tfc.kernels.exl3.scratch import ScratchConfig
+
+    bm, warps, stages, tile_rows, decode_warps = variant
+    scratch = ScratchConfig(
+        num_warps=warps, num_stages=stages, tile_rows=tile_rows, decode_warps=decode_warps
+    )
+    return RowsConfig(block_m=bm, scratch=scratch)
 
 
 def group(k: int, n: int, bits: int, gen: torch.Generator):
@@ -78,58 +92,58 @@ def group(k: int, n: int, bits: int, gen: torch.Generator):
     return trellis, suh, svh
 
 
+def product(x, trellis, suh, svh, config, scratch: bool, rotated=None):
+    """The many-row product of x on the tiles or (scratch) through the decoded scratch, with this config; rotated:
+    rotate_rows(x, suh) given (the kernels alone)."""
+    from tfc.kernels.exl3 import rows as exl3_rows
+
+    n, width = 16 * trellis.shape[1], trellis.shape[2]
+    one = torch.zeros(1, dtype=torch.int64, device="cuda")
+    return exl3_rows.launch_rows(
+        rotated or exl3_rows.rotate_rows(x, suh), trellis.contiguous().view(torch.int32).reshape(-1), one,
+        one.int() + width, one.int() + MUL1, svh, exl3_rows.dense_tiles(x.shape[0], x.device, config.block_m), n,
+        (width,), MUL1, torch.empty(x.shape[0], n, device="cuda"), scratch=scratch, config=config,
+    )  # fmt: skip
+
+
 def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
-    """One group's row: torch's bf16 product, the 16-row kernel, every launch variant, the compiled kernels."""
-    from tfc.kernels.exl3 import lanes as exl3_lanes
+    """One group's row: torch's bf16 product, the 16-row kernel, every tile variant, the compiled kernels."""
     from tfc.kernels.exl3 import rows as exl3_rows
     from tfc.kernels.exl3.decode import exl3_decode
     from tfc.kernels.exl3.gemv import exl3_gemm
-    from tfc.kernels.exl3.rotate import rows_seen
+    from tfc.kernels.exl3.rotate import fwht128_rows, rows_seen, scaled_fp16
 
     trellis, suh, svh = group(k, n, bits, gen)
     dense = exl3_decode(trellis, suh, svh, MUL1, dtype=torch.float32)
     x = torch.randn(ROWS, k, device="cuda", generator=gen)
-    want = rows_seen(x, suh, exl3_rows.LOW_HALF).double() @ dense.double()
+    want = rows_seen(x, suh).double() @ dense.double()
     flops = 2 * ROWS * k * n
     bf, xb = dense.bfloat16(), x.bfloat16()
     row: dict = {"bf16_torch_tflops": flops / timed(lambda: xb @ bf) / 1e12}
     x16 = x[:16].contiguous()
     t16 = timed(lambda: exl3_gemm(x16, trellis, suh, svh, MUL1))
     row["exl3_gemm_16rows"] = {"s": t16, "gweights_s": k * n / t16 / 1e9}
-    halves = exl3_rows.rotated_pairs(x, suh)
-    kernel_halves = exl3_rows.rotate_rows(x, suh)  # the rotation in one kernel a row, against torch's
-    row["rotation"] = {"torch_s": timed(lambda: exl3_rows.rotated_pairs(x, suh)),
-                       "kernel_s": timed(lambda: exl3_rows.rotate_rows(x, suh)),
-                       "bits_equal": all(torch.equal(a, b) for a, b in zip(halves, kernel_halves, strict=True))}  # fmt: skip
+
+    def torch_rotation():
+        return scaled_fp16(fwht128_rows(x.float() * suh.float()))
+
+    rotated = exl3_rows.rotate_rows(x, suh)  # the rotation in one kernel a row, against torch's
+    row["rotation"] = {"torch_s": timed(torch_rotation), "kernel_s": timed(lambda: exl3_rows.rotate_rows(x, suh)),
+                       "bits_equal": all(torch.equal(a, b) for a, b in zip(torch_rotation(), rotated, strict=True))}  # fmt: skip
     print(name, "rotation", row["rotation"], flush=True)
-    words = trellis.contiguous().view(torch.int32).reshape(-1)
-    one = torch.zeros(1, dtype=torch.int64, device="cuda")
-    widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
-    y = torch.empty(ROWS, n, device="cuda")
-    exl3_rows.SCRATCH = "none"
     first = None
-    saved = (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS,
-             exl3_rows.TILE_DECODE, exl3_lanes.LANE_CUT)  # fmt: skip
-    for vname, (bm, warps, bk, stages, cap, decode) in VARIANTS.items():
-        exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = bm, warps, bk
-        exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS = stages, cap
-        set_decode(decode, saved[6])
-        tiles = exl3_rows.dense_tiles(ROWS, x.device)
-
-        def kernels_only(tiles=tiles):  # the two kernels on rotated rows (no torch work in the time)
-            return exl3_rows.launch_rows(halves, words, one, widths, one.int() + MUL1, svh, tiles, n, (16 * bits,),
-                                         MUL1, y)  # fmt: skip
-
+    for vname, variant in TILE_VARIANTS.items():
+        config = tile_config(variant)
         try:
-            got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+            got = product(x, trellis, suh, svh, config, False)
             err = float((got.double() - want).norm() / want.norm())
-            t = timed(lambda: exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1), reps=10)
-            prep = timed(lambda: exl3_rows.rotated_pairs(x, suh), reps=10)
-            kern = timed(kernels_only, reps=10)
+            t = timed(lambda c=config: product(x, trellis, suh, svh, c, False), reps=10)
+            prep = timed(lambda: exl3_rows.rotate_rows(x, suh), reps=10)
+            kern = timed(lambda c=config: product(x, trellis, suh, svh, c, False, rotated), reps=10)
             first = got if first is None else first
             row[vname] = {"rel_err": err, "ok": err < 1e-5, "s": t, "rotation_s": prep, "kernels_s": kern,
                           "tflops": flops / t / 1e12, "kernel_tflops": flops / kern / 1e12,
-                          "gweights_s": k * n * (-(-ROWS // bm)) / kern / 1e9,
+                          "gweights_s": k * n * (-(-ROWS // config.block_m)) / kern / 1e9,
                           "bits_of_the_first": bool(torch.equal(got, first))}  # fmt: skip
         except Exception as exc:  # a variant that does not compile (shared memory, registers) is recorded
             row[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
@@ -138,23 +152,11 @@ def measure(name: str, k: int, n: int, bits: int, gen: torch.Generator) -> dict:
     row["scratch"] = scratch_paths(trellis, suh, svh, bits, n, k, gen)
     row["compiled"] = compiled_stats(exl3_rows._rows_kernel)
     print(name, "bf16", round(row["bf16_torch_tflops"], 1), "16-row", row["exl3_gemm_16rows"], flush=True)
-    (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES, exl3_rows.MAX_REGS,
-     exl3_rows.TILE_DECODE, exl3_lanes.LANE_CUT) = saved  # fmt: skip
     return row
 
 
-def set_decode(decode: str, default_cut: str) -> None:
-    """The tiles' decode of a variant: "lanes" (default_cut), "windows" or one of exl3_lanes.CUTS."""
-    from tfc.kernels.exl3 import lanes as exl3_lanes
-    from tfc.kernels.exl3 import rows as exl3_rows
-
-    exl3_rows.TILE_DECODE = "windows" if decode == "windows" else "lanes"
-    exl3_lanes.LANE_CUT = decode if decode in exl3_lanes.CUTS else default_cut
-
-
 def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Generator) -> dict:
-    """The scratch path's variants and the tile path's first two variants at ROW_COUNTS rows: checked, timed."""
-    from tfc.kernels.exl3 import lanes as exl3_lanes
+    """The scratch path's variants and the tiles' default at ROW_COUNTS rows: checked, timed."""
     from tfc.kernels.exl3 import rows as exl3_rows
     from tfc.kernels.exl3 import scratch as exl3_scratch
     from tfc.kernels.exl3.decode import exl3_decode
@@ -164,33 +166,25 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
     words = trellis.contiguous().view(torch.int32).reshape(-1)
     one = torch.zeros(1, dtype=torch.int64, device="cuda")
     widths = torch.full((1,), 16 * bits, dtype=torch.int32, device="cuda")
+    want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
     out: dict = {}
-    cut_before = exl3_lanes.LANE_CUT
+    default_tiles = next(iter(TILE_VARIANTS))
     for rows in ROW_COUNTS:
         x = torch.randn(rows, k, device="cuda", generator=gen)
-        want = rows_seen(x, suh, exl3_rows.LOW_HALF).double() @ dense
-        halves = exl3_rows.rotate_rows(x, suh)
-        y = torch.empty(rows, n, device="cuda")
+        want = rows_seen(x, suh).double() @ dense
+        rotated = exl3_rows.rotate_rows(x, suh)
         flops = 2 * rows * k * n
         at = out.setdefault(str(rows), {})
-        tile_variants = {f"tiles_{name}": None for name in list(VARIANTS)[:2]}  # the lane and window decodes
-        for vname, variant in {**tile_variants, **SCRATCH_VARIANTS}.items():
-            scratch = variant is not None
-            exl3_rows.SCRATCH = "all" if scratch else "none"
-            exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K, exl3_rows.NUM_STAGES = 64, 4, 32, 1
-            set_decode("lanes" if scratch else VARIANTS[vname[len("tiles_") :]][5], cut_before)
-            if scratch:
-                exl3_rows.BLOCK_M, exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = variant  # fmt: skip
-            tiles = exl3_rows.dense_tiles(rows, x.device)
-
-            def kernels_only(tiles=tiles, halves=halves, y=y, scratch=scratch):
-                return exl3_rows.launch_rows(halves, words, one, widths, one.int() + MUL1, svh, tiles, n,
-                                             (16 * bits,), MUL1, y, scratch=scratch)  # fmt: skip
-
+        variants = {f"tiles_{default_tiles}": (tile_config(TILE_VARIANTS[default_tiles]), False)}
+        variants |= {vname: (scratch_config(v), True) for vname, v in SCRATCH_VARIANTS.items()}
+        for vname, (config, scratch) in variants.items():
             try:
-                got = exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+                got = product(x, trellis, suh, svh, config, scratch)
                 err = float((got.double() - want).norm() / want.norm())
-                kern = timed(kernels_only, reps=10)
+                kern = timed(
+                    lambda c=config, s=scratch, r=rotated, x=x: product(x, trellis, suh, svh, c, s, r),
+                    reps=10,
+                )
                 r = {
                     "rel_err": err,
                     "ok": err < 1e-5,
@@ -198,11 +192,12 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
                     "kernel_tflops": flops / kern / 1e12,
                 }
                 if scratch:
-                    hit = exl3_scratch.entries_with_rows(tiles, 1)
+                    hit = exl3_scratch.entries_with_rows(
+                        exl3_rows.dense_tiles(rows, x.device, config.block_m), 1
+                    )
                     buf = torch.empty((1, k, n), dtype=torch.float16, device="cuda")
-                    dec = timed(lambda hit=hit, buf=buf: exl3_scratch.decode_round(words, one, widths, one.int() + MUL1, hit,
-                                                                      buf, 0, (16 * bits,), MUL1), reps=10)  # fmt: skip
-                    want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
+                    dec = timed(lambda hit=hit, buf=buf, c=config.scratch: exl3_scratch.decode_round(
+                        words, one, widths, one.int() + MUL1, hit, buf, 0, (16 * bits,), MUL1, c), reps=10)  # fmt: skip
                     r |= {"decode_s": dec, "decode_gweights_s": k * n / dec / 1e9,
                           "decode_exact": bool(torch.equal(buf[0], want_hat)),
                           "product_tflops": flops / max(kern - dec, 1e-9) / 1e12}  # fmt: skip
@@ -211,27 +206,6 @@ def scratch_paths(trellis, suh, svh, bits: int, n: int, k: int, gen: torch.Gener
                 at[vname] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(rows, vname, {a: (round(b, 6) if isinstance(b, float) else b) for a, b in at[vname].items()},
                   flush=True)  # fmt: skip
-    # the scratch decode alone (its default launch) with each way of cutting a lane's states
-    (exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS,
-     exl3_scratch.DECODE_WARPS) = SCRATCH_VARIANTS[next(iter(SCRATCH_VARIANTS))][1:]  # fmt: skip
-    hit = torch.ones(1, dtype=torch.int32, device="cuda")
-    buf = torch.empty((1, k, n), dtype=torch.float16, device="cuda")
-    want_hat = exl3_decode(trellis, suh, svh, MUL1, rotated=True)
-    for cut in exl3_lanes.CUTS:
-        exl3_lanes.LANE_CUT = cut
-        dec = timed(lambda: exl3_scratch.decode_round(words, one, widths, one.int() + MUL1, hit, buf, 0,
-                                                      (16 * bits,), MUL1), reps=10)  # fmt: skip
-        out[f"decode_{cut}"] = {"decode_s": dec, "decode_gweights_s": k * n / dec / 1e9,
-                                "decode_exact": bool(torch.equal(buf[0], want_hat))}  # fmt: skip
-        print("scratch decode", cut, out[f"decode_{cut}"], flush=True)
-    exl3_lanes.LANE_CUT = cut_before
-    exl3_rows.SCRATCH, exl3_rows.BLOCK_M, exl3_rows.TILE_DECODE = "dense", 64, "lanes"
-    exl3_scratch.NUM_WARPS, exl3_scratch.NUM_STAGES, exl3_scratch.TILE_ROWS, exl3_scratch.DECODE_WARPS = (
-        4,
-        3,
-        2,
-        4,
-    )
     return out
 
 
@@ -239,26 +213,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--ncu", action="store_true",
-                    help="only run the default variant on the 3-bit group three times (for Nsight Compute)")  # fmt: skip
+                    help="only run the tiles' default on the 3-bit group three times (for Nsight Compute)")  # fmt: skip
     ap.add_argument("--variants", default="", help="the tile variants timed, comma-separated (default: all)")
     ap.add_argument("--scratch-variants", default="",
                     help="the scratch variants timed, comma-separated (default: all)")  # fmt: skip
     args = ap.parse_args()
-    for arg, table in ((args.variants, VARIANTS), (args.scratch_variants, SCRATCH_VARIANTS)):
+    for arg, table in ((args.variants, TILE_VARIANTS), (args.scratch_variants, SCRATCH_VARIANTS)):
         names = [v for v in arg.split(",") if v]
         if any(v not in table for v in names):
             ap.error(f"variants are {', '.join(table)}; got {arg!r}")
         for v in [v for v in table if names and v not in names]:
             del table[v]
     if args.ncu:
-        from tfc.kernels.exl3 import rows as exl3_rows
+        from tfc.kernels.exl3.rows import RowsConfig
 
         gen = torch.Generator(device="cuda").manual_seed(0)
         k, n, bits = SHAPES["k4096_n4096_3bit"]
         trellis, suh, svh = group(k, n, bits, gen)
         x = torch.randn(ROWS, k, device="cuda", generator=gen)
         for _ in range(3):
-            exl3_rows.exl3_gemm_rows(x, trellis, suh, svh, MUL1)
+            product(x, trellis, suh, svh, RowsConfig(), False)
         torch.cuda.synchronize()
         return
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -32,7 +32,6 @@ CONFIGS = [  # (name, width, rows, kind, groups / tiles, warps)
     ("mma g2, 4 bit, 1 row", 64, 1, "mma", 2, 2),
     ("mma weights-as-A g1, 4 bit, 1 row", 64, 1, "mma_wt", 1, 4),
     ("mma weights-as-A g2, 4 bit, 1 row", 64, 1, "mma_wt", 2, 2),
-    ("mma weights-as-A g2, 4 bit, 1 row, fused rotation", 64, 1, "mma_wt_fused", 2, 2),
     ("mma weights-as-A g4, 6 bit, 1 row", 96, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 4 bit, 1 row", 64, 1, "mma_wt", 4, 1),
     ("mma weights-as-A g4, 2 bit, 1 row", 32, 1, "mma_wt", 4, 1),
@@ -87,10 +86,10 @@ def compile_moe(kernel: str, width: int, groups: int, warps: int, widths: tuple[
     one = not widths or len(widths) == 1  # the run decode's default shape: block_k 64, 4 tiles; ragged 32, 2
     consts = {
         "BK": 16 if groups else 64 if one else 32,
-        "PF": moe.PREFETCH,
+        "PF": moe.MoeConfig().prefetch,
         "TPE": 4 if one else 2,
         "MMA": groups,
-        "FLIGHT": moe.REDUCE_FLIGHT,
+        "FLIGHT": moe.MoeConfig().reduce_flight,
     }
     consts |= {"RUNS": True} if kernel == "gate_up" else {"RUNS2": True}
     widths = widths or (width,)
@@ -118,7 +117,7 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    wt, fused = kind.startswith("mma_wt"), kind.endswith("_fused")
+    wt = kind.startswith("mma_wt")
     kind = "mma" if wt else kind
     ptr16, mp = "*fp16", 16 if kind == "mma" else 1
     sig = {"x_ptr": ptr16, "xh_ptr": ptr16 if kind == "mma" else "*fp32", "suh_ptr": ptr16, "svh_ptr": ptr16,
@@ -129,10 +128,10 @@ def compile_one(width: int, rows: int, kind: str, par: int, warps: int) -> bytes
            "MMA_SETUP": "constexpr", "MMA_FRAG": "constexpr", "MMA_LOADS": "constexpr", "MMA_STEP": "constexpr",
            "MMA_STORES": "constexpr", "MMA_NACC": "constexpr", "MMA_SPLIT": "constexpr", "REDUCE": "constexpr",
            "goff_ptr": "constexpr", "XHG": "i32", "GROUPED": "constexpr", "LIVE": "i32"}  # fmt: skip
-    consts = {"goff_ptr": None, "GROUPED": False, "W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs" or fused,
+    consts = {"goff_ptr": None, "GROUPED": False, "W": width, "CB": 2, "MP": mp, "BK": 16 if kind == "mma" else 32, "FUSE_ROT": kind == "runs",
               "USE_DOT": kind == "mma", "RUNS": kind == "runs", "TPE": par if kind == "runs" else 1,
               "MMA": par if kind == "mma" else 0, "REDUCE": not (kind == "mma" and rows > 1)}  # fmt: skip
-    consts |= mma_asm(width, 2, rows, par, wt, fused) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
+    consts |= mma_asm(width, 2, rows, par, wt) if kind == "mma" else {"MMA_SETUP": "", "MMA_FRAG": "", "MMA_LOADS": (),
                                                                       "MMA_STEP": "", "MMA_STORES": (), "MMA_NACC": 16, "MMA_SPLIT": False}  # fmt: skip
     names = list(sig)
     src = ASTSource(

@@ -50,10 +50,8 @@ EXPERTS, TOP_K, SCALING = 384, 6, 1.5
 SELECT_COLS, CHUNK, RATIO = 8192, 4096, 2  # select's columns, chunk_scores' chunk (SCORE_CHUNK), pooled ratio
 SLOTS, ENTRIES = 8, 65536  # cache slots (the ring / pending tables hold slots + 1), pooled entries
 EPS = 1e-6
-# the many-row products' paths: scratch (every product through the decoded scratch), tiles (every product on the
-# tiles, exl3_rows' defaults otherwise), windows (tiles, window gathers), plain (tiles, no prefetch, no finish in
-# the tiles, both input halves, a k step of 32: the loop before those options)
-ROWS_PATHS = ("scratch", "tiles", "windows", "plain")
+# the many-row products' paths: scratch (through the decoded scratch), tiles (decoding in the tiles' loop)
+ROWS_PATHS = ("scratch", "tiles")
 SMEM_MAX = 232448  # an H200 block's largest dynamic shared memory (227 KiB)
 
 
@@ -105,25 +103,14 @@ def _launches(torch) -> list[tuple[str, str, object]]:
         """step_rows.ratio_rows at ratio 2 over a slot's page ids."""
         return sr.ratio_rows(e(r, dtype=i64), e(r, 1024, dtype=i64), 2, 32)
 
-    rows_defaults = {
-        n: getattr(xr, n) for n in ("TILE_DECODE", "TILE_PREFETCH", "FINISH_IN_TILES", "LOW_HALF", "BLOCK_K")
-    }
-
-    def rows_path(path):
-        """Set the many-row products' path (ROWS_PATHS)."""
-        for name, value in rows_defaults.items():
-            setattr(xr, name, value)
-        xr.SCRATCH = "all" if path == "scratch" else "none"
-        if path == "windows":
-            xr.TILE_DECODE = "windows"
-        if path == "plain":
-            xr.TILE_PREFETCH, xr.FINISH_IN_TILES, xr.LOW_HALF, xr.BLOCK_K = False, False, True, 32
-
     def rows_gemm(r, path):
         """The prefill's many-row EXL3 product at the q-LoRA shape, on one path."""
-        rows_path(path)
-        return xr.exl3_gemm_rows(torch.zeros(r, D), torch.zeros(D // 16, Q_LORA // 16, 64, dtype=torch.int16),
-                                 e(D, dtype=torch.float16), e(Q_LORA, dtype=torch.float16), 2)  # fmt: skip
+        one = torch.zeros(1, dtype=i64)
+        rotated = (torch.zeros(r, D, dtype=torch.float16), torch.ones(r))
+        return xr.launch_rows(rotated, torch.zeros(D // 16 * Q_LORA // 16 * 32, dtype=torch.int32), one,
+                              one.int() + 64, one.int() + 2, e(Q_LORA, dtype=torch.float16),
+                              xr.dense_tiles(r, torch.device("cpu")), Q_LORA, (64,), 2, e(r, Q_LORA),
+                              scratch=path == "scratch")  # fmt: skip
 
     def table(k, n, ragged):
         """An expert table's shapes: 4-bit stacked, or ragged widths of 2-6 bits (both MUL1, as Flash's tables)."""
@@ -135,11 +122,11 @@ def _launches(torch) -> list[tuple[str, str, object]]:
 
     def rows_moe(r, path, widths):
         """The prefill's MoE (gate/up and down tables) on one path."""
-        rows_path(path)
         ragged = widths != "4 bit"
         ids = torch.zeros(r, TOP_K, dtype=i64)
         return xr.moe_rows(torch.zeros(r, D), ids, torch.ones(r, TOP_K), table(D, 2048, ragged),
-                           table(D, 2048, ragged), table(2048, D, ragged), 10.0)  # fmt: skip
+                           table(D, 2048, ragged), table(2048, D, ragged), 10.0,
+                           scratch=path == "scratch")  # fmt: skip
 
     streams = lambda r: e(r, HC, D)  # noqa: E731
     m = (2 + HC) * HC
@@ -298,9 +285,6 @@ def main() -> None:
         "--keep", action="store_true", help="keep the Triton cache (each kernel's ttgir, ptx, cubin)"
     )
     ap.add_argument("--only", default="", help="compile only the entry points whose name holds this text")
-    ap.add_argument(
-        "--lane-cut", default="", help="exl3_lanes.LANE_CUT for the many-row kernels (default: its own)"
-    )
     args = ap.parse_args()
     if args.triton_path:
         sys.path.insert(0, args.triton_path)
@@ -320,10 +304,6 @@ def main() -> None:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     kernels: dict[str, dict] = {}  # one row per distinct compile (kernel, specialisation, options)
-    if args.lane_cut:
-        from tfc.kernels.exl3 import lanes as exl3_lanes
-
-        exl3_lanes.LANE_CUT = args.lane_cut
     launches = [launch for launch in _launches(torch) if args.only in launch[0]]
     if not launches:
         ap.error(

@@ -11,12 +11,19 @@ launch over a table whose length does not grow with the context.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # words a program copies per iteration
-PER_PROGRAM = 4  # iterations a program takes at most: long runs get more programs
+
+@dataclass(frozen=True)
+class CopyConfig:
+    """Launch values of the copy (any of them gives the same bytes)."""
+
+    block: int = 1024  # words a program copies an iteration
+    per_program: int = 4  # iterations a program takes at most: long runs get more programs
 
 
 def _check(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, aux: torch.Tensor | None) -> None:
@@ -87,14 +94,14 @@ def _copy_runs_kernel(src_ptr, aux_ptr, dst_ptr, runs_ptr, pages_ptr, n_runs, n_
 
 def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, longest: int,
                      aux: torch.Tensor | None = None, n_main: int | None = None,
-                     pages: torch.Tensor | None = None) -> None:  # fmt: skip
+                     pages: torch.Tensor | None = None, config: CopyConfig = CopyConfig()) -> None:  # fmt: skip
     """copy_runs_reference in one launch; `longest` (the largest run's words, known on the host) sizes the grid.
     `runs` and `pages` (int64) must be on dst's device and contiguous."""
     _check(src, dst, runs, aux)
     n_runs = runs.shape[1]
     if n_runs == 0 or longest <= 0:
         return
-    parts = max(1, -(-longest // (BLOCK * PER_PROGRAM)))
+    parts = max(1, -(-longest // (config.block * config.per_program)))
     n_main = n_runs if n_main is None else n_main
     _copy_runs_kernel[(n_runs, parts)](
         src,
@@ -104,7 +111,7 @@ def copy_runs_triton(src: torch.Tensor, dst: torch.Tensor, runs: torch.Tensor, l
         runs if pages is None else pages,
         n_runs,
         n_main,
-        BLOCK=BLOCK,
+        BLOCK=config.block,
     )
 
 

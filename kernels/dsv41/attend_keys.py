@@ -4,40 +4,59 @@ A window key is an FP8 ring row (e4m3 values, a UE8M0 scale every 32), an entry 
 low nibble first, an e4m3 scale every 16); runtime/models/dsv41/fast/kv/rows.py packs both. Every key is exact in
 bf16 (an e4m3 value times a power of two, an e2m1 value times an e4m3 one), so `read_keys` gives the same values
 whether it decodes the packed rows where they are or loads a bf16 table that `decoded_table` decoded once.
-`predecodes` says when a call is worth the tables: from PREDECODE_ROWS rows (a prefill step's), when its runs
-would decode the tables' rows at least PREDECODE times over (each row's window overlaps its neighbours', every
-block of heads decodes its keys again), up to PREDECODE_BYTES of tables. A decode step's few rows would pay for
-the whole pool that way; their own keys are gathered instead (`gathered_keys`: each row's window keys and entries
-decoded once into a bf16 table of its own, up to GATHER_BYTES a call), which the runs then read as a table.
+`predecodes` says when a call is worth the tables: from `AttendConfig.predecode_rows` rows (a prefill step's),
+when its runs would decode the tables' rows at least `predecode` times over (each row's window overlaps its
+neighbours', every block of heads decodes its keys again), up to `predecode_bytes` of tables. A decode step's few
+rows would pay for the whole pool that way; their own keys are gathered instead (`gathered_keys`: each row's window
+keys and entries decoded once into a bf16 table of its own, up to `gather_bytes` a call), which the runs then read
+as a table; past that the runs decode the keys where they lie.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from tfc.kernels.dsv41.stage_tl import e2m1_value, e4m3_value, ue8m0_value
 
-__all__ = ["decoded_table", "gathered_keys", "gathers", "predecodes", "read_keys"]
-
-PREDECODE = 4
-PREDECODE_ROWS = 64
-PREDECODE_BYTES = 1 << 30
-DECODE_ROWS = 16  # table rows a program of the table decode takes
-GATHER = True  # rows whose tables are not decoded first gather their own keys (False: decoded in the runs)
-GATHER_BYTES = 64 << 20  # the most bytes of gathered keys a call makes
-GATHER_KEYS = 16  # keys a program of the gather takes
+__all__ = ["AttendConfig", "decoded_table", "gathered_keys", "gathers", "predecodes", "read_keys"]
 
 
-def predecodes(rows: int, head_blocks: int, keys: int, table_rows: int, head_dim: int) -> bool:
+@dataclass(frozen=True)
+class AttendConfig:
+    """Launch values of attend_rows and its keys (keys_a_block and split_blocks set a row's summation order; the
+    others change no bit)."""
+
+    predecode: int = 4  # the times over a call's runs must decode the tables' rows to decode the tables first
+    predecode_rows: int = 64  # ... from this many rows a call
+    predecode_bytes: int = 1 << 30  # ... up to this many bytes of tables
+    decode_rows: int = 16  # table rows a program of the table decode takes
+    gather_bytes: int = 64 << 20  # the most bytes of gathered keys a call makes (past it: in the runs)
+    gather_keys: int = 16  # keys a program of the gather takes
+    heads_a_program: int = 16  # heads a program of attend_rows takes (BLOCK_H)
+    keys_a_block: int = 32  # keys a step of a program's online softmax takes (BLOCK_K)
+    split_blocks: int = 4  # key blocks a program of attend_rows' first launch walks (a power of two)
+    # warps a program; None: 8 at d > 256 reading packed keys, whose decode takes registers, else 4
+    num_warps: int | None = None
+    max_scratch: int = 64 << 20  # bytes of partials one launch of rows may use
+    # The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers
+    # (ptxas for sm_90: benchmarks/stage_kernels_sm90.py).
+    stages: int = 1
+
+
+def predecodes(rows: int, head_blocks: int, keys: int, table_rows: int, head_dim: int,
+               config: AttendConfig = AttendConfig()) -> bool:  # fmt: skip
     """Whether a call of `rows` rows decodes its key tables to bf16 first: the same keys, so the same bits."""
-    worth = rows * head_blocks * keys >= PREDECODE * table_rows
-    return rows >= PREDECODE_ROWS and worth and table_rows * head_dim * 2 <= PREDECODE_BYTES
+    worth = rows * head_blocks * keys >= config.predecode * table_rows
+    return rows >= config.predecode_rows and worth and table_rows * head_dim * 2 <= config.predecode_bytes
 
 
-def gathers(rows: int, keys: int, head_dim: int, decoded: bool) -> bool:
+def gathers(rows: int, keys: int, head_dim: int, decoded: bool,
+            config: AttendConfig = AttendConfig()) -> bool:  # fmt: skip
     """Whether a call whose tables are not decoded first (`decoded`) gathers its rows' keys: the same keys."""
-    return GATHER and not decoded and rows * keys * head_dim * 2 <= GATHER_BYTES
+    return not decoded and rows * keys * head_dim * 2 <= config.gather_bytes
 
 
 @triton.jit
@@ -75,7 +94,7 @@ def read_keys(keys_ptr, row, ok, c, s_keys, D: tl.constexpr, ENTRY: tl.constexpr
 
 @triton.jit
 def _decode_kernel(src_ptr, out_ptr, n, s_src, D: tl.constexpr, ENTRY: tl.constexpr, BLOCK_R: tl.constexpr):
-    """DECODE_ROWS rows of an FP8 ring (or FP4 entries, ENTRY) decoded into a bf16 table [n, D], exactly."""
+    """BLOCK_R rows of an FP8 ring (or FP4 entries, ENTRY) decoded into a bf16 table [n, D], exactly."""
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = row < n
     c = tl.arange(0, D)
@@ -83,13 +102,14 @@ def _decode_kernel(src_ptr, out_ptr, n, s_src, D: tl.constexpr, ENTRY: tl.conste
     tl.store(out_ptr + row[:, None] * D + c[None, :], kv, mask=ok[:, None])
 
 
-def decoded_table(packed: torch.Tensor, head_dim: int, entry: bool) -> torch.Tensor:
+def decoded_table(packed: torch.Tensor, head_dim: int, entry: bool,
+                  config: AttendConfig = AttendConfig()) -> torch.Tensor:  # fmt: skip
     """bf16 [N, head_dim] of FP8 ring rows (or FP4 entries, entry): every key's exact value, as read_keys gives it."""
     n = packed.shape[0]
     out = torch.empty((n, head_dim), dtype=torch.bfloat16, device=packed.device)
     if n:
-        _decode_kernel[(triton.cdiv(n, DECODE_ROWS),)](
-            packed, out, n, packed.stride(0), D=head_dim, ENTRY=entry, BLOCK_R=DECODE_ROWS, num_warps=4
+        _decode_kernel[(triton.cdiv(n, config.decode_rows),)](
+            packed, out, n, packed.stride(0), D=head_dim, ENTRY=entry, BLOCK_R=config.decode_rows, num_warps=4
         )
     return out
 
@@ -126,7 +146,7 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def gathered_keys(ring, read, valid8, entries, at, ok8, head_dim: int):
+def gathered_keys(ring, read, valid8, entries, at, ok8, head_dim: int, config: AttendConfig = AttendConfig()):
     """(keys bf16 [R * (W + KT), d], window index [R, W], entry index [R, KT]): each row's window keys and entries
     (ring[read] where valid, entries[at] where ok; uint8 masks) decoded once, exactly, with the indices the runs
     read them by (row r's keys at r * (W + KT) on; keys not there are left unwritten and never read)."""
@@ -141,10 +161,10 @@ def gathered_keys(ring, read, valid8, entries, at, ok8, head_dim: int):
             _POSITIONS[key] = idx
     if entries is None:
         entries, at, ok8 = ring, read, valid8  # no entry blocks: never read
-    w_blocks = triton.cdiv(window, GATHER_KEYS)
-    _gather_kernel[(rows, w_blocks + triton.cdiv(kt, GATHER_KEYS))](
+    w_blocks = triton.cdiv(window, config.gather_keys)
+    _gather_kernel[(rows, w_blocks + triton.cdiv(kt, config.gather_keys))](
         ring, read, valid8, entries, at, ok8, out, ring.stride(0), read.stride(0), read.stride(1),
         valid8.stride(0), valid8.stride(1), entries.stride(0), at.stride(0), at.stride(1), ok8.stride(0),
-        ok8.stride(1), window, kt, w_blocks, D=head_dim, BLOCK_R=GATHER_KEYS, num_warps=4,
+        ok8.stride(1), window, kt, w_blocks, D=head_dim, BLOCK_R=config.gather_keys, num_warps=4,
     )  # fmt: skip
     return out, idx[:, :window], idx[:, window:]

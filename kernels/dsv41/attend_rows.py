@@ -9,7 +9,7 @@ For each row r and head h (runtime/models/dsv41/fast/attention.py, `attend_rows`
              rotation of the trailing 2 * cos.shape[-1] channels (apply_rope(..., inverse=True))
 
 Two launches (three with the keys decoded first, below). The first splits each row's keys into runs of
-SPLIT_BLOCKS key blocks (window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a
+`AttendConfig.split_blocks` key blocks (window runs, then entry runs): one program per (row, block of BLOCK_H = 16 heads, run), a
 grid of R x ceil(H / 16) x runs, so a one-row decode step still fills tens of multiprocessors. Each program
 reads its key blocks once for all its heads and keeps an fp32 online softmax whose running maximum starts at the
 sink (always finite, so a run with every key masked gives nothing) and writes its (maximum, denominator,
@@ -19,22 +19,20 @@ bits, without the work. The second, one program per (row, block of heads), folds
 sink's (sink, 1, 0), divides and takes the rope off.
 
 The keys (kernels/dsv41/attend_keys.py). A prefill step's many rows read the same keys many times over, so from
-PREDECODE_ROWS rows a call (`predecodes`) the layer's ring and entry pool are first decoded to bf16 tables
+`predecode_rows` rows a call (`predecodes`) the layer's ring and entry pool are first decoded to bf16 tables
 (`decoded_table`, a third launch) and the runs read keys from them (DECODED) instead of decoding them where
 they are. A decode step's rows gather their own keys instead (`gathers`, `gathered_keys`: each row's window keys
 and entries decoded once into a table of its own, a third launch), which the runs read the same way; every
-block of heads would otherwise decode them again, in registers the products need. The same values every
-way, so the same bits.
+block of heads would otherwise decode them again, in registers the products need (past `gather_bytes` a call
+they do). The same values every way, so the same bits.
 
-The products (PIECES). Both run on the matrix units (3, the default): every key is exact in bf16 (an e4m3 value
-times a power of two, an e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three
-bf16 pieces whose sum is the fp32 value exactly, so each product of the logits q . key and of the weights' sum
-over the keys is fp32's exact product, summed in fp32: fp32's result in another summation order, not bf16's.
-With 0 both are fp32 FMA (`input_precision="ieee"`, never TF32); 1 or 2 pieces are speed variants that drop the
-smaller pieces (bf16's or 16 bits' operands), not fp32's result. A row's bits
-depend only on its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed
-order, no atomics; rows are launched in chunks that bound the scratch (MAX_SCRATCH), and keys are read from the
-packed rows or their decoded tables, neither of which can change them.
+The products. Both run on the matrix units: every key is exact in bf16 (an e4m3 value times a power of two, an
+e2m1 value times an e4m3 one), and the query and the softmax weights are cut into three bf16 pieces whose sum is
+the fp32 value exactly, so each product of the logits q . key and of the weights' sum over the keys is fp32's
+exact product, summed in fp32: fp32's result in another summation order, not bf16's. A row's bits depend only on
+its own inputs and the shapes (H, d, W, k): the runs are fixed by the shapes, folded in a fixed order, no atomics;
+rows are launched in chunks that bound the scratch (`max_scratch`), and keys are read from the packed rows or
+their decoded tables, neither of which can change them.
 
 Tolerance: a few 1e-6 of the largest output against float64 and the torch stage when logits reach ~50 (fp32's
 rounding of the logits; then the online softmax's rescaling and the summation order against torch's two-pass
@@ -46,67 +44,37 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from tfc.kernels.dsv41.attend_keys import decoded_table, gathered_keys, gathers, predecodes, read_keys
+from tfc.kernels.dsv41.attend_keys import (
+    AttendConfig,
+    decoded_table,
+    gathered_keys,
+    gathers,
+    predecodes,
+    read_keys,
+)
 from tfc.kernels.dsv41.stage_tl import negate, rotate
 from tfc.kernels.exl3.tl import INTERPRET
 
-__all__ = ["attend_rows", "blocks"]
+__all__ = ["AttendConfig", "attend_rows", "blocks"]
 
 # The interpreter multiplies bf16 tensors as their raw 16-bit words, so there the pieces are widened to fp32 first
 # (the same exact products; its sums are numpy's either way).
 _WIDEN = tl.constexpr(INTERPRET)
 
 
-# The key loop unpipelined: at d = 512 the default 3 stages' prefetched indices and bytes spill registers (ptxas for
-# sm_90: benchmarks/stage_kernels_sm90.py); the arithmetic, so the bits, are the same either way.
-STAGES = 1
-SPLIT_BLOCKS = 4  # key blocks a program of the first launch walks (a power of two)
-CHUNK = 32  # channels of q . key a product takes at a time
-MAX_SCRATCH = 64 << 20  # bytes of partials one launch of rows may use
-SKIP_EMPTY = True  # runs with no key there store the sink's partials without reading keys (the same bits)
-PIECES = 3  # bf16 pieces of the query and the weights on the matrix units (3: exact); 0: fp32 FMA products
-
-
 def blocks(
-    heads: int, head_dim: int, pieces: int | None = None, decoded: bool = False
+    head_dim: int, decoded: bool = False, config: AttendConfig = AttendConfig()
 ) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_K, num_warps) for a shape: 16 heads a program, 32 keys a block (16 at d > 256 with the
-    FMA products, whose operands would spill at 32); 8 warps at d > 256 but on the matrix units from decoded
-    tables (`predecodes`), whose keys take fewer registers. Warps and heads a program change no bit."""
-    wide = head_dim > 256
-    fma = (PIECES if pieces is None else pieces) == 0
-    return 16, 16 if wide and fma else 32, 8 if wide and (fma or not decoded) else 4
+    """(BLOCK_H, BLOCK_K, num_warps) for a shape: config's heads a program and keys a block; its warps, by default
+    8 at d > 256 but from decoded or gathered tables (`predecodes`, `gathers`), whose keys take fewer registers."""
+    warps = config.num_warps or (8 if head_dim > 256 and not decoded else 4)
+    return config.heads_a_program, config.keys_a_block, warps
 
 
-def runs(window: int, entries: int, block_k: int) -> tuple[int, int]:
-    """(window runs, entry runs) of SPLIT_BLOCKS * block_k keys each."""
-    keys = SPLIT_BLOCKS * block_k
+def runs(window: int, entries: int, block_k: int, split_blocks: int) -> tuple[int, int]:
+    """(window runs, entry runs) of split_blocks * block_k keys each."""
+    keys = split_blocks * block_k
     return triton.cdiv(window, keys), triton.cdiv(entries, keys)
-
-
-@triton.jit
-def _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
-            DECODED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, hm):  # fmt: skip
-    """q . key [BLOCK_H, BLOCK_K] in chunks of DC channels (a whole-d FMA product's operands would spill)."""
-    s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
-    for d0 in tl.static_range(0, D, DC):
-        cc = d0 + tl.arange(0, DC)
-        qc = tl.load(q_ptr + qs + cc[None, :], mask=hm[:, None], other=0.0)
-        kc = read_keys(keys_ptr, row, ok, cc, s_keys, D, ENTRY, DECODED, tl.float32)
-        s += tl.dot(qc, tl.trans(kc), input_precision="ieee")
-    return s
-
-
-@triton.jit
-def _step(s, kv, ok, m, den, acc, scale):
-    """A key block's logits s [BLOCK_H, BLOCK_K] and keys kv [BLOCK_K, D] into the online softmax (m, den, acc)."""
-    s = tl.where(ok[None, :], s * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    den = den * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, kv, input_precision="ieee")
-    return m_new, den, acc
 
 
 @triton.jit
@@ -128,56 +96,42 @@ def _mma(a, b, acc):
 
 
 @triton.jit
-def _dot3(a_hi, a_mid, a_lo, b, acc, PIECES: tl.constexpr):
+def _dot3(a_hi, a_mid, a_lo, b, acc):
     """acc + (a_hi + a_mid + a_lo) @ b on the matrix units (bf16 products are exact in fp32), smallest piece
-    first; PIECES < 3 drops the smallest (a speed variant, no longer fp32's products)."""
-    if PIECES >= 3:
-        acc = _mma(a_lo, b, acc)
-    if PIECES >= 2:
-        acc = _mma(a_mid, b, acc)
-    return _mma(a_hi, b, acc)
+    first."""
+    return _mma(a_hi, b, _mma(a_mid, b, _mma(a_lo, b, acc)))
 
 
 @triton.jit
-def _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES: tl.constexpr, BLOCK_H: tl.constexpr,
-              BLOCK_K: tl.constexpr):  # fmt: skip
-    """_step with both products on the matrix units: keys kv bf16 [BLOCK_K, D] (exact: attend_keys), the query
-    and the weights in three pieces each."""
-    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_K], tl.float32), PIECES)
+def _step(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A key block (keys kv bf16 [BLOCK_K, D], exact: attend_keys) into the online softmax (m, den, acc), both
+    products on the matrix units, the query and the weights in three pieces each."""
+    s = _dot3(q_hi, q_mid, q_lo, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_K], tl.float32))
     s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     den = den * alpha + tl.sum(p, axis=1)
     p_hi, p_mid, p_lo = _split3(p)
-    acc = _dot3(p_hi, p_mid, p_lo, kv, acc * alpha[:, None], PIECES)
+    acc = _dot3(p_hi, p_mid, p_lo, kv, acc * alpha[:, None])
     return m_new, den, acc
 
 
 @triton.jit
-def _run(q_ptr, qs, keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, q_hi, q_mid,
-         q_lo, m, den, acc, scale, hm, N: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, ENTRY: tl.constexpr,
-         DECODED: tl.constexpr, PIECES: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-         SPLIT: tl.constexpr, SKIP_EMPTY: tl.constexpr):  # fmt: skip
-    """The SPLIT key blocks from key `first` of a row's N window keys (or entries, ENTRY) into (m, den, acc);
-    none when no key of the run is there (SKIP_EMPTY)."""
+def _run(keys_ptr, idx_ptr, ok_ptr, s_keys, s_idx_r, s_idx_k, s_ok_r, s_ok_k, r, first, q_hi, q_mid, q_lo, m, den,
+         acc, scale, N: tl.constexpr, D: tl.constexpr, ENTRY: tl.constexpr, DECODED: tl.constexpr,
+         BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """The SPLIT key blocks from key `first` of a row's N window keys (or entries, ENTRY) into (m, den, acc); none
+    when no key of the run is there (its partials, the sink, 0, 0, are the very bits its loop would give)."""
     c = tl.arange(0, D)
-    todo = SPLIT
-    if SKIP_EMPTY:
-        js = first + tl.arange(0, SPLIT * BLOCK_K)
-        there = tl.load(ok_ptr + r * s_ok_r + js * s_ok_k, mask=js < N, other=0).to(tl.int32)
-        todo = tl.where(tl.max(there) > 0, SPLIT, 0)
-    for b in range(todo):
+    js = first + tl.arange(0, SPLIT * BLOCK_K)
+    there = tl.load(ok_ptr + r * s_ok_r + js * s_ok_k, mask=js < N, other=0).to(tl.int32)
+    for b in range(tl.where(tl.max(there) > 0, SPLIT, 0)):
         j = first + b * BLOCK_K + tl.arange(0, BLOCK_K)
         ok = tl.load(ok_ptr + r * s_ok_r + j * s_ok_k, mask=j < N, other=0) != 0
         row = tl.load(idx_ptr + r * s_idx_r + j * s_idx_k, mask=ok, other=0)
-        if PIECES == 0:
-            kv = read_keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.float32)
-            s = _logits(q_ptr, qs, keys_ptr, row, ok, s_keys, D, DC, ENTRY, DECODED, BLOCK_H, BLOCK_K, hm)
-            m, den, acc = _step(s, kv, ok, m, den, acc, scale)
-        else:
-            kv = read_keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.bfloat16)
-            m, den, acc = _step_mma(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, PIECES, BLOCK_H, BLOCK_K)
+        kv = read_keys(keys_ptr, row, ok, c, s_keys, D, ENTRY, DECODED, tl.bfloat16)
+        m, den, acc = _step(q_hi, q_mid, q_lo, kv, ok, m, den, acc, scale, BLOCK_H, BLOCK_K)
     return m, den, acc
 
 
@@ -186,12 +140,10 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
                     pa_ptr, sq_r, sq_h, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w, s_ent, s_at_r,
                     s_at_k, s_ok_r, s_ok_k, s_sink, scale, H: tl.constexpr, D: tl.constexpr, W: tl.constexpr,
                     KT: tl.constexpr, RW: tl.constexpr, NR: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DC: tl.constexpr,
-                    SKIP_EMPTY: tl.constexpr = True, PIECES: tl.constexpr = 0,
-                    DECODED: tl.constexpr = False):  # fmt: skip
+                    BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DECODED: tl.constexpr = False):  # fmt: skip
     """One run of SPLIT key blocks of one row for BLOCK_H heads: its (maximum, denominator, accumulator). A run
-    with no key there (SKIP_EMPTY) reads no key: it stores the sink, 0, 0, the very bits its loop would give.
-    DECODED: ring and entries are their bf16 tables (attend_keys.decoded_table), read instead of decoded."""
+    with no key there reads no key: it stores the sink, 0, 0, the very bits its loop would give. DECODED: ring
+    and entries are bf16 tables (attend_keys.decoded_table or gathered_keys), read instead of decoded."""
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     run = tl.program_id(2)
@@ -201,18 +153,15 @@ def _partial_kernel(q_ptr, ring_ptr, read_ptr, valid_ptr, sinks_ptr, ent_ptr, at
     m = tl.load(sinks_ptr + h * s_sink, mask=hm, other=0.0).to(tl.float32)  # the maximum starts at the sink
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D], tl.float32)
-    if PIECES == 0:  # the FMA products load q's chunks as they go
-        q_hi, q_mid, q_lo = _split3(tl.zeros([BLOCK_H, D], tl.float32))  # unused
-    else:
-        q_hi, q_mid, q_lo = _split3(tl.load(q_ptr + qs + c[None, :], mask=hm[:, None], other=0.0))
+    q_hi, q_mid, q_lo = _split3(tl.load(q_ptr + qs + c[None, :], mask=hm[:, None], other=0.0))
     if run < RW:
-        m, den, acc = _run(q_ptr, qs, ring_ptr, read_ptr, valid_ptr, s_ring, s_read_r, s_read_w, s_valid_r,
-                           s_valid_w, r, run * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, W, D,
-                           DC, False, DECODED, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
+        m, den, acc = _run(ring_ptr, read_ptr, valid_ptr, s_ring, s_read_r, s_read_w, s_valid_r, s_valid_w, r,
+                           run * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, W, D, False, DECODED,
+                           BLOCK_H, BLOCK_K, SPLIT)  # fmt: skip
     else:
-        m, den, acc = _run(q_ptr, qs, ent_ptr, at_ptr, ok_ptr, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, r,
-                           (run - RW) * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, hm, KT, D, DC,
-                           True, DECODED, PIECES, BLOCK_H, BLOCK_K, SPLIT, SKIP_EMPTY)  # fmt: skip
+        m, den, acc = _run(ent_ptr, at_ptr, ok_ptr, s_ent, s_at_r, s_at_k, s_ok_r, s_ok_k, r,
+                           (run - RW) * SPLIT * BLOCK_K, q_hi, q_mid, q_lo, m, den, acc, scale, KT, D, True,
+                           DECODED, BLOCK_H, BLOCK_K, SPLIT)  # fmt: skip
     at = (r * NR + run) * H + h  # partials [rows, runs, H] and [rows, runs, H, D]
     tl.store(pm_ptr + at, m, mask=hm)
     tl.store(pd_ptr + at, den, mask=hm)
@@ -298,23 +247,18 @@ def _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok) -> None:
 
 
 def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok=None, grid=None,
-                skip_empty: bool | None = None, pieces: int | None = None,
-                predecode: bool | None = None, gather: bool | None = None) -> torch.Tensor:  # fmt: skip
-    """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended
-    (skip_empty, default SKIP_EMPTY: runs with no key there read nothing; their partials, so the bits, are the
-    same; pieces, default PIECES: the products' operands, see PIECES; predecode, default `predecodes`: the
-    key tables decoded to bf16 once first; gather, default `gathers`: else each row's own keys decoded once
-    first (attend_keys.gathered_keys), False: decoded in the runs; the same keys every way, so the same bits)."""
+                config: AttendConfig = AttendConfig()) -> torch.Tensor:  # fmt: skip
+    """The torch stage's result fp32 [R, H, d]: each row's window keys (and entries) decoded and attended, the key
+    tables decoded to bf16 once first where `predecodes`, else each row's own keys where `gathers` (the same keys
+    every way, so the same bits)."""
     _check(q, ring, read, valid, sinks, cos, sin, entries, at, ok)
     rows, heads, d = q.shape
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=q.device)
     if rows == 0:
         return out
-    pieces = PIECES if pieces is None else pieces
-    if pieces not in (0, 1, 2, 3):
-        raise ValueError(f"attend_rows: pieces must be 0 to 3, got {pieces}")
-    if SPLIT_BLOCKS < 1 or SPLIT_BLOCKS & (SPLIT_BLOCKS - 1):  # a run's keys are one tl.arange
-        raise ValueError(f"attend_rows: SPLIT_BLOCKS must be a power of two, got {SPLIT_BLOCKS}")
+    split_blocks = config.split_blocks
+    if split_blocks < 1 or split_blocks & (split_blocks - 1):  # a run's keys are one tl.arange
+        raise ValueError(f"attend_rows: split_blocks must be a power of two, got {split_blocks}")
     if entries is None:  # no entry runs (KT = 0): the pointers are never read
         entries, at, ok = ring, read, valid
         kt = 0
@@ -322,20 +266,19 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
         kt = at.shape[1]
     window = read.shape[1]
     table_rows = ring.shape[0] + (entries.shape[0] if kt else 0)
-    hb = triton.cdiv(heads, blocks(heads, d, pieces)[0])
-    decoded = predecodes(rows, hb, window + kt, table_rows, d) if predecode is None else predecode
-    gather = gathers(rows, window + kt, d, decoded) if gather is None else gather and not decoded
-    block_h, block_k, warps = blocks(heads, d, pieces, decoded or gather)
-    fold_warps = blocks(heads, d, pieces, decoded)[2]  # the fold reads partials, whatever the runs' keys
-    rw, re = runs(window, kt, block_k)
+    hb = triton.cdiv(heads, config.heads_a_program)
+    decoded = predecodes(rows, hb, window + kt, table_rows, d, config)
+    gather = gathers(rows, window + kt, d, decoded, config)
+    block_h, block_k, warps = blocks(d, decoded or gather, config)
+    fold_warps = blocks(d, decoded, config)[2]  # the fold reads partials, whatever the runs' keys
+    rw, re = runs(window, kt, block_k, split_blocks)
     nr = rw + re
     valid8, ok8 = valid.view(torch.uint8), ok.view(torch.uint8)
     q = q if q.stride(2) == 1 else q.contiguous()
-    chunk = max(1, MAX_SCRATCH // (nr * heads * (d + 2) * 4))
-    skip = SKIP_EMPTY if skip_empty is None else skip_empty
+    chunk = max(1, config.max_scratch // (nr * heads * (d + 2) * 4))
     if decoded:
-        ring = decoded_table(ring, d, False)
-        entries = decoded_table(entries, d, True) if kt else ring
+        ring = decoded_table(ring, d, False, config)
+        entries = decoded_table(entries, d, True, config) if kt else ring
     for lo in range(0, rows, chunk):  # rows are independent: the chunking bounds the scratch, not the bits
         hi = min(rows, lo + chunk)
         part_m = torch.empty((hi - lo, nr, heads), dtype=torch.float32, device=q.device)
@@ -344,7 +287,7 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
         keys_w, keys_e, rd, at_c = ring, entries, read[lo:hi], at[lo:hi]
         if gather:  # the chunk's own keys, decoded once; read by their positions in it
             keys_w, rd, at_c = gathered_keys(
-                ring, rd, valid8[lo:hi], entries if kt else None, at_c, ok8[lo:hi], d
+                ring, rd, valid8[lo:hi], entries if kt else None, at_c, ok8[lo:hi], d, config
             )
             keys_e, at_c = keys_w, at_c if kt else rd
         _partial_kernel[(hi - lo, hb, nr)](
@@ -353,8 +296,7 @@ def attend_rows(q, ring, read, valid, sinks, cos, sin, entries=None, at=None, ok
             valid8.stride(0), valid8.stride(1), keys_e.stride(0), at_c.stride(0), at_c.stride(1), ok8.stride(0),
             ok8.stride(1), sinks.stride(0),
             d**-0.5, H=heads, D=d, W=window, KT=kt, RW=rw, NR=nr, BLOCK_H=block_h, BLOCK_K=block_k,
-            SPLIT=SPLIT_BLOCKS, DC=CHUNK, SKIP_EMPTY=skip, PIECES=pieces, DECODED=decoded or gather,
-            num_warps=warps, num_stages=STAGES,
+            SPLIT=split_blocks, DECODED=decoded or gather, num_warps=warps, num_stages=config.stages,
         )  # fmt: skip
         _fold_kernel[(hi - lo, hb)](
             part_m, part_d, part_a, sinks, cos[lo:hi], sin[lo:hi], out[lo:hi], sinks.stride(0),

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 SCALE_BLOCK = 32  # values per e8m0 scale byte
-BLOCK_R = 8  # lookups per program (benchmarks/engram_gather_h200.py sweeps it)
 # sha256 of the bf16 LUT [scale][byte] as published by TensorFold (fixtures/engram-rows-ref.txt).
 LUT_SHA256 = "ac4091794caec6f553a226c3857da2756d0b29c4c7b24e02ce61274a3df93185"
+
+
+@dataclass(frozen=True)
+class GatherConfig:
+    """Launch values of the row gather (any of them gives the same bits)."""
+
+    block_r: int = 8  # lookups a program (benchmarks/engram_gather_h200.py sweeps it)
 
 
 def scale_values(scale: torch.Tensor) -> torch.Tensor:
@@ -86,6 +93,7 @@ def gather_rows(
     row_lo: int = 0,
     lut: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    config: GatherConfig = GatherConfig(),
 ) -> torch.Tensor:
     """Triton gather: bf16 [T, C*head_dim] of global `rows` [T, C]; rows must lie in the shard."""
     row_bytes = head_dim + head_dim // SCALE_BLOCK
@@ -109,7 +117,7 @@ def gather_rows(
         raise ValueError(f"out must be contiguous bf16 {shape}")
     n = flat.numel()
     if n:
-        _gather_kernel[(triton.cdiv(n, BLOCK_R),)](
-            table, flat, lut, out, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=BLOCK_R
+        _gather_kernel[(triton.cdiv(n, config.block_r),)](
+            table, flat, lut, out, n, row_lo, ROW_BYTES=row_bytes, HEAD_DIM=head_dim, BLOCK_R=config.block_r
         )
     return out

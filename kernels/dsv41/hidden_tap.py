@@ -3,17 +3,24 @@
 launches: the widening copy, the mean, the narrowing copy, the copy into the step's hidden rows).
 
 The sum runs in torch's order (0 + s_0 + s_1 + ... in float64), then times 1/S in float64 (torch's MeanOps), then
-rounds to fp32 (to nearest), so the bits are torch's. One program a row's BLOCK columns: a row reads only its own
+rounds to fp32 (to nearest), so the bits are torch's. One program a row's `TapConfig.block` columns: a row reads only its own
 streams. Launches only (CUDA-graph safe).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # columns a program
+
+@dataclass(frozen=True)
+class TapConfig:
+    """Launch values of the tap (any of them gives the same bits)."""
+
+    block: int = 1024  # columns a program
 
 
 @triton.jit
@@ -29,7 +36,7 @@ def _tap_kernel(s_ptr, out_ptr, D, stride_out, S: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + r * stride_out + cols, mean.to(tl.float32), mask=ok)
 
 
-def stream_mean_into(streams: torch.Tensor, out: torch.Tensor) -> None:
+def stream_mean_into(streams: torch.Tensor, out: torch.Tensor, config: TapConfig = TapConfig()) -> None:
     """out [R, D] (fp32, rows any stride, columns contiguous) = streams fp32 [R, S, D].double().mean(1).float()."""
     if streams.dim() != 3 or streams.dtype != torch.float32 or out.dtype != torch.float32:
         raise ValueError(f"stream_mean_into takes fp32 [R, S, D] into fp32 [R, D]: {streams.dtype} "
@@ -40,5 +47,5 @@ def stream_mean_into(streams: torch.Tensor, out: torch.Tensor) -> None:
             f"stream_mean_into: out {tuple(out.shape)} (strides {out.stride()}) is not [{rows}, {d}]"
         )
     if rows:
-        _tap_kernel[(rows, triton.cdiv(d, BLOCK))](streams.contiguous(), out, d, out.stride(0), S=s, BLOCK=BLOCK,
-                                                   num_warps=4)  # fmt: skip
+        _tap_kernel[(rows, triton.cdiv(d, config.block))](streams.contiguous(), out, d, out.stride(0), S=s,
+                                                          BLOCK=config.block, num_warps=4)  # fmt: skip

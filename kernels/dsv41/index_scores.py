@@ -7,11 +7,13 @@ runtime/models/dsv41/fast/compressed.py, a drop-in with its signature.
 Each entry's score is sum_h weights[h] * relu(q[h] . key) * d**-0.5 of its FP4 index key (decoded in the kernel)
 and the row's FP4 queries. Bit for bit torch's: a 32-channel partial dot of FP4 values is exact in fp32 (TF32
 products of 2-bit mantissas, sums of 13 bits at most), then the blocks and the heads add in fixed_sum's tree.
-q must hold FP4 values (index_query's output): other values would lose bits to TF32. A program scores ENTRIES
-entries of one row, so an entry's score depends on neither the chunk's width nor the other rows.
+q must hold FP4 values (index_query's output): other values would lose bits to TF32. A program scores
+`ScoresConfig.entries` entries of one row, so an entry's score depends on neither the chunk's width nor the other rows.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -19,9 +21,14 @@ import triton.language as tl
 from tfc.kernels.dsv41.kv_pack import NO_FMA, unit_stride
 from tfc.kernels.dsv41.stage_tl import e2m1_value, ue8m0_value
 
-__all__ = ["ENTRIES", "chunk_scores", "paged_scores"]
+__all__ = ["ScoresConfig", "chunk_scores", "paged_scores"]
 
-ENTRIES = 64  # entries a program scores (CJ)
+
+@dataclass(frozen=True)
+class ScoresConfig:
+    """Launch values of the scores (any of them gives the same bits)."""
+
+    entries: int = 64  # entries a program scores (CJ)
 
 
 @triton.jit
@@ -101,29 +108,30 @@ def _check(q: torch.Tensor, weights: torch.Tensor, name: str) -> tuple[int, int,
     return rows, heads, d
 
 
-def _launch(keys, q, weights, c: int, srr: int, src: int, paged: dict) -> torch.Tensor:
+def _launch(keys, q, weights, c: int, srr: int, src: int, paged: dict, config: ScoresConfig) -> torch.Tensor:
     """The scores [R, c] of the rows' c entries at keys (rows srr, entries src apart, or paged) by _scores_kernel."""
     rows, heads, d = q.shape
     out = torch.empty((rows, c), dtype=torch.float32, device=q.device)
     if rows and c:
-        _scores_kernel[(rows, triton.cdiv(c, ENTRIES))](
+        _scores_kernel[(rows, triton.cdiv(c, config.entries))](
             keys, q, weights, out, c, srr, src, q.stride(0), q.stride(1), weights.stride(0), d**-0.5, D=d, H=heads,
-            CJ=ENTRIES, num_warps=4, **paged, **NO_FMA,
+            CJ=config.entries, num_warps=4, **paged, **NO_FMA,
         )  # fmt: skip
     return out
 
 
-def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
+def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid,
+                 config: ScoresConfig = ScoresConfig()) -> torch.Tensor:  # fmt: skip
     """Scores fp32 [R, c] of index key rows raw uint8 [R, c, d/2 + d/32] against FP4 queries q [R, H, d]."""
     rows, _, d = _check(q, weights, "chunk_scores")
     if raw.dim() != 3 or raw.dtype != torch.uint8 or raw.shape[0] != rows or raw.shape[2] != d // 2 + d // 32:
         raise ValueError(f"chunk_scores raw {tuple(raw.shape)} must be uint8 [{rows}, c, {d // 2 + d // 32}]")
     raw, q, weights = unit_stride(raw), unit_stride(q), unit_stride(weights)
-    return _launch(raw, q, weights, raw.shape[1], raw.stride(0), raw.stride(1), {})
+    return _launch(raw, q, weights, raw.shape[1], raw.stride(0), raw.stride(1), {}, config)
 
 
 def paged_scores(pool: torch.Tensor, pages: torch.Tensor, per_page: int, q: torch.Tensor,
-                 weights: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                 weights: torch.Tensor, config: ScoresConfig = ScoresConfig()) -> torch.Tensor:  # fmt: skip
     """chunk_scores of every entry the rows' pages hold, read where they lie: row r's entry j is pool row
     pages[r, j // per_page] * per_page + j % per_page (pool uint8 [N, d/2 + d/32]); fp32 [R, pages * per_page],
     the bits of chunk_scores on those rows gathered first."""
@@ -136,4 +144,4 @@ def paged_scores(pool: torch.Tensor, pages: torch.Tensor, per_page: int, q: torc
                          f"{pages.dtype} {tuple(pages.shape)}, {per_page}")  # fmt: skip
     pool, pages, q, weights = unit_stride(pool), unit_stride(pages), unit_stride(q), unit_stride(weights)
     paged = {"pages_ptr": pages, "spr": pages.stride(0), "per_page": per_page, "PAGED": True}
-    return _launch(pool, q, weights, pages.shape[1] * per_page, 0, pool.stride(0), paged)
+    return _launch(pool, q, weights, pages.shape[1] * per_page, 0, pool.stride(0), paged, config)

@@ -33,6 +33,8 @@ Launches and torch.empty only: no host syncs, so the stages run inside a CUDA gr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -46,11 +48,19 @@ from tfc.kernels.dsv41.stage_tl import (
     rotate,
 )
 
-__all__ = ["NO_FMA", "entry_rows", "index_query", "key_rows", "pooled", "unit_stride", "window_rows"]
+__all__ = [
+    "NO_FMA",
+    "PackConfig",
+    "entry_rows",
+    "index_query",
+    "key_rows",
+    "pooled",
+    "unit_stride",
+    "window_rows",
+]
 
 MAX_ROW = 8192  # widest row a whole-row kernel (window_rows, key_rows) holds
 MAX_POOL = 32768  # ring rows x channels (both rounded up to powers of two) a pooled program holds
-TILE = 512  # channels a program of entry_rows / index_query takes
 NO_FMA = {"enable_fp_fusion": False}  # products and sums round as torch's eager ops
 # kv_rows' constants (FP8_MAX = 448, FP4_MAX = 6), each rounded to fp32 where a kernel uses it, as torch does
 _FP8_FLOOR = tl.constexpr(1e-4)  # the smallest amax a window row's block scale takes
@@ -58,6 +68,13 @@ _FP8_INV = tl.constexpr(1.0 / 448.0)
 _FP4_FLOOR = tl.constexpr(6.0 * 2.0**-126)  # the smallest amax an index key's block scale takes
 _FP4_INV = tl.constexpr(1.0 / 6.0)
 _ENTRY_FLOOR = tl.constexpr(6.0 * 2.0**-9)  # the smallest amax an entry's e4m3 scale takes
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """Launch values of the packs (any of them gives the same bits)."""
+
+    tile: int = 512  # channels a program of entry_rows / index_query takes
 
 
 @triton.jit
@@ -260,14 +277,15 @@ def key_rows(
     return _pack_rows(y, weight, eps, cos, sin, False)
 
 
-def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
+def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid,
+               config: PackConfig = PackConfig()) -> torch.Tensor:  # fmt: skip
     """The FP4 entry rows uint8 [R, n/2 + n/16] of latents [R, n]: pack_fp4(rope(latent), 16, e4m3)."""
     _rows("entry_rows latent", latent, 16)
     rows, n = latent.shape
     x = unit_stride(latent)
     cos, sin = _rope_tables(cos, sin, rows, n)
     out = torch.empty((rows, n // 2 + n // 16), dtype=torch.uint8, device=x.device)
-    tb = min(_pow2(n // 16), TILE // 16)
+    tb = min(_pow2(n // 16), config.tile // 16)
     if rows:
         _entry_kernel[(rows, triton.cdiv(n // 16, tb))](
             x, cos, sin, out, x.stride(0), cos.stride(0), N=n, HALF=cos.shape[1], TB=tb, num_warps=4, **NO_FMA
@@ -275,7 +293,8 @@ def entry_rows(latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, grid)
     return out
 
 
-def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, grid) -> torch.Tensor:
+def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, grid,
+                config: PackConfig = PackConfig()) -> torch.Tensor:  # fmt: skip
     """The indexer's FP4 queries fp32 [R, heads, d] of y [R, heads * d]: fake_fp4(rope(y as heads), 32)."""
     _rows("index_query y", y, 32)
     rows, width = y.shape
@@ -285,7 +304,7 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     y = unit_stride(y)
     cos, sin = _rope_tables(cos, sin, rows, d)
     out = torch.empty((rows, heads, d), dtype=torch.float32, device=y.device)
-    tb = min(_pow2(width // 32), TILE // 32)
+    tb = min(_pow2(width // 32), config.tile // 32)
     if rows:
         launch = (rows, triton.cdiv(width // 32, tb))
         _query_kernel[launch](y, cos, sin, out, y.stride(0), cos.stride(0), L=width, D=d, HALF=cos.shape[1],

@@ -1,18 +1,26 @@
 """The mHC mix's comb matrix in one launch: row softmax of the [hc, hc] logits, then Sinkhorn normalisation.
 
 comb = softmax_rows(logits) + eps; comb /= column sums + eps; then (iters - 1) times rows, then columns
-(runtime/models/dsv41/reference/mhc.py `sinkhorn`, the model's loop). Each program holds ROWS tokens' [hc, hc] matrices in registers and runs
+(runtime/models/dsv41/reference/mhc.py `sinkhorn`, the model's loop). Each program holds `SinkhornConfig.rows`
+tokens' [hc, hc] matrices in registers and runs
 every iteration there: one kernel a site where the eager loop (and torch.compile's code for it) launches two a
 iteration. fp32 throughout; sums of hc values in the order the reduction tree takes (within an ulp of torch's).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-ROWS = 16  # tokens per program
+
+@dataclass(frozen=True)
+class SinkhornConfig:
+    """Launch values of the Sinkhorn kernel (any of them gives the same bits)."""
+
+    rows: int = 16  # tokens a program
 
 
 @triton.jit
@@ -32,7 +40,9 @@ def _sinkhorn_kernel(logits_ptr, out_ptr, R, eps, ITERS: tl.constexpr, HC: tl.co
     tl.store(out_ptr + offs, c, mask=keep)
 
 
-def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+def sinkhorn(
+    logits: torch.Tensor, iters: int, eps: float, config: SinkhornConfig = SinkhornConfig()
+) -> torch.Tensor:
     """comb [..., hc, hc] fp32 of the mix's logits [..., hc, hc] (hc a power of two)."""
     hc = logits.shape[-1]
     if logits.shape[-2] != hc or hc & (hc - 1) or iters < 1:
@@ -41,10 +51,10 @@ def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     rows = x.numel() // (hc * hc)
     if rows:
-        _sinkhorn_kernel[(triton.cdiv(rows, ROWS),)](
-            x, out, rows, eps, ITERS=iters, HC=hc, ROWS=ROWS, num_warps=1
+        _sinkhorn_kernel[(triton.cdiv(rows, config.rows),)](
+            x, out, rows, eps, ITERS=iters, HC=hc, ROWS=config.rows, num_warps=1
         )
     return out
 
 
-__all__ = ["ROWS", "sinkhorn"]
+__all__ = ["SinkhornConfig", "sinkhorn"]

@@ -30,17 +30,26 @@ GPU, where a multiply-add may fuse).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from tfc.kernels.dsv41.stage_tl import rotate
 
 MAX_ROW = 16384  # widest row a whole-row kernel holds (one program a row)
-MIX_ROWS = 32  # rows a program of the mix product takes (BR)
-MIX_SPLIT = 128  # K = hc * D a program of the mix product takes (KC; step_variants_h200.py mix<N>)
-MIX_STEP = 32  # K per tl.dot of the mix product (BK)
-EXPAND_BLOCK = 512  # columns a program of hc_expand takes
-ROPE_TILE = 2048  # channels a program of rope_heads takes (heads per program = ROPE_TILE // d, at least 1)
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Launch values of the small stages (mix_split and mix_step set the mix product's summation order; the
+    others change no bit)."""
+
+    mix_rows: int = 32  # rows a program of the mix product takes (BR)
+    mix_split: int = 128  # K = hc * D a program of the mix product takes (KC)
+    mix_step: int = 32  # K per tl.dot of the mix product (BK)
+    expand_block: int = 512  # columns a program of hc_expand takes
+    rope_tile: int = 2048  # channels a program of rope_heads takes (heads a program: rope_tile // d, >= 1)
 
 
 @triton.jit
@@ -248,8 +257,9 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
 
 
 def hc_expand(
-    y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
-) -> torch.Tensor:
+    y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+    config: StageConfig = StageConfig(),
+) -> torch.Tensor:  # fmt: skip
     """New streams [..., hc, D]: post_k * y + sum_j comb[j, k] * residual_j, all fp32."""
     for name, t in (("y", y), ("residual", residual), ("post", post), ("comb", comb)):
         _fp32(name, t)
@@ -267,7 +277,7 @@ def hc_expand(
     res = residual.reshape(-1, hc, d).contiguous()
     rows = res.shape[0]
     out = torch.empty((rows, hc, d), dtype=torch.float32, device=residual.device)
-    block = min(EXPAND_BLOCK, _pow2(d))
+    block = min(config.expand_block, _pow2(d))
     if rows:
         _hc_expand_kernel[(rows, triton.cdiv(d, block))](
             y.reshape(-1, d).contiguous(), res, post.reshape(-1, hc).contiguous(),
@@ -277,7 +287,7 @@ def hc_expand(
 
 
 def hc_mix_logits(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
-                  norm_eps: float, hc_eps: float, post_alpha: float = 2.0
+                  norm_eps: float, hc_eps: float, post_alpha: float = 2.0, config: StageConfig = StageConfig()
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(pre [..., hc], post [..., hc], comb logits [..., hc, hc]) of fp32 streams [..., hc, D] and fn
     [(2 + hc) * hc, hc * D]; the norm's rsqrt scales the product, (flat @ fn.T) * rstd."""
@@ -291,7 +301,7 @@ def hc_mix_logits(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, 
         raise ValueError(f"hc {hc} gives {m} mixes: 64 at most supported")
     x = streams.reshape(-1, k).contiguous()
     rows, dev = x.shape[0], streams.device
-    splits = triton.cdiv(k, MIX_SPLIT)
+    splits = triton.cdiv(k, config.mix_split)
     pre = torch.empty((rows, hc), dtype=torch.float32, device=dev)
     post = torch.empty((rows, hc), dtype=torch.float32, device=dev)
     logits = torch.empty((rows, hc, hc), dtype=torch.float32, device=dev)
@@ -299,9 +309,9 @@ def hc_mix_logits(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, 
         part = torch.empty((rows, splits, m), dtype=torch.float32, device=dev)
         sq = torch.empty((rows, splits), dtype=torch.float32, device=dev)
         mb = max(16, _pow2(m))
-        _mix_partial_kernel[(triton.cdiv(rows, MIX_ROWS), splits)](
-            x, fn.contiguous(), part, sq, rows, k, M=m, MB=mb, S=splits, KC=MIX_SPLIT, BR=MIX_ROWS, BK=MIX_STEP,
-            num_warps=4,
+        _mix_partial_kernel[(triton.cdiv(rows, config.mix_rows), splits)](
+            x, fn.contiguous(), part, sq, rows, k, M=m, MB=mb, S=splits, KC=config.mix_split, BR=config.mix_rows,
+            BK=config.mix_step, num_warps=4,
         )  # fmt: skip
         _mix_epilogue_kernel[(rows,)](
             part, sq, scale.contiguous(), base.contiguous(), pre, post, logits, k, norm_eps, hc_eps, post_alpha,
@@ -333,7 +343,8 @@ def engram_gate(
     return out
 
 
-def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor,
+               config: StageConfig = StageConfig()) -> torch.Tensor:  # fmt: skip
     """fp32 rows [R, heads * d] as heads [R, heads, d], the trailing 2 * cos.shape[-1] channels rotated by
     cos / sin [R, rope_dim / 2] in adjacent (even, odd) pairs, the rest copied."""
     for name, t in (("y", y), ("cos", cos), ("sin", sin)):
@@ -349,7 +360,7 @@ def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor
     if d > MAX_ROW:
         raise ValueError(f"heads of {d} channels: {MAX_ROW} at most supported")
     out = torch.empty((r, heads, d), dtype=torch.float32, device=y.device)
-    hb = max(1, ROPE_TILE // _pow2(d))
+    hb = max(1, config.rope_tile // _pow2(d))
     if r:
         _rope_heads_kernel[(r, triton.cdiv(heads, hb))](
             y.contiguous(), cos.contiguous(), sin.contiguous(), out, heads, D=d, HALF=half,
@@ -358,4 +369,12 @@ def rope_heads(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor
     return out
 
 
-__all__ = ["collapse_norm", "engram_gate", "hc_expand", "hc_mix_logits", "rms_norm", "rope_heads"]
+__all__ = [
+    "StageConfig",
+    "collapse_norm",
+    "engram_gate",
+    "hc_expand",
+    "hc_mix_logits",
+    "rms_norm",
+    "rope_heads",
+]

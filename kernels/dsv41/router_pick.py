@@ -34,6 +34,8 @@ no atomics; launches only (CUDA-graph safe).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,13 +45,19 @@ from triton.language.extra import libdevice
 # libdevice's expf / log1pf on a GPU; the interpreter has no libdevice: numpy's exp and a log1p made of log.
 NATIVE = not INTERPRET
 HAS_TOPK = hasattr(tl, "topk")  # Triton versions before tl.topk sort the whole row
-SPLIT_BLOCK = 2048  # elements per split3 program
 MAX_EXPERTS = 1024
 MAX_COLUMNS = 16384  # select's widest row in one program (int64 keys in registers)
-SELECT_WARPS = 0  # select's warps a row (any count gives the same picks: its keys are distinct); 0: by width
-SELECT_COLUMNS_A_WARP = 64  # ... by width: a warp per this many columns, up to 16 (benchmarks/decode.md)
-SELECT_MAKES = True  # select makes a candidate source's mask in the kernel where it can
 _INT64_MIN = tl.constexpr(-(2**63))
+
+
+@dataclass(frozen=True)
+class PickConfig:
+    """Launch values of split3 and select (any of them gives the same bits)."""
+
+    split_block: int = 2048  # elements per split3 program
+    # select's warps a row: one per this many columns, up to 16 (benchmarks/decode.md; its keys are distinct, so
+    # any count gives the same picks)
+    select_columns_a_warp: int = 64
 
 
 @triton.jit
@@ -82,7 +90,7 @@ def _split3_kernel(x_ptr, out_ptr, N, BLOCK: tl.constexpr, BF16: tl.constexpr):
         tl.store(out_ptr + 2 * N + offs, (d - mid.to(tl.float32)).to(tl.float16), mask=keep)
 
 
-def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def split3(x: torch.Tensor, dtype: torch.dtype, config: PickConfig = PickConfig()) -> torch.Tensor:
     """[3R, D] in dtype (bf16 or fp16): hi, mid, lo of x fp32 [R, D], bit-exact as moe.split3."""
     if x.dim() != 2 or x.dtype != torch.float32 or dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"split3 takes fp32 [R, D] to bf16 or fp16: {x.dtype} {tuple(x.shape)} to {dtype}")
@@ -91,8 +99,8 @@ def split3(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     n = x.numel()
     if n:
         bf16 = dtype == torch.bfloat16
-        _split3_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](
-            x, out.view(torch.int16) if bf16 else out, n, BLOCK=SPLIT_BLOCK, BF16=bf16, num_warps=4
+        _split3_kernel[(triton.cdiv(n, config.split_block),)](
+            x, out.view(torch.int16) if bf16 else out, n, BLOCK=config.split_block, BF16=bf16, num_warps=4
         )
     return out
 
@@ -223,8 +231,8 @@ def _select_kernel(scores_ptr, visible_ptr, cand_ptr, made_ptr, order_ptr, ok_pt
 
 
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None,
-           top_blocks: int, block: int,
-           make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
+           top_blocks: int, block: int, make_candidates: bool,
+           config: PickConfig = PickConfig()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k] int64, which are real [R, k] bool, the candidate mask [R, C] bool or None) as
     compressed.select; rows wider than MAX_COLUMNS, and candidates the kernel cannot make, run its torch code."""
     if (make_candidates and not _makes(scores, top_blocks, block)) or scores.dim() != 2 \
@@ -252,7 +260,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
             ok.view(torch.uint8), width, scores.stride(0), cand.stride(0), k, BLOCK_C=block_c, TOP=top,
             CANDIDATES=candidates is not None and not make_candidates, MAKE=bool(make_candidates),
             GROUP=block if make_candidates else 1,
-            HAS_TOPK=bool(HAS_TOPK), num_warps=SELECT_WARPS or max(1, min(16, block_c // SELECT_COLUMNS_A_WARP)),
+            HAS_TOPK=bool(HAS_TOPK), num_warps=max(1, min(16, block_c // config.select_columns_a_warp)),
         )  # fmt: skip
     return order, ok, made
 
@@ -260,9 +268,9 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
 def _makes(scores: torch.Tensor, top_blocks: int, block: int) -> bool:
     """Whether the kernel makes this candidate mask: every block kept (at most top_blocks of them), a block a
     power of two entries."""
-    if not SELECT_MAKES or block < 1 or block & (block - 1):
+    if block < 1 or block & (block - 1):
         return False
     return -(-scores.shape[-1] // block) <= top_blocks
 
 
-__all__ = ["MAX_COLUMNS", "MAX_EXPERTS", "SPLIT_BLOCK", "pick", "select", "split3"]
+__all__ = ["MAX_COLUMNS", "MAX_EXPERTS", "PickConfig", "pick", "select", "split3"]

@@ -11,12 +11,19 @@ only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-ROWS_A_PROGRAM = 64  # ratio_rows' rows a program
-COLUMNS_A_PROGRAM = 1024  # page_rows' entries a program
+
+@dataclass(frozen=True)
+class StepRowsConfig:
+    """Launch values of the step's row addresses (any of them gives the same integers)."""
+
+    rows_a_program: int = 64  # ratio_rows' rows a program
+    columns_a_program: int = 1024  # page_rows' entries a program
 
 
 @triton.jit
@@ -83,8 +90,8 @@ def _ratio_kernel(pos_ptr, table_ptr, t_stride, visible_ptr, write_ptr, start_pt
     tl.store(start_ptr + r, p + 1 - ratio, mask=inside)
 
 
-def ratio_rows(positions: torch.Tensor, table: torch.Tensor, ratio: int,
-               per_page: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def ratio_rows(positions: torch.Tensor, table: torch.Tensor, ratio: int, per_page: int,
+               config: StepRowsConfig = StepRowsConfig()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(visible entries [R], pool row of the entry each row completes [R], its group's first position [R]) as
     step_context.ratio_rows; table [R, pages] int64 page ids."""
     rows = positions.shape[0]
@@ -94,7 +101,7 @@ def ratio_rows(positions: torch.Tensor, table: torch.Tensor, ratio: int,
     out = torch.empty(3, rows, dtype=torch.int64, device=positions.device)
     table = table if table.stride(1) == 1 else table.contiguous()
     if rows:
-        block = min(ROWS_A_PROGRAM, triton.next_power_of_2(rows))
+        block = min(config.rows_a_program, triton.next_power_of_2(rows))
         _ratio_kernel[(triton.cdiv(rows, block),)](
             positions.contiguous(), table, table.stride(0), out[0], out[1], out[2], rows, ratio, per_page,
             BLOCK_R=block, num_warps=1,
@@ -113,7 +120,8 @@ def _page_kernel(entry_ptr, table_ptr, out_ptr, K, t_stride, per_page, BLOCK: tl
     tl.store(out_ptr + r * K + c, page * per_page + _floor_mod(e, per_page), mask=inside)
 
 
-def page_rows(table: torch.Tensor, entry: torch.Tensor, per_page: int) -> torch.Tensor:
+def page_rows(table: torch.Tensor, entry: torch.Tensor, per_page: int,
+              config: StepRowsConfig = StepRowsConfig()) -> torch.Tensor:  # fmt: skip
     """Pool rows [R, k] of entries [R, k] through each row's page ids table [R, pages], as step_context.page_rows."""
     if entry.dim() != 2 or table.dim() != 2 or table.shape[0] != entry.shape[0] or per_page < 1:
         raise ValueError(f"page_rows takes table [R, pages], entry [R, k], per_page >= 1: {tuple(table.shape)}, "
@@ -122,7 +130,7 @@ def page_rows(table: torch.Tensor, entry: torch.Tensor, per_page: int) -> torch.
     out = torch.empty(rows, k, dtype=torch.int64, device=entry.device)
     table = table if table.stride(1) == 1 else table.contiguous()
     if rows and k:
-        block = min(COLUMNS_A_PROGRAM, triton.next_power_of_2(k))
+        block = min(config.columns_a_program, triton.next_power_of_2(k))
         _page_kernel[(rows, triton.cdiv(k, block))](
             entry.contiguous(), table, out, k, table.stride(0), per_page, BLOCK=block,
             num_warps=max(1, min(4, block // 256)),
@@ -130,4 +138,4 @@ def page_rows(table: torch.Tensor, entry: torch.Tensor, per_page: int) -> torch.
     return out
 
 
-__all__ = ["page_rows", "ratio_rows", "ring_rows"]
+__all__ = ["StepRowsConfig", "page_rows", "ratio_rows", "ring_rows"]

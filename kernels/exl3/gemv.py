@@ -1,8 +1,8 @@
 """Fused EXL3 GEMV / skinny GEMM (1-16 rows): y = had(had(x*suh) @ W-hat) * svh, trellis decoded on the fly.
 
 Exact reformulation of y = x @ W (spec exl3.md §6): the input rotation xh = had128(x * suh) is either a
-separate small launch or recomputed per k-slice inside the main kernel (`fuse_rotation`); the main kernel
-decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row, with the run
+separate small launch or, for the one-row run decode, recomputed per k-slice inside the main kernel
+(`fuse_rotation`); the main kernel decodes W-hat tiles in registers, accumulates in fp32 (fp32 FMAs on fp32 xh for one row, with the run
 decode; from 2 rows on a GPU the mma decode of exl3_mma, fp16 xh, for integer widths; otherwise the matrix
 units on fp16 xh or, without a GPU, the run decode for 2-4 rows), splits k over programs and sums the
 partials in a fixed order (deterministic): in the last program of each 128-column block to arrive, or in
@@ -33,16 +33,12 @@ from tfc.kernels.exl3.tl import (
     load_states,
     next_pow2,
     rotated128,
-    rotated_slice,
     store_pair,
     tile_positions,
     window_offsets,
 )
 
 MAX_ROWS = 16
-REDUCE_FLIGHT = 8  # partials the second launch sums at a time (its warps: this / 8; benchmarks/kernels.md)
-# row_free launches: at most this k-split, so fewer partials to sum (0: the waves alone; benchmarks/decode.md)
-ROW_FREE_MAX_SPLIT = 64
 
 
 @triton.jit
@@ -152,15 +148,7 @@ def _exl3_gemm_kernel(
         x_rows = M
         if MMA_SPLIT:  # xh holds each row as an fp16 high / low pair
             x_rows = 2 * M
-        xs = xh_ptr
-        sx = stride_x
-        if FUSE_ROT:
-            # One row in high / low pairs: this program's k rows of had128(x * suh) into its column block's
-            # [2, k] fp16 scratch, each 128-block rotated once.
-            xs = xh_ptr + pid_n * (2 * KDIM)
-            sx = KDIM
-            _rotate_pairs(x_ptr, suh_ptr, xs, KDIM, kt0 * 16, (kt0 + kt_per_split) * 16)
-        mma_partials(base, tn, kt_per_split, xs + kt0 * 16, sx, x_rows, block + pid_s * (MP * 128), W,
+        mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, x_rows, block + pid_s * (MP * 128), W,
                      MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
@@ -176,17 +164,11 @@ def _exl3_gemm_kernel(
             base += step
             row0 = (kt0 + kk) * 16
             if USE_DOT:
-                if FUSE_ROT:
-                    xa = rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK).to(tl.float16)
-                else:
-                    rows = row0 + tl.arange(0, BK)
-                    xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
+                rows = row0 + tl.arange(0, BK)
+                xa = tl.load(xh_ptr + m[:, None] * stride_x + rows[None, :], mask=m[:, None] < M)
                 acc = tl.dot(xa, v, acc)
             else:
-                if FUSE_ROT:
-                    xa = tl.sum(rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP, BK), axis=0)
-                else:
-                    xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
+                xa = tl.load(xh_ptr + row0 + tl.arange(0, BK)).to(tl.float32)
                 acc2 += xa[:, None] * v.to(tl.float32)
         # Every program parks its partial in the workspace; the last one of the column block (arrival
         # counter) sums them in split order, so results do not depend on scheduling.
@@ -196,15 +178,6 @@ def _exl3_gemm_kernel(
     if REDUCE:  # else reduce_kernel, launched next, sums the partials
         reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
-
-
-@triton.jit
-def _rotate_pairs(x_ptr, suh_ptr, xs, K, r_lo, r_hi):
-    """Rows [r_lo, r_hi) of had128(x * suh) (one input row) into xs as fp16 high (row 0) and low (row 1) parts."""
-    i = tl.arange(0, 128)
-    for blk in range((r_lo // 128) * 128, r_hi, 128):
-        store_pair(xs + blk + i, K, rotated128(x_ptr, suh_ptr, blk), (blk + i >= r_lo) & (blk + i < r_hi))
-    tl.debug_barrier()
 
 
 def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
@@ -290,17 +263,15 @@ def exl3_gemm(
     if cfg.mma and (width % 16 or INTERPRET):
         raise ValueError("the mma decode needs an integer width and a GPU (inline PTX)")
     fuse = cfg.fuse_rotation and not x_rotated
-    if fuse and cfg.runs and mp > 1:
-        raise ValueError("the run decode fuses the input rotation for one row only")
-    if fuse and cfg.mma and not (m_rows == 1 and pairs):
-        raise ValueError("the mma decode fuses the input rotation for one row with mma_wt only")
+    if fuse and not (cfg.runs and mp == 1):
+        raise ValueError("only the one-row run decode fuses the input rotation")
     if x.stride(-1) != 1 or (pairs_in and not x.is_contiguous()):
         x = x.contiguous()
     bk = cfg.block_k
     blocks = n // 128
     split = cfg.split or pick_split(tk, bk // 16, blocks, num_sms(x.device), cfg.waves)
-    if cfg.row_free and not cfg.split and ROW_FREE_MAX_SPLIT:
-        split = min(split, pick_split(tk, bk // 16, 1, ROW_FREE_MAX_SPLIT, 1.0))
+    if cfg.row_free and not cfg.split and cfg.row_free_max_split:
+        split = min(split, pick_split(tk, bk // 16, 1, cfg.row_free_max_split, 1.0))
     if fixed:
         if tk % 8:
             raise ValueError(f"fixed: k = {k} is not whole 128-row blocks")
@@ -314,12 +285,9 @@ def exl3_gemm(
         raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
     xh = x if (fuse or x_rotated) else rotate_input(x[:prod], suh, cfg.use_dot, pairs, groups)
     xhg = k  # where group g's rotated input starts: g * xhg elements on
-    if cfg.runs and fuse:  # each program rotates its own rows into a per-column-block scratch
+    if fuse:  # each program rotates its own rows into a per-column-block scratch
         xh = torch.empty((ng * blocks, k), dtype=torch.float32, device=x.device)
         xhg = blocks * k
-    if cfg.mma and fuse:  # ... as fp16 high / low rows
-        xh = torch.empty((ng * blocks, 2, k), dtype=torch.float16, device=x.device)
-        xhg = blocks * 2 * k
     ws = torch.empty((ng * blocks * split * mp * 128,), dtype=torch.float32, device=x.device)
     apart = cfg.reduce_apart or fixed
     cnt = counters(x.device, ng * blocks) if split > 1 and not apart else y
@@ -330,13 +298,14 @@ def exl3_gemm(
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
         RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
         MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
-        **(mma_asm(width, codebook, prod, cfg.mma, cfg.mma_wt, fuse, not cfg.row_free) if cfg.mma else {}),
+        **(mma_asm(width, codebook, prod, cfg.mma, cfg.mma_wt, not cfg.row_free) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
     elif apart:
         reduce_kernel[(blocks, m_rows, ng)](
-            ws, svh, y, y.stride(0), split, live, MP=mp, FLIGHT=REDUCE_FLIGHT, num_warps=max(1, REDUCE_FLIGHT // 8),
+            ws, svh, y, y.stride(0), split, live, MP=mp, FLIGHT=cfg.reduce_flight,
+            num_warps=max(1, cfg.reduce_flight // 8),
             N=n, **grouped,
         )  # fmt: skip
     return y
@@ -350,8 +319,6 @@ def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "INTERPRET",
     "MAX_ROWS",
-    "REDUCE_FLIGHT",
-    "ROW_FREE_MAX_SPLIT",
     "GemmConfig",
     "counters",
     "exl3_gemm",

@@ -14,13 +14,6 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3.tl import cb_either
 
-# How a lane cuts its eight states from its words: "aligned" (its words shifted once to start at its first window,
-# a funnel shift a word, then each state cut at a bit known when compiled) or "pairs" (each state at its run-time
-# bit from 64-bit word pairs). The same states, so the same bits (timed against each other by
-# benchmarks/rows_kernel_h200.py and prefill_h200.py --paths). Read by the launchers.
-LANE_CUT = "aligned"
-CUTS = ("pairs", "aligned")  # the constexpr CUT the kernels take: the index here
-
 
 def window_span(width: int) -> int:
     """Words a lane's window spans from the word of its first window's first bit, over a tile's 32 lanes, at
@@ -32,27 +25,6 @@ def window_span(width: int) -> int:
 
 
 LANE_WORDS = tl.constexpr(tuple(window_span(w) for w in range(129)))  # by width: the words lane_words loads
-
-
-@triton.jit
-def _window_state(a, b, c, s, WORDS: tl.constexpr):
-    """The 16 bits at MSB-first position s of words a, b, c (64-bit pairs w0:w1, w1:w2, w2:w3)."""
-    st = tl.where(s <= 48, a >> tl.maximum(48 - s, 0), b >> tl.minimum(tl.maximum(80 - s, 0), 63))
-    if WORDS > 3:
-        st = tl.where(s <= 80, st, c >> tl.minimum(tl.maximum(112 - s, 0), 63))
-    return (st & 0xFFFF).to(tl.uint32)
-
-
-@triton.jit
-def _lane_value(
-    a, b, c, at, t, first, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.constexpr, WORDS: tl.constexpr
-):
-    """fp16 W-hat at stream position 8t + q of each lane, cut from its words (a, b, c: _window_state's pairs)."""
-    if W % 16 == 0:  # K bits a weight: the windows K bits apart
-        s = (at & 31) + q * (W // 16)
-    else:
-        s = (at & 31) + ((((8 * t + q + 1) * W) >> 4) - 16 - first)
-    return cb_either(_window_state(a, b, c, s, WORDS), cb, CB)
 
 
 @triton.jit
@@ -118,55 +90,39 @@ def _aligned_value(n0, n1, n2, q: tl.constexpr, cb, W: tl.constexpr, CB: tl.cons
 
 
 @triton.jit
-def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
-    """lane_tiles from the lanes' words (lane_words), cut as CUTS[CUT] (LANE_CUT)."""
-    _, t, first, at, _ = _lane_geometry(W, TK)
-    if CUT == 1:
-        off = (at & 31).to(tl.uint32)
-        u0 = w0.to(tl.uint32, bitcast=True)
-        u1 = w1.to(tl.uint32, bitcast=True)
-        u2 = w2.to(tl.uint32, bitcast=True)
-        n0 = _funnel(u0, u1, off)
-        n1 = _funnel(u1, u2, off)
-        n2 = n1
-        SPAN: tl.constexpr = 16 + (7 * (W // 16) if W % 16 == 0 else ((8 * W) >> 4) - (W >> 4))
-        if SPAN > 64:
-            n2 = _funnel(u2, w3.to(tl.uint32, bitcast=True), off)
-        v0 = _aligned_value(n0, n1, n2, 0, cb, W, CB)
-        v1 = _aligned_value(n0, n1, n2, 1, cb, W, CB)
-        v2 = _aligned_value(n0, n1, n2, 2, cb, W, CB)
-        v3 = _aligned_value(n0, n1, n2, 3, cb, W, CB)
-        v4 = _aligned_value(n0, n1, n2, 4, cb, W, CB)
-        v5 = _aligned_value(n0, n1, n2, 5, cb, W, CB)
-        v6 = _aligned_value(n0, n1, n2, 6, cb, W, CB)
-        v7 = _aligned_value(n0, n1, n2, 7, cb, W, CB)
-    else:
-        WORDS: tl.constexpr = 3 if W <= 96 else 4
-        w0 = w0.to(tl.uint32, bitcast=True).to(tl.uint64)
-        w1 = w1.to(tl.uint32, bitcast=True).to(tl.uint64)
-        w2 = w2.to(tl.uint32, bitcast=True).to(tl.uint64)
-        a, b, c3 = (w0 << 32) | w1, (w1 << 32) | w2, w2
-        if WORDS > 3:
-            c3 = (w2 << 32) | w3.to(tl.uint32, bitcast=True).to(tl.uint64)
-        v0 = _lane_value(a, b, c3, at, t, first, 0, cb, W, CB, WORDS)
-        v1 = _lane_value(a, b, c3, at, t, first, 1, cb, W, CB, WORDS)
-        v2 = _lane_value(a, b, c3, at, t, first, 2, cb, W, CB, WORDS)
-        v3 = _lane_value(a, b, c3, at, t, first, 3, cb, W, CB, WORDS)
-        v4 = _lane_value(a, b, c3, at, t, first, 4, cb, W, CB, WORDS)
-        v5 = _lane_value(a, b, c3, at, t, first, 5, cb, W, CB, WORDS)
-        v6 = _lane_value(a, b, c3, at, t, first, 6, cb, W, CB, WORDS)
-        v7 = _lane_value(a, b, c3, at, t, first, 7, cb, W, CB, WORDS)
+def lane_cut(w0, w1, w2, w3, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
+    """lane_tiles from the lanes' words (lane_words): the words shifted once to start at the lane's first window (a
+    funnel shift a word), then each state cut at a bit known when compiled."""
+    _, _, _, at, _ = _lane_geometry(W, TK)
+    off = (at & 31).to(tl.uint32)
+    u0 = w0.to(tl.uint32, bitcast=True)
+    u1 = w1.to(tl.uint32, bitcast=True)
+    u2 = w2.to(tl.uint32, bitcast=True)
+    n0 = _funnel(u0, u1, off)
+    n1 = _funnel(u1, u2, off)
+    n2 = n1
+    SPAN: tl.constexpr = 16 + (7 * (W // 16) if W % 16 == 0 else ((8 * W) >> 4) - (W >> 4))
+    if SPAN > 64:
+        n2 = _funnel(u2, w3.to(tl.uint32, bitcast=True), off)
+    v0 = _aligned_value(n0, n1, n2, 0, cb, W, CB)
+    v1 = _aligned_value(n0, n1, n2, 1, cb, W, CB)
+    v2 = _aligned_value(n0, n1, n2, 2, cb, W, CB)
+    v3 = _aligned_value(n0, n1, n2, 3, cb, W, CB)
+    v4 = _aligned_value(n0, n1, n2, 4, cb, W, CB)
+    v5 = _aligned_value(n0, n1, n2, 5, cb, W, CB)
+    v6 = _aligned_value(n0, n1, n2, 6, cb, W, CB)
+    v7 = _aligned_value(n0, n1, n2, 7, cb, W, CB)
     v = tl.join(tl.join(tl.join(v0, v1), tl.join(v2, v3)), tl.join(tl.join(v4, v5), tl.join(v6, v7)))
     return tl.reshape(v, [TK * 8, 8, 4, 2, 2, 2])  # join adds its axis last: q's bits ql, qh, qc
 
 
 @triton.jit
-def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
+def lane_tiles(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr):
     """fp16 [TK * 8, 8, 4, 2, 2, 2] (tile, tc, tr, ql, qh, qc): W-hat of the TK x 8 tiles whose first tile's
     words are at block (tiles tn apart along k, W int16 words a tile). Lane t = 4 tc + tr of a tile holds its
     positions 8t + q, q = 4 qc + 2 qh + ql: row 8 qh + 2 tr + ql, column 8 qc + tc of the tile."""
     w0, w1, w2, w3 = lane_words(block, tn, W, TK)
-    return lane_cut(w0, w1, w2, w3, cb, W, CB, TK, CUT)
+    return lane_cut(w0, w1, w2, w3, cb, W, CB, TK)
 
 
 @triton.jit
@@ -177,17 +133,4 @@ def as_block(tiles, TK: tl.constexpr):
     return tl.reshape(tl.permute(v, [0, 5, 3, 4, 1, 6, 2]), [TK * 16, 128])
 
 
-@triton.jit
-def lane_block(block, tn, cb, W: tl.constexpr, CB: tl.constexpr, TK: tl.constexpr, CUT: tl.constexpr = 1):
-    """fp16 [16 TK, 128]: lane_tiles as the block's rows and columns."""
-    return as_block(lane_tiles(block, tn, cb, W, CB, TK, CUT), TK)
-
-
-def cut_index() -> int:
-    """LANE_CUT as the kernels' constexpr CUT."""
-    if LANE_CUT not in CUTS:
-        raise ValueError(f"LANE_CUT {LANE_CUT!r} is not one of {CUTS}")
-    return CUTS.index(LANE_CUT)
-
-
-__all__ = ["CUTS", "LANE_CUT", "as_block", "cut_index", "lane_block", "lane_cut", "lane_tiles", "lane_words"]
+__all__ = ["as_block", "lane_cut", "lane_tiles", "lane_words"]

@@ -9,51 +9,53 @@ import torch
 from tfc.kernels.exl3.mma import mma_warps, split_rows
 from tfc.kernels.exl3.tl import INTERPRET, next_pow2
 
-# Where the mma decode is not taken (the interpreter, use_dot / runs set, half-integer widths): up to this many
-# rows the run decode with fp32 FMAs is the default; above it the matrix units, which tie at 8 rows and win at 16
-# (benchmarks/kernels.md).
-RUN_ROWS_MAX = 4
-# One row fuses the input rotation (each program rotates its own k rows) up to this many output columns; every
-# 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
-FUSE_MAX_COLS = 32768
-# On a GPU the mma decode is the default for integer widths from 2 rows, and at one row from this many weights
-# (wq_b, wo_b, the head; a routed expert keeps the one-row run decode). Up to WT_MAX_ROWS rows it takes the
-# decoded tile as the mma's A operand (mma_wt), 4 groups per warp from this many weights, else 1; above, x as
-# A with 4 groups above FUSE_MAX_COLS columns, 2 from this many weights, else 1 (benchmarks/kernels.md).
-MMA_WIDE_WEIGHTS = 16 << 20
-WT_MAX_ROWS = 8
-# ... and on the head, with the weights as A, a k-split into this many programs per SM: about 4 waves of the
-# resident one-warp programs instead of 1, so the last wave's tail is short.
-WT_WIDE_WAVES = 128.0
-
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch choices of the fused kernel (None = chosen from the shape by `resolved`)."""
+    """Launch choices of the fused kernel (None = chosen from the shape by `resolved`) and the tuned values those
+    choices follow (benchmarks/kernels.md)."""
 
     split: int | None = None  # programs along k per 128-column block
     block_k: int | None = None  # k rows decoded per loop iteration
-    fuse_rotation: bool | None = None  # had128(x*suh) in the main kernel (one row, n <= FUSE_MAX_COLS)
+    fuse_rotation: bool | None = None  # had128(x*suh) in the one-row run decode's kernel (n <= fuse_max_cols)
     use_dot: bool | None = None  # matrix units (rows padded to 16) instead of fp32 FMAs
     runs: bool | None = None  # integer width: 32-position runs from words loaded once (default, any rows)
     run_tiles: int | None = None  # run decode: n-tiles each element takes in turn (1, 2 or 4)
     num_warps: int | None = None  # 1-2 on the run decode, 4 for the gather and matrix units (see resolved)
     waves: float | None = None  # programs per SM the k-split aims for: see resolved (8 per mma group)
     # Weights decoded into mma from registers (exl3_mma), 2 mma n-tiles per warp per group: 1, 2 or 4 groups;
-    # 0 = off; None = the default on integer widths (on a GPU; see MMA_WIDE_WEIGHTS) unless use_dot or runs is set.
+    # 0 = off; None = the default on integer widths (on a GPU; see mma_wide_weights) unless use_dot or runs is set.
     mma: int | None = None
     # Sum the k-split partials in a second launch, one program per (column block, row), instead of in the
     # last program of each column block (whose rows then queue behind each other); default: the run decode at
     # one row, the mma decode from 2 rows.
     reduce_apart: bool | None = None
     # mma decode: the decoded tile (transposed) is the mma's A operand and up to 8 rows its B operand, so one
-    # mma per tile and half the sums at <= 8 rows; None = up to WT_MAX_ROWS rows
+    # mma per tile and half the sums at <= 8 rows; None = up to wt_max_rows rows
     mma_wt: bool | None = None
     # Every row's bits independent of how many rows the launch runs, so a decode step can run its live rows only
     # (concurrent == solo): on a GPU the mma decode with the weights as A at any rows, its inputs fp16 (never
     # high / low pairs), groups and k-split by the shape alone, the partials summed in the second launch;
     # elsewhere the matrix units on 16 padded rows.
     row_free: bool = False
+    # Where the mma decode is not taken (the interpreter, use_dot / runs set, half-integer widths): up to this many
+    # rows the run decode with fp32 FMAs is the default; above it the matrix units, which tie at 8 rows and win
+    # at 16.
+    run_rows_max: int = 4
+    # One row fuses the input rotation (each program rotates its own k rows) up to this many output columns;
+    # every 128-column block repeats that work, so wider matrices (the head) rotate once in a launch of their own.
+    fuse_max_cols: int = 32768
+    # On a GPU the mma decode is the default for integer widths from 2 rows, and at one row from this many weights
+    # (wq_b, wo_b, the head; a routed expert keeps the one-row run decode). Up to wt_max_rows rows it takes the
+    # decoded tile as the mma's A operand (mma_wt), 4 groups per warp from this many weights, else 1; above, x as
+    # A with 4 groups above fuse_max_cols columns, 2 from this many weights, else 1.
+    mma_wide_weights: int = 16 << 20
+    wt_max_rows: int = 8
+    # ... and on the head, with the weights as A, a k-split into this many programs per SM: about 4 waves of the
+    # resident one-warp programs instead of 1, so the last wave's tail is short.
+    wt_wide_waves: float = 128.0
+    reduce_flight: int = 8  # partials the second launch sums at a time (its warps: this / 8)
+    row_free_max_split: int = 64  # row_free launches: at most this k-split (fewer partials to sum; 0: none)
 
     def resolved(
         self, rows: int, width: int, cols: int = 0, depth: int = 0, ptx: bool = not INTERPRET
@@ -61,32 +63,32 @@ class GemmConfig:
         """This config with the defaults for `rows` input rows, trellis width, n = cols and k = depth filled in
         (split: at launch); ptx: inline PTX can run (a GPU, not the interpreter)."""
         mma = self.mma
-        wt = self.mma_wt if self.mma_wt is not None else rows <= WT_MAX_ROWS or self.row_free
+        wt = self.mma_wt if self.mma_wt is not None else rows <= self.wt_max_rows or self.row_free
         if self.row_free and mma is None:
-            mma = mma_groups(cols, depth, True) if ptx and width % 16 == 0 else 0
+            mma = self.mma_groups(cols, depth, True) if ptx and width % 16 == 0 else 0
         if mma is None:
             auto = ptx and width % 16 == 0 and self.use_dot is None and self.runs is None
-            auto = auto and (rows > 1 or cols * depth >= MMA_WIDE_WEIGHTS)
-            mma = mma_groups(cols, depth, wt) if auto else 0
+            auto = auto and (rows > 1 or cols * depth >= self.mma_wide_weights)
+            mma = self.mma_groups(cols, depth, wt) if auto else 0
         if mma:  # one k-tile per step, 4 / mma warps, 8 mma programs per SM
             return replace(self, mma=mma, mma_wt=wt, use_dot=True, runs=False, block_k=16, run_tiles=1,
                            fuse_rotation=bool(self.fuse_rotation),
-                           num_warps=mma_warps(mma), waves=self.waves or mma_waves(mma, wt, cols),
+                           num_warps=mma_warps(mma), waves=self.waves or self.mma_waves(mma, wt, cols),
                            reduce_apart=self._apart(rows > 1))  # fmt: skip
         runs_ok = width % 16 == 0 and self.runs is not False
-        fma_rows = rows <= RUN_ROWS_MAX and runs_ok and not self.row_free
+        fma_rows = rows <= self.run_rows_max and runs_ok and not self.row_free
         use_dot = self.use_dot if self.use_dot is not None else (rows > 1 and not fma_rows) or self.row_free
         runs = not use_dot and runs_ok
         mp = next_pow2(rows)
         # (block_k, tiles per element, warps, programs per SM): the H200's best (benchmarks/kernels.md).
         if use_dot:  # 8 warps x 2/SM up to 4 rows; 4 warps x 4/SM at 8 and 16 rows
-            many = rows > RUN_ROWS_MAX or self.row_free
+            many = rows > self.run_rows_max or self.row_free
             bk, tiles, warps, waves = (32, 4, 4, 4.0) if many else (32, 4, 8, 2.0)
         elif not runs:  # one row, half-integer width: the gather decode
             bk, tiles, warps, waves = 16, 4, 4, 8.0
         elif mp == 1:  # 4+ bits: one-warp programs, 32/SM (most warps in flight); 2-3 bits two-warp, 8/SM
             bk, tiles, warps, waves = (32, 4, 1, 32.0) if width >= 64 else (64, 4, 2, 8.0)
-        elif mp <= RUN_ROWS_MAX:  # several rows: an element holds 2 MP sums per tile and its 16 x MP inputs
+        elif mp <= self.run_rows_max:  # several rows: an element holds 2 MP sums a tile, 16 x MP inputs
             bk, tiles, warps, waves = 16, 2, 2, 8.0
         else:  # only when asked for (use_dot=False): fewer tiles keep the sums in registers
             bk, tiles, warps, waves = 16, 1, 2, 4.0
@@ -98,13 +100,28 @@ class GemmConfig:
             run_tiles=self.run_tiles or tiles,
             fuse_rotation=self.fuse_rotation
             if self.fuse_rotation is not None
-            else runs and mp == 1 and cols <= FUSE_MAX_COLS,
+            else runs and mp == 1 and cols <= self.fuse_max_cols,
             num_warps=self.num_warps or warps,
             waves=self.waves or waves,
             mma=0,
             mma_wt=False,
             reduce_apart=self._apart(runs and mp == 1),
         )
+
+    def mma_waves(self, groups: int, wt: bool, cols: int) -> float:
+        """Programs per SM the mma decode's k-split aims for: 8 per group, or wt_wide_waves with the weights as A
+        above fuse_max_cols columns (the head: 1010 column blocks of one-warp programs, 28 of which fit an SM)."""
+        return self.wt_wide_waves if wt and cols > self.fuse_max_cols else 8.0 * groups
+
+    def mma_groups(self, cols: int, depth: int, wt: bool = False) -> int:
+        """Default mma groups per warp: from mma_wide_weights weights 4 with weights as A, else 4 on the widest
+        matrices and 2 below; 1 on smaller matrices."""
+        wide = cols * depth >= self.mma_wide_weights
+        if wt:
+            return 4 if wide else 1
+        if cols > self.fuse_max_cols:
+            return 4
+        return 2 if wide else 1
 
     def _apart(self, default: bool) -> bool:
         """reduce_apart: always for row_free launches (the last program's sums run in the product's warps, whose
@@ -125,23 +142,6 @@ def pinned_config(
     return replace(
         cfg, split=cfg.split or pick_split(k // 16, cfg.block_k // 16, n // 128, num_sms(device), cfg.waves)
     )
-
-
-def mma_waves(groups: int, wt: bool, cols: int) -> float:
-    """Programs per SM the mma decode's k-split aims for: 8 per group, or WT_WIDE_WAVES with the weights as A
-    above FUSE_MAX_COLS columns (the head: 1010 column blocks of one-warp programs, 28 of which fit an SM)."""
-    return WT_WIDE_WAVES if wt and cols > FUSE_MAX_COLS else 8.0 * groups
-
-
-def mma_groups(cols: int, depth: int, wt: bool = False) -> int:
-    """Default mma groups per warp: from MMA_WIDE_WEIGHTS weights 4 with weights as A, else 4 on the widest
-    matrices and 2 below; 1 on smaller matrices."""
-    wide = cols * depth >= MMA_WIDE_WEIGHTS
-    if wt:
-        return 4 if wide else 1
-    if cols > FUSE_MAX_COLS:
-        return 4
-    return 2 if wide else 1
 
 
 def input_pairs(cfg: GemmConfig, rows: int) -> bool:
@@ -225,18 +225,11 @@ def even_split(kt: int, blocks: int, sms: int, waves: float) -> int:
 
 
 __all__ = [
-    "FUSE_MAX_COLS",
-    "MMA_WIDE_WEIGHTS",
-    "RUN_ROWS_MAX",
-    "WT_MAX_ROWS",
-    "WT_WIDE_WAVES",
     "GemmConfig",
     "counters",
     "even_split",
     "group_offsets",
     "input_pairs",
-    "mma_groups",
-    "mma_waves",
     "num_sms",
     "pick_split",
     "pinned_config",

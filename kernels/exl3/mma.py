@@ -52,16 +52,14 @@ def split_rows(wt: bool, rows: int, pairs: bool = True) -> bool:
     return pairs and wt and rows <= SPLIT_MAX_ROWS
 
 
-def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False, fused: bool = False,
-            pairs: bool = True) -> dict:  # fmt: skip
+def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False, pairs: bool = True) -> dict:
     """The constexpr PTX of one launch (integer width, codebook, 1-16 rows, groups per warp; wt: weights as
-    the mma's A operand, exl3_mma_ptx.step_ptx; up to 4 rows then in high / low pairs unless `pairs` is off;
-    fused: the input rotated by the same kernel, so read through coherent loads)."""
+    the mma's A operand, exl3_mma_ptx.step_ptx; up to 4 rows then in high / low pairs unless `pairs` is off)."""
     split = split_rows(wt, rows, pairs)
     k_bits, rows16 = width // 16, (2 * rows if split else rows) > 8
     return {
         "MMA_SETUP": setup_ptx(k_bits, 2 * groups, wt, split),
-        "MMA_FRAG": frag_ptx(k_bits, rows16, fused),
+        "MMA_FRAG": frag_ptx(k_bits, rows16),
         "MMA_LOADS": tuple(load_ptx(k_bits, g) for g in range(groups)),
         "MMA_STEP": step_ptx(k_bits, codebook, wt, rows16),
         "MMA_STORES": tuple(store_ptx(g, wt, rows16, split) for g in range(groups)),

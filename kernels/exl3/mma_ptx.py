@@ -146,11 +146,11 @@ def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
     return "{\n" + CODEBOOK_BODIES[cb].replace("SA", sa).replace("SB", sb).replace("DST", dst) + "\n}"
 
 
-def frag_ptx(k_bits: int, rows16: bool, coherent: bool = False) -> str:
+def frag_ptx(k_bits: int, rows16: bool) -> str:
     """Per k-tile: outputs $0..$3 = the A fragments (fp16 pairs; rows >= M zero), $4.. = the lane's word
     addresses (64-bit); inputs: tile address, x address (row 0, this k-tile's first column), setup outputs
-    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero). coherent:
-    x through plain loads (written by this kernel, the fused rotation), else the read-only path."""
+    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero). x is read
+    through the read-only path (the rotation wrote it in an earlier launch)."""
     a = [f"${i}" for i in range(4)]
     wa = [f"${4 + i}" for i in range(WORDS)]
     base = 4 + WORDS
@@ -158,7 +158,7 @@ def frag_ptx(k_bits: int, rows16: bool, coherent: bool = False) -> str:
     o = [f"${base + 2 + i}" for i in range(WORDS)]
     xo0, xo1, pf = (f"${base + 3 + WORDS + i}" for i in range(3))
     nwd, _ = window_words(k_bits)
-    ldx = "ld.global.b32" if coherent else "ld.global.nc.b32"
+    ldx = "ld.global.nc.b32"
     lines = [
         ".reg .b32 t;",
         ".reg .b64 xa;",

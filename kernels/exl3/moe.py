@@ -13,7 +13,7 @@ kernels' pieces are in moe_tl.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -148,7 +148,8 @@ def _moe_down_kernel(
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """Launch choices (None = chosen from the shape)."""
+    """Launch choices (None = chosen from the shape) and the tuned values those choices follow
+    (benchmarks/kernels.md)."""
 
     split_gate_up: int | None = None
     split_down: int | None = None
@@ -159,32 +160,76 @@ class MoeConfig:
     waves: float | None = None  # programs per SM the k-splits aim for: 16 or 8 (see moe_exl3)
     # the weights-as-A mma decode of exl3_mma, this many groups of two n-tiles per warp (1, 2 or 4; 0 = off):
     # integer widths and one codebook per table, a GPU; each pair's row goes in as an fp16 high / low pair,
-    # a branch per width on ragged tables; None = MOE_MMA_GROUPS on one-width tables, MOE_MMA_GROUPS_RAGGED on
+    # a branch per width on ragged tables; None = mma_groups on one-width tables, mma_groups_ragged on
     # ragged tables of integer widths, else (half rates, mixed codebooks, the interpreter) the run decode
     mma: int | None = None
+    # The default mma groups on one-width tables (4 ahead of 2, 1 and the run decode on a Flash layer's 4-bit
+    # stack) ...
+    mma_groups: int = 4
+    # ... and on ragged tables of integer widths (the real packs' shape: routed 2-5 bit, shared 6 bit), where
+    # each launch branches per width and 4 groups cost more registers than they gain.
+    mma_groups_ragged: int = 2
+    # Programs per SM the mma decode's k-splits aim for, by groups: each the best of its sweep (1 group is not
+    # tuned).
+    mma_waves: tuple[tuple[int, float], ...] = ((1, 28.0), (2, 12.0), (4, 20.0))
+    # Partials the last program of a column block sums at a time (the k-splits on gate/up, the pairs' splits on
+    # down): more in flight costs the main loop registers.
+    reduce_flight: int = 8
+    prefetch: int = 4  # the gather decode's L2 prefetch distance, in loop iterations
 
 
-# The MoE's default mma groups on one-width tables (4 ahead of 2, 1 and the run decode on a Flash layer's 4-bit
-# stack: benchmarks/kernels.md).
-MOE_MMA_GROUPS = 4
-# ... and on ragged tables of integer widths (the real packs' shape: routed 2-5 bit, shared 6 bit), where each
-# launch branches per width and 4 groups cost more registers than they gain.
-MOE_MMA_GROUPS_RAGGED = 2
-# Programs per SM the mma decode's k-splits aim for, by groups: each the best of its sweep in
-# benchmarks/kernels.md (1 group is not tuned).
-MOE_MMA_WAVES = {1: 28.0, 2: 12.0, 4: 20.0}
-# Partials the last program of a column block sums at a time (the k-splits on gate/up, the pairs' splits on
-# down): more in flight costs the main loop registers (benchmarks/kernels.md).
-REDUCE_FLIGHT = 8
-# The gather decode's L2 prefetch distance, in loop iterations.
-PREFETCH = 4
+@dataclass(frozen=True)
+class _Launch:
+    """What moe_exl3 launches with, by the tables and the config (k-splits apart)."""
+
+    runs13: bool
+    runs2: bool
+    mma: int
+    block_k: int
+    tiles: int
+    warps: int
+    waves: float
 
 
-def _default_mma(uniform: bool, integer: bool) -> int:
-    """The mma groups when MoeConfig.mma is None: one-width or ragged integer tables on a GPU, else 0 (run decode)."""
-    if INTERPRET or not integer:
-        return 0
-    return MOE_MMA_GROUPS if uniform else MOE_MMA_GROUPS_RAGGED
+def _launch(config: MoeConfig, w1: ExpertTable, w3: ExpertTable, w2: ExpertTable) -> _Launch:
+    """The decode, k step, tiles, warps and waves of a launch over these tables."""
+    runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
+    runs2 = _runs_apply(config, w2)
+    # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM; mixed widths block_k 32, 2
+    # tiles, 8/SM.
+    uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
+    mma = config.mma
+    if mma is None and (INTERPRET or not (runs13 and runs2)):
+        mma = 0
+    elif mma is None:
+        mma = config.mma_groups if uniform else config.mma_groups_ragged
+    if mma and (INTERPRET or not (runs13 and runs2)):
+        raise ValueError("the MoE mma decode needs integer widths and one codebook per table, and a GPU")
+    bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
+    warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)
+    waves = config.waves or (dict(config.mma_waves)[mma] if mma else 16.0 if uniform else 8.0)
+    return _Launch(runs13, runs2, mma, bk, config.run_tiles or (4 if uniform else 2), warps, waves)
+
+
+def _splits(launch: _Launch, d: int, inter: int, pairs: int, sms: int) -> tuple[int, int]:
+    """The gate/up and down k-splits for `pairs` pairs (the mma decode shares its k-tiles out evenly; the run
+    decode's steps take block_k / 16 k-tiles, so its split divides the steps)."""
+    c1, c2, waves = inter // 128, d // 128, launch.waves
+    if launch.mma:
+        return even_split(d // 16, c1 * pairs, sms, waves), even_split(inter // 16, c2 * pairs, sms, waves)
+    bkt = launch.block_k // 16
+    split1 = pick_split(d // 16, bkt, c1 * pairs, sms, waves)
+    return split1, pick_split(inter // 16, bkt, c2 * pairs, sms, waves)
+
+
+def pinned_config(w1: ExpertTable, w3: ExpertTable, w2: ExpertTable, topk: int, device: torch.device,
+                  inter: int | None = None, config: MoeConfig = MoeConfig()) -> MoeConfig:  # fmt: skip
+    """The launch moe_exl3 picks for one token's pairs, pinned (k-splits, decode) for any number of tokens;
+    `inter`: the whole expert width a tensor-parallel rank's share of it is pinned to (default: the table's)."""
+    launch = _launch(config, w1, w3, w2)
+    s1, s2 = _splits(launch, w1.k, inter or w1.n, topk + 1, num_sms(device))
+    return replace(config, split_gate_up=s1, split_down=s2, block_k=launch.block_k, mma=launch.mma,
+                   waves=launch.waves)  # fmt: skip
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
@@ -237,26 +282,12 @@ def moe_exl3(
     n_routed = w1.entries - 1
     pairs = tokens * (topk + 1)
     dev = x.device
-    runs13 = _runs_apply(config, w1) and _runs_apply(config, w3)
-    runs2 = _runs_apply(config, w2)
-    # One width per table on the run decode: block_k 64, 4 tiles, 16 programs/SM; mixed widths block_k 32, 2 tiles,
-    # 8/SM (benchmarks/kernels.md).
-    uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
-    mma = config.mma if config.mma is not None else _default_mma(uniform, runs13 and runs2)
-    if mma and (INTERPRET or not (runs13 and runs2)):
-        raise ValueError("the MoE mma decode needs integer widths and one codebook per table, and a GPU")
-    bk = 16 if mma else config.block_k or ((64 if uniform else 32) if runs13 or runs2 else 16)
-    tiles = config.run_tiles or (4 if uniform else 2)
-    warps = mma_warps(mma) if mma else config.num_warps or (2 if runs13 or runs2 else 4)
-    sms = num_sms(dev)
+    launch = _launch(config, w1, w3, w2)
+    runs13, runs2, mma, bk, tiles, warps = (launch.runs13, launch.runs2, launch.mma, launch.block_k, launch.tiles,
+                                            launch.warps)  # fmt: skip
     c1, c2 = inter // 128, d // 128
-    waves = config.waves or (MOE_MMA_WAVES[mma] if mma else 16.0 if uniform else 8.0)
-    if mma:  # one k-tile per step: any split, the k-tiles shared out as evenly as they go
-        split1 = config.split_gate_up or even_split(d // 16, c1 * pairs, sms, waves)
-        split2 = config.split_down or even_split(inter // 16, c2 * pairs, sms, waves)
-    else:  # the run decode's steps take BK // 16 k-tiles: a split dividing the steps
-        split1 = config.split_gate_up or pick_split(d // 16, bk // 16, c1 * pairs, sms, waves)
-        split2 = config.split_down or pick_split(inter // 16, bk // 16, c2 * pairs, sms, waves)
+    split1, split2 = _splits(launch, d, inter, pairs, num_sms(dev))
+    split1, split2 = config.split_gate_up or split1, config.split_down or split2
     if fixed:
         if inter % 128:
             raise ValueError(f"fixed: the expert width {inter} is not whole 128-row blocks")
@@ -288,15 +319,15 @@ def moe_exl3(
         w2.suh, act, ws1, cnt1,
         pairs, d, inter, x.stride(0), topk, n_routed, d // 16, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, PF=PREFETCH, RUNS=runs13, TPE=tiles,
-        num_warps=warps, num_stages=1, FLIGHT=REDUCE_FLIGHT,
+        BK=bk, SPLIT=split1, PF=config.prefetch, RUNS=runs13, TPE=tiles,
+        num_warps=warps, num_stages=1, FLIGHT=config.reduce_flight,
         RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
     _moe_down_kernel[(c2, tokens, ns)](
         ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
         d, inter, y.stride(-2), topk, n_routed, inter // 16,
-        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=PREFETCH, RUNS2=runs2, TPE=tiles,
-        num_warps=warps, num_stages=1, MMA=mma, FLIGHT=REDUCE_FLIGHT, RW2=w2.width_set,
+        W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
+        num_warps=warps, num_stages=1, MMA=mma, FLIGHT=config.reduce_flight, RW2=w2.width_set,
         FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y

@@ -1,9 +1,9 @@
-"""The many-row products' input rotation: each row times suh, had128 / sqrt(128) in fp32, then split into fp16
-high and low halves after a per-row power of two (kernels/exl3/rows.py multiplies the high halves, and the low
-ones too with its LOW_HALF; `rows_seen` gives the rows a product so multiplies).
+"""The many-row products' input rotation: each row times suh, had128 / sqrt(128) in fp32, then scaled by a per-row
+power of two and rounded to fp16 (kernels/exl3/rows.py multiplies it; `rows_seen` gives the rows a product so
+multiplies).
 
-`rotated_pairs` runs it as one Triton program a row on a GPU (`rotate_rows`, fp contraction off, so its bits
-are the torch path's) and as torch ops elsewhere; the MoE's gathered rows and per-expert signs are read in place.
+`rotated_rows` runs it as one Triton program a row on a GPU (`rotate_rows`, fp contraction off, so its bits are
+the torch path's) and as torch ops elsewhere; the MoE's gathered rows and per-expert signs are read in place.
 """
 
 from __future__ import annotations
@@ -13,20 +13,18 @@ import triton
 import triton.language as tl
 from tfc.kernels.exl3.tl import rotated128
 
-# A row is scaled by a power of two that brings its largest value to [2^14, 2^15) before the split, so neither
-# half overflows fp16 nor sinks into its subnormals (small activations, ~1e-3, would lose the low half there).
-HALVES_TOP = 14
+# A row is scaled by a power of two that brings its largest value to [2^14, 2^15) before it is rounded to fp16, so
+# it never overflows fp16 and its small values stay clear of fp16's subnormals.
+ROW_TOP = 14
 
 
-def split_halves(xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 rows [M, k] as ([M, 2, k] fp16: each row times 2^s, its fp16 high part then the fp16 rest;
-    fp32 [M]: 2^-s, what the sums are scaled back by). Exact scaling: a row's bits depend on it alone."""
+def scaled_fp16(xh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows [M, k] as (fp16 [M, k]: each row times 2^s, rounded; fp32 [M]: 2^-s, what the sums are scaled back
+    by). Exact scaling: a row's bits depend on it alone."""
     amax = xh.abs().amax(dim=1).clamp(min=2.0**-100)
     _, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1): floor(log2 amax) = e - 1, exactly
-    scale = ((HALVES_TOP + 1 - e.int() + 127) << 23).view(torch.float32)
-    scaled = xh * scale[:, None]
-    hi = scaled.to(torch.float16)
-    return torch.stack((hi, (scaled - hi.float()).to(torch.float16)), dim=1), 1.0 / scale
+    scale = ((ROW_TOP + 1 - e.int() + 127) << 23).view(torch.float32)
+    return (xh * scale[:, None]).to(torch.float16), 1.0 / scale
 
 
 def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
@@ -43,14 +41,13 @@ def fwht128_rows(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, stride_x, stride_suh,
-                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr,
-                        LO: tl.constexpr):  # fmt: skip
-    """rotated_pairs for row program_id(0) (of x's row src[row] with GATHER_X, suh's row ent[row] with
-    GATHER_SUH): its rotation's largest magnitude, then its scaled halves (the low one only with LO)."""
+                        TOP: tl.constexpr, GATHER_X: tl.constexpr, GATHER_SUH: tl.constexpr):  # fmt: skip
+    """rotated_rows for row program_id(0) (of x's row src[row] with GATHER_X, suh's row ent[row] with
+    GATHER_SUH): its rotation's largest magnitude, then its scaled fp16 row."""
     row = tl.program_id(0).to(tl.int64)
     x_at = tl.load(src_ptr + row).to(tl.int64) if GATHER_X else row
     suh_at = tl.load(ent_ptr + row).to(tl.int64) if GATHER_SUH else row
-    x_row, suh_row, out = x_ptr + x_at * stride_x, suh_ptr + suh_at * stride_suh, xh_ptr + row * 2 * K
+    x_row, suh_row, out = x_ptr + x_at * stride_x, suh_ptr + suh_at * stride_suh, xh_ptr + row * K
     amax = tl.zeros([128], dtype=tl.float32)
     for k0 in range(0, K, 128):
         amax = tl.maximum(amax, tl.abs(rotated128(x_row, suh_row, k0)))
@@ -59,56 +56,45 @@ def _rotate_rows_kernel(x_ptr, suh_ptr, src_ptr, ent_ptr, xh_ptr, inv_ptr, K, st
     tl.store(inv_ptr + row, ((e - TOP + 127) << 23).to(tl.float32, bitcast=True))
     i = tl.arange(0, 128)
     for k0 in range(0, K, 128):
-        v = rotated128(x_row, suh_row, k0) * scale
-        hi = v.to(tl.float16)
-        tl.store(out + k0 + i, hi)
-        if LO:
-            tl.store(out + K + k0 + i, (v - hi.to(tl.float32)).to(tl.float16))
-
-
-# The rotation in one kernel a row instead of torch's ~25 launches, on a GPU (the bits are the torch path's:
-# test_triton_rows.py under the interpreter, rows_kernel_h200.py on a GPU, which also times it).
-ROTATE_IN_KERNEL = True
+        tl.store(out + k0 + i, (rotated128(x_row, suh_row, k0) * scale).to(tl.float16))
 
 
 def rotate_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                entries: torch.Tensor | None = None, low: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """rotated_pairs in one Triton kernel a row (no fp contraction, so the bits are the torch path's), the
+                entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """rotated_rows in one Triton kernel a row (no fp contraction, so the bits are the torch path's), the
     gathers of rows / entries read in place."""
     k = x.shape[1]
     m = x.shape[0] if rows is None else rows.numel()
     if k % 128 or suh.shape[-1] != k:
         raise ValueError(f"x {tuple(x.shape)} and suh {tuple(suh.shape)} must share k, a multiple of 128")
     x, suh = x.contiguous(), suh.contiguous()
-    xh = torch.empty((m, 2, k), dtype=torch.float16, device=x.device)
+    xh = torch.empty((m, k), dtype=torch.float16, device=x.device)
     inv = torch.empty(m, dtype=torch.float32, device=x.device)
     if m:
         src = x if rows is None else rows.contiguous()
         ent = x if entries is None else entries.contiguous()
         _rotate_rows_kernel[(m,)](x, suh, src, ent, xh, inv, k, x.stride(0), k if suh.dim() == 2 else 0,
-                                  TOP=HALVES_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None, LO=low,
+                                  TOP=ROW_TOP, GATHER_X=rows is not None, GATHER_SUH=entries is not None,
                                   num_warps=1, enable_fp_fusion=False)  # fmt: skip
     return xh, inv
 
 
-def rotated_pairs(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
-                  entries: torch.Tensor | None = None, low: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """split_halves of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32; with rows, of
-    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k]); without
-    low the GPU kernel leaves the low halves unwritten (for products that read the high halves alone)."""
-    if ROTATE_IN_KERNEL and x.is_cuda:
-        return rotate_rows(x, suh, rows, entries, low)
+def rotated_rows(x: torch.Tensor, suh: torch.Tensor, rows: torch.Tensor | None = None,
+                 entries: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """scaled_fp16 of had128(x * suh) (suh [k], or [M, k]: one per row), the rotation in fp32; with rows, of
+    x[rows] (row r's x is x[rows[r]]), and with entries, each row's suh is suh[entries[r]] (suh [E, k]); one kernel
+    a row on a GPU, torch's ops elsewhere (the same bits)."""
+    if x.is_cuda:
+        return rotate_rows(x, suh, rows, entries)
     xs = x if rows is None else x[rows]
-    return split_halves(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
+    return scaled_fp16(fwht128_rows(xs.float() * (suh if entries is None else suh[entries]).float()))
 
 
-def rows_seen(x: torch.Tensor, suh: torch.Tensor, low: bool) -> torch.Tensor:
-    """The rows a product on rotated_pairs(x, suh) multiplies: x itself with both halves (to fp32 rounding), else
-    the rows the fp16 high halves stand for (the rotation is orthonormal and its own inverse: undone on them)."""
-    if low:
-        return x
-    xh, inv = rotated_pairs(x, suh)
-    return fwht128_rows(xh[:, 0].float() * inv[:, None]) / suh.float()
+def rows_seen(x: torch.Tensor, suh: torch.Tensor) -> torch.Tensor:
+    """The rows a product on rotated_rows(x, suh) multiplies: the rows its fp16 values stand for (the rotation is
+    orthonormal and its own inverse: undone on them)."""
+    xh, inv = rotated_rows(x, suh)
+    return fwht128_rows(xh.float() * inv[:, None]) / suh.float()
 
 
-__all__ = ["HALVES_TOP", "fwht128_rows", "rotate_rows", "rotated_pairs", "rows_seen", "split_halves"]
+__all__ = ["ROW_TOP", "fwht128_rows", "rotate_rows", "rotated_rows", "rows_seen", "scaled_fp16"]

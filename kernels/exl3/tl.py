@@ -341,24 +341,6 @@ def release_fence():
     tl.debug_barrier()
 
 
-@triton.jit
-def rotated_slice(x_ptr, suh_ptr, M, stride_x, row0, MP: tl.constexpr, BK: tl.constexpr):
-    """xh[:, row0:row0+BK] computed from x: rows of H128 times the sign of (i & j0) (j0 = row0 mod 128)."""
-    blk0 = (row0 // 128) * 128
-    j0 = row0 - blk0
-    i = tl.arange(0, 128)
-    m = tl.arange(0, MP)
-    x = tl.load(x_ptr + m[:, None] * stride_x + (blk0 + i)[None, :], mask=m[:, None] < M, other=0.0)
-    sign = 1.0 - 2.0 * parity7(i & j0).to(tl.float32)
-    a = x.to(tl.float32) * (tl.load(suh_ptr + blk0 + i).to(tl.float32) * sign * 0.08838834764831845)[None, :]
-    h = hadamard_block(128, BK, 0, 0)
-    if MP >= 16:
-        out = tl.dot(a, h, input_precision="tf32x3")
-    else:
-        out = tl.sum(a[:, :, None] * h[None, :, :], axis=1)
-    return out
-
-
 def next_pow2(v: int) -> int:
     """Smallest power of two >= v."""
     return triton.next_power_of_2(v)

@@ -3,8 +3,8 @@
 64 heads (8 on a tensor-parallel rank), d 512, rope 64, window 128, 512 entries: the checks of
 tests/kernels/interpret/test_triton_attend_rows.py (float64 and the torch stage, masked keys on rows of 0xFF
 bytes, a row with no key at all giving 0, a row of near-flat logits) at 1, 16 and 256 rows; a row's bits the
-same alone, among 16 and among 256, run after run, with or without its empty runs skipped, with the key tables
-decoded first or in the runs, and inside a captured CUDA graph. Errors are relative to
+same alone, among 16 and among 256, run after run, with empty runs added, with the keys decoded in the runs,
+gathered per row or the key tables decoded first, and inside a captured CUDA graph. Errors are relative to
 the largest output; the logits reach ~60, so fp32's rounding of them alone is a few 1e-6 of an output: on the
 CPU the torch stage measured up to 7e-6 from float64 (256 rows) and the kernel, interpreted at these shapes,
 1.3e-6 (16 rows), and on the H200 the stage itself was 1.29e-5 from float64 at 256 rows (the logits'
@@ -53,15 +53,26 @@ def _rel(x, want) -> float:
     return float((x.double() - want).abs().max() / want.abs().max())
 
 
-@pytest.mark.parametrize(("rows", "heads", "entries", "pieces"),
-                         [(1, 64, True, 3), (16, 64, True, 3), (256, 64, True, 3), (16, 64, False, 3),
-                          (16, 8, True, 3), (256, 64, True, 0), (16, 64, False, 0)])  # fmt: skip
-def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries, pieces):
-    """pieces 3: the products on the matrix units from bf16 pieces (the default); 0: fp32 FMA."""
+def _keys(way: str):
+    """An AttendConfig that reads the keys one way: decoded in the runs, gathered per row, or the tables first."""
+    from tfc.kernels.dsv41.attend_keys import AttendConfig
+
+    never = 1 << 40
+    config = {
+        "runs": {"predecode_rows": never, "gather_bytes": 0},
+        "gathered": {"predecode_rows": never, "gather_bytes": never},
+        "tables": {"predecode_rows": 0, "predecode": 0},
+    }[way]
+    return AttendConfig(**config)
+
+
+@pytest.mark.parametrize(("rows", "heads", "entries"),
+                         [(1, 64, True), (16, 64, True), (256, 64, True), (16, 64, False), (16, 8, True)])  # fmt: skip
+def test_attend_rows_matches_float64_and_the_stage(rows, heads, entries):
     from tfc.kernels.dsv41.attend_rows import attend_rows
 
     a = _inputs(rows, heads, entries)
-    got = attend_rows(**a, pieces=pieces)
+    got = attend_rows(**a)
     torch.cuda.synchronize()
     assert got.dtype == torch.float32 and got.shape == (rows, heads, DIM)
     assert torch.isfinite(got).all()
@@ -79,8 +90,13 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
     a = _inputs(256, seed=1)
     batch = attend_rows(**a)
     assert torch.equal(attend_rows(**a), batch), "two runs must give the same bits"
-    # rows 1, 5, ... have their first run of window keys empty, rows 2, 3, ... no entry, rows 3, 7, ... no key
-    assert torch.equal(attend_rows(**a, skip_empty=False), batch), "skipping empty runs moved bits"
+    # rows 1, 5, ... have their first run of window keys empty, rows 2, 3, ... no entry, rows 3, 7, ... no key;
+    # two more runs of masked window keys a row read nothing and add nothing
+    rows, extra = a["read"].shape[0], 256
+    masked = torch.full((rows, extra), a["ring"].shape[0] - 1, dtype=torch.int64, device="cuda")
+    padded = a | {"read": torch.cat((a["read"], masked), 1),
+                  "valid": torch.cat((a["valid"], torch.zeros_like(masked, dtype=torch.bool)), 1)}  # fmt: skip
+    assert torch.equal(attend_rows(**padded), batch), "empty runs moved bits"
     assert torch.equal(attend_rows(**attend_rows_of(a, 0, 16)), batch[:16]), (
         "16 rows differ from the same among 256"
     )
@@ -91,30 +107,24 @@ def test_attend_rows_bits_do_not_depend_on_the_rows_beside():
         )
 
 
-@pytest.mark.parametrize("pieces", [3, 0])
-def test_attend_rows_predecoded_tables_keep_the_bits(pieces):
+def test_attend_rows_predecoded_tables_keep_the_bits():
     """The key tables decoded to bf16 first (the default at 256 rows) give the bits of the keys decoded in the
-    runs (the default at 16), on the matrix units and with FMA."""
+    runs and gathered per row (the default at 16)."""
     from tfc.kernels.dsv41.attend_keys import predecodes
     from tfc.kernels.dsv41.attend_rows import attend_rows, blocks
 
     a = _inputs(256, seed=3)
-    hb = 64 // blocks(64, DIM, pieces)[0]
+    hb = 64 // blocks(DIM)[0]
     tables = a["ring"].shape[0] + a["entries"].shape[0]
     keys = WINDOW + TOPK
     assert predecodes(256, hb, keys, tables, DIM) and not predecodes(16, hb, keys, tables, DIM)
-    got = attend_rows(**a, pieces=pieces)
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False, gather=False)), (
-        "decoded tables moved bits"
-    )
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=True))
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=False, gather=True)), (
-        "gathered keys moved bits"
-    )
+    got = attend_rows(**a)
+    assert torch.equal(got, attend_rows(**a, config=_keys("runs"))), "decoded tables moved bits"
+    assert torch.equal(got, attend_rows(**a, config=_keys("tables")))
+    assert torch.equal(got, attend_rows(**a, config=_keys("gathered"))), "gathered keys moved bits"
 
 
-@pytest.mark.parametrize("pieces", [3, 0])
-def test_attend_rows_gathered_keys_keep_the_bits(pieces):
+def test_attend_rows_gathered_keys_keep_the_bits():
     """A decode step's 16 rows gather their own keys (the default there) and give the bits of the keys decoded
     in the runs and of the whole tables decoded first."""
     from tfc.kernels.dsv41.attend_keys import gathers
@@ -122,9 +132,9 @@ def test_attend_rows_gathered_keys_keep_the_bits(pieces):
 
     a = _inputs(16, seed=5)
     assert gathers(16, WINDOW + TOPK, DIM, False)
-    got = attend_rows(**a, pieces=pieces)
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, gather=False)), "gathered keys moved bits"
-    assert torch.equal(got, attend_rows(**a, pieces=pieces, predecode=True))
+    got = attend_rows(**a)
+    assert torch.equal(got, attend_rows(**a, config=_keys("runs"))), "gathered keys moved bits"
+    assert torch.equal(got, attend_rows(**a, config=_keys("tables")))
 
 
 def test_attend_rows_in_a_cuda_graph():

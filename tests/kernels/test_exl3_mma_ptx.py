@@ -322,8 +322,8 @@ def test_mma_config_resolves():
      (16, 5120, 129280, 96, 4, False), (4, 5120, 2304, 40, 0, False)],
 )  # fmt: skip
 def test_mma_gpu_defaults(rows, k, n, width, groups, wt):
-    """On a GPU, integer widths take the mma decode from 2 rows and at one row from MMA_WIDE_WEIGHTS weights
-    (a routed expert keeps the run decode); up to 8 rows with the weights as A, 4 groups from MMA_WIDE_WEIGHTS
+    """On a GPU, integer widths take the mma decode from 2 rows and at one row from mma_wide_weights weights
+    (a routed expert keeps the run decode); up to 8 rows with the weights as A, 4 groups from mma_wide_weights
     (benchmarks/kernels.md); half-integer widths keep the matrix-unit gather; the interpreter never."""
     from tfc.kernels.exl3.gemv import GemmConfig
 
@@ -348,13 +348,9 @@ class _Launch:
         return lambda *args, **kw: self.calls.append((grid, args, kw))
 
 
-def test_mma_fused_input_reads_coherently():
-    """With the input rotated by the same kernel (fused), x goes through plain loads, never the read-only
-    path the trellis words keep."""
-    fused, apart = frag_ptx(4, False, coherent=True), frag_ptx(4, False)
-    assert "ld.global.b32" in fused and ".nc" not in fused
-    assert "ld.global.nc.b32" in apart
-    assert "ld.global.nc.b32" in load_ptx(4, 0)
+def test_mma_input_reads_the_read_only_path():
+    """The rotated input (written by an earlier launch) goes through the read-only path, as the trellis words."""
+    assert "ld.global.nc.b32" in frag_ptx(4, False) and "ld.global.nc.b32" in load_ptx(4, 0)
 
 
 @pytest.fixture
@@ -399,22 +395,15 @@ def test_weights_as_a_host_side(stubbed, rows, pairs):
         gemv.exl3_gemm(wrong, *group, config=cfg, x_rotated=True)
 
 
-def test_weights_as_a_fused_host_side(stubbed):
-    """GemmConfig(mma_wt=True, fuse_rotation=True) at one row: no rotation launch, a [blocks, 2, k] fp16
-    scratch the kernel rotates into and reads coherently; more rows, or x as A, are refused."""
+def test_the_mma_decode_takes_its_rotation_apart(stubbed):
+    """GemmConfig(mma=G) resolves to the rotation in a launch of its own, and fuse_rotation asked of it is refused
+    in one line (only the one-row run decode fuses it)."""
     import torch
 
-    gemv, stubs, group = stubbed
-    k, n = 512, 256
-    cfg = gemv.GemmConfig(mma=2, mma_wt=True, fuse_rotation=True)
-    gemv.exl3_gemm(torch.randn(1, k).half(), *group, config=cfg, out=torch.empty(1, n))
-    assert not stubs["_rotate_kernel"].calls and not stubs["reduce_kernel"].calls
-    ((_, args, kw),) = stubs["_exl3_gemm_kernel"].calls
-    assert kw["FUSE_ROT"] and kw["MMA_SPLIT"] and "ld.global.b32" in kw["MMA_FRAG"]
-    assert args[1].shape == (n // 128, 2, k) and args[1].dtype == torch.float16
-    for bad, rows in ((cfg, 2), (gemv.GemmConfig(mma=2, mma_wt=False, fuse_rotation=True), 1)):
-        with pytest.raises(ValueError, match="fuses the input rotation"):
-            gemv.exl3_gemm(torch.randn(rows, k).half(), *group, config=bad)
+    gemv, _, group = stubbed
+    assert not gemv.GemmConfig(mma=2, mma_wt=True).resolved(1, 64).fuse_rotation
+    with pytest.raises(ValueError, match="only the one-row run decode fuses"):
+        gemv.exl3_gemm(torch.randn(1, 512).half(), *group, config=gemv.GemmConfig(mma=2, fuse_rotation=True))
 
 
 def test_moe_mma_host_side(monkeypatch):
@@ -454,9 +443,10 @@ def test_moe_mma_host_side(monkeypatch):
     for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
         assert kw[f"MMA_WIDTHS{suffix}"] == (64,)  # one width: one PTX per constexpr
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"][0] and len(kw[f"MMA_STORES{suffix}"]) == 2
+    waves = dict(moe.MoeConfig().mma_waves)[2]
     assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
-                                                             moe.MOE_MMA_WAVES[2])  # fmt: skip
-    # the default: MOE_MMA_GROUPS on one-width tables, MOE_MMA_GROUPS_RAGGED on ragged integer widths, the
+                                                             waves)  # fmt: skip
+    # the default: MoeConfig.mma_groups on one-width tables, mma_groups_ragged on ragged integer widths, the
     # run decode where a table holds a half rate
     moe.moe_exl3(x, ids, wts, w1, w3, w2)
     assert (

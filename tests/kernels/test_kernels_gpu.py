@@ -105,41 +105,14 @@ def test_gemm_mma_flash(rows, bits, groups, wt):
     assert torch.equal(outs[0], outs[2]), "the pre-rotated input (rotate_for) must give the same sums"
 
 
-@pytest.mark.parametrize(("bits", "groups"), [(3, 1), (6, 2), (4, 4)])
-def test_gemm_mma_wt_fused_one_row(bits, groups):
-    """Weights as A at one row with the input rotation in the same kernel (fp16 high / low pairs it writes
-    and reads back): fp32-path accuracy, deterministic."""
-    from tfc.kernels.exl3.decode import exl3_decode
-    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm
-
-    k, n = (5120, 2304) if bits != 6 else (2304, 5120)
-    tr, suh, svh, cb = _group(k, n, bits, 2 if bits != 4 else 0, bits)
-    w = exl3_decode(tr, suh, svh, cb, dtype=torch.float32).double()
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    want = x.double() @ w
-    cfg = GemmConfig(mma=groups, mma_wt=True, fuse_rotation=True)
-    outs = []
-    for _ in range(2):
-        out = torch.full((1, n), float("nan"), dtype=torch.float32, device="cuda")
-        exl3_gemm(x, tr, suh, svh, cb, config=cfg, out=out)
-        outs.append(out)
-    err = float((outs[0].double() - want).norm() / want.norm())
-    assert err < 1e-5, err
-    assert torch.equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("rows", [1, 4, 16])
-@pytest.mark.parametrize(
-    "cfg", [{}, {"fuse_rotation": True}, {"mma": 0, "use_dot": True}], ids=["default", "fused", "dot"]
-)
+@pytest.mark.parametrize("cfg", [{}, {"mma": 0, "use_dot": True}], ids=["default", "dot"])
 def test_gemm_grouped_flash_wo_a(rows, cfg):
     """Eight wo_a groups (4096 -> 1024, 4 bit) in one grouped launch, their views in one buffer at their own
-    offsets: each group's bits as its own exl3_gemm with the same config (mma decode, fused rotation at one row,
-    the matrix units), x read as column slices of the attention output."""
+    offsets: each group's bits as its own exl3_gemm with the same config (the run decode with its fused rotation
+    at one row, the mma decode above, the matrix units), x read as column slices of the attention output."""
     from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, group_offsets
 
-    if cfg.get("fuse_rotation") and rows > 1:
-        pytest.skip("the rotation fuses at one row only")
     k, n, ng = 4096, 1024, 8
     made = [_group(k, n, 4, 0, 100 + g) for g in range(ng)]
     words = made[0][0].numel()

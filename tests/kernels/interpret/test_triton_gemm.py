@@ -21,7 +21,7 @@ GEMM_CASES = [
     ("m1_runs_t2_w80", 80, 1, 1, 256, "bfloat16", {"run_tiles": 2, "fuse_rotation": False, "split": 2}),
     ("m1_runs_t4_w96", 96, 0, 1, 256, "float16", {"run_tiles": 4, "block_k": 128}),
     ("m1_runs_t4_w128", 128, 2, 1, 256, "bfloat16", {"run_tiles": 4, "block_k": 64, "split": 2}),
-    ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "fuse_rotation": True, "split": 2}),
+    ("m1_gather", 32, 2, 1, 256, "float16", {"runs": False, "split": 2}),
     ("m1_gather_half_rate", 40, 2, 1, 256, "float16", {"block_k": 32, "split": 2}),
     # 2-16 rows, integer widths: the run decode with a row axis (the default up to 4 rows, asked for with
     # use_dot=False above; rows padded to a power of two repeat the last row), 1, 2 and 4 tiles per element,
@@ -40,13 +40,13 @@ GEMM_CASES = [
         {"use_dot": False, "run_tiles": 4, "block_k": 64, "split": 2},
     ),
     ("m16_runs_w96", 96, 0, 16, 128, "bfloat16", {"use_dot": False}),
-    ("m4_dot_fused", 24, 2, 4, 256, "float16", {"fuse_rotation": True, "split": 2}),
+    ("m4_dot", 24, 2, 4, 256, "float16", {"split": 2}),
     ("m16_dot", 64, 1, 16, 256, "bfloat16", {"use_dot": True, "fuse_rotation": False, "split": 2}),
     # The k-split partials summed in a second launch, one program per (column block, row) (reduce_apart, the
     # mma decode's default from 2 rows), after the run decode and after the matrix units.
     ("m3_runs_apart", 48, 2, 3, 128, "float16", {"split": 4, "reduce_apart": True}),
     ("m16_dot_apart", 32, 0, 16, 256, "bfloat16", {"use_dot": True, "split": 2, "reduce_apart": True}),
-    # ... REDUCE_FLIGHT (8) partials loaded at a time: more than the split (masked), and fewer (two rounds)
+    # ... GemmConfig.reduce_flight (8) partials loaded at a time: more than the split (masked), and fewer (two rounds)
     ("m1_runs_apart_masked", 64, 2, 1, 256, "float16", {"split": 4, "reduce_apart": True}),
     ("m2_runs_apart_rounds", 64, 0, 2, 256, "float16", {"split": 16, "block_k": 16, "reduce_apart": True}),
 ]
@@ -58,7 +58,7 @@ TOL_FMA, TOL_DOT = 1e-5, 1e-3
 
 # Under the interpreter the run decode takes 4-30 s a case: those run in the full suite only (slow); the gather
 # decode and the matrix units take about a second and stay in the fast lane.
-FAST = {"m1_gather", "m1_gather_half_rate", "m4_dot_fused", "m16_dot", "m16_dot_apart"}
+FAST = {"m1_gather", "m1_gather_half_rate", "m4_dot", "m16_dot", "m16_dot_apart"}
 PARAMS = [pytest.param(*c, id=c[0], marks=() if c[0] in FAST else pytest.mark.slow) for c in GEMM_CASES]
 
 
@@ -67,7 +67,7 @@ def test_gemm_kernel(tk, name, width, cb, rows, k, dtype, cfg):
     import torch
 
     g = tk.exl3_gemv
-    assert g.REDUCE_FLIGHT == 8  # the masked and two-round cases above are sized for 8
+    assert g.GemmConfig().reduce_flight == 8  # the masked and two-round cases above are sized for 8
     rng = seeded(f"gemm_{name}")
     (tr, suh, svh, _), dense = random_group(tk.exl3_reference, rng, k, 256, width, cb)
     x = torch.randn(rows, k).to(getattr(torch, dtype))
@@ -94,7 +94,7 @@ def test_gemm_defaults(tk):
         for width in (32, 40, 64)
     }
     head = g.GemmConfig().resolved(1, 96, 129280)
-    # Integer widths take the run decode (fp32 FMAs) for 1 to RUN_ROWS_MAX (4) rows, two tiles per element for
+    # Integer widths take the run decode (fp32 FMAs) for 1 to run_rows_max (4) rows, two tiles per element for
     # several rows; the matrix units above that (measured as fast at 8 rows, faster at 16, on the H200).
     assert [(d[f"{r}_64"].runs, d[f"{r}_64"].use_dot) for r in (1, 4, 16)] == [
         (True, False),
@@ -116,15 +116,26 @@ def test_gemm_defaults(tk):
     assert not any(c.mma for c in d.values())
 
 
+@pytest.mark.parametrize("cfg", [{"runs": False}, {"use_dot": True}], ids=["gather", "dot"])
+def test_only_the_one_row_run_decode_fuses_the_rotation(tk, cfg):
+    """fuse_rotation asked of another decode is refused in one line (the others take the rotation apart)."""
+    import torch
+
+    g = tk.exl3_gemv
+    (tr, suh, svh, _), _ = random_group(tk.exl3_reference, seeded("fuse_refused"), 128, 256, 32, 1)
+    with pytest.raises(ValueError, match="only the one-row run decode fuses"):
+        g.exl3_gemm(torch.randn(1, 128), tr, suh, svh, 1, config=g.GemmConfig(fuse_rotation=True, **cfg))
+
+
 GROUPED_CASES = [
     # (name, width, codebook, rows, config kwargs); k = 128 (256 fused), n = 128, three groups
     ("m16_dot_last", 32, 1, 16, {"use_dot": True, "split": 2}),
     ("m16_dot_apart", 64, 0, 16, {"use_dot": True, "split": 2, "reduce_apart": True}),
-    ("m1_gather_fused", 32, 2, 1, {"runs": False, "fuse_rotation": True, "split": 2}),
+    ("m1_gather", 32, 2, 1, {"runs": False, "split": 2}),
     ("m3_runs_apart", 48, 2, 3, {"split": 4, "reduce_apart": True}),
     ("m1_runs_fused", 32, 1, 1, {"fuse_rotation": True, "split": 2}),
 ]
-GROUPED_FAST = {"m16_dot_last", "m16_dot_apart", "m1_gather_fused"}
+GROUPED_FAST = {"m16_dot_last", "m16_dot_apart", "m1_gather"}
 
 
 @pytest.mark.parametrize(
@@ -262,24 +273,20 @@ def test_row_free_live_rows_run_alone_with_the_bits_of_sixteen(tk, width, cb, gr
     assert (g.counters(x.device, 1) == 0).all()
 
 
-def test_row_free_k_split_is_capped(tk, monkeypatch):
-    """exl3_gemv.ROW_FREE_MAX_SPLIT caps a row_free launch's k-split (fewer partials to sum): the capped launch
+def test_row_free_k_split_is_capped(tk):
+    """GemmConfig.row_free_max_split caps a row_free launch's k-split (fewer partials to sum): the capped launch
     is the launch of that split, and a launch that sets its split keeps it."""
     import torch
 
     g = tk.exl3_gemv
     (tr, suh, svh, _), _ = random_group(tk.exl3_reference, seeded("row_free_cap"), 512, 256, 32, 1)
     x = torch.randn(16, 512)
-    base = g.GemmConfig(row_free=True)
-    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 0)
-    free = g.exl3_gemm(x, tr, suh, svh, 1, config=base, out_dtype=torch.float32, live=2)
-    one = g.exl3_gemm(
-        x, tr, suh, svh, 1, config=g.GemmConfig(row_free=True, split=1), out_dtype=torch.float32, live=2
-    )
-    assert not torch.equal(free, one), "the uncapped split should differ from 1 here"
-    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 1)
-    assert torch.equal(g.exl3_gemm(x, tr, suh, svh, 1, config=base, out_dtype=torch.float32, live=2), one)
-    split4 = g.GemmConfig(row_free=True, split=4)
-    kept = g.exl3_gemm(x, tr, suh, svh, 1, config=split4, out_dtype=torch.float32, live=2)
-    monkeypatch.setattr(g, "ROW_FREE_MAX_SPLIT", 0)
-    assert torch.equal(g.exl3_gemm(x, tr, suh, svh, 1, config=split4, out_dtype=torch.float32, live=2), kept)
+
+    def run(**cfg):
+        config = g.GemmConfig(row_free=True, **cfg)
+        return g.exl3_gemm(x, tr, suh, svh, 1, config=config, out_dtype=torch.float32, live=2)
+
+    one = run(split=1)
+    assert not torch.equal(run(row_free_max_split=0), one), "the uncapped split should differ from 1 here"
+    assert torch.equal(run(row_free_max_split=1), one)
+    assert torch.equal(run(split=4, row_free_max_split=1), run(split=4, row_free_max_split=0))

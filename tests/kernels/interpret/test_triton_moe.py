@@ -16,7 +16,7 @@ MODES = {
     ("stack", "gather"): {"runs": False},
     ("stack", "runs_t4"): {"run_tiles": 4, "block_k": 128},
     # k-splits that do not divide the k-tiles (8 / 3, 16 / 5): the counts differ by one, as the mma decode's
-    # even_split gives them on the GPU; the down projection's 15 partials take two REDUCE_FLIGHT rounds
+    # even_split gives them on the GPU; the down projection's 15 partials take two MoeConfig.reduce_flight rounds
     ("stack", "gather_uneven"): {"runs": False, "block_k": 16, "split_gate_up": 3, "split_down": 5},
     ("ragged", "rotate"): {},
     ("ragged_int", "runs"): {},

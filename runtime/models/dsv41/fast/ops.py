@@ -80,28 +80,11 @@ def moe_config(
     tables: ExpertTables, topk: int, device: torch.device, interpret: bool, inter: int | None = None
 ) -> Any:
     """The MoE launch the kernel would pick for one token, pinned (k-splits, decode) for any number of tokens;
-    `inter`: the whole expert width a tensor-parallel rank's share of it is pinned to (default: the table's)."""
-    from tfc.kernels.exl3.launch import even_split, num_sms, pick_split
-    from tfc.kernels.exl3.moe import MOE_MMA_GROUPS, MOE_MMA_GROUPS_RAGGED, MOE_MMA_WAVES, MoeConfig
+    `inter`: the whole expert width a tensor-parallel rank's share of it is pinned to (default: the table's);
+    `interpret` is the kernels' own (exl3_tl.INTERPRET)."""
+    from tfc.kernels.exl3.moe import pinned_config
 
-    w1, w3, w2 = tables.w1, tables.w3, tables.w2
-
-    def runs(t: Any) -> bool:
-        return t.codebook >= 0 and t.integer_widths
-
-    runs13, runs2 = runs(w1) and runs(w3), runs(w2)
-    uniform = runs13 and runs2 and min(w1.width, w3.width, w2.width) > 0
-    mma = 0 if interpret or not (runs13 and runs2) else MOE_MMA_GROUPS if uniform else MOE_MMA_GROUPS_RAGGED
-    bk = 16 if mma else (64 if uniform else 32) if runs13 or runs2 else 16
-    waves = MOE_MMA_WAVES[mma] if mma else 16.0 if uniform else 8.0
-    d, inter, pairs, sms = w1.k, inter or w1.n, topk + 1, num_sms(device)
-    if mma:
-        s1 = even_split(d // 16, inter // 128 * pairs, sms, waves)
-        s2 = even_split(inter // 16, d // 128 * pairs, sms, waves)
-    else:
-        s1 = pick_split(d // 16, bk // 16, inter // 128 * pairs, sms, waves)
-        s2 = pick_split(inter // 16, bk // 16, d // 128 * pairs, sms, waves)
-    return MoeConfig(split_gate_up=s1, split_down=s2, block_k=bk, mma=mma, waves=waves)
+    return pinned_config(tables.w1, tables.w3, tables.w2, topk, device, inter)
 
 
 def padded_rows(y: torch.Tensor, live: int | None) -> torch.Tensor:

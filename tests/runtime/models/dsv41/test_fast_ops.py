@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 
 @pytest.mark.parametrize(("width", "scratch"), [(2048, False), (8192, True), (16384, True)])
 def test_the_prefill_twins_moe_path_follows_its_step_width_not_its_live_rows(monkeypatch, width, scratch):
-    """A wide prefill step's MoE decodes its tables into the scratch (kernels/exl3_rows.MOE_SCRATCH_TOKENS),
-    at every count of live rows: a prompt's last, short chunk keeps its width's path, so its bits."""
-    from tfc.kernels.exl3 import rows as exl3_rows
+    """A wide prefill step's MoE decodes its tables into the scratch (kernels/exl3/rows.py,
+    RowsConfig.moe_scratch_tokens), at every count of live rows: a prompt's last, short chunk keeps its width's
+    path, so its bits."""
     from tfc.runtime.models.dsv41.fast.ops import TritonOps
 
     ops = TritonOps(torch.device("cpu"))
@@ -29,6 +29,3 @@ def test_the_prefill_twins_moe_path_follows_its_step_width_not_its_live_rows(mon
     for live in (1, 300, width):
         moe(live)
     assert seen == [scratch] * 3
-    monkeypatch.setattr(exl3_rows, "SCRATCH", "all")
-    moe(1)
-    assert seen[-1], "SCRATCH 'all' sends every width's MoE through the scratch"
