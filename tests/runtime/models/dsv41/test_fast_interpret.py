@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support.dsv41_image import prepared_image
@@ -87,7 +88,9 @@ def image(tiny_pack, tmp_path_factory):
 
 def test_kernel_calls_on_the_arena_views_match_their_references_interpreted(image):
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    tests = str(Path(__file__).resolve().parents[3])  # the child imports support.* as the suite does
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     run = subprocess.run([sys.executable, "-c", CHILD, str(image)], env=env, capture_output=True, text=True,
                          timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
