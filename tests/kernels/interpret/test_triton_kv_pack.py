@@ -209,7 +209,7 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(tk):
     grid = _grid()
     raw, q, weights = _index_inputs(3, 70, 11)
     got = tk.index_scores.chunk_scores(raw, q, weights, grid)
-    want = chunk_scores.__wrapped__(raw, q, weights, grid)
+    want = chunk_scores(raw, q, weights, grid)
     assert got.shape == (3, 70) and torch.equal(got, want)
     part = tk.index_scores.chunk_scores(raw[:, 9:30], q, weights, grid)  # a strided view, another chunk width
     assert torch.equal(part, got[:, 9:30])

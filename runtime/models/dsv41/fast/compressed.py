@@ -22,7 +22,6 @@ from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
 NEG_INF = float("-inf")
 SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
-PAGED = True  # where stage kernels run, the index keys are scored where they lie (False: gathered first)
 
 
 @fused(kernel="tfc.kernels.dsv41.kv_pack:pooled")
@@ -104,7 +103,6 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     return fake_fp4(q, 32, grid)
 
 
-@fused(dynamic={"raw": 1}, kernel="tfc.kernels.dsv41.index_scores:chunk_scores")
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
@@ -132,8 +130,8 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
 
 def entry_scores(pool: torch.Tensor, rv, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, entries] of the index keys each row's pages hold: read where they lie by the stage kernel
-    (kernels/index_scores.paged_scores), else gathered and scored in chunks; the same bits either way."""
-    paged = stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q) if PAGED else None
+    (kernels/index_scores.paged_scores) where it runs, else gathered and scored in chunks; the same bits."""
+    paged = stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
     if paged is not None:
         return paged(pool, rv.pages, rv.per_page, q, weights)
     rows = q.shape[0]

@@ -12,8 +12,6 @@ import torch
 from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 from tfc.runtime.models.dsv41.reference import csa, mhc
 
-# the drafter's tap by kernels/hidden_tap where stage kernels run; off: torch's four launches
-TAP_KERNEL = True
 plain_rms_norm = csa.rms_norm.__wrapped__
 rms_norm = fused(plain_rms_norm, kernel="tfc.kernels.dsv41.mhc_stages:rms_norm")
 hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__, kernel="tfc.kernels.dsv41.mhc_stages:hc_mix_logits")
@@ -30,9 +28,8 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
 
 def stream_tap(streams: torch.Tensor, out: torch.Tensor) -> None:
     """out [R, D] = the float64 mean of streams [R, S, D] over S rounded to fp32 (the reference's `capture`): one
-    kernel where stage kernels run and TAP_KERNEL is on (kernels/dsv41/hidden_tap.py, torch's bits), else torch's four
-    launches."""
-    kernel = stage_kernel("tfc.kernels.dsv41.hidden_tap:stream_mean_into", streams) if TAP_KERNEL else None
+    kernel where stage kernels run (kernels/dsv41/hidden_tap.py, torch's bits), else as torch computes it."""
+    kernel = stage_kernel("tfc.kernels.dsv41.hidden_tap:stream_mean_into", streams)
     if kernel is not None:
         kernel(streams, out)
     else:

@@ -139,11 +139,11 @@ def test_overlapped_kv_rows_give_the_serial_steps_bits(image, eager, monkeypatch
     from tfc.runtime.models.dsv41.fast import overlap
 
     prompt = [0, *range(100, 130)]
-    monkeypatch.setattr(overlap, "OVERLAP", False)
-    eager.forward.side = None  # the module's runner may have overlapped already (on by default)
-    serial = generate(eager, [prompt], 32, keep_logits=True)[0]
-    assert eager.forward.side is None, "the serial steps took a side stream"
-    monkeypatch.setattr(overlap, "OVERLAP", True)
+    with monkeypatch.context() as serial_only:  # the serial steps, the reference: no step gets a side stream
+        serial_only.setattr(overlap, "side_stream", lambda f, x: None)
+        eager.forward.side = None  # the module's runner may have overlapped already
+        serial = generate(eager, [prompt], 32, keep_logits=True)[0]
+        assert eager.forward.side is None, "the serial steps took a side stream"
     booted, runner = _runner(image, True)
     try:
         for r in (runner, eager):
