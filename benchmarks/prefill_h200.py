@@ -20,8 +20,7 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   median of --repeats timed prefills after a first, 3 by default; one until prefill run 19), slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
   slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
-  bf16 peak (2 x Flash's active weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
-  uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
+  bf16 peak (2 x Flash's active weights a token, decode_h200.active_params);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth, within a
   slot's tokens) on the first of --paths: GPU time by kernel, the largest first.
 `--paths dense,scratch,tiles` times every prefill on each path of the many-row products and checks the others'
@@ -42,7 +41,6 @@ programs an SM, or not: exl3_rows.MAX_REGS).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import platform
 import statistics
 import sys
@@ -68,7 +66,6 @@ VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k3
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
-COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
 REPEATS = 3  # timed prefills of each prompt, width and path after the first (their median is the figure)
 PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
 ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
@@ -194,7 +191,6 @@ def wide_runner(runner, rows: int):
 
 
 def prefill(runner, res: dict) -> None:
-    from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.models.dsv41.fast.forward import HEAD_ROWS
     from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
     from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -215,7 +211,6 @@ def prefill(runner, res: dict) -> None:
 
     for wide in WIDES:
         r = runner if wide == WIDE else wide_runner(runner, wide)
-        compiled = wide == WIDE and COMPILED
         step_rows, forward = (wide, r.prefill) if wide else (MAX_ROWS, r.forward)  # 0: the decode steps
         x = torch.randn(HEAD_ROWS if wide else MAX_ROWS, cfg.hidden_size, device="cuda")  # the rows it reads
         head_s = timed(lambda f=forward, x=x: f.ops.linear(x, w.linear("head")), reps=5)
@@ -225,11 +220,8 @@ def prefill(runner, res: dict) -> None:
             plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
             for path in PATHS if wide else PATHS[:1]:  # the decode steps run no many-row product
                 set_path(path)
-                with (
-                    fusion.eager() if not compiled else contextlib.nullcontext()
-                ):  # other widths: nothing compiled
-                    first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
-                    walls = [run(r, plan) for _ in range(REPEATS)]
+                first = run(r, plan)  # each context bucket's kernels compiled (or loaded)
+                walls = [run(r, plan) for _ in range(REPEATS)]
                 wall = statistics.median(walls)
                 steps = -(-n // step_rows)
                 flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
@@ -239,10 +231,6 @@ def prefill(runner, res: dict) -> None:
                             "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
                 print(f"[prefill] width {wide} prompt {n} {path}: {n / wall:.0f} slice tok/s, "
                       f"{row[key]['peak_fraction']:.2%} of the bf16 peak", flush=True)  # fmt: skip
-                if compiled:
-                    with fusion.eager():  # the same steps with the small-op stages uncompiled
-                        run(r, plan)
-                        row[key]["wall_eager_stages_s"] = run(r, plan)
                 res["prefill"] = table | {wide: row}
             set_path(PATHS[0])
         table[wide] = row
@@ -285,7 +273,7 @@ def profile(runner, res: dict) -> None:
 
 
 def main() -> None:
-    global PREFILL, WIDES, COMPILED, WIDE, PATHS, REPEATS
+    global PREFILL, WIDES, WIDE, PATHS, REPEATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True, help="a prepared flash-random --layers 4 image's rank folder")
     ap.add_argument("--out", required=True, help="JSON file to write")
@@ -298,9 +286,6 @@ def main() -> None:
         "--widths",
         default="256,1024,2048",
         help="prefill step rows timed, comma-separated (0: the decode steps)",
-    )
-    ap.add_argument(
-        "--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)"
     )
     ap.add_argument(
         "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
@@ -327,12 +312,11 @@ def main() -> None:
             f"--prompts and --widths take comma-separated integers; got {args.prompts!r}, {args.widths!r}"
         )
     WIDE = args.wide
-    COMPILED = not args.eager
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-                 "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES, "compiled": COMPILED,
+                 "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES,
                  "parts": {}}  # fmt: skip
     parts = Parts(res, Path(args.out), args.budget_s)
     only = {p for p in args.only.split(",") if p}
@@ -343,14 +327,11 @@ def main() -> None:
     res["image_bytes"] = booted.arena.nbytes
     set_path(PATHS[0])  # the checks, the profile and each part's first timing run on the first path
     parts("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
-    from tfc.runtime.models.dsv41.fast import fusion
-
     for name, fn in (("checks", checks), ("prefill", prefill), ("profile", profile), ("kernels", kernels)):
         if only and name not in only:
             res["parts"][name] = "skipped: --only"
             continue
-        with contextlib.nullcontext() if COMPILED else fusion.eager():  # --eager: nothing compiled
-            parts(name, lambda fn=fn: fn(runner, res))
+        parts(name, lambda fn=fn: fn(runner, res))
     res["runner"] = runner.stats()["prefill"]
     parts.save()
 

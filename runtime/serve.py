@@ -220,7 +220,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line, warm_up
+    from tfc.runtime.engine.warmup import runner_notes, stage_kernels, stages_line, warm_up
     from tfc.runtime.parallel.session import lead_or_follow
 
     worker, load = _start_worker(options, out["world"])
@@ -263,7 +263,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     with worker.booted.phases.time("warmup", note=note) as ph:
         warm_up(steps, runner.info.bos_id, snapshots=prefix is not None, draft=drafts)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
-    stages = compiled_stages(runner)
+    stages = stage_kernels(runner)
     if stages:
         say(stages_line(stages))
     for note in runner_notes(runner):

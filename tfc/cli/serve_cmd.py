@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from tfc.cli.options import device_option, example, jobs_option, no_compile_option, stage_kernels_option
+from tfc.cli.options import device_option, example, jobs_option
 from tfc.cli.world_cmd import launch_if_world
 
 
@@ -43,8 +43,6 @@ from tfc.cli.world_cmd import launch_if_world
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Activation dtype of the reference forward.")  # fmt: skip
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (same as TFC_GRAPHS=0).")
-@no_compile_option()
-@stage_kernels_option()
 @jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--drain-s", type=click.FloatRange(0), default=20.0, show_default=True,
               help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
 from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
 from tfc.runtime.models.dsv41.fast.kv.layout import PAGE_TOKENS, kv_layout
@@ -48,19 +46,15 @@ def build_fast(
     page_tokens: int = PAGE_TOKENS,
     context_step: int = CONTEXT_STEP,
     ops: Any = None,
-    fuse: bool | None = None,
     draft: bool = True,
     progress: Callable[[int, int], None] | None = None,
-    stage_folder: Path | None = None,
     prefill_rows: int | None = None,
     comm: Any = None,
     tp_exact: bool | None = None,
 ) -> FastRunner:
     """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, default
     TFC_TP_EXACT at TP=1 and always on a TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1); `kv_tokens` (default slots x tokens_per_slot, at most
-    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
-    compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
-    kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
+    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
     wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0: opt-in, for
     the reasons fast-forward.md gives; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
@@ -75,14 +69,6 @@ def build_fast(
     if context_step % page_tokens:
         raise FastBuildError(f"context buckets of {context_step} tokens are not whole pages of {page_tokens}")
     dev = arena.device
-    if fuse is None:
-        fuse = fusion.wanted(dev.type)
-    fusion.enable(fuse)
-    fusion.use_kernels("cuda" if fusion.kernels_wanted() else "off")
-    if fuse:
-        from tfc.runtime.boot.kernel_cache import stage_dir
-
-        fusion.use_stage_folder(stage_dir(opened.path, dev) if stage_folder is None else stage_folder)
     if ops is None:
         if dev.type == "cuda":
             from tfc.runtime.models.dsv41.fast.ops import TritonOps

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
-from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
+from tfc.runtime.models.dsv41.fast.stages import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
 NEG_INF = float("-inf")
@@ -108,7 +108,7 @@ def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
 
 
-@fused(dynamic={"scores": 1, "candidates": 1}, kernel="tfc.kernels.dsv41.router_pick:select")
+@fused(kernel="tfc.kernels.dsv41.router_pick:select")
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
            block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""

@@ -1,7 +1,7 @@
 """The reference's device-agnostic maths run in fp32: its float64 wrappers (numerics.wide) taken off.
 
 rms_norm, and the mHC mix, collapse and expand are plain torch ops of fixed shape; the fast forward calls the
-very code the reference runs, only on fp32 tensors (as fused stages on a GPU: fusion.py). The mix's Sinkhorn is
+very code the reference runs, only on fp32 tensors (as stage kernels on a GPU: stages.py). The mix's Sinkhorn is
 the exception on a GPU: one Triton launch a site (kernels/dsv41/mhc_sinkhorn.py) where the loop takes two an iteration.
 `fixed_sum` sums along an axis by halving, an order that no kernel choice can change.
 """
@@ -9,7 +9,7 @@ the exception on a GPU: one Triton launch a site (kernels/dsv41/mhc_sinkhorn.py)
 from __future__ import annotations
 
 import torch
-from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
+from tfc.runtime.models.dsv41.fast.stages import fused, stage_kernel
 from tfc.runtime.models.dsv41.reference import csa, mhc
 
 plain_rms_norm = csa.rms_norm.__wrapped__

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tfc.runtime.models.dsv41.fast.fusion import stage_kernel
+from tfc.runtime.models.dsv41.fast.stages import stage_kernel
 
 
 @dataclass
