@@ -19,7 +19,6 @@ from tfc.runtime.server.auth import ApiKeys
 from tfc.runtime.server.state import ServerState
 
 from tfc.errors import TfcError
-from tfc.switches import switched_on
 
 
 class ListenError(TfcError):
@@ -180,12 +179,11 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
 
     rank, device = (None, options.device) if world is None else (world.rank, world.device)
     worker = Worker.start(options.image, rank=rank, device=device, graphs=options.graphs, jobs=options.jobs)
-    # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
-    # the reference runner takes no such option and drops it
-    on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in: docs/serving.md says when it pays
-    wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if on else {}
+    # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt; a
+    # TP=N rank's prompts take the decode steps); the reference runner takes no such option and drops it
+    wide = options.chunk if options.chunk > 16 else 0  # 16 rows or fewer: the decode steps' own width
     return worker, lambda: worker.load_model(
-        dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world), **wide
+        dtype=getattr(torch, options.dtype), slots=options.max_seqs, prefill_rows=wide, **model_options(world)
     )
 
 

@@ -21,13 +21,13 @@ from tfc.runtime.parallel.comm import SOLO
 from tfc.runtime.worker.step import Capacity, ModelInfo
 
 from tfc.errors import TfcError
-from tfc.switches import switched_off, switched_on
+from tfc.switches import switched_on
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
-# Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
-# eager): the MoE decodes every expert a step hits once a step, so rows a step set how many rows share a decode
-# (benchmarks/prefill_h200.py --widths times them).
-PREFILL_ROWS = 2048
+# Rows of a prefill step by device unless asked otherwise. CUDA: the many-row kernels' MoE decodes every expert a
+# step hits once a step, so rows a step set how many rows share a decode (benchmarks/prefill_h200.py --widths).
+# CPU: the kernels' torch references gain nothing from width and pay for every padding row, so the narrowest.
+PREFILL_ROWS = {"cuda": 2048, "cpu": 32}
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
 
@@ -56,8 +56,8 @@ def build_fast(
     TFC_TP_EXACT at TP=1 and always on a TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1); `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
-    wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0: opt-in, for
-    the reasons fast-forward.md gives; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
+    wide steps that prompt rows take (default: the device's PREFILL_ROWS in an exact build; 0, and always
+    with `tp_exact`: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.reference.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -104,10 +104,8 @@ def build_fast(
     tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
     buckets = context_buckets(tokens_per_slot, step=context_step)
     kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
-    if switched_off("TFC_PREFILL_STEPS"):
-        prefill_rows = 0
-    elif prefill_rows is None:
-        prefill_rows = PREFILL_ROWS if dev.type == "cuda" and switched_on("TFC_PREFILL_STEPS") else 0
+    if prefill_rows is None:  # a loose build's steps run the live rows: its prompts would not be exact
+        prefill_rows = PREFILL_ROWS.get(dev.type, 0) if exact else 0
     if prefill_rows and prefill_rows <= MAX_ROWS:
         raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {MAX_ROWS}, or 0 for none")
     kv = KvMemory(kv_layout(cfg, max(MAX_ROWS, prefill_rows), page_tokens), slots, kv_tokens,
