@@ -21,7 +21,6 @@ from tfc.runtime.parallel.comm import SOLO
 from tfc.runtime.worker.step import Capacity, ModelInfo
 
 from tfc.errors import TfcError
-from tfc.switches import switched_on
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
 # Rows of a prefill step by device unless asked otherwise. CUDA: the many-row kernels' MoE decodes every expert a
@@ -50,10 +49,11 @@ def build_fast(
     progress: Callable[[int, int], None] | None = None,
     prefill_rows: int | None = None,
     comm: Any = None,
-    tp_exact: bool | None = None,
+    tp_exact: bool = False,
 ) -> FastRunner:
-    """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, default
-    TFC_TP_EXACT at TP=1 and always on a TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1); `kv_tokens` (default slots x tokens_per_slot, at most
+    """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, always on a
+    TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1, for a TP=1 build held to the worlds);
+    `kv_tokens` (default slots x tokens_per_slot, at most
     DEFAULT_KV_TOKENS) sizes the page pool the slots share; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
     wide steps that prompt rows take (default: the device's PREFILL_ROWS in an exact build; 0, and always
@@ -86,8 +86,6 @@ def build_fast(
             ops = ReferenceOps()
     weights = FastWeights(opened, arena, cfg)
     shard = shard_of(m, cfg, weights, comm or SOLO, dev)
-    if tp_exact is None:
-        tp_exact = switched_on("TFC_TP_EXACT")
     tp_exact = tp_exact or shard.world > 1
     notes = []
     if (
