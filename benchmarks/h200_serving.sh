@@ -5,7 +5,7 @@
 #   bash benchmarks/h200_serving.sh servetests  # tfc serve's prefix-cache tests on the GPU (tiny image, fast forward, #25)
 #   bash benchmarks/h200_serving.sh drafttests  # drafting on the fast forward: runner, engine, tfc generate, tfc serve (#24)
 #   bash benchmarks/h200_serving.sh prefill   # prefill_h200.py: the many-row kernels and the prefill forward on the slice (#19)
-#                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256 --eager" a short run)
+#                                             # (TFC_PREFILL_ARGS="--only prefill --prompts 2048 --widths 256" a short run)
 #   bash benchmarks/h200_serving.sh rowstests   # the many-row kernels' GPU tests and the PTX decode's (#19)
 #   bash benchmarks/h200_serving.sh pdl         # pdl_chain_h200.py: programmatic dependent launch on a graphed kernel chain (#19)
 #   bash benchmarks/h200_serving.sh moetiles    # the prefill MoE's tiles alone at Flash's shapes (tilesncu: under ncu) (#19)
@@ -17,16 +17,13 @@
 #   bash benchmarks/h200_serving.sh scratchncu  # Nsight Compute on the prefill's scratch decode (scratch_decode_ncu.py, #19)
 #   bash benchmarks/h200_serving.sh prefilltests  # test_fast_prefill.py on the GPU (tiny image, graphs on, #19)
 #   bash benchmarks/h200_serving.sh drafting  # decode_h200's decode, verify windows and DSpark drafter on the slice (#24)
-#   bash benchmarks/h200_serving.sh warmup    # a restart's warm-up with and without stage guards (tiny image, #20)
+#   bash benchmarks/h200_serving.sh flashagree  # flash_agreement_h200.py: the slice's layers against the reference, each keys mode (#19)
 #   bash benchmarks/h200_serving.sh flashtests  # test_fast_gpu.py's two Flash-slice tests (#19)
 #   bash benchmarks/h200_serving.sh decode    # decode_h200's checks and decode steps only (#19)
-#   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage eager / compiled / kernel (stages_h200.py)
-#   bash benchmarks/h200_serving.sh stagedecode  # decode_h200's decode with the stage kernels uncompiled, then the compiled stages
-#   bash benchmarks/h200_serving.sh stageserve   # restarts and tfc generate's decode: stage kernels uncompiled, then the compiled stages
-#                                   (STAGE_MODES="1 0" for stagedecode / stageserve: the stage kernels alone; STAGE_STARTS=6: 6 starts a mode)
+#   bash benchmarks/h200_serving.sh stages    # the stage kernels' GPU tests, then each stage as written / as its kernel (stages_h200.py)
 #   bash benchmarks/h200_serving.sh grouped   # the grouped / live-row / skipping kernels' GPU tests and the tiny image's exactness tests (#19)
 #   bash benchmarks/h200_serving.sh variants  # step_variants_h200.py: the decode step against variants of itself (STEP_VARIANTS, #19)
-#   bash benchmarks/h200_serving.sh stagetests   # test_fast_gpu.py's exactness tests on the tiny image with the stage kernels on
+#   bash benchmarks/h200_serving.sh stagetests   # test_fast_gpu.py's exactness tests on the tiny image
 #   bash benchmarks/h200_serving.sh speed     # sampling.py, decode_h200 (decode, verify windows, prefill 2k) (#19, #24)
 #   bash benchmarks/h200_serving.sh serve     # tfc serve on the slice: overhead, start-to-ready, restarts (#20)
 #   bash benchmarks/h200_serving.sh prefix    # the prefix cache at 16k tokens: TTFT, host-tier restore (#25)
@@ -34,8 +31,6 @@
 #   bash benchmarks/h200_serving.sh parallel  # TP=2 boot on this host's 16 cores (parallel_cpu.py, #22)
 #   bash benchmarks/h200_serving.sh serveprof # tfc serve's restarts on the slice, the boot thread and main thread profiled (#20)
 #                                             (TFC_SERVEPROF_ARGS="--starts 4 --profile 0": restarts only, none profiled)
-#   bash benchmarks/h200_serving.sh stagenotes # a serve start, two tfc generate after it, a serve again: stages and notes (#20)
-#   bash benchmarks/h200_serving.sh nocompile # restarts and tfc generate's decode rate with TFC_COMPILE=0 beside the default (#20)
 #   bash benchmarks/h200_serving.sh bootprof  # tfc load twice, the restart under cProfile (start-to-ready, #20)
 #   bash benchmarks/h200_serving.sh sampling  # the sampler's time a token, logits on the CPU and on the GPU
 #   TFC_H200_TESTS="tests/a.py::t tests/b.py::u" bash benchmarks/h200_serving.sh retests  # those tests, short tracebacks
@@ -54,7 +49,7 @@ slice() {  # the 22 GB Flash slice, made once a machine, for the parts that use 
 }
 for PART in "${@:-tests}"; do
 case "$PART" in
-  tests|sampling|servetests|drafttests|warmup|parallel|prefilltests|rowstests|rowskernel|pdl|moetiles|tilesncu|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
+  tests|sampling|servetests|drafttests|parallel|prefilltests|rowstests|rowskernel|pdl|moetiles|tilesncu|attendrows|attendncu|rowsncu|scratchncu|stagetests|grouped) ;;
   *) slice ;;
 esac
 case "$PART" in
@@ -139,47 +134,24 @@ case "$PART" in
   drafting)  # the slice's decode steps, verify windows and DSpark drafter round, and the projection with drafting
     timeout 300 python3 benchmarks/decode_h200.py --image "$IMG" --no-reference --only decode,verify,drafter --budget-s 240 \
       --out "$OUT/drafting_h200.json" 2>&1 | grep "^\[" | tee "$OUT/drafting.log" ;;
-  warmup)  # the tiny image's restart warm-up, stages with and without their guards (warmup_profile.py)
-    (cd /tmp && timeout 420 python3 "$R/benchmarks/warmup_profile.py" --device cuda --variants guards shape \
-      --out "$OUT/warmup_profile_h200.json") 2>&1 | head -3 ;;
+  flashagree)  # the slice's layers against the reference, attend_rows' keys gathered per row and decoded in the runs
+    TFC_FLASH_IMAGE=$IMG timeout "${TFC_FLASHAGREE_S:-300}" python3 benchmarks/flash_agreement_h200.py --out "$OUT/flash_agreement.json" 2>&1 \
+      | grep -v "^DEBUG\|^INFO " | tail -4 ;;
   flashtests)  # the Flash slice's layer and kernel-call tests (test_fast_gpu.py -k flash_slice)
     (cd /tmp && TFC_INSTANT_FAILURES=1 TFC_FLASH_IMAGE=$IMG timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/runtime/models/dsv41/test_fast_gpu.py" -k flash_slice) > "$OUT/flash_gpu_tests.txt" 2>&1
     tail -15 "$OUT/flash_gpu_tests.txt" ;;
-  stages)  # the stage kernels (tfc.kernels.{kv_pack,index_scores,attend_rows,mhc_stages,router_pick}): GPU tests, then each stage three ways
+  stages)  # the stage kernels (tfc.kernels.{kv_pack,index_scores,attend_rows,mhc_stages,router_pick}): GPU tests, then each stage two ways
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       "$R/tests/kernels/test_kv_pack_gpu.py" "$R/tests/kernels/test_attend_rows_gpu.py" "$R/tests/kernels/test_mhc_stages_gpu.py" \
       "$R/tests/kernels/test_router_pick_gpu.py") > "$OUT/stage_kernel_tests.txt" 2>&1
     tail -15 "$OUT/stage_kernel_tests.txt"
     timeout 240 python3 benchmarks/stages_h200.py --image "$IMG" --out "$OUT/stages_h200.json" 2>&1 | grep "^\[" | tee "$OUT/stages.log" ;;
-  stagetests)  # the tiny image's graph == eager, concurrent == solo, chunking, pinned and teacher-forced tests, stage kernels on
-    (cd /tmp && TFC_STAGE_KERNELS=1 TFC_INSTANT_FAILURES=1 timeout "${TFC_STAGETESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
+  stagetests)  # the tiny image's graph == eager, concurrent == solo, chunking, pinned and teacher-forced tests
+    (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_STAGETESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider \
       -p no:warnings -rA --tb=short "$R/tests/runtime/models/dsv41/test_fast_gpu.py" \
       -k "graph_replay or concurrent or chunking or pinned or teacher or restored") > "$OUT/stage_fast_gpu_tests.txt" 2>&1
     grep -v "^DEBUG\|^INFO " "$OUT/stage_fast_gpu_tests.txt" | tail -15 ;;
-  stagedecode)  # decode_h200's decode steps: stage kernels with nothing compiled (K=1 C=0), then the compiled stages (K=0 C=1)
-    IFS=, read -ra MODES <<< "${STAGE_MODES:-1 0,0 1}"
-    for MODE in "${MODES[@]}"; do
-      read -r K C <<< "$MODE"
-      TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 260 python3 benchmarks/decode_h200.py --image "$IMG" --only decode --no-reference \
-        --out "$OUT/decode_k${K}_c$C.json" --budget-s 240 2>&1 | grep "^\[" | tee "$OUT/decode_k${K}_c$C.log"
-    done ;;
-  stageserve)  # restarts to ready and tfc generate's decode rate: stage kernels uncompiled (K=1 C=0), compiled stages (K=0 C=1)
-    TOK=$WORK/vocab_tokenizer.json
-    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    IFS=, read -ra MODES <<< "${STAGE_MODES:-1 0,0 1}"
-    for MODE in "${MODES[@]}"; do
-      read -r K C <<< "$MODE"
-      D="$OUT/stageserve_k${K}_c$C"
-      TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda \
-        --tokenizer "$TOK" --starts "${STAGE_STARTS:-3}" --profile 0 --out "$D" 2>&1 | tail -3
-      for i in 1 2; do
-        (cd /tmp && TFC_STAGE_KERNELS=$K TFC_COMPILE=$C timeout 120 python3 -m tfc generate "$IMG" --device cuda \
-          --prompt "The model reads the prompt" --max-tokens 96 --ignore-eos --json --tokenizer "$TOK" > "$D/generate_$i.json" 2> /dev/null)
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('K=$K C=$C generate', d.get('decode_tok_s'), d.get('token_sha'), d.get('stages'))" \
-          "$D/generate_$i.json"
-      done
-    done ;;
   grouped)  # the grouped GEMM's, live rows' and attend_rows' GPU tests, the tiny image's exactness tests
     (cd /tmp && TFC_INSTANT_FAILURES=1 timeout "${TFC_GROUPED_TESTS_S:-200}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rA \
       --tb=short "$R/tests/kernels/test_kernels_gpu.py" "$R/tests/kernels/test_attend_rows_gpu.py" "$R/tests/runtime/models/dsv41/test_fast_gpu.py" \
@@ -216,34 +188,6 @@ case "$PART" in
       --out "$OUT/serveprof" ${TFC_SERVEPROF_ARGS:-} 2>&1 | tail -5
     grep -E "_boot_steps|warm_up|execute|load_model|snapshot|restore|import_module|wait_ready|listen|uvicorn.*run|tokenizer|capture|run_module" \
       "$OUT/serveprof/main_cumulative.txt" | head -40 | cut -c1-170 ;;
-  stagenotes)  # which stages a tfc generate after a tfc serve on the same store compiles in process, and why
-    TOK=$WORK/vocab_tokenizer.json
-    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
-      --starts 1 --profile 0 --out "$OUT/stagenotes_serve1" 2>&1 | tail -1
-    grep -h "compiled stages\|note" "$OUT"/stagenotes_serve1/serve_start*.log | head -5
-    for i in 1 2; do
-      (cd /tmp && timeout 150 python3 -m tfc generate "$IMG" --device cuda --prompt "The model reads the prompt" \
-        --max-tokens 32 --ignore-eos --json --tokenizer "$TOK" > "$OUT/stagenotes_generate_$i.json" 2> /dev/null)
-      python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('generate', d.get('warmup_s'), d.get('stages')); [print(' ', n[:600]) for n in d.get('notes', [])[:6]]" \
-        "$OUT/stagenotes_generate_$i.json"
-    done
-    timeout 100 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
-      --starts 1 --profile 0 --out "$OUT/stagenotes_serve2" 2>&1 | tail -1
-    grep -h "compiled stages\|note" "$OUT"/stagenotes_serve2/serve_start*.log | head -5 ;;
-  nocompile)  # what torch.compile's stages cost a restart and give the decode: TFC_COMPILE=0 against the default
-    TOK=$WORK/vocab_tokenizer.json
-    python3 benchmarks/vocab_tokenizer.py "$TOK" --vocab 129280 > /dev/null
-    for C in 1 0; do
-      TFC_COMPILE=$C timeout 200 python3 benchmarks/serve_boot_profile.py --image "$IMG" --device cuda --tokenizer "$TOK" \
-        --starts 3 --profile 0 --out "$OUT/nocompile_$C" 2>&1 | tail -3
-      for i in 1 2; do
-        (cd /tmp && TFC_COMPILE=$C timeout 120 python3 -m tfc generate "$IMG" --device cuda --prompt "The model reads the prompt" \
-          --max-tokens 96 --ignore-eos --json --tokenizer "$TOK" > "$OUT/nocompile_$C/generate_$i.json" 2> /dev/null)
-        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('TFC_COMPILE=$C generate', d.get('decode_tok_s'), d.get('token_sha'))" \
-          "$OUT/nocompile_$C/generate_$i.json"
-      done
-    done ;;
   bootprof)  # where a restart's start-to-ready goes: tfc load twice (the first compiles), the second profiled
     (cd /tmp && timeout 200 python3 -m tfc load "$IMG" --device cuda --json > "$OUT/load_first.json" 2> "$OUT/load_first.err" \
       && timeout 120 python3 -m cProfile -o "$OUT/load_restart.prof" -m tfc load "$IMG" --device cuda --json \
@@ -252,7 +196,7 @@ case "$PART" in
       "$OUT/load_restart.prof" > "$OUT/load_restart_top.txt" 2>&1
     python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(25)" \
       "$OUT/load_restart.prof" > "$OUT/load_restart_self.txt" 2>&1
-    python3 -c "import json,sys; [print(f, json.load(open(f)).get('stages'), json.load(open(f)).get('notes'), json.load(open(f))['wall_ms']) for f in sys.argv[1:]]" \
+    python3 -c "import json,sys; [print(f, json.load(open(f)).get('stage_kernels'), json.load(open(f)).get('notes'), json.load(open(f))['wall_ms']) for f in sys.argv[1:]]" \
       "$OUT/load_first.json" "$OUT/load_restart.json"; head -40 "$OUT/load_restart_self.txt" ;;
   parallel)
     timeout 300 python3 benchmarks/parallel_cpu.py --reps ${REPS:-3} --tokens 8 --iters 20 --out "$OUT/parallel_16core.json" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The fast forward's small-op stages on an H200, each three ways: as written (eager torch), torch.compile'd
-(what the default ran before the stage kernels), and as its plain Triton kernel (tfc.kernels.*).
+"""The fast forward's small-op stages on an H200, each two ways: as written (eager torch, the kernels' reference)
+and as its plain Triton kernel (tfc.kernels.*).
 
 Run on the GPU machine from the repository root, after `source benchmarks/_h200_setup.sh`:
     python3 benchmarks/stages_h200.py --image IMG/rank0 --out $OUT/stages_h200.json      # about a minute
@@ -96,8 +96,7 @@ def measure(fn, kernel, a: tuple, k: dict) -> dict:
     row: dict = {}
     try:
         row["difference"] = difference(fn(*a, **k), kernel(*a, **k))
-        compiled = torch.compile(fn, dynamic=False, fullgraph=True)
-        for label, f in (("eager", fn), ("kernel", kernel), ("compiled", compiled)):
+        for label, f in (("eager", fn), ("kernel", kernel)):
             row[label] = {
                 "us": per_call_us(lambda f=f: f(*a, **k)),
                 "kernels": kernels_of(lambda f=f: f(*a, **k)),
@@ -121,30 +120,29 @@ def stage_wrappers() -> dict:
 
 
 def record_calls(runner) -> dict:
-    """{kernel path: [args, kwargs, calls]} of each stage's first call in one eager decode step of 16 rows, and
-    how many calls of it the step made."""
-    from tfc.runtime.models.dsv41.fast import fusion
+    """{kernel path: [args, kwargs, calls]} of each stage's first call in one eager decode step of 16 rows (the stages as
+    written), and how many calls of it the step made."""
+    from tfc.runtime.models.dsv41.fast import stages
     from tfc.runtime.models.dsv41.fast.step_plan import TileRow, make_tile
 
     seen: dict = {}
-    real = fusion._kernel
+    real = stages._kernel
 
     def spy(path, args, kwargs):
-        if path is not None:
-            seen.setdefault(path, [args, kwargs, 0])[2] += 1
-        return None
+        seen.setdefault(path, [args, kwargs, 0])[2] += 1
+        return None  # the stage as written
 
     for s in range(16):
         runner.kv.ensure(s, CONTEXT)
     live = [TileRow(s, (7919 * s + 11) % runner.info.vocab_size, CONTEXT - 1) for s in range(16)]
     tile = make_tile(live, runner.kv.dummy_slot, runner.buckets)
-    fusion._kernel = spy
+    stages._kernel = spy
     try:
         runner.forward.buffers.load(tile, None)
         runner.forward.step(tile.key)
         torch.cuda.synchronize()
     finally:
-        fusion._kernel = real
+        stages._kernel = real
     return seen
 
 
@@ -155,16 +153,11 @@ def main() -> None:
     args = ap.parse_args()
 
     from tfc.runtime.boot.rank import boot
-    from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     booted = boot(Path(args.image), device="cuda")
-    runner = build_fast(
-        booted, slots=16, tokens_per_slot=CONTEXT + 1024, engram=False, fuse=False, draft=False
-    )
-    fusion.use_kernels("off")
+    runner = build_fast(booted, slots=16, tokens_per_slot=CONTEXT + 1024, engram=False, draft=False)
     calls = record_calls(runner)
-    fusion.enable(True)  # inductor's settings as the compiled stages had them (emulate_precision_casts)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
            "rows": 16, "context": CONTEXT, "stages": {}}  # fmt: skip
     for path, (name, fn) in sorted(stage_wrappers().items(), key=lambda kv: kv[1][0]):
@@ -179,10 +172,8 @@ def main() -> None:
         res["stages"][name] = row
         print(f"[{name}] {json.dumps(row)}", flush=True)
     rows = [r for r in res["stages"].values() if isinstance(r, dict) and "error" not in r]
-    total = {v: sum(r[v]["us"] * r["calls_a_step"] for r in rows) for v in ("eager", "compiled", "kernel")}
-    launches = {
-        v: sum(r[v]["kernels"] * r["calls_a_step"] for r in rows) for v in ("eager", "compiled", "kernel")
-    }
+    total = {v: sum(r[v]["us"] * r["calls_a_step"] for r in rows) for v in ("eager", "kernel")}
+    launches = {v: sum(r[v]["kernels"] * r["calls_a_step"] for r in rows) for v in ("eager", "kernel")}
     res["step_estimate"] = {"us": total, "kernels": launches,
                             "how": "sum over stages of calls a step x one call at the first call's shapes"}  # fmt: skip
     print(f"[total] a step's stages (calls x first call): {json.dumps(res['step_estimate'])}")

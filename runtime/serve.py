@@ -21,7 +21,6 @@ from tfc.runtime.server.state import ServerState
 
 from tfc import settings
 from tfc.errors import TfcError
-from tfc.switches import switched_on
 
 
 class ListenError(TfcError):
@@ -183,12 +182,11 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
 
     rank, device = (None, options.device) if world is None else (world.rank, world.device)
     worker = Worker.start(options.image, rank=rank, device=device, options=options.runtime, jobs=options.jobs)
-    # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt);
-    # the reference runner takes no such option and drops it
-    on = world is None and switched_on("TFC_PREFILL_STEPS")  # opt-in: docs/serving.md says when it pays
-    wide = {"prefill_rows": options.chunk if options.chunk > 16 else 0} if on else {}
+    # the fast runner's prefill steps as wide as the scheduler's prompt chunks (no padding rows on one prompt; a
+    # TP=N rank's prompts take the decode steps); the reference runner takes no such option and drops it
+    wide = options.chunk if options.chunk > 16 else 0  # 16 rows or fewer: the decode steps' own width
     return worker, lambda: worker.load_model(
-        dtype=getattr(torch, options.dtype), slots=options.max_seqs, **model_options(world), **wide
+        dtype=getattr(torch, options.dtype), slots=options.max_seqs, prefill_rows=wide, **model_options(world)
     )
 
 
@@ -223,7 +221,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line, warm_up
+    from tfc.runtime.engine.warmup import runner_notes, stage_kernels, stages_line, warm_up
     from tfc.runtime.parallel.session import lead_or_follow
 
     worker, load = _start_worker(options, out["world"])
@@ -266,7 +264,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     with worker.booted.phases.time("warmup", note=note) as ph:
         warm_up(steps, runner.info.bos_id, snapshots=prefix is not None, draft=drafts)
     say(f"boot {ph.name:<8} {ph.seconds * 1e3:9.1f} ms  {ph.note}")
-    stages = compiled_stages(runner)
+    stages = stage_kernels(runner)
     if stages:
         say(stages_line(stages))
     for note in runner_notes(runner):

@@ -2,10 +2,9 @@
 
 Triton keys each compiled kernel by its source, constants and target inside its cache folder; pointing that
 folder into the store (`<store>/.kernels/sm_90-triton-3.6.0/`) makes the first boot of an image on a GPU host
-compile once and every restart after it load the compiled kernels instead. An operator's TRITON_CACHE_DIR is
-left alone. The fast forward's compiled stages are saved beside them (`stage_dir`, one folder per GPU
-architecture and torch version: runtime/models/dsv41/fast/stage_cache.py). `cache ls` lists only image folders,
-so the store's `.kernels` never shows as one.
+compile once and every restart after it load the compiled kernels instead (the fast forward's stage kernels
+among them: nothing else is compiled at a start). An operator's TRITON_CACHE_DIR is left alone. `cache ls` lists
+only image folders, so the store's `.kernels` never shows as one.
 """
 
 from __future__ import annotations
@@ -13,12 +12,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from tfc.switches import switched_off
-
-if TYPE_CHECKING:
-    import torch
 
 ENV = "TRITON_CACHE_DIR"
 RANK = re.compile(r"rank\d+")
@@ -48,26 +41,4 @@ def use_store_cache(image: Path, device: str) -> Path | None:
     except OSError:  # a read-only store: Triton's default cache still works
         return None
     os.environ[ENV] = str(folder)
-    return folder
-
-
-def stage_dir(image: Path, device: str | torch.device) -> Path | None:
-    """The store's folder of the fast forward's compiled stages (fusion.py) for this device and torch version
-    (`<store>/.kernels/stages-<sm_90 | cpu>-torch-<version>/`); None when TFC_STAGE_CACHE=0 or the store is
-    read-only (stages then compile in every process)."""
-    import torch
-
-    if switched_off("TFC_STAGE_CACHE"):
-        return None
-    device = torch.device(device)
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        arch = f"sm_{major}{minor}"
-    else:
-        arch = device.type
-    folder = store_of(image) / ".kernels" / f"stages-{arch}-torch-{torch.__version__}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
     return folder

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfc.runtime.boot import cuda_start, staging_pool, warm_imports
+from tfc.runtime.boot import cuda_start, staging_pool
 from tfc.runtime.boot.arena import DeviceArena, plan_arena
 from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
@@ -111,7 +111,6 @@ def _boot(
     with phases.time("init", note="torch import, device") as ph:
         dev = pick_device(device)
         ph.note = f"torch import, device {dev}"
-    imports = warm_imports.start(dev)
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
     try:
@@ -148,9 +147,6 @@ def _boot(
             if prefaulted:
                 ph.note += "; " + prefaulted
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
-        if imports is not None:
-            with phases.time("imports", note="torch.compile's stack, imported in a thread since the open"):
-                warm_imports.finish(imports)
         if report.staging_seconds:
             phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")
 

@@ -1,5 +1,5 @@
 """The warm-up before any clock starts: a one-token prompt (and a decode token where prompts take a path of their
-own), so the prefill step and the decode step's graph are captured (and their stages compiled) before the first
+own), so the prefill step and the decode step's graph are captured (and their kernels compiled) before the first
 request or the first timed token; where the runner drafts, one draft after
 it (the drafter's kernels compiled, its graph captured); with a prefix cache, that slot's snapshot restored
 once, so the first cache hit compiles nothing either."""
@@ -27,19 +27,16 @@ def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = Fa
     steps.release(0)
 
 
-def compiled_stages(runner) -> dict | None:
-    """A runner's compiled stages by how they came ({"loaded", "saved", "traced"}, and "kernels": the fast
-    forward's fusion.COUNTS), or None when it compiled none and ran no stage kernel."""
-    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
-    return stages if stages and any(stages.values()) else None
+def stage_kernels(runner) -> int:
+    """How many small-op stages a runner ran as Triton kernels (the fast forward's on a GPU; 0 elsewhere)."""
+    return int(runner.stats().get("stage_kernels") or 0) if hasattr(runner, "stats") else 0
 
 
 def runner_notes(runner) -> list[str]:
-    """What a runner says of how it runs (a stage compiled in process and why, a kernel path not taken)."""
+    """What a runner says of how it runs (its kernels' stand-ins, a kernel path not taken)."""
     return list(runner.stats().get("notes") or ()) if hasattr(runner, "stats") else []
 
 
-def stages_line(stages: dict) -> str:
-    """The boot log's line for compiled_stages (a restart should show them all loaded)."""
-    return (f"compiled stages: {stages['loaded']} loaded, {stages['saved']} compiled and saved, "
-            f"{stages['traced']} traced in process; {stages.get('kernels', 0)} stages as Triton kernels")  # fmt: skip
+def stages_line(kernels: int) -> str:
+    """The boot log's line for stage_kernels."""
+    return f"{kernels} stages as Triton kernels"

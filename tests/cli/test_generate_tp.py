@@ -6,6 +6,7 @@ TP=4 world is 4 processes, so prompts and token counts stay small and every proc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -32,11 +33,9 @@ def images(tiny_pack, tmp_path_factory):
     return prepare_worlds(tiny_pack, tmp_path_factory.mktemp("gen-tp"))
 
 
-def _generate(image: str, *args: str, env: dict[str, str] | None = None) -> dict:
+def _generate(image: str, *args: str) -> dict:
     result = CliRunner().invoke(
-        cli,
-        ["generate", image, "--prompt", PROMPT, "--max-tokens", "6", "--json", "--device", "cpu", *args],
-        env=env,
+        cli, ["generate", image, "--prompt", PROMPT, "--max-tokens", "6", "--json", "--device", "cpu", *args]
     )
     assert result.exit_code == 0, result.output
     return json.loads(result.output.strip().splitlines()[-1])
@@ -60,10 +59,12 @@ def test_tp_generate_prints_tp1_tokens(images, tp1, world):
 
 @pytest.fixture(scope="module")
 def fast1(images):
-    """TP=1's fast-forward replies computed as a world computes them (TFC_TP_EXACT=1), greedy and seeded."""
-    return {
-        args: _generate(images[1], "--fast", *args, env={"TFC_TP_EXACT": "1"}) for args in ((), tuple(SEEDED))
-    }
+    """TP=1's fast-forward replies computed as a world computes them (build_fast's tp_exact), greedy and seeded."""
+    from tfc.runtime.models.dsv41.fast import build
+
+    with pytest.MonkeyPatch.context() as mp:  # tfc generate builds its runner through build.build_fast
+        mp.setattr(build, "build_fast", functools.partial(build.build_fast, tp_exact=True))
+        return {args: _generate(images[1], "--fast", *args) for args in ((), tuple(SEEDED))}
 
 
 @pytest.mark.parametrize("world", [2, 4])

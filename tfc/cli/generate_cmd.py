@@ -9,14 +9,7 @@ from pathlib import Path
 
 import click
 
-from tfc.cli.options import (
-    device_option,
-    example,
-    jobs_option,
-    no_compile_option,
-    seed_option,
-    stage_kernels_option,
-)
+from tfc.cli.options import device_option, example, jobs_option, seed_option
 from tfc.cli.progress import byte_bar, count_bar
 from tfc.cli.world_cmd import launch_if_world
 from tfc.errors import TfcError
@@ -50,8 +43,6 @@ class GenerateError(TfcError):
 @click.option("--fast", is_flag=True,
               help="Run the fast forward even without a GPU (the kernels' torch references stand in: slow).")  # fmt: skip
 @click.option("--no-graphs", is_flag=True, help="Fast forward: run every step eagerly (no CUDA graphs).")
-@no_compile_option()
-@stage_kernels_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Reference forward's activations (the fast forward's are fixed: see docs/fast-forward.md).")  # fmt: skip
 @jobs_option("Upload threads (default: as `tfc load`).")
@@ -102,7 +93,7 @@ def generate(
     from tfc.runtime.engine.generate import generate as run
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.tokenizer import image_tokenizer, tokenizer_from_file
-    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line, warm_up
+    from tfc.runtime.engine.warmup import runner_notes, stage_kernels, stages_line, warm_up
     from tfc.runtime.parallel.session import join_world, lead_or_follow, model_options
     from tfc.runtime.worker.worker import Worker
 
@@ -151,7 +142,7 @@ def generate(
         )[0]  # fmt: skip
         drafting.update(out.drafted.as_dict())
         graphs = graph_counts(worker.booted.graphs)
-        stages = compiled_stages(worker.runner)
+        stages = stage_kernels(worker.runner)
         notes = runner_notes(worker.runner)
     finally:
         if runner is not worker:
@@ -165,7 +156,7 @@ def generate(
         rates = {"warmup_s": round(warmup_s, 6), "prefill_s": round(out.prefill_s, 6), "decode_s": round(out.decode_s, 6),
                  "decode_tok_s": round(out.decode_tok_s, 3), "prefill_tok_s": round(prefill_tok_s, 3)}  # fmt: skip
         click.echo(json.dumps({**reply, "token_sha": out.token_sha, **rates, "runner": worker.kind,
-                               "graphs": graphs, "stages": stages, "notes": notes, "drafting": drafting, **tp}))  # fmt: skip
+                               "graphs": graphs, "stage_kernels": stages, "notes": notes, "drafting": drafting, **tp}))  # fmt: skip
     else:
         stream.finish()
         click.echo(

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from tfc.cli.options import device_option, example, jobs_option, no_compile_option, stage_kernels_option
+from tfc.cli.options import device_option, example, jobs_option
 from tfc.cli.progress import byte_bar
 from tfc.cli.world_cmd import launch_if_world
 
@@ -25,8 +25,6 @@ from tfc.cli.world_cmd import launch_if_world
 )
 @click.option("--verify", is_flag=True, help="Recompute every payload digest (parallel) before uploading.")
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (every step eager).")
-@no_compile_option()
-@stage_kernels_option()
 @jobs_option(
     "Copy / reader / registration threads (default: mmap 12 C or 16 Python threads, at most the CPUs; "
     "ring and register 8).",
@@ -47,7 +45,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
     options = RuntimeOptions.from_settings(graphs=not no_graphs)  # a bad setting: one line, before any work
     if rank is None:
         launch_if_world(click.get_current_context(), image)
-    from tfc.runtime.engine.warmup import compiled_stages, runner_notes, stages_line
+    from tfc.runtime.engine.warmup import runner_notes, stage_kernels, stages_line
     from tfc.runtime.parallel.session import join_world, lead_or_follow
     from tfc.runtime.worker.worker import Worker
 
@@ -90,7 +88,7 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
             "checks": list(booted.image.checks),
             "graphs": booted.graphs.settings.enabled,
             "graph_counts": graph_counts(booted.graphs),
-            "stages": compiled_stages(worker.runner),
+            "stage_kernels": stage_kernels(worker.runner),
             "notes": runner_notes(worker.runner),
             "started_s": started,
             "resident_s": resident["resident_s"],
@@ -113,8 +111,8 @@ def load(image, rank, device, method, verify, no_graphs, jobs, as_json) -> None:
         click.echo(f"  {'total':<8} {booted.phases.to_dict()['wall_ms']:10.1f} ms")
         g = extra["graph_counts"]
         click.echo(f"graphs: {g['captures']} captured, {g['replays']} replayed{model_note}")
-        if extra["stages"]:
-            click.echo(stages_line(extra["stages"]))
+        if extra["stage_kernels"]:
+            click.echo(stages_line(extra["stage_kernels"]))
         for note in extra["notes"]:
             click.echo(f"note: {note}")
         if world is not None:

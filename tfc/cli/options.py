@@ -1,9 +1,7 @@
-"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp, --no-compile,
---no-stage-kernels."""
+"""Options every command spells the same way: --device, -j/--jobs, --store, --seed, --tp."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import click
@@ -66,43 +64,6 @@ def jobs_option(help: str, default: int | None = None, old: Sequence[str] = ()) 
         show_default=default is not None,
         help=help,
     )
-
-
-def _env_flag(flag: str, name: str, value: str, help: str) -> Decorator:
-    """A flag that sets the environment switch `name` to `value` before anything boots (so rank processes
-    launched after it inherit it)."""
-
-    def switch(ctx: click.Context, param: click.Parameter, on: bool) -> None:
-        if on:
-            os.environ[name] = value
-
-    return click.option(flag, is_flag=True, expose_value=False, callback=switch, help=help)
-
-
-def no_compile_option() -> Decorator:
-    """--no-compile: with --no-stage-kernels, the small-op stages run as written, not torch.compile'd
-    (TFC_COMPILE=0)."""
-    return _env_flag(
-        "--no-compile", "TFC_COMPILE", "0",
-        "With --no-stage-kernels, run the fast forward's small-op stages as written, not compiled (same as "
-        "TFC_COMPILE=0): decode is slower (docs/serving.md).",
-    )  # fmt: skip
-
-
-def stage_kernels_option() -> Decorator:
-    """--stage-kernels / --no-stage-kernels: the fast forward's small-op stages as their plain Triton kernels
-    (the default) or torch.compile'd; either, when given, sets TFC_STAGE_KERNELS to 1 or 0."""
-
-    def switch(ctx: click.Context, param: click.Parameter, on: bool | None) -> None:
-        if on is not None:
-            os.environ["TFC_STAGE_KERNELS"] = "1" if on else "0"
-
-    return click.option(
-        "--stage-kernels/--no-stage-kernels", default=None, expose_value=False, callback=switch,
-        help="Run the fast forward's small-op stages as plain Triton kernels (the default), or with "
-        "--no-stage-kernels (TFC_STAGE_KERNELS=0) compile them with torch.compile: slower restarts "
-        "(docs/fast-forward.md).",
-    )  # fmt: skip
 
 
 def store_option(old: Sequence[str] = (), help: str = STORE_HELP) -> Decorator:

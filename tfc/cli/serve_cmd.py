@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tfc import settings
-from tfc.cli.options import device_option, example, jobs_option, no_compile_option, stage_kernels_option
+from tfc.cli.options import device_option, example, jobs_option
 from tfc.cli.world_cmd import launch_if_world
 
 
@@ -39,13 +39,11 @@ from tfc.cli.world_cmd import launch_if_world
 @click.option("--max-waiting", type=click.IntRange(0), default=64, show_default=True,
               help="Requests queued beyond the free slots before 429.")  # fmt: skip
 @click.option("--prefill-chunk", type=click.IntRange(1), default=256, show_default=True,
-              help="Prompt tokens a sequence prefills per step (with TFC_PREFILL_STEPS=1 on a GPU, also the rows of a prefill step).")  # fmt: skip
+              help="Prompt tokens a sequence prefills per step (on a GPU, also the rows of a prefill step when more than 16).")  # fmt: skip
 @device_option()
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True,
               help="Activation dtype of the reference forward.")  # fmt: skip
 @click.option("--no-graphs", is_flag=True, help="Turn CUDA graphs off (every step eager).")
-@no_compile_option()
-@stage_kernels_option()
 @jobs_option("Upload threads (default: as `tfc load`).")
 @click.option("--drain-s", type=click.FloatRange(0), default=20.0, show_default=True,
               help="Seconds in-flight requests get to finish after SIGTERM.")  # fmt: skip

@@ -28,7 +28,7 @@ def _inputs(rows: int, entries: bool, seed: int = 0, heads: int = HEADS) -> dict
 
 
 def _stage(a):
-    """The torch stage itself (fusion off: the code as written)."""
+    """The torch stage itself (the code as written)."""
     from tfc.runtime.models.dsv41.fast.attention import attend_rows
 
     return getattr(attend_rows, "stage_fn", attend_rows)(**a)

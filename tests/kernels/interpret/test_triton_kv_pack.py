@@ -209,7 +209,7 @@ def test_chunk_scores_are_torchs_and_ignore_the_chunk(tk):
     grid = _grid()
     raw, q, weights = _index_inputs(3, 70, 11)
     got = tk.index_scores.chunk_scores(raw, q, weights, grid)
-    want = chunk_scores.__wrapped__(raw, q, weights, grid)
+    want = chunk_scores(raw, q, weights, grid)
     assert got.shape == (3, 70) and torch.equal(got, want)
     part = tk.index_scores.chunk_scores(raw[:, 9:30], q, weights, grid)  # a strided view, another chunk width
     assert torch.equal(part, got[:, 9:30])
@@ -222,7 +222,7 @@ def test_paged_scores_read_the_pages_in_place_with_the_gathered_bits(tk):
     """paged_scores: each row's entries read through its page ids from the pool give chunk_scores' bits on
     the same rows gathered first, and entry_scores (the step's) reads them so where stage kernels run."""
     import torch
-    from tfc.runtime.models.dsv41.fast import compressed, fusion
+    from tfc.runtime.models.dsv41.fast import compressed, stages
 
     grid, gen = _grid(), _gen(5)
     per_page, pool_pages = 8, 9
@@ -235,15 +235,18 @@ def test_paged_scores_read_the_pages_in_place_with_the_gathered_bits(tk):
     got = tk.index_scores.paged_scores(pool, pages, per_page, q, weights)
     assert got.shape == (3, 40) and torch.equal(got, want)
     rv = type("View", (), {"pages": pages, "per_page": per_page, "entries": 5 * per_page})()
-    was = fusion._STATE["kernels"]
+    was = stages._WHERE["kernels"]
     try:
-        for where in ("off", "all"):  # the stage as written on the rows gathered, then the paged kernel
-            fusion.use_kernels(where)
-            kernel = fusion.stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
-            assert (kernel is None) == (where == "off")
+        for where in (
+            "cuda",
+            "all",
+        ):  # the stage as written on the rows gathered (CPU tensors), then the kernel
+            stages.use_kernels(where)
+            kernel = stages.stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
+            assert (kernel is None) == (where == "cuda")
             assert torch.equal(compressed.entry_scores(pool, rv, q, weights, grid), want), where
     finally:
-        fusion.use_kernels(was)
+        stages.use_kernels(was)
     with pytest.raises(ValueError, match="pages must be int"):
         tk.index_scores.paged_scores(pool, pages.float(), per_page, q, weights)
 

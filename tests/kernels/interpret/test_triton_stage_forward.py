@@ -30,47 +30,46 @@ def _runner(image, exact: bool):
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     booted = boot(image, device="cpu")
-    return booted, build_fast(booted, slots=3, tokens_per_slot=128, context_step=64, page_tokens=32, fuse=False,
-                              draft=False, exact=exact)  # fmt: skip
+    return booted, build_fast(booted, slots=3, tokens_per_slot=128, context_step=64, page_tokens=32, draft=False,
+                              exact=exact)  # fmt: skip
 
 
 def test_the_forward_with_every_stage_kernel_matches_the_stages_as_written(tk, image):
     import torch
-    from tfc.runtime.models.dsv41.fast import fusion
+    from tfc.runtime.models.dsv41.fast import stages
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     booted, runner = _runner(image, exact=False)
     plan = StepPlan((SequenceStep(0, (5, 42), 0),))
     got = {}
     try:
-        for where in ("off", "all"):
-            fusion.use_kernels(where)
-            before = fusion.COUNTS["kernels"]
+        for where in ("cuda", "all"):  # CPU tensors: the stages as written, then every kernel interpreted
+            stages.use_kernels(where)
             got[where] = torch.stack(list(runner.execute(plan).logits))
             runner.release(0)
-            got[where + "_kernels"] = fusion.COUNTS["kernels"] - before
+            got[where + "_kernels"] = stages.kernels_loaded()
     finally:
-        fusion.use_kernels("off")
+        stages.use_kernels("cuda")
         booted.close()
-    assert got["off_kernels"] == 0 and got["all_kernels"] == 19
-    torch.testing.assert_close(got["all"], got["off"], rtol=0, atol=1e-5)
-    assert torch.equal(got["all"].argmax(-1), got["off"].argmax(-1)) and got["off"].std() > 0.1
+    assert got["cuda_kernels"] == 0 and got["all_kernels"] == 19
+    torch.testing.assert_close(got["all"], got["cuda"], rtol=0, atol=1e-5)
+    assert torch.equal(got["all"].argmax(-1), got["cuda"].argmax(-1)) and got["cuda"].std() > 0.1
 
 
 def test_with_the_stage_kernels_a_prompt_chunked_beside_another_keeps_its_bits(tk, image):
     import torch
-    from tfc.runtime.models.dsv41.fast import fusion
+    from tfc.runtime.models.dsv41.fast import stages
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     booted, runner = _runner(image, exact=True)
     toks, other = [(37 * i + 5) % 600 for i in range(6)], [(11 * i + 3) % 600 for i in range(3)]
-    fusion.use_kernels("all")
+    stages.use_kernels("all")
     try:
         first = StepPlan((SequenceStep(0, tuple(toks), 0), SequenceStep(1, tuple(toks[:2]), 0)))
         whole = runner.execute(first).logits[0]
         rest = StepPlan((SequenceStep(1, tuple(toks[2:]), 2), SequenceStep(2, tuple(other), 0)))
         chunked = runner.execute(rest).logits[0]
     finally:
-        fusion.use_kernels("off")
+        stages.use_kernels("cuda")
         booted.close()
     assert torch.equal(whole, chunked)  # another chunking, another slot, a neighbour in the step

@@ -100,34 +100,27 @@ def test_warm_up_drafts_once_after_the_token_where_the_runner_drafts():
 
 
 class _Runner:
-    def __init__(self, stages):
-        self.stages = stages
+    def __init__(self, kernels):
+        self.kernels = kernels
 
     def stats(self):
-        return {"stages": self.stages}
+        return {"stage_kernels": self.kernels}
 
 
-def test_compiled_stages_are_reported_only_when_there_were_any():
-    from tfc.runtime.engine.warmup import compiled_stages, stages_line
+def test_stage_kernels_are_counted_where_a_runner_runs_them():
+    from tfc.runtime.engine.warmup import stage_kernels, stages_line
 
-    counts = {"loaded": 21, "saved": 0, "traced": 0}
-    assert compiled_stages(_Runner(counts)) == counts
-    assert stages_line(counts) == (
-        "compiled stages: 21 loaded, 0 compiled and saved, 0 traced in process; 0 stages as Triton kernels"
-    )
-    kernels = {"loaded": 0, "saved": 0, "traced": 0, "kernels": 15}
-    assert compiled_stages(_Runner(kernels)) == kernels
-    assert stages_line(kernels).endswith("; 15 stages as Triton kernels")
-    assert compiled_stages(_Runner({"loaded": 0, "saved": 0, "traced": 0, "kernels": 0})) is None
-    assert compiled_stages(None) is None and compiled_stages(object()) is None
+    assert stage_kernels(_Runner(15)) == 15 and stages_line(15) == "15 stages as Triton kernels"
+    assert stage_kernels(_Runner(0)) == 0 and stage_kernels(_Runner(None)) == 0
+    assert stage_kernels(None) == 0 and stage_kernels(object()) == 0
 
 
-def test_runner_notes_say_why_a_stage_compiles_in_process():
+def test_runner_notes_say_how_a_runner_runs():
     from tfc.runtime.engine.warmup import runner_notes
 
     class Noted(_Runner):
         def stats(self):
-            return {"stages": self.stages, "notes": ["select compiles in process: saved stage failed: ..."]}
+            return {"stage_kernels": self.kernels, "notes": ["kernels' torch references (no GPU)"]}
 
-    assert runner_notes(Noted({})) == ["select compiles in process: saved stage failed: ..."]
-    assert runner_notes(_Runner({})) == [] and runner_notes(None) == []
+    assert runner_notes(Noted(0)) == ["kernels' torch references (no GPU)"]
+    assert runner_notes(_Runner(0)) == [] and runner_notes(None) == []

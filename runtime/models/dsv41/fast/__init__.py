@@ -13,9 +13,10 @@ Precision, and why:
 
 Exactness: every step has 16 rows, padding included, so each torch op and EXL3 product has one shape per
 key; the MoE runs only the live rows with its launch pinned per table; the indexer's dot products are exact.
-A token's bits therefore depend on neither the other rows, nor its slot, nor how its prompt was chunked:
-prefill is the same 16-row step as decode. Modules: weights (arena views), ops / ops_reference (kernels),
+A token's bits therefore depend on neither the other rows, nor its slot, nor how its prompt was chunked.
+Prompt rows take the prefill forward's wide steps (build.PREFILL_ROWS rows), exact in the same way but not
+with the decode steps' bits (another summation order). Modules: weights (arena views), ops / ops_reference (kernels),
 kv_rows / kv_layout / kv_pages / kv_memory (KV memory), graph_keys / step_plan (host side), step_context,
-attention, compressed, moe, engram, fp32, rope, fusion (the small-op stages compiled on a GPU), forward (the
+attention, compressed, moe, engram, fp32, rope, stages (the small-op stages: their Triton kernels on a GPU), forward (the
 step body), runner, build; dense_check (checks only).
 """

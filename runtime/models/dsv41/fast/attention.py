@@ -14,10 +14,10 @@ import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.compressed import compress, index
 from tfc.runtime.models.dsv41.fast.fp32 import plain_rms_norm, rms_norm
-from tfc.runtime.models.dsv41.fast.fusion import fused
 from tfc.runtime.models.dsv41.fast.kv.rows import pack_fp8, unpack_fp4, unpack_fp8
 from tfc.runtime.models.dsv41.fast.overlap import SideBranch
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
+from tfc.runtime.models.dsv41.fast.stages import fused
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
 

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.fast import fusion
 from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
 from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
 from tfc.runtime.models.dsv41.fast.kv.layout import PAGE_TOKENS, kv_layout
@@ -23,13 +21,12 @@ from tfc.runtime.parallel.comm import SOLO
 from tfc.runtime.worker.step import Capacity, ModelInfo
 
 from tfc.errors import TfcError
-from tfc.switches import switched_off, switched_on
 
 DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the model allows 1M)
-# Rows of a prefill step when TFC_PREFILL_STEPS=1 asks for one (prompt tokens through the many-row kernels,
-# eager): the MoE decodes every expert a step hits once a step, so rows a step set how many rows share a decode
-# (benchmarks/prefill_h200.py --widths times them).
-PREFILL_ROWS = 2048
+# Rows of a prefill step by device unless asked otherwise. CUDA: the many-row kernels' MoE decodes every expert a
+# step hits once a step, so rows a step set how many rows share a decode (benchmarks/prefill_h200.py --widths).
+# CPU: the kernels' torch references gain nothing from width and pay for every padding row, so the narrowest.
+PREFILL_ROWS = {"cuda": 2048, "cpu": 32}
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
 
 
@@ -48,22 +45,19 @@ def build_fast(
     page_tokens: int = PAGE_TOKENS,
     context_step: int = CONTEXT_STEP,
     ops: Any = None,
-    fuse: bool | None = None,
     draft: bool = True,
     progress: Callable[[int, int], None] | None = None,
-    stage_folder: Path | None = None,
     prefill_rows: int | None = None,
     comm: Any = None,
-    tp_exact: bool | None = None,
+    tp_exact: bool = False,
 ) -> FastRunner:
-    """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, default
-    TFC_TP_EXACT at TP=1 and always on a TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1); `kv_tokens` (default slots x tokens_per_slot, at most
-    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `fuse` (default: on CUDA unless TFC_COMPILE=0)
-    compiles the small-op stages (fusion.py), saved in `stage_folder` (default: the image store's,
-    kernel_cache.stage_dir) so a restart loads them; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
+    """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, always on a
+    TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1, for a TP=1 build held to the worlds);
+    `kv_tokens` (default slots x tokens_per_slot, at most
+    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
-    wide steps that prompt rows take (default PREFILL_ROWS on CUDA with TFC_PREFILL_STEPS=1, else 0: opt-in, for
-    the reasons fast-forward.md gives; 0, or TFC_PREFILL_STEPS=0 whatever was asked: prompts take the decode steps)."""
+    wide steps that prompt rows take (default: the device's PREFILL_ROWS in an exact build; 0, and always
+    with `tp_exact`: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.reference.runner import MissingEngramTables
 
     opened, arena = booted.image, booted.arena
@@ -75,14 +69,6 @@ def build_fast(
     if context_step % page_tokens:
         raise FastBuildError(f"context buckets of {context_step} tokens are not whole pages of {page_tokens}")
     dev = arena.device
-    if fuse is None:
-        fuse = fusion.wanted(dev.type)
-    fusion.enable(fuse)
-    fusion.use_kernels("cuda" if fusion.kernels_wanted() else "off")
-    if fuse:
-        from tfc.runtime.boot.kernel_cache import stage_dir
-
-        fusion.use_stage_folder(stage_dir(opened.path, dev) if stage_folder is None else stage_folder)
     if ops is None:
         if dev.type == "cuda":
             from tfc.runtime.models.dsv41.fast.ops import TritonOps
@@ -100,8 +86,6 @@ def build_fast(
             ops = ReferenceOps()
     weights = FastWeights(opened, arena, cfg)
     shard = shard_of(m, cfg, weights, comm or SOLO, dev)
-    if tp_exact is None:
-        tp_exact = switched_on("TFC_TP_EXACT")
     tp_exact = tp_exact or shard.world > 1
     notes = []
     if (
@@ -118,10 +102,8 @@ def build_fast(
     tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
     buckets = context_buckets(tokens_per_slot, step=context_step)
     kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
-    if switched_off("TFC_PREFILL_STEPS"):
-        prefill_rows = 0
-    elif prefill_rows is None:
-        prefill_rows = PREFILL_ROWS if dev.type == "cuda" and switched_on("TFC_PREFILL_STEPS") else 0
+    if prefill_rows is None:  # a loose build's steps run the live rows: its prompts would not be exact
+        prefill_rows = PREFILL_ROWS.get(dev.type, 0) if exact else 0
     if prefill_rows and prefill_rows <= MAX_ROWS:
         raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {MAX_ROWS}, or 0 for none")
     kv = KvMemory(kv_layout(cfg, max(MAX_ROWS, prefill_rows), page_tokens), slots, kv_tokens,

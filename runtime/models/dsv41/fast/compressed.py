@@ -15,14 +15,13 @@ from __future__ import annotations
 import torch
 from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
-from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
+from tfc.runtime.models.dsv41.fast.stages import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
 NEG_INF = float("-inf")
 SCORE_CHUNK = 4096  # entries scored at a time (bounds the fp32 keys and partial products a step holds)
-PAGED = True  # where stage kernels run, the index keys are scored where they lie (False: gathered first)
 
 
 @fused(kernel="tfc.kernels.dsv41.kv_pack:pooled")
@@ -104,13 +103,12 @@ def index_query(y: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tenso
     return fake_fp4(q, 32, grid)
 
 
-@fused(dynamic={"raw": 1}, kernel="tfc.kernels.dsv41.index_scores:chunk_scores")
 def chunk_scores(raw: torch.Tensor, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, c] of one chunk of index key rows [R, c, key bytes]."""
     return index_scores(q, unpack_fp4(raw, q.shape[-1], 32, False, grid), weights)
 
 
-@fused(dynamic={"scores": 1, "candidates": 1}, kernel="tfc.kernels.dsv41.router_pick:select")
+@fused(kernel="tfc.kernels.dsv41.router_pick:select")
 def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torch.Tensor | None, top_blocks: int,
            block: int, make_candidates: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """(top-k entries [R, k], which are real, the candidate mask when this layer makes one) of raw scores."""
@@ -132,8 +130,8 @@ def select(scores: torch.Tensor, visible: torch.Tensor, k: int, candidates: torc
 
 def entry_scores(pool: torch.Tensor, rv, q: torch.Tensor, weights: torch.Tensor, grid) -> torch.Tensor:
     """Scores [R, entries] of the index keys each row's pages hold: read where they lie by the stage kernel
-    (kernels/index_scores.paged_scores), else gathered and scored in chunks; the same bits either way."""
-    paged = stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q) if PAGED else None
+    (kernels/index_scores.paged_scores) where it runs, else gathered and scored in chunks; the same bits."""
+    paged = stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
     if paged is not None:
         return paged(pool, rv.pages, rv.per_page, q, weights)
     rows = q.shape[0]

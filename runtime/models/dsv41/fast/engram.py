@@ -10,7 +10,7 @@ columns' ids and gathers the other ranks' rows).
 from __future__ import annotations
 
 import torch
-from tfc.runtime.models.dsv41.fast.fusion import fused
+from tfc.runtime.models.dsv41.fast.stages import fused
 
 
 @fused(kernel="tfc.kernels.dsv41.mhc_stages:engram_gate")

@@ -1,7 +1,7 @@
 """The reference's device-agnostic maths run in fp32: its float64 wrappers (numerics.wide) taken off.
 
 rms_norm, and the mHC mix, collapse and expand are plain torch ops of fixed shape; the fast forward calls the
-very code the reference runs, only on fp32 tensors (as fused stages on a GPU: fusion.py). The mix's Sinkhorn is
+very code the reference runs, only on fp32 tensors (as stage kernels on a GPU: stages.py). The mix's Sinkhorn is
 the exception on a GPU: one Triton launch a site (kernels/dsv41/mhc_sinkhorn.py) where the loop takes two an iteration.
 `fixed_sum` sums along an axis by halving, an order that no kernel choice can change.
 """
@@ -9,11 +9,9 @@ the exception on a GPU: one Triton launch a site (kernels/dsv41/mhc_sinkhorn.py)
 from __future__ import annotations
 
 import torch
-from tfc.runtime.models.dsv41.fast.fusion import fused, stage_kernel
+from tfc.runtime.models.dsv41.fast.stages import fused, stage_kernel
 from tfc.runtime.models.dsv41.reference import csa, mhc
 
-# the drafter's tap by kernels/hidden_tap where stage kernels run; off: torch's four launches
-TAP_KERNEL = True
 plain_rms_norm = csa.rms_norm.__wrapped__
 rms_norm = fused(plain_rms_norm, kernel="tfc.kernels.dsv41.mhc_stages:rms_norm")
 hc_mix_logits = fused(mhc.hc_mix_logits.__wrapped__, kernel="tfc.kernels.dsv41.mhc_stages:hc_mix_logits")
@@ -30,9 +28,8 @@ def collapse_norm(streams: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor
 
 def stream_tap(streams: torch.Tensor, out: torch.Tensor) -> None:
     """out [R, D] = the float64 mean of streams [R, S, D] over S rounded to fp32 (the reference's `capture`): one
-    kernel where stage kernels run and TAP_KERNEL is on (kernels/dsv41/hidden_tap.py, torch's bits), else torch's four
-    launches."""
-    kernel = stage_kernel("tfc.kernels.dsv41.hidden_tap:stream_mean_into", streams) if TAP_KERNEL else None
+    kernel where stage kernels run (kernels/dsv41/hidden_tap.py, torch's bits), else as torch computes it."""
+    kernel = stage_kernel("tfc.kernels.dsv41.hidden_tap:stream_mean_into", streams)
     if kernel is not None:
         kernel(streams, out)
     else:

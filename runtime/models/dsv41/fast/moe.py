@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from tfc.runtime.models.dsv41.fast.fusion import fused
+from tfc.runtime.models.dsv41.fast.stages import fused
 
 
 @fused(kernel="tfc.kernels.dsv41.router_pick:split3")

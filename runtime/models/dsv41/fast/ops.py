@@ -3,10 +3,9 @@
 `TritonOps` runs the Triton kernels (tfc.kernels, public entry points, imported when the ops are made so the
 interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default) a row's bits never depend on how
 many rows are live: the forward hands the EXL3 GEMM 16 rows (padding rows included) and the key's live rows,
-which a `row_free` launch (exl3_launch.GemmConfig; ROW_FREE) runs alone, each with the bits it has among 16
-(ROW_FREE off: the 16-row launch, partials summed for the live rows); the MoE, which runs the live rows' pairs
-only, gets its k-splits and decode chosen once per table for one token's pairs (`moe_config`) instead of per
-call from the pair count. The prefill forward's twin (`for_prefill`) sends every EXL3 product
+which a `row_free` launch (exl3_launch.GemmConfig) runs alone, each with the bits it has among 16; the MoE,
+which runs the live rows' pairs only, gets its k-splits and decode chosen once per table for one token's pairs
+(`moe_config`) instead of per call from the pair count. The prefill forward's twin (`for_prefill`) sends every EXL3 product
 and MoE to the many-row kernels (kernels/exl3/rows.py), whose rows are each summed alone in one order whatever
 the rows, so a prompt token's bits depend neither on its chunk nor on the rows beside it (they differ from the
 decode kernels' bits: another summation order). The kernels' torch references stand in on machines without a
@@ -20,8 +19,6 @@ from typing import Any, Protocol
 
 import torch
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
-
-ROW_FREE = True  # exact EXL3 products run the live rows alone (row_free launches); off: all 16 rows
 
 
 class Ops(Protocol):
@@ -168,8 +165,8 @@ class TritonOps:
                           config=self._config())  # fmt: skip
 
     def _config(self) -> Any:
-        """The decode steps' EXL3 launch: row-free where exact (ROW_FREE), else each shape's own."""
-        return self._row_free if self.exact and ROW_FREE else self._own
+        """The decode steps' EXL3 launch: row-free where exact, else each shape's own."""
+        return self._row_free if self.exact else self._own
 
     def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """One grouped GEMM launch (rotation, products, sums) for groups of one shape, width and codebook; each

@@ -1,10 +1,10 @@
 """A layer's side branch on a second CUDA stream: work that only writes the KV memory runs beside the step's main
 line (the queries) and is joined before anything reads what it wrote. A captured step holds the fork and the join.
 
-On by default (OVERLAP; benchmarks/decode.md has its measure). Only exact decode steps with row-free EXL3
-launches (ops.ROW_FREE) overlap: those sums need no arrival counters (exl3_launch.counters, which launches on two
-streams at once must not share; the 16-row launch uses them); a prefill step's many-row products are bound by
-arithmetic, not latency. A tensor-parallel rank stays serial: its overlap is not measured on several GPUs.
+Only exact decode steps overlap: their EXL3 products are row-free launches, whose sums need no arrival counters
+(exl3_launch.counters, which launches on two streams at once must not share; a loose build's launches, `exact=False`, use them);
+a prefill step's many-row products are bound by arithmetic, not latency. A tensor-parallel rank stays serial: its
+overlap is not measured on several GPUs.
 The bits are those of the serial step: every kernel computes the same values from the same inputs, only their
 order on the GPU changes.
 """
@@ -14,16 +14,12 @@ from __future__ import annotations
 from types import TracebackType
 
 import torch
-from tfc.runtime.models.dsv41.fast import ops
-
-OVERLAP = True  # a layer's KV rows written on a side stream while its queries are made
 
 
 def side_stream(f, x: torch.Tensor) -> torch.cuda.Stream | None:
-    """The forward's side stream on x's GPU where OVERLAP is on and the step an exact, row-free decode step at
-    TP=1; else None."""
-    serial = f.tp is not None or not ops.ROW_FREE or getattr(f.ops, "many_rows", False)
-    if not (OVERLAP and x.is_cuda and f.ops.exact) or serial:
+    """The forward's side stream on x's GPU where the step is an exact decode step at TP=1; else None."""
+    serial = f.tp is not None or getattr(f.ops, "many_rows", False)
+    if not (x.is_cuda and f.ops.exact) or serial:
         return None
     if f.side is None:
         f.side = torch.cuda.Stream(x.device)
@@ -55,4 +51,4 @@ class SideBranch:
             self.main.wait_stream(self.stream)
 
 
-__all__ = ["OVERLAP", "SideBranch", "side_stream"]
+__all__ = ["SideBranch", "side_stream"]

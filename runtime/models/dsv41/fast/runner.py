@@ -233,11 +233,11 @@ class FastRunner(DraftingRunner):
         self._slots[slot] = _Slot(FedTokens((0,) * tokens))
 
     def stats(self) -> dict:
-        """Graph cache counters, the compiled stages by how they came (fusion.COUNTS) and KV memory figures."""
-        from tfc.runtime.models.dsv41.fast.fusion import COUNTS, NOTES
+        """Graph cache counters, the stage kernels it runs (stages.kernels_loaded) and KV memory figures."""
+        from tfc.runtime.models.dsv41.fast.stages import kernels_loaded
 
         g = self.graphs.stats
-        return {"notes": [*self.notes, *NOTES], "stages": dict(COUNTS), "graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
+        return {"notes": list(self.notes), "stage_kernels": kernels_loaded(), "graphs": {"enabled": self.graphs.enabled, "captures": g.captures, "replays": g.hits,
                            "eager": g.eager, "held": g.held, "fallbacks": g.fallbacks, "evictions": g.evictions},
                 "kv": {"bytes": self.kv.nbytes, "bytes_per_token": self.kv.layout.bytes_per_token,
                        "bytes_per_slot": self.kv.layout.bytes_per_slot, "free_pages": self.kv.pool.free_pages},

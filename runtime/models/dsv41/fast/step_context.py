@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tfc.runtime.models.dsv41.fast.fusion import stage_kernel
-
-STEP_KERNELS = True  # the rows' addresses by kernels/step_rows where stage kernels run
+from tfc.runtime.models.dsv41.fast.stages import stage_kernel
 
 
 @dataclass
@@ -83,8 +81,8 @@ def step_context(rows: int, slots: torch.Tensor, positions: torch.Tensor, rope, 
 
 
 def _kernel(name: str, tensor: torch.Tensor):
-    """kernels/step_rows' `name` where stage kernels run on tensor's device and STEP_KERNELS is on, else None."""
-    return stage_kernel(f"tfc.kernels.dsv41.step_rows:{name}", tensor) if STEP_KERNELS else None
+    """kernels/step_rows' `name` where stage kernels run on tensor's device, else None."""
+    return stage_kernel(f"tfc.kernels.dsv41.step_rows:{name}", tensor)
 
 
 def ring_rows(slots: torch.Tensor, positions: torch.Tensor, window: int,

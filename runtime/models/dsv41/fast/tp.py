@@ -9,7 +9,7 @@ operands as at TP=1 (docs/parallel.md):
 - attention runs on every head (the rank's queries in place, zeros elsewhere), so its products and softmax have
   TP=1's shapes; each rank keeps its wo_a groups;
 - the embedding row comes from the rank owning the id, Engram rows and logits are gathered in rank order.
-A TP=1 forward built with these products (TFC_TP_EXACT=1) is the reference the worlds are held to.
+A TP=1 forward built with these products (build_fast's `tp_exact`) is the reference the worlds are held to.
 """
 
 from __future__ import annotations

@@ -12,14 +12,12 @@ TFC_FLASH_IMAGE to a prepared `tfc fixture flash-random --layers 4` image: `tfc 
 the reference forward on the same weights decoded on the device, in relative L2, within 1e-2 or twice the distance
 between two valid bf16 orders of the fast forward (dense_check.agreement says why), top-1 equal on >= 6 of 8; and
 each kernel call of two layers alone against its decoded weights.
-Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3-6 minutes;
-TFC_COMPILE=0 runs the small-op stages uncompiled)
+Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_fast_gpu.py  (about 3-6 minutes)
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -141,11 +139,11 @@ def test_overlapped_kv_rows_give_the_serial_steps_bits(image, eager, monkeypatch
     from tfc.runtime.models.dsv41.fast import overlap
 
     prompt = [0, *range(100, 130)]
-    monkeypatch.setattr(overlap, "OVERLAP", False)
-    eager.forward.side = None  # the module's runner may have overlapped already (on by default)
-    serial = generate(eager, [prompt], 32, keep_logits=True)[0]
-    assert eager.forward.side is None, "the serial steps took a side stream"
-    monkeypatch.setattr(overlap, "OVERLAP", True)
+    with monkeypatch.context() as serial_only:  # the serial steps, the reference: no step gets a side stream
+        serial_only.setattr(overlap, "side_stream", lambda f, x: None)
+        eager.forward.side = None  # the module's runner may have overlapped already
+        serial = generate(eager, [prompt], 32, keep_logits=True)[0]
+        assert eager.forward.side is None, "the serial steps took a side stream"
     booted, runner = _runner(image, True)
     try:
         for r in (runner, eager):
@@ -273,36 +271,31 @@ def test_generate_drafted_equals_serial_on_the_fast_forward(image):
         assert drafted["token_sha"] == serial["token_sha"], (sampling, drafted["drafting"])
 
 
-def test_a_restart_loads_the_saved_stages_and_gives_the_same_tokens(image):
-    # two processes on one store: with the stage kernels (the default) neither traces or saves a stage; with the
-    # compiled stages (TFC_STAGE_KERNELS=0) the second loads the stages the first (or an earlier test) saved
+def test_a_restart_runs_the_stage_kernels_from_the_store_and_gives_the_same_tokens(image):
+    # two processes on one store: both run the small-op stages as their Triton kernels, compiled once into the
+    # store's Triton cache (kernel_cache.py); torch compiles nothing; the same tokens
     import subprocess
     import sys
 
-    from tfc.runtime.boot.kernel_cache import stage_dir
+    from tfc.runtime.boot.kernel_cache import store_of
 
-    args = [sys.executable, "-m", "tfc", "generate", str(image), "--prompt", "Hello there", "--max-tokens", "12",
-            "--device", "cuda", "--json", "--no-draft"]  # fmt: skip
-    compiled = {**os.environ, "TFC_STAGE_KERNELS": "0"}
+    # `python -X importtime -m tfc generate ...`, every module it imports listed on stderr
+    run_tfc = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_module('tfc', run_name='__main__')"
+    args = [sys.executable, "-X", "importtime", "-c", run_tfc, "tfc", "generate", str(image), "--prompt", "Hello there",
+            "--max-tokens", "12", "--device", "cuda", "--json", "--no-draft"]  # fmt: skip
     runs = []
-    for env in (None, compiled, compiled):
-        done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert runs[1]["token_sha"] == runs[2]["token_sha"]  # (the kernels' own may differ in last bits)
-    kernels = runs[0]["stages"]
-    assert kernels["kernels"] > 0 and kernels["traced"] == kernels["saved"] == kernels["loaded"] == 0, kernels
-    again = runs[2]["stages"]  # the second compiled generate loads every stage the first saved
-    assert again["loaded"] > 0 and again["saved"] == 0 and again["traced"] == 0, again
-    assert list(stage_dir(image, "cuda").glob("*.bin")), "no stage was saved"
-    # tfc load sizes the KV memory for more slots than generate: its stages' signatures are its own, saved by
-    # its first run; the second compiles nothing
     for _ in range(2):
-        load = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--device", "cuda", "--json"],
-                              capture_output=True, text=True, timeout=900, env=compiled)  # fmt: skip
-        assert load.returncode == 0, load.stderr[-3000:]
-    stages = json.loads(load.stdout.strip().splitlines()[-1])["stages"]
-    assert stages["loaded"] > 0 and stages["saved"] == 0 and stages["traced"] == 0, stages
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "torch._dynamo" not in done.stderr and "torch._inductor" not in done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0]["token_sha"] == runs[1]["token_sha"]
+    assert runs[0]["stage_kernels"] > 0 and runs[1]["stage_kernels"] == runs[0]["stage_kernels"]
+    assert list(store_of(image).glob(".kernels/sm_*-triton-*/*")), "Triton's cache is not in the store"
+    load = subprocess.run([sys.executable, "-m", "tfc", "load", str(image), "--device", "cuda", "--json"],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert load.returncode == 0, load.stderr[-3000:]
+    assert json.loads(load.stdout.strip().splitlines()[-1])["stage_kernels"] > 0
 
 
 @pytest.mark.skipif(

@@ -12,33 +12,21 @@ def _forward(exact: bool = True, many_rows: bool = False, tp: object = None) -> 
     return SimpleNamespace(ops=SimpleNamespace(exact=exact, many_rows=many_rows), side=None, tp=tp)
 
 
-def test_the_side_branch_runs_inline_off_the_gpu_or_switched_off(monkeypatch):
+def test_the_side_branch_runs_inline_off_the_gpu():
     x = torch.zeros(2, 3)
-    for on in (False, True):
-        monkeypatch.setattr(overlap, "OVERLAP", on)
-        f = _forward()
-        assert overlap.side_stream(f, x) is None
-        ran = []
-        with overlap.SideBranch(f, x) as branch:
-            ran.append(x.sum())
-        branch.join()
-        assert ran and f.side is None
+    f = _forward()
+    assert overlap.side_stream(f, x) is None
+    ran = []
+    with overlap.SideBranch(f, x) as branch:
+        ran.append(x.sum())
+    branch.join()
+    assert ran and f.side is None
 
 
-def test_only_exact_decode_steps_overlap(monkeypatch):
-    monkeypatch.setattr(overlap, "OVERLAP", True)
+def test_only_exact_decode_steps_at_tp1_overlap():
     gpu = SimpleNamespace(
         is_cuda=True, device="cuda"
     )  # never reaches a stream: each forward below is refused
-    assert overlap.side_stream(_forward(exact=False), gpu) is None
-    assert overlap.side_stream(_forward(many_rows=True), gpu) is None
+    assert overlap.side_stream(_forward(exact=False), gpu) is None  # its launches share arrival counters
+    assert overlap.side_stream(_forward(many_rows=True), gpu) is None  # a prefill step
     assert overlap.side_stream(_forward(tp=object()), gpu) is None  # a tensor-parallel rank
-
-
-def test_the_sixteen_row_launch_stays_serial(monkeypatch):
-    # its sums share arrival counters, which two streams at once must not
-    from tfc.runtime.models.dsv41.fast import ops
-
-    monkeypatch.setattr(overlap, "OVERLAP", True)
-    monkeypatch.setattr(ops, "ROW_FREE", False)
-    assert overlap.side_stream(_forward(), SimpleNamespace(is_cuda=True, device="cuda")) is None

@@ -1,6 +1,7 @@
 """The fast runner's prefill forward on the CPU (the kernels' torch references): prompt rows take wide steps of
-their own, so a prompt's state does not depend on how it was chunked, decode rows keep the decode steps, and
-the engine caches prompt states only (a decoded row's bits are not its prefilled bits).
+their own (by default, in an exact build at TP=1), so a prompt's state does not depend on how it was chunked,
+decode rows keep the decode steps, and the engine caches prompt states only (a decoded row's bits are not its
+prefilled bits).
 
 The wide steps are 32 rows here, so that a 70-token prompt takes several. TFC_TEST_FAST_DEVICE=cuda runs the same
 on a GPU (graphs on), where the prefill forward runs the many-row kernels (kernels/exl3/rows.py) and the decode
@@ -19,7 +20,7 @@ from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.prefix_cache import PrefixSettings
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
-from tfc.runtime.models.dsv41.fast.build import FastBuildError, build_fast
+from tfc.runtime.models.dsv41.fast.build import PREFILL_ROWS, FastBuildError, build_fast
 from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
@@ -155,14 +156,17 @@ def test_the_prefill_forward_agrees_with_the_decode_steps(booted, fast):
     # fp16 input) differs
     atol = 1e-4 * float(want.abs().max()) if DEVICE == "cpu" else 0.02
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TFC_PREFILL_STEPS", "0")
-        off = build_fast(
-            booted, slots=2, tokens_per_slot=256, context_step=256, page_tokens=64, prefill_rows=WIDE
-        )
-        assert off.prefill is None and off.stats()["prefill"]["rows"] == 0
     with pytest.raises(FastBuildError, match="more than 16"):
         build_fast(booted, slots=2, tokens_per_slot=256, context_step=256, page_tokens=64, prefill_rows=8)
+
+
+def test_prompt_rows_take_the_prefill_forward_by_default_where_it_is_exact(booted):
+    small = {"slots": 2, "tokens_per_slot": 256, "context_step": 256, "page_tokens": 64, "draft": False}
+    runner = build_fast(booted, **small)
+    assert runner.prompt_rows_differ and runner.stats()["prefill"]["rows"] == PREFILL_ROWS[DEVICE]
+    assert runner.kv.layout.step_rows == PREFILL_ROWS[DEVICE]  # the window ring holds a prefill step's rows
+    for plain in (build_fast(booted, **small, tp_exact=True), build_fast(booted, **small, exact=False)):
+        assert plain.prefill is None and not plain.prompt_rows_differ  # a world's products; a loose build
 
 
 def test_the_engine_caches_prompt_states_only_when_prompt_rows_differ(booted, fast):
