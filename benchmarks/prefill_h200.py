@@ -8,7 +8,7 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
 - rates: the bf16 product peak (8192^3, graphed) and the HBM copy rate, as decode_h200.py measures them;
 - kernels: exl3_gemm_rows on the slice's layer-0 `wq_b` (1280 x 32768, the largest attention group) and the MoE
   (moe_rows, layer 0's tables, random routes) at several rows, for each launch variant (rows a tile, warps,
-  k a step); each checked against x (as the products see it: exl3_rotate.rows_seen) @ the weight decoded on the
+  k a step: RowsConfig); each checked against x (as the products see it: exl3_rotate.rows_seen) @ the weight decoded on the
   device (relative Frobenius error < 1e-5)
   before it is timed; TFLOP/s = 2 x rows x the weights a row multiplies / median time; beside it torch's bf16
   product of the same shape on the decoded weight (what a dense bf16 engine's GEMM would do);
@@ -20,27 +20,19 @@ Parts, in order (the JSON is rewritten after each): rates, checks, prefill, prof
   median of --repeats timed prefills after a first, 3 by default; one until prefill run 19), slice tok/s, the
   whole-Flash projection (the slice's four layers' time scaled by Flash's 40 layers' active weights over the
   slice's, plus the head of every step, timed alone on the HEAD_ROWS rows a step reads) and its share of the
-  bf16 peak (2 x Flash's active weights a token, decode_h200.active_params);
+  bf16 peak (2 x Flash's active weights a token, decode_h200.active_params); at 256 rows with the small-op stages compiled and again
+  uncompiled, at 1024 and 2048 uncompiled only (each compile of a new width costs minutes of device time);
 - profile: torch.profiler over one prefill step (--wide rows) at 2k context (or two steps' worth, within a
-  slot's tokens) on the first of --paths: GPU time by kernel, the largest first.
-`--paths dense,scratch,tiles` times every prefill on each path of the many-row products and checks the others'
-last logits against the first's. `dense` is the default (the linears through the decoded scratch,
-kernels/exl3/scratch.py; the MoE's tables on the tiles, kernels/exl3/rows.py); every other path is dense with
-one thing changed (PATH_KNOBS), or several joined by "+" (`twohalves+k32`): `scratch` / `tiles` (every product
-through the scratch / on the tiles), `windows` (the tiles' weights by two gathered words a weight, not the lane
-decode), `k32` / `k64` (the tiles' k step), `twohalves` / `onehalf` (the products on the rows' fp16 high and
-low halves, or the high halves alone: exl3_rows.LOW_HALF), `noprefetch` / `prefetch` (the tiles' loop loading
-each k step's words and rows a step ahead), `nofinish` / `finish` (the output rotation and svh in the product
-tiles, or a second kernel), `fma` (the attention's products as fp32 FMA, attend_rows.PIECES 0, not bf16 pieces on
-the matrix units) and `inrun` (the attention's keys decoded in its runs, not its key tables decoded to bf16 first).
-The tiles' launch: `pairs` / `aligned` (how a lane cuts its states from its words, exl3_lanes.LANE_CUT), `w8` (8
-warps a program) and `cap168` / `cap128` / `cap152` / `cap192` / `nocap` (the registers a thread capped, more
-programs an SM, or not: exl3_rows.MAX_REGS).
+  slot's tokens): GPU time by kernel, the largest first.
+The many-row products' paths (the linears through the decoded scratch, kernels/exl3/scratch.py; the MoE's
+tables on the tiles, kernels/exl3/rows.py) are the kernels' own: a variant of a kernel is a RowsConfig the
+kernels part passes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
 import sys
@@ -55,50 +47,19 @@ ensure_tfc()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from decode_h200 import active_params, bf16_tflops, copy_gbps, flash_config, timed  # noqa: E402
-from tfc.kernels.dsv41 import attend_keys, attend_rows  # noqa: E402
-from tfc.kernels.exl3 import lanes as exl3_lanes  # noqa: E402
-from tfc.kernels.exl3 import rows as exl3_rows  # noqa: E402
+from tfc.kernels.exl3.rows import RowsConfig  # noqa: E402
 
 ROWS = (256, 1024, 4096)
 MOE_TOKENS = (256, 2048)
-VARIANTS = {"bm64_w4_k32": (64, 4, 32), "bm64_w8_k32": (64, 8, 32), "bm128_w8_k32": (128, 8, 32),
-            "bm32_w4_k32": (32, 4, 32), "bm64_w4_k64": (64, 4, 64)}  # fmt: skip
+VARIANTS = {
+    f"bm{bm}_w{w}_k{k}": RowsConfig(block_m=bm, num_warps=w, block_k=k)
+    for bm, w, k in ((64, 4, 32), (64, 8, 32), (128, 8, 32), (32, 4, 32), (64, 4, 64))
+}
 PREFILL = (2048, 16384)
 WIDE = 256  # the runner's default prefill steps
 WIDES = (256, 1024, 2048)  # prefill step rows timed (0: the decode steps, 16 rows a step, graphed)
-REPEATS = 3  # timed prefills of each prompt, width and path after the first (their median is the figure)
-PATHS = ("dense",)  # the many-row products' paths timed (exl3_rows.SCRATCH), the first the one checked
-ATTEND_PIECES = attend_rows.PIECES  # of every path but "fma" (the kernel's default)
-PREDECODE_ROWS = attend_keys.PREDECODE_ROWS  # of every path but "inrun" (the kernel's default)
-# each path's changes from the defaults (exl3_rows' knobs; "fma" and "inrun" change the attention's)
-PATH_KNOBS = {
-    "dense": {}, "scratch": {"SCRATCH": "all"}, "tiles": {"SCRATCH": "none"}, "windows": {"TILE_DECODE": "windows"},
-    "k32": {"BLOCK_K": 32}, "k64": {"BLOCK_K": 64}, "twohalves": {"LOW_HALF": True}, "onehalf": {"LOW_HALF": False},
-    "noprefetch": {"TILE_PREFETCH": False}, "prefetch": {"TILE_PREFETCH": True},
-    "nofinish": {"FINISH_IN_TILES": False}, "finish": {"FINISH_IN_TILES": True}, "fma": {}, "inrun": {},
-    "pairs": {}, "aligned": {},
-    "w8": {"NUM_WARPS": 8}, "cap168": {"MAX_REGS": 168}, "cap128": {"MAX_REGS": 128},
-    "cap192": {"MAX_REGS": 192}, "cap152": {"MAX_REGS": 152}, "nocap": {"MAX_REGS": None},
-}  # fmt: skip
-LANE_CUT = exl3_lanes.LANE_CUT
-ROWS_DEFAULTS = {n: getattr(exl3_rows, n) for knobs in PATH_KNOBS.values() for n in knobs}
-
-
-DEFAULT_VARIANT = (exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K)
-
-
-def set_variant(variant: tuple[int, int, int]) -> None:
-    exl3_rows.BLOCK_M, exl3_rows.NUM_WARPS, exl3_rows.BLOCK_K = variant
-
-
-def set_path(path: str) -> None:
-    """exl3_rows' and the attention's defaults, then each of path's "+"-joined parts' changes (PATH_KNOBS)."""
-    parts = path.split("+")
-    for name, value in {**ROWS_DEFAULTS, **{n: v for p in parts for n, v in PATH_KNOBS[p].items()}}.items():
-        setattr(exl3_rows, name, value)
-    attend_rows.PIECES = 0 if "fma" in parts else ATTEND_PIECES
-    attend_keys.PREDECODE_ROWS = 1 << 40 if "inrun" in parts else PREDECODE_ROWS
-    exl3_lanes.LANE_CUT = next((c for c in exl3_lanes.CUTS if c in parts), LANE_CUT)
+COMPILED = True  # the default width also timed compiled (with TFC_STAGE_KERNELS=0; else kernels in both)
+REPEATS = 3  # timed prefills of each prompt and width after the first (their median is the figure)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -119,13 +80,14 @@ def kernels(runner, res: dict) -> None:
     out = {"wq_b": {"k": lin.k, "n": lin.n, "bits": int(lin.trellis.shape[-1]) // 16}, "moe": {}}
     for m in ROWS:
         x = torch.randn(m, lin.k, device="cuda", generator=gen)
-        want = rows_seen(x, lin.suh, exl3_rows.LOW_HALF).double() @ dense.double()
+        want = rows_seen(x, lin.suh).double() @ dense.double()
         xb = x.bfloat16()
         row = {"bf16_torch_tflops": 2 * m * lin.k * lin.n / timed(lambda xb=xb: xb @ bf) / 1e12}
-        for name, variant in VARIANTS.items():
-            set_variant(variant)
-            err = rel(exl3_gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook), want)
-            t = timed(lambda x=x: exl3_gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook))
+        for name, config in VARIANTS.items():
+            err = rel(exl3_gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook, config=config), want)
+            t = timed(
+                lambda x=x, c=config: exl3_gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook, config=c)
+            )
             row[name] = {"rel_err": err, "ok": err < 1e-5, "s": t, "tflops": 2 * m * lin.k * lin.n / t / 1e12}
         out["wq_b"][m] = row
     topk, d, inter = cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size
@@ -137,13 +99,12 @@ def kernels(runner, res: dict) -> None:
         wts = torch.rand(t_n, topk, device="cuda", generator=gen) + 0.1
         flops = 2 * t_n * (topk + 1) * 3 * d * inter
         row = {}
-        for name, variant in VARIANTS.items():
-            set_variant(variant)
-            t = timed(lambda x=x, ids=ids, wts=wts: moe_rows(x, ids, wts, tables.w1, tables.w3, tables.w2,
-                                                                cfg.swiglu_limit), reps=5, warm=2)  # fmt: skip
+        for name, config in VARIANTS.items():
+            t = timed(lambda x=x, ids=ids, wts=wts, c=config: moe_rows(x, ids, wts, tables.w1, tables.w3, tables.w2,
+                                                                          cfg.swiglu_limit, config=c),
+                      reps=5, warm=2)  # fmt: skip
             row[name] = {"s": t, "tflops": flops / t / 1e12}
         out["moe"][t_n] = row
-    set_variant(DEFAULT_VARIANT)
     res["kernels"] = out
 
 
@@ -165,14 +126,6 @@ def checks(runner, res: dict) -> None:
     runner.release(3)
     res["checks"] = {"chunkings_equal": equal, "wide_vs_decode_rel_l2": rel(whole, decoded),
                      "top1_equal": bool(whole.argmax() == decoded.argmax())}  # fmt: skip
-    for path in PATHS[1:]:  # the other paths' last logits against the first's
-        set_path(path)
-        other = prompt_logits(runner, 3, toks, len(toks))
-        set_path(PATHS[0])
-        res["checks"][f"{path}_vs_{PATHS[0]}"] = {
-            "rel_l2": rel(other, whole),
-            "top1_equal": bool(other.argmax() == whole.argmax()),
-        }
     if not all(equal.values()):
         raise RuntimeError(f"prefill chunkings differ: {equal}")
 
@@ -191,6 +144,7 @@ def wide_runner(runner, rows: int):
 
 
 def prefill(runner, res: dict) -> None:
+    from tfc.runtime.models.dsv41.fast import fusion
     from tfc.runtime.models.dsv41.fast.forward import HEAD_ROWS
     from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
     from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -211,6 +165,7 @@ def prefill(runner, res: dict) -> None:
 
     for wide in WIDES:
         r = runner if wide == WIDE else wide_runner(runner, wide)
+        compiled = wide == WIDE and COMPILED
         step_rows, forward = (wide, r.prefill) if wide else (MAX_ROWS, r.forward)  # 0: the decode steps
         x = torch.randn(HEAD_ROWS if wide else MAX_ROWS, cfg.hidden_size, device="cuda")  # the rows it reads
         head_s = timed(lambda f=forward, x=x: f.ops.linear(x, w.linear("head")), reps=5)
@@ -218,21 +173,23 @@ def prefill(runner, res: dict) -> None:
         for n in PREFILL:
             toks = np.random.default_rng(n).integers(0, cfg.vocab_size, n).tolist()
             plan = StepPlan((SequenceStep(1, tuple(toks), 0, prompt=True),))
-            for path in PATHS if wide else PATHS[:1]:  # the decode steps run no many-row product
-                set_path(path)
-                first = run(r, plan)  # each context bucket's kernels compiled (or loaded)
+            # other widths: nothing compiled
+            with fusion.eager() if not compiled else contextlib.nullcontext():
+                first = run(r, plan)  # the stages of each context bucket compiled (or loaded)
                 walls = [run(r, plan) for _ in range(REPEATS)]
-                wall = statistics.median(walls)
-                steps = -(-n // step_rows)
-                flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
-                key = n if path == PATHS[0] else f"{n}_{path}"
-                row[key] = {"path": path, "wall_s": wall, "walls_s": walls, "first_s": first, "tok_s": n / wall, "steps": steps,
-                            "flash_s": flash_s, "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
-                            "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
-                print(f"[prefill] width {wide} prompt {n} {path}: {n / wall:.0f} slice tok/s, "
-                      f"{row[key]['peak_fraction']:.2%} of the bf16 peak", flush=True)  # fmt: skip
-                res["prefill"] = table | {wide: row}
-            set_path(PATHS[0])
+            wall = statistics.median(walls)
+            steps = -(-n // step_rows)
+            flash_s = (wall - steps * head_s) * layers_ratio + steps * head_s
+            row[n] = {"wall_s": wall, "walls_s": walls, "first_s": first, "tok_s": n / wall, "steps": steps,
+                      "flash_s": flash_s, "flash_tok_s": n / flash_s, "flash_tflops": flops * n / flash_s / 1e12,
+                      "peak_fraction": flops * n / flash_s / 1e12 / res["bf16_tflops"]}  # fmt: skip
+            print(f"[prefill] width {wide} prompt {n}: {n / wall:.0f} slice tok/s, "
+                  f"{row[n]['peak_fraction']:.2%} of the bf16 peak", flush=True)  # fmt: skip
+            if compiled:
+                with fusion.eager():  # the same steps with the small-op stages uncompiled
+                    run(r, plan)
+                    row[n]["wall_eager_stages_s"] = run(r, plan)
+            res["prefill"] = table | {wide: row}
         table[wide] = row
         if r is not runner:
             del r
@@ -273,7 +230,7 @@ def profile(runner, res: dict) -> None:
 
 
 def main() -> None:
-    global PREFILL, WIDES, WIDE, PATHS, REPEATS
+    global PREFILL, WIDES, COMPILED, WIDE, REPEATS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", required=True, help="a prepared flash-random --layers 4 image's rank folder")
     ap.add_argument("--out", required=True, help="JSON file to write")
@@ -288,22 +245,16 @@ def main() -> None:
         help="prefill step rows timed, comma-separated (0: the decode steps)",
     )
     ap.add_argument(
-        "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
+        "--eager", action="store_true", help="time the stages uncompiled only (no compile of any width)"
     )
     ap.add_argument(
-        "--paths",
-        default="dense",
-        help="the many-row products' paths, comma-separated, each dense (the default) with one change or several"
-        " joined by +: " + ", ".join(PATH_KNOBS) + " (the module docstring says what each changes)",
+        "--wide", type=int, default=256, help="the main runner's prefill step rows (checks, profile)"
     )
     ap.add_argument("--repeats", type=int, default=REPEATS, help="timed prefills after the first (median)")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     REPEATS = args.repeats
-    PATHS = tuple(args.paths.split(","))
-    if not PATHS or any(p not in PATH_KNOBS for path in PATHS for p in path.split("+")):
-        ap.error(f"--paths takes {', '.join(PATH_KNOBS)}, or several joined by +; got {args.paths!r}")
     try:
         PREFILL = tuple(int(v) for v in args.prompts.split(","))
         WIDES = tuple(int(v) for v in args.widths.split(","))
@@ -312,11 +263,12 @@ def main() -> None:
             f"--prompts and --widths take comma-separated integers; got {args.prompts!r}, {args.widths!r}"
         )
     WIDE = args.wide
+    COMPILED = not args.eager
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
-                 "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES,
+                 "wide_rows": WIDE, "prompts": PREFILL, "widths": WIDES, "compiled": COMPILED,
                  "parts": {}}  # fmt: skip
     parts = Parts(res, Path(args.out), args.budget_s)
     only = {p for p in args.only.split(",") if p}
@@ -325,13 +277,15 @@ def main() -> None:
         booted, slots=16, tokens_per_slot=max(PREFILL) + 1024, engram=False, prefill_rows=WIDE
     )
     res["image_bytes"] = booted.arena.nbytes
-    set_path(PATHS[0])  # the checks, the profile and each part's first timing run on the first path
     parts("rates", lambda: res.update(copy_gbps=copy_gbps(), bf16_tflops=bf16_tflops()))
+    from tfc.runtime.models.dsv41.fast import fusion
+
     for name, fn in (("checks", checks), ("prefill", prefill), ("profile", profile), ("kernels", kernels)):
         if only and name not in only:
             res["parts"][name] = "skipped: --only"
             continue
-        parts(name, lambda fn=fn: fn(runner, res))
+        with contextlib.nullcontext() if COMPILED else fusion.eager():  # --eager: nothing compiled
+            parts(name, lambda fn=fn: fn(runner, res))
     res["runner"] = runner.stats()["prefill"]
     parts.save()
 

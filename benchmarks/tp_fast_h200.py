@@ -9,8 +9,8 @@ Parts:
   GPU (NCCL takes one GPU per rank, and one is lent), their collectives met in process: each rank's integer words
   summed, each rank's gathers copied, in rank order, with the device synchronised at every meeting. Two sequences
   are prompted and decoded greedily together (2 rows a step); the tokens and the logits' bytes of every world
-  (eager) are held to TP=1 built with the world's products (tp_exact), eager and graphed. TP=1's default build
-  (tp_exact off) is reported beside it.
+  (eager) are held to TP=1 built with the world's products (tp_exact), eager and graphed, with the fused stages
+  off and on. TP=1's default build (tp_exact off) is reported beside it.
 - `cost`: a Flash-geometry slice (`tfc fixture flash-random --layers 4`, the real per-layer shapes): decode steps
   at 1, 4 and 16 rows, context 4k, graphed, with tp_exact off and on (graph replay == eager checked for both);
   and the two products it changes alone (layer 0's wo_b, the MoE), plain against fixed-point words.
@@ -125,13 +125,14 @@ def prepare_tiny(work: Path) -> dict[int, Path]:
     return out
 
 
-def solo(image: Path, tp_exact: bool, graphs: bool) -> dict:
+def solo(image: Path, fuse: bool, tp_exact: bool, graphs: bool) -> dict:
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.options import RuntimeOptions
 
-    booted = boot(image, device=RUN["device"], graphs=graphs)
+    booted = boot(image, device=RUN["device"], options=RuntimeOptions(graphs=graphs))
     try:
-        runner = build_fast(booted, slots=4, tokens_per_slot=512, tp_exact=tp_exact)
+        runner = build_fast(booted, slots=4, tokens_per_slot=512, fuse=fuse, tp_exact=tp_exact)
         res = greedy(runner)
         res["graphs"] = runner.stats()["graphs"]
         return res
@@ -139,10 +140,11 @@ def solo(image: Path, tp_exact: bool, graphs: bool) -> dict:
         booted.close()
 
 
-def world_run(image: Path, world: int) -> dict:
+def world_run(image: Path, world: int, fuse: bool) -> dict:
     """Every rank of the image as a thread; rank 0's result (every rank's tokens checked equal)."""
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
+    from tfc.runtime.options import RuntimeOptions
 
     hub, results, errors = Hub(world), [None] * world, []
 
@@ -150,8 +152,8 @@ def world_run(image: Path, world: int) -> dict:
         hub.turn.acquire()
         booted = None
         try:
-            booted = boot(image, rank=rank, device=RUN["device"], graphs=False)
-            runner = build_fast(booted, slots=4, tokens_per_slot=512, comm=ThreadComm(hub, rank))
+            booted = boot(image, rank=rank, device=RUN["device"], options=RuntimeOptions(graphs=False))
+            runner = build_fast(booted, slots=4, tokens_per_slot=512, fuse=fuse, comm=ThreadComm(hub, rank))
             results[rank] = greedy(runner)
             results[rank]["collective_calls"] = runner.forward.shard.comm.stats.calls
         except BaseException:  # one rank failing breaks the others' barrier
@@ -181,19 +183,22 @@ def world_run(image: Path, world: int) -> dict:
 
 def tiny(res: dict, work: Path) -> None:
     images = prepare_tiny(work)
-    exact_eager = solo(images[1], True, False)
-    exact_graphed = solo(images[1], True, True)
-    default = solo(images[1], False, True)
-    row = {"tp1_exact_eager": exact_eager, "tp1_exact_graphed": exact_graphed, "tp1_default_graphed": default,
-           "graph_equals_eager": exact_graphed["logits_sha"] == exact_eager["logits_sha"]}  # fmt: skip
-    for world in (2, 4):
-        got = world_run(images[world], world)
-        row[f"tp{world}"] = got
-        row[f"tp{world}_equals_tp1"] = (got["tokens"], got["logits_sha"]) == (
-            exact_eager["tokens"], exact_eager["logits_sha"])  # fmt: skip
-    row["tp1_default_tokens_equal"] = default["tokens"] == exact_eager["tokens"]
-    res["tiny"] = row
-    if not all(row[f"tp{w}_equals_tp1"] and row["graph_equals_eager"] for w in (2, 4)):
+    table = {}
+    for fuse in (False, True) if RUN["device"] == "cuda" else (False,):
+        exact_eager = solo(images[1], fuse, True, False)
+        exact_graphed = solo(images[1], fuse, True, True)
+        default = solo(images[1], fuse, False, True)
+        row = {"tp1_exact_eager": exact_eager, "tp1_exact_graphed": exact_graphed, "tp1_default_graphed": default,
+               "graph_equals_eager": exact_graphed["logits_sha"] == exact_eager["logits_sha"]}  # fmt: skip
+        for world in (2, 4):
+            got = world_run(images[world], world, fuse)
+            row[f"tp{world}"] = got
+            row[f"tp{world}_equals_tp1"] = (got["tokens"], got["logits_sha"]) == (
+                exact_eager["tokens"], exact_eager["logits_sha"])  # fmt: skip
+        row["tp1_default_tokens_equal"] = default["tokens"] == exact_eager["tokens"]
+        table["fused" if fuse else "unfused"] = row
+    res["tiny"] = table
+    if not all(r[f"tp{w}_equals_tp1"] and r["graph_equals_eager"] for r in table.values() for w in (2, 4)):
         raise RuntimeError("TP=N differs from TP=1 (or graphs from eager) on the tiny pack")
 
 

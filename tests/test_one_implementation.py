@@ -7,8 +7,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH = re.compile(r"^[A-Z_][A-Z_0-9]* *(: *bool *)?= *(True|False)\b", re.MULTILINE)
 
@@ -61,8 +59,6 @@ def test_no_kernel_module_holds_a_boolean_switch():
     assert _switches("kernels") == []
 
 
-@pytest.mark.xfail(strict=False, reason="the runtime's switches (ops.ROW_FREE, overlap.OVERLAP, ...) go in "
-                                        "another branch (fast57); this passes once it lands")  # fmt: skip
 def test_no_runtime_module_holds_a_boolean_switch():
     assert _switches("runtime") == []
 
