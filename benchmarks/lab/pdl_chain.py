@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What programmatic dependent launch (PDL) saves a chain of small dependent Triton kernels in a CUDA graph.
+"""Open question: a one-row decode step at its byte floor (issue "One stream at the bandwidth"): what does
+programmatic dependent launch (PDL) save a chain of small dependent Triton kernels in a CUDA graph?
 
-    python3 benchmarks/pdl_chain_h200.py --out $OUT/pdl_chain.json
+    python3 benchmarks/lab/pdl_chain.py --out $OUT/pdl_chain.json
 
 A decode step is ~300 small kernels, each reading what the one before wrote. With PDL (`launch_pdl=True`, sm_90) a
 kernel's launch may begin before the kernel before it has finished: each program first waits for it
@@ -20,15 +21,15 @@ import platform
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import cuda_timed as timed
+from _common import ensure_tfc
 
 ensure_tfc()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from decode_h200 import timed  # noqa: E402
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 LINKS = 256

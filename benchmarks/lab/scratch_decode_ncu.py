@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""The scratch decode (`kernels/exl3/scratch.py`, `decode_round`) alone, for Nsight Compute: a 6-bit 4096 x 16384
-group and a 3-bit 4096 x 4096 one decoded three times each, checked against `exl3_decode`'s W-hat.
+"""Open question: prefill at the tensor cores: how fast does the decoded scratch's decode run under Nsight?
 
-    ncu -k regex:_decode_entries_kernel --launch-skip 1 --launch-count 2 python3 benchmarks/scratch_decode_ncu.py
-(`bash benchmarks/h200_serving.sh scratchncu` runs it under ncu with the sections it reads.)
+The scratch decode (`kernels/exl3/scratch.py`, `decode_round`) alone: a 6-bit 4096 x 16384 group and a 3-bit
+4096 x 4096 one decoded three times each, checked against `exl3_decode`'s W-hat.
+
+    ncu -k regex:_decode_entries_kernel --launch-skip 1 --launch-count 2 python3 benchmarks/lab/scratch_decode_ncu.py
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_env import ensure_tfc
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import ensure_tfc
 
 ensure_tfc()
 
