@@ -64,11 +64,12 @@ lint: $(VENV)/.ready
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The CPU benchmarks on this machine, results under benchmarks/results/ and in summary.json (the GPU ones:
-# bash benchmarks/gpu_all.sh on a GPU machine; then python benchmarks/_summary.py --readme for the README's table).
+# The CPU benchmarks on this machine (a 22 GB pack: ~50 GB of free disk), results under benchmarks/results/ and in
+# summary.json (the GPU ones: bash benchmarks/gpu_all.sh on a GPU machine; python benchmarks/_summary.py --readme
+# then puts the figures into the README's table).
 bench: $(VENV)/.ready
 	$(BIN)/python benchmarks/cli.py --json
-	$(BIN)/python benchmarks/prepare_verify.py --work .bench --layers 1 --json; code=$$?; rm -rf .bench; exit $$code
+	$(BIN)/python benchmarks/prepare_verify.py --work .bench --json; code=$$?; rm -rf .bench; exit $$code
 
 clean:
 	rm -rf $(VENV) $(DEMO) .bench build *.egg-info

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _summary import SUMMARY, format_target, format_value, parse_target, update_summary
+from _summary import SUMMARY, apply_result, format_target, format_value, parse_target
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -57,21 +57,25 @@ def parser(doc: str, device: bool = True) -> argparse.ArgumentParser:
     return ap
 
 
+def fail(line: str) -> None:
+    """One line on stderr and exit 2, as tfc's commands refuse bad input."""
+    print(line, file=sys.stderr)
+    sys.exit(2)
+
+
 def pick_device(asked: str | None) -> str:
     """The device asked for, or cuda where torch sees one, else cpu."""
     import torch
 
     if asked == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: torch sees no CUDA device here")
+        fail("--device cuda: torch sees no CUDA device here")
     return asked or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def needs_cuda(device: str, script: str, why: str) -> None:
     """Stop with one line where a GPU-only benchmark was asked to run elsewhere."""
     if device != "cuda":
-        sys.exit(
-            f"{script}: needs a CUDA device ({why}); this machine runs it on --device {device} not at all"
-        )
+        fail(f"{script}: needs a CUDA device ({why}), and --device is {device}")
 
 
 def cpu_name() -> str:
@@ -129,12 +133,6 @@ def git_commit() -> str:
 
 def median(values) -> float:
     return statistics.median(list(values))
-
-
-def percentile(values, q: float) -> float:
-    """The q-quantile (0..1), nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def cuda_timed(fn, reps: int = 20, warm: int = 3) -> float:
@@ -414,7 +412,7 @@ class Run:
     def metric(self, id: str, value: float | None, unit: str, target: str | None, limit: str | None) -> None:
         """Record a headline figure; `target` is written as ">= 0.5" or "<= 6" (None: stated, no target)."""
         self.metrics.append(
-            Metric(id, None if value is None else float(value), unit, parse_target(target), limit)
+            Metric(id, None if value is None else float(f"{value:.4g}"), unit, parse_target(target), limit)
         )
 
     def finish(self, write: bool) -> Path | None:
@@ -441,14 +439,11 @@ class Run:
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {"script": self.script, "command": command, "date": date, "commit": commit, "hardware": hw,
+               "hardware_line": hardware_line(hw),
                "wall_s": round(time.time() - self.started, 1),
                "metrics": [m.__dict__ for m in self.metrics], "data": self.data}  # fmt: skip
         out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        for m in self.metrics:
-            if m.value is not None:
-                update_summary(
-                    m.id, m.value, m.unit, m.target, m.limit, hardware_line(hw), date, commit, command
-                )
+        apply_result(out)
         print(f"wrote {out.relative_to(ROOT)} and {len([m for m in self.metrics if m.value is not None])} "
               f"entries of {SUMMARY.relative_to(ROOT)}")  # fmt: skip
         return out

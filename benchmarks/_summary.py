@@ -1,8 +1,9 @@
 """benchmarks/summary.json, the latest value of every headline metric, and the README's figures table rendered
 from it.
 
-    python benchmarks/_summary.py            # print the table
-    python benchmarks/_summary.py --readme   # rewrite the README's table between its markers
+    python benchmarks/_summary.py                          # print the table
+    python benchmarks/_summary.py --readme                 # rewrite the README's table between its markers
+    python benchmarks/_summary.py --apply R.json ... --readme  # result files into summary.json, then the table
 """
 
 from __future__ import annotations
@@ -54,6 +55,19 @@ def update_summary(id: str, value: float | None, unit: str, target: dict | None,
     else:
         doc["metrics"][at] = entry
     write_summary(doc, path)
+
+
+def apply_result(path: Path, summary: Path = SUMMARY) -> int:
+    """A benchmark's result file (benchmarks/results/<topic>/*.json) into summary.json: each measured metric's
+    entry replaced; how many."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    done = 0
+    for m in doc["metrics"]:
+        if m["value"] is not None:
+            update_summary(m["id"], m["value"], m["unit"], m["target"], m["limit"], doc["hardware_line"],
+                           doc["date"], doc["commit"], doc["command"], summary)  # fmt: skip
+            done += 1
+    return done
 
 
 # -- the README's figures table ---------------------------------------------------------------------------------
@@ -159,8 +173,13 @@ if __name__ == "__main__":
     ap.add_argument(
         "--readme", action="store_true", help="rewrite README.md's figures table from summary.json"
     )
-    if ap.parse_args().readme:
+    ap.add_argument("--apply", nargs="+", type=Path, metavar="RESULT",
+                    help="put these result files' metrics into summary.json first (in the order given)")  # fmt: skip
+    args = ap.parse_args()
+    for result in args.apply or ():
+        print(f"{result}: {apply_result(result)} entries of {SUMMARY.relative_to(ROOT)}")
+    if args.readme:
         write_readme()
         print(f"README.md's figures table rewritten from {SUMMARY.relative_to(ROOT)}")
-    else:
+    elif not args.apply:
         print(render_table(load_summary()))

@@ -49,12 +49,14 @@ def open_image(args, work: Path | None = None) -> Path:
 
 
 def build(image: Path, device: str, tokens: int, prefill_rows: int = 0, slots: int = 16):
-    """The fast runner over a booted image (its graphs cache as `tfc serve` has it); Engram off: the slices have
-    no Engram layer."""
+    """The fast runner over a booted image, its Triton kernels cached in the image store as `tfc serve` keeps
+    them; Engram off: the slices have no Engram layer."""
+    from tfc.runtime.boot.kernel_cache import use_store_cache
     from tfc.runtime.boot.rank import boot
     from tfc.runtime.models.dsv41.fast.build import build_fast
 
     booted = boot(image, device=device)
+    use_store_cache(booted.image.path, device)
     small = {} if device == "cuda" else {"context_step": 256, "page_tokens": 64}
     return build_fast(
         booted, slots=slots, tokens_per_slot=tokens, engram=False, prefill_rows=prefill_rows, **small

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The GPU benchmarks in sequence on one GPU machine, about 8 minutes on an H100: the Flash slice made once, then
-# decode, prefill, serve, drafting, kernels, prefix cache and boot with --json, each under its own time limit, a
-# part that would start after 9 minutes skipped. Results land under benchmarks/results/<topic>/ and in
-# benchmarks/summary.json; with OUT set, both are also packed into $OUT/gpu_all.tar (and the log is $OUT/gpu_all.log).
+# The GPU benchmarks in sequence on one GPU machine: the Flash slice made once (kept in $WORK for later calls), then
+# decode, prefill, serve, drafting, kernels, prefix cache and boot with --json, each under its own time limit and
+# all within DEADLINE seconds (570: a 10-minute device call, less the packing); a part with under 45 s left is
+# skipped and says so. About 9 minutes on an H100 from a bare machine. Results land under
+# benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
+# packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
+# Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
+#   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
 # beside the machine's torch, for python 3.12) where tfc is not installed: they go to /tmp/site with tfc.
 set -u
@@ -13,6 +17,7 @@ COMMIT=${1:-}
 PARTS=${*:-decode prefill serve drafting kernels prefix boot}
 OUT=${OUT:-}
 WORK=${WORK:-/tmp/tfcbench}
+DEADLINE=${DEADLINE:-570}
 LOG=${OUT:+$OUT/gpu_all.log}
 LOG=${LOG:-$WORK/gpu_all.log}
 mkdir -p "$WORK" ${OUT:+"$OUT"}
@@ -34,18 +39,20 @@ COMMON=(--json ${COMMIT:+--commit "$COMMIT"})
 IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
 if [ -z "$IMG" ]; then
   echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
-  (cd /tmp && timeout 240 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
-    && timeout 180 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
+  (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
+    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
   IMG=$(ls -d "$WORK"/store/*/rank0 | head -1)
 fi
 echo "slice: $IMG ($(( $(date +%s) - START )) s)"
 
-part() {  # part NAME LIMIT_S COMMAND...: run it unless the 9-minute budget is spent
-  local name=$1 limit=$2
+part() {  # part NAME LIMIT_S COMMAND...: run it, its limit cut to what is left before DEADLINE
+  local name=$1 limit=$2 left
   shift 2
   case " $PARTS " in *" $name "*) ;; *) return ;; esac
-  if [ $(( $(date +%s) - START )) -gt 540 ]; then echo "== $name: skipped (past 9 minutes)"; return; fi
-  echo "== $name ($(( $(date +%s) - START )) s)"
+  left=$(( DEADLINE - ($(date +%s) - START) ))
+  if [ "$left" -lt 45 ]; then echo "== $name: skipped ($left s left of $DEADLINE)"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name ($(( $(date +%s) - START )) s, at most $limit s)"
   timeout "$limit" "$@" || echo "== $name: exit $?"
 }
 
@@ -61,6 +68,7 @@ echo "== done ($(( $(date +%s) - START )) s)"
 if [ -n "$OUT" ]; then
   find benchmarks/results -type f -newer "$STAMP" > "$WORK/new_results.txt"
   tar cf "$OUT/gpu_all.tar" benchmarks/summary.json -T "$WORK/new_results.txt"
-  echo "packed $(wc -l < "$WORK/new_results.txt") result files and summary.json into \$OUT/gpu_all.tar:"
-  echo "  tar xf gpu_all.tar   (from the repository root), then python benchmarks/_summary.py --readme"
+  echo "packed summary.json and $(wc -l < "$WORK/new_results.txt") result files into \$OUT/gpu_all.tar:"
+  sed 's/^/  /' "$WORK/new_results.txt"
+  echo "from the repository root: tar xf gpu_all.tar && python benchmarks/_summary.py --readme"
 fi

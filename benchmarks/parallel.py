@@ -67,14 +67,17 @@ def main() -> None:
     args = ap.parse_args()
     if args.reps < 1:
         ap.error("--reps must be at least 1")
-    worlds = sorted({1, 2, *(int(w) for w in args.worlds.split(","))})
+    try:
+        worlds = sorted({1, 2, *(int(w) for w in args.worlds.split(","))})
+    except ValueError:
+        ap.error(f"--worlds takes comma-separated integers, got {args.worlds!r}")
     device = "cpu" if args.device is None else c.pick_device(args.device)
     if device == "cuda":
         import torch
 
         if torch.cuda.device_count() < max(worlds):
-            sys.exit(f"parallel.py: TP={max(worlds)} on CUDA takes {max(worlds)} GPUs, this machine has "
-                     f"{torch.cuda.device_count()}; pass --worlds or --device cpu")  # fmt: skip
+            c.fail(f"parallel.py: TP={max(worlds)} on CUDA takes {max(worlds)} GPUs, this machine has "
+                   f"{torch.cuda.device_count()}; pass --worlds or --device cpu")  # fmt: skip
     run = c.Run("parallel", "parallel.py", device, args.commit)
     with tempfile.TemporaryDirectory() as tmp:
         c.tfc("fixture", "tiny", f"{tmp}/pack")

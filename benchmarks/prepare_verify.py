@@ -76,7 +76,9 @@ def main() -> None:
     ap = c.parser(__doc__, device=False)
     ap.add_argument("--work", type=Path, required=True, help="a folder on the disk under test")
     ap.add_argument("--fixture", choices=("flash-random", "tiny"), default="flash-random")
-    ap.add_argument("--layers", type=int, default=4, help="backbone layers of flash-random (4: 22 GB)")
+    ap.add_argument(
+        "--layers", type=int, default=4, help="backbone layers of flash-random (at least 4; 4: 22 GB)"
+    )
     ap.add_argument(
         "--jobs", type=int, default=min(16, 2 * (os.cpu_count() or 2)), help="threads of every step"
     )
