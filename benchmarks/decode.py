@@ -308,9 +308,7 @@ def main() -> None:
         row = table.get(rows)
         value = row["floor_ratio"] if isinstance(row, dict) else None
         target = {1: ">= 0.50", 4: None}.get(rows, ">= 0.60")
-        limit = (
-            f"{floor_limit} ({row['floor_s'] * 1e6:,.0f} µs at {copy:,.0f} GB/s)" if value else floor_limit
-        )
+        limit = f"{floor_limit} ({row['floor_s'] * 1e6:,.0f} µs at {copy:,.0f} GB/s)" if value else f"{row}"
         run.metric(f"decode.floor_ratio.rows{rows}", value, "fraction", target, limit)
     if isinstance(table.get(1), dict):
         run.metric("decode.whole_flash_tok_s.streams1", table[1]["flash_tok_s"], "tok/s", ">= 250 on an H200",
