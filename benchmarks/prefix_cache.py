@@ -156,9 +156,8 @@ def main() -> None:
             t = run.data["ttft"] = ttft(image, device, args.tokens, args.reps, args.vocab, extra, Path(tmp))
             print(f"[prefix] next turn of {args.tokens + NEW} ids: {t['uncached_s']:.3f} s uncached, "
                   f"{t['cached_s']:.3f} s cached ({t['speedup']:.1f}x)", flush=True)  # fmt: skip
-            kind = (
-                "slice16k" if facts["slice"] and args.tokens == 16000 else "tiny" if not args.image else None
-            )
+            # a summary id names its image and turn length: the 16k turn of the slice, the 3,500 ids of the tiny one
+            kind = {(True, 16000): "slice16k", (False, 3500): "tiny"}.get((facts["slice"], args.tokens))
             if kind:
                 run.metric(f"prefix_cache.ttft_speedup.{kind}", t["speedup"], "x", None,
                            f"the uncached turn through the same server build ({t['uncached_s']:.2f} s against "
