@@ -82,8 +82,8 @@ def main() -> None:
         streams = [int(s) for s in args.streams.split(",")]
     except ValueError:
         ap.error(f"--streams takes comma-separated integers, got {args.streams!r}")
-    if min(streams) < 1 or args.reps < 1 or args.restarts < 1:
-        ap.error("--streams, --reps and --restarts take positive numbers")
+    if min(streams) < 1 or args.reps < 1 or args.restarts < 1 or args.output_len < 2:
+        ap.error("--streams, --reps and --restarts take positive numbers, --output-len at least 2")
     device = c.pick_device(args.device)
     c.ensure_tfc()
     run = c.Run("serve", "serve.py", device, args.commit)
