@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import tempfile
 import threading
 import time
 import types
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -325,62 +323,6 @@ def slice_image(folder: Path, layers: int = 4, jobs: int = 16) -> Path:
     image = Path(tfc("prepare", str(pack), "--store", str(store)))
     subprocess.run(["rm", "-rf", str(pack)], check=True)
     return image / "rank0" if (image / "rank0").is_dir() else image
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`tfc serve IMAGE ARGS` in a child process on 127.0.0.1: `url`, `ready_s` (spawn -> /health 200), `stop`."""
-
-    def __init__(self, image: str | Path, *args: str, device: str, log: Path, ready_s: float = 600.0) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = log
-        started = time.perf_counter()
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(
-                tfc_command("serve", str(image), "--port", self.url.rsplit(":", 1)[1], "--device", device, *args),
-                stdout=out, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
-                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-            )  # fmt: skip
-        deadline = started + ready_s
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"tfc serve exited with {self.proc.returncode}: {self.log.read_text()[-1500:]}"
-                )
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.ready_s = time.perf_counter() - started
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"tfc serve was not ready within {ready_s} s: {self.log.read_text()[-1500:]}")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            return r.read().decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 # -- results --------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
+from serve import Server, id_tokenizer, image_facts
 
 NEW = 64
 
@@ -55,8 +56,8 @@ def ttft(image: Path, device: str, tokens: int, reps: int, vocab: int, extra: li
 
     common = ("--model-name", "m", "--max-seqs", "2", *extra)
     rows = []
-    with c.Server(image, *common, "--no-prefix-cache", device=device, log=tmp / "plain.log") as plain, \
-            c.Server(image, *common, "--prefix-cache-gib", "8", device=device, log=tmp / "caching.log") as caching:  # fmt: skip
+    with Server(image, *common, "--no-prefix-cache", device=device, log=tmp / "plain.log") as plain, \
+            Server(image, *common, "--prefix-cache-gib", "8", device=device, log=tmp / "caching.log") as caching:  # fmt: skip
         fresh = OpenAI(base_url=plain.url + "/v1", api_key="b", max_retries=0, timeout=900)
         cached = OpenAI(base_url=caching.url + "/v1", api_key="b", max_retries=0, timeout=900)
         first_token(fresh, [1, 2, 3])
@@ -140,7 +141,6 @@ def main() -> None:
     args = ap.parse_args()
     device = c.pick_device(args.device)
     c.ensure_tfc()
-    from serve import id_tokenizer, image_facts
 
     run = c.Run("prefix_cache", "prefix_cache.py", device, args.commit)
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,9 +20,13 @@ On a Flash slice, whole-Flash tok/s is projected from the slice's aggregate by t
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +34,62 @@ import _common as c
 
 PROMPT = "The model reads the prompt"
 PEERS = "2x H200 at TP=2: ~4.4K tok/s bound at 64 streams; SGLang ~2.4K at 256 (V4-Flash, 4x H200); vLLM 801 at 16"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`tfc serve IMAGE ARGS` in a child process on 127.0.0.1: `url`, `ready_s` (spawn -> /health 200), `stop`."""
+
+    def __init__(self, image: str | Path, *args: str, device: str, log: Path, ready_s: float = 600.0) -> None:
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = log
+        started = time.perf_counter()
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                c.tfc_command("serve", str(image), "--port", self.url.rsplit(":", 1)[1], "--device", device, *args),
+                stdout=out, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            )  # fmt: skip
+        deadline = started + ready_s
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"tfc serve exited with {self.proc.returncode}: {self.log.read_text()[-1500:]}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.ready_s = time.perf_counter() - started
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"tfc serve was not ready within {ready_s} s: {self.log.read_text()[-1500:]}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def id_tokenizer(path: Path, vocab: int) -> Path:
@@ -98,10 +158,10 @@ def main() -> None:
         serve_args = ["--max-seqs", str(max(streams)), *extra]
         run.data.update(image=str(image), facts=facts, streams=streams, output_len=args.output_len)
         if device == "cuda":  # the first start builds the kernels into the store's cache: timed apart
-            with c.Server(image, *serve_args, device=device, log=Path(tmp) / "first.log") as first:
+            with Server(image, *serve_args, device=device, log=Path(tmp) / "first.log") as first:
                 run.data["first_start_s"] = first.ready_s
         pairs = []
-        with c.Server(image, *serve_args, device=device, log=Path(tmp) / "serve.log") as server:
+        with Server(image, *serve_args, device=device, log=Path(tmp) / "serve.log") as server:
             bench(server.url, 1, 1, args)  # warms the route and the one-row step
             for _ in range(args.reps):
                 gen = generate_rate(image, device, extra, args.output_len)
@@ -113,7 +173,7 @@ def main() -> None:
                   f"{lv['ttft_ms']['p50']:,.0f} ms, TPOT p50 {lv['tpot_ms']['p50']:,.1f} ms, {lv['failed']} failed")  # fmt: skip
         starts = []
         for i in range(args.restarts):
-            with c.Server(image, *serve_args, device=device, log=Path(tmp) / f"start{i}.log") as s:
+            with Server(image, *serve_args, device=device, log=Path(tmp) / f"start{i}.log") as s:
                 starts.append(s.ready_s)
             time.sleep(0.5)
     gen, http = c.median(p["generate_tok_s"] for p in pairs), c.median(p["http_tok_s"] for p in pairs)
