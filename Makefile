@@ -66,13 +66,12 @@ lint: $(VENV)/.ready
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# CPU benchmarks of this machine (GPU ones: benchmarks/h200_all.sh and benchmarks/kernels_h200.py on an H200).
+# The CPU benchmarks on this machine (a 22 GB pack: ~50 GB of free disk), results under benchmarks/results/ and in
+# summary.json (the GPU ones: bash benchmarks/gpu_all.sh on a GPU machine; python benchmarks/_summary.py --readme
+# then puts the figures into the README's table).
 bench: $(VENV)/.ready
-	$(BIN)/python benchmarks/cli_flash.py --command inspect --limit 1.0 --out benchmarks/results/cli/inspect_flash.md
-	$(BIN)/python benchmarks/cli_flash.py --command "plan --tp 2 --json" --limit 1.5 --out benchmarks/results/cli/plan_flash.md
-	$(BIN)/python benchmarks/engram_map.py
-	$(BIN)/python benchmarks/engram_hash.py
-	$(BIN)/python benchmarks/verify_local.py --size-gb 4 --out benchmarks/results/verify/verify_local.md
+	$(BIN)/python benchmarks/cli.py --json
+	$(BIN)/python benchmarks/prepare_verify.py --work .bench --json; code=$$?; rm -rf .bench; exit $$code
 
 clean:
-	rm -rf $(VENV) $(DEMO) build *.egg-info
+	rm -rf $(VENV) $(DEMO) .bench build *.egg-info

@@ -12,8 +12,8 @@ before the whole ring exists). The upload reports, summed over the threads, the 
 waiting for a slot, copying and issuing. `copier="native"` (the default where it can run, WARM_NATIVE) runs
 the same loop on C threads (runtime/boot/upload_native.py) with all slots made up front: no interpreter lock
 per piece, so a ring small enough for the host's last-level cache pays. The options measured slower and dropped
-(per-piece prefault, one issuer thread, torch's pinned slots, ...) live on in benchmarks/boot_variants.py; the
-numbers are in benchmarks/boot.md.
+(per-piece prefault, one issuer thread, torch's pinned slots, ...) are in git (benchmarks/boot_variants.py at
+e78a622); the numbers are in benchmarks/boot.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""The mmap upload path on the CPU (CUDA streams and events faked): bytes, failures, the auto choice; and the
-benchmarks' variants of it (benchmarks/boot_variants.py)."""
+"""The mmap upload path on the CPU (CUDA streams and events faked): bytes, failures, the auto choice."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ import types
 from pathlib import Path
 
 import pytest
-from support.fakes import FakeCuda
 from tfc.runtime.boot import upload as up
 from tfc.runtime.boot import upload_files as uf
 from tfc.runtime.boot import upload_mmap as um
@@ -20,16 +18,6 @@ from tfc.runtime.boot import upload_native, upload_paths
 from tfc.runtime.boot.arena import DeviceArena, UploadItem, plan_arena
 
 PAGE = um.PAGE
-ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture()
-def variants(monkeypatch):
-    """benchmarks/boot_variants.py, imported as the boot benchmarks import it."""
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import boot_variants
-
-    return boot_variants
 
 
 def _staging(
@@ -91,38 +79,13 @@ def test_mmap_upload_equals_file_bytes(tmp_path, fake_cuda, threads, per):
     _check_bytes(arena, data, _staging(threads, 3 * PAGE, per), fake_cuda)  # tiny slots: hundreds of pieces
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        dict(threads=4, slots_per_thread=1, prefault="none", drop=False),
-        dict(threads=3, slots_per_thread=3, issuer="single", streams=2, prefault="willneed"),
-        dict(threads=2, slots_per_thread=2, issuer="single", streams=1, pinning="torch"),
-        dict(threads=5, slots_per_thread=2, pinning="torch", drop=False),
-    ],
-)
-def test_benchmark_variants_equal_file_bytes(tmp_path, fake_cuda, variants, options):
-    """The boot benchmarks' variants of the Python copy loop move the same bytes."""
-    items, data = _files(tmp_path, [1_000_003, 77_777, 3 * PAGE, 450_001])
-    arena = DeviceArena(plan_arena(items, chunk_bytes=200_000), "cpu")
-    cfg = variants.staging({"slot_bytes": 3 * PAGE, **options})
-    assert isinstance(cfg, variants.MmapVariant) and cfg.copier == "python"
-    _check_bytes(arena, data, cfg, fake_cuda)
-
-
-def test_mmap_staging_is_checked(variants):
+def test_mmap_staging_is_checked():
     cfg = _staging(2, 1 << 20)
     assert cfg.describe() == "2 threads x 1 MiB x 2 slots (4 MiB staging)"
     assert um.staging_for(copier="python").threads == min(um.WARM_MMAP.threads, um.cpu_threads())
     for bad in (dict(slots_per_thread=0), dict(threads=0), dict(slot_bytes=PAGE + 5), dict(copier="rust")):
         with pytest.raises(up.UploadError, match="mmap upload"):
             dataclasses.replace(cfg, **bad)
-    for bad in (dict(prefault="always"), dict(issuer="many"), dict(pinning="mlock")):
-        with pytest.raises(up.UploadError, match="mmap upload"):
-            variants.staging(bad)
-    with pytest.raises(up.UploadError, match="unknown mmap upload options"):
-        variants.staging({"window": 3})
-    with pytest.raises(up.UploadError, match="Python copy loop only"):
-        variants.staging({"copier": "native", "prefault": "populate"})
 
 
 def _one_line_failure(arena: DeviceArena, cfg: um.MmapStaging) -> str:
@@ -145,8 +108,7 @@ def _one_line_failure(arena: DeviceArena, cfg: um.MmapStaging) -> str:
     return msg
 
 
-@pytest.mark.parametrize("issuer", ["thread", "single"])
-def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, variants, issuer):
+def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch):
     items, _ = _files(tmp_path, [600_000, 300_000])
     arena = DeviceArena(plan_arena(items), "cpu")
     calls = [0]
@@ -159,32 +121,8 @@ def test_mmap_copy_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, v
         return real(dst, src, n)
 
     monkeypatch.setattr(um, "_copy", copy)
-    cfg = (
-        _staging(3, PAGE)
-        if issuer == "thread"
-        else variants.staging({"threads": 3, "slot_bytes": PAGE, "issuer": issuer})
-    )
-    msg = _one_line_failure(arena, cfg)
+    msg = _one_line_failure(arena, _staging(3, PAGE))
     assert msg == "upload thread failed: RuntimeError: CUDA error: an illegal memory access"
-    assert not fake_cuda.live
-
-
-def test_variant_issuer_failure_is_one_typed_line(tmp_path, fake_cuda, monkeypatch, variants):
-    items, _ = _files(tmp_path, [500_000])
-    arena = DeviceArena(plan_arena(items), "cpu")
-    recorded = [0]
-
-    class Event(FakeCuda.Event):
-        def record(self, stream=None):
-            recorded[0] += 1
-            if recorded[0] == 5:
-                raise OSError("the copy engine is gone")
-
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    cfg = variants.staging({"threads": 4, "slot_bytes": PAGE, "slots_per_thread": 1, "issuer": "single"})
-    assert _one_line_failure(arena, cfg) == "upload thread failed: OSError: the copy engine is gone"
     assert not fake_cuda.live
 
 
@@ -230,22 +168,6 @@ def test_auto_takes_mmap_when_the_image_is_cached_and_ring_from_disk(tmp_path, m
     assert up.upload(arena, "mmap").method == "mmap"  # asked for by name: taken even when not cached
 
 
-def test_benchmark_plans_name_their_own_staging(tmp_path, variants):
-    """boot_variants.plan: the runtime's plan where a configuration names only threads, else its staging."""
-    f = tmp_path / "image.bin"
-    f.write_bytes(b"\x5a" * 4096)
-    arena = _cuda_arena(f)
-    assert variants.plan(up, arena, "mmap", {"threads": 3}) == up.plan_upload(arena, "mmap", 3)
-    ring = variants.plan(up, arena, "ring", {"threads": 16, "slot_bytes": 16 << 20, "slots_per_thread": 2})
-    assert (ring.method, ring.threads, ring.slot_bytes, ring.slots_per_thread) == ("ring", 16, 16 << 20, 2)
-    mm = variants.plan(up, arena, "mmap", {"threads": 4, "slot_bytes": 2 << 20, "copier": "python"})
-    assert mm.mmap == um.MmapStaging(4, 2 << 20) and mm.threads == 4 and mm.config == mm.mmap.describe()
-    single = variants.plan(up, arena, "mmap", {"issuer": "single", "streams": 2}).mmap
-    assert isinstance(single, variants.MmapVariant) and "by one issuer on 2 streams" in single.describe()
-    with pytest.raises(up.UploadError, match="only apply to upload method 'mmap'"):
-        variants.plan(up, arena, "register", {"prefault": "populate"})
-
-
 def test_tfc_load_offers_the_methods():
     from click.testing import CliRunner
 
@@ -253,25 +175,6 @@ def test_tfc_load_offers_the_methods():
 
     text = CliRunner().invoke(load, ["--help"]).output
     assert "[auto|mmap|ring|register]" in text
-
-
-def test_boot_benchmark_host_part_runs_without_cuda(tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    root = ROOT
-    for i in range(2):
-        (tmp_path / f"L{i:02d}.bin").write_bytes(os.urandom(3 << 20))
-    r = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "boot_h200.py"), "--image", str(tmp_path), "--out",
-         str(tmp_path / "out"), "--host-only"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
-    assert data["bytes"] == 6 << 20 and len(data["host_copy"]) == 5
-    assert all(c["gbps"] > 0 and c["bytes"] == 6 << 20 for c in data["host_copy"])
 
 
 def test_native_copier_through_upload_mmap(tmp_path, fake_cuda, monkeypatch):

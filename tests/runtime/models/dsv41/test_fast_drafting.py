@@ -7,7 +7,7 @@ groups, the pages it holds); rollbacks inside a ratio-2 group, across group boun
 across a page (window 32, pages of 32 tokens). Through the engine, drafted == serial by token_sha, greedy and
 seeded, solo and at once, with a scripted drafter (accepting none, some or all of a round) and the DSpark one
 (the fast drafter, whose drafts on the fast runner are the reference runner's with the reference drafter).
-TFC_TEST_FAST_DEVICE=cuda runs the same on a GPU with graphs on (benchmarks/h200_serving.sh drafttests); the two
+TFC_TEST_FAST_DEVICE=cuda runs the same on a GPU with graphs on; the two
 comparisons with the CPU reference runner stay on the CPU (the GPU forward rounds activations: test_fast_gpu.py
 bounds that).
 """

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The GPU benchmarks in sequence on one GPU machine: the Flash slice made once (kept in $WORK for later calls), then
+# decode, prefill, serve, drafting, kernels, prefix cache and boot with --json, each under its own time limit and
+# all within DEADLINE seconds (570: a 10-minute device call, less the packing); a part with under 45 s left is
+# skipped and says so. About 9 minutes on an H100 from a bare machine. Results land under
+# benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
+# packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
+#   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
+# Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
+#   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
+# COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
+# beside the machine's torch, for python 3.12) where tfc is not installed: they go to /tmp/site with tfc.
+set -u
+cd "$(dirname "$0")/.."
+COMMIT=${1:-}
+[ $# -gt 0 ] && shift
+PARTS=${*:-decode prefill serve drafting kernels prefix boot}
+OUT=${OUT:-}
+WORK=${WORK:-/tmp/tfcbench}
+DEADLINE=${DEADLINE:-570}
+LOG=${OUT:+$OUT/gpu_all.log}
+LOG=${LOG:-$WORK/gpu_all.log}
+mkdir -p "$WORK" ${OUT:+"$OUT"}
+STAMP=$WORK/.started
+touch "$STAMP"
+START=$(date +%s)
+exec > >(tee -a "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=$WORK/pycache
+unset PYTHONDONTWRITEBYTECODE
+
+if ! (cd /tmp && python3 -c "import tfc.runtime" 2> /dev/null); then
+  { [ ! -d .whl ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; } \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || { echo "gpu_all: installing tfc failed"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+COMMON=(--json ${COMMIT:+--commit "$COMMIT"})
+
+IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
+if [ -z "$IMG" ]; then
+  echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
+  (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
+    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
+  IMG=$(ls -d "$WORK"/store/*/rank0 | head -1)
+fi
+echo "slice: $IMG ($(( $(date +%s) - START )) s)"
+
+part() {  # part NAME LIMIT_S COMMAND...: run it, its limit cut to what is left before DEADLINE
+  local name=$1 limit=$2 left
+  shift 2
+  case " $PARTS " in *" $name "*) ;; *) return ;; esac
+  left=$(( DEADLINE - ($(date +%s) - START) ))
+  if [ "$left" -lt 45 ]; then echo "== $name: skipped ($left s left of $DEADLINE)"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name ($(( $(date +%s) - START )) s, at most $limit s)"
+  timeout "$limit" "$@" || echo "== $name: exit $?"
+}
+
+part decode 180 python3 benchmarks/decode.py --image "$IMG" --rows 1,4,16,64,256 "${COMMON[@]}"
+part prefill 150 python3 benchmarks/prefill.py --image "$IMG" --repeats 2 "${COMMON[@]}"
+part serve 180 python3 benchmarks/serve.py --device cuda --image "$IMG" --reps 2 --restarts 2 "${COMMON[@]}"
+part drafting 120 python3 benchmarks/drafting.py --image "$IMG" "${COMMON[@]}"
+part kernels 120 python3 benchmarks/kernels.py "${COMMON[@]}"
+part prefix 150 python3 benchmarks/prefix_cache.py --device cuda --image "$IMG" --tokens 16000 --reps 1 "${COMMON[@]}"
+part boot 120 python3 benchmarks/boot.py --image "$IMG" --reps 2 --no-safetensors "${COMMON[@]}"
+echo "== done ($(( $(date +%s) - START )) s)"
+
+if [ -n "$OUT" ]; then
+  find benchmarks/results -type f -newer "$STAMP" > "$WORK/new_results.txt"
+  tar cf "$OUT/gpu_all.tar" benchmarks/summary.json -T "$WORK/new_results.txt"
+  echo "packed summary.json and $(wc -l < "$WORK/new_results.txt") result files into \$OUT/gpu_all.tar:"
+  sed 's/^/  /' "$WORK/new_results.txt"
+  echo "from the repository root: tar xf gpu_all.tar && python benchmarks/_summary.py --readme"
+fi
