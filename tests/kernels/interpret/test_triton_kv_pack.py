@@ -237,10 +237,7 @@ def test_paged_scores_read_the_pages_in_place_with_the_gathered_bits(tk):
     rv = type("View", (), {"pages": pages, "per_page": per_page, "entries": 5 * per_page})()
     was = stages._WHERE["kernels"]
     try:
-        for where in (
-            "cuda",
-            "all",
-        ):  # the stage as written on the rows gathered (CPU tensors), then the kernel
+        for where in ("cuda", "all"):  # the stage as written (CPU tensors), then the paged kernel
             stages.use_kernels(where)
             kernel = stages.stage_kernel("tfc.kernels.dsv41.index_scores:paged_scores", q)
             assert (kernel is None) == (where == "cuda")
