@@ -6,37 +6,38 @@ once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
-from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner, snapshot_runner
+from tfc.runtime.worker.runner import ModelRunner, drafter_of, snapshots_of, stats_of
+from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
-def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
+def warm_up(steps: ModelRunner, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
     """Run one prompt token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
-    world's leader), then, where prompt rows take a path of their own (`prompt_rows_differ`), one decode token
-    too; with `draft`, draft after them where the runner can; with
-    `snapshots`, snapshot the slot and restore it in place where the runner can; then release the slot."""
+    world's leader), then, where prompt rows take a path of their own (capability `prompt_rows`), one decode
+    token too; with `draft`, draft after them where the runner can; with `snapshots`, snapshot the slot and
+    restore it in place where the runner can; then release the slot."""
     token = bos_id if bos_id is not None else 0
-    drafts = draft_runner(steps) if draft else None
+    drafts = drafter_of(steps) if draft else None
     steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None, prompt=True),)))
-    if getattr(steps, "prompt_rows_differ", False):
+    if steps.capabilities.prompt_rows:
         steps.execute(StepPlan((SequenceStep(0, (token,), 1, drafting=drafts is not None),)))
     if drafts is not None:
         drafts.draft(0, token, drafts.draft_block)
-    runner = snapshot_runner(steps) if snapshots else None
-    if runner is not None:
-        runner.restore(0, runner.snapshot(0))
+    saved = snapshots_of(steps) if snapshots else None
+    if saved is not None:
+        saved.restore(0, saved.snapshot(0))
     steps.release(0)
 
 
-def compiled_stages(runner) -> dict | None:
+def compiled_stages(runner: ModelRunner | None) -> dict | None:
     """A runner's compiled stages by how they came ({"loaded", "saved", "traced"}, and "kernels": the fast
     forward's fusion.COUNTS), or None when it compiled none and ran no stage kernel."""
-    stages = runner.stats().get("stages") if hasattr(runner, "stats") else None
+    stages = stats_of(runner).get("stages")
     return stages if stages and any(stages.values()) else None
 
 
-def runner_notes(runner) -> list[str]:
+def runner_notes(runner: ModelRunner | None) -> list[str]:
     """What a runner says of how it runs (a stage compiled in process and why, a kernel path not taken)."""
-    return list(runner.stats().get("notes") or ()) if hasattr(runner, "stats") else []
+    return list(stats_of(runner).get("notes") or ())
 
 
 def stages_line(stages: dict) -> str:

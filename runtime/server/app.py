@@ -156,10 +156,5 @@ def _health(state: ServerState) -> dict:
         running, waiting = state.engine.counts()
         out.update(running=running, waiting=waiting, slots=state.engine.slots, context_length=_context(state),
                    steps=state.engine.steps, boot_s=state.boot_s)  # fmt: skip
-        prefix = getattr(state.engine, "prefix_stats", None)
-        if prefix is not None:
-            out["prefix_cache"] = prefix()
-        drafting = getattr(state.engine, "draft_stats", None)
-        if drafting is not None:
-            out["drafting"] = drafting()
+        out.update(prefix_cache=state.engine.prefix_stats(), drafting=state.engine.draft_stats())
     return out

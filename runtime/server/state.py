@@ -6,9 +6,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.runtime.server.auth import ApiKeys
+
+if TYPE_CHECKING:  # the engine's modules import torch; the state is made before the boot
+    from tfc.runtime.engine.engine import Engine
+    from tfc.runtime.engine.metrics import EngineMetrics
 
 
 def keepalive_seconds() -> float:
@@ -27,10 +31,10 @@ class ServerState:
 
     model_name: str
     keys: ApiKeys
-    engine: Any = None
+    engine: Engine | None = None
     chat: Any = None
     tokenizer: Any = None
-    metrics: Any = None
+    metrics: EngineMetrics | None = None
     status: str = "booting"  # booting | ready | draining | failed
     failure: str | None = None
     inflight: int = 0
