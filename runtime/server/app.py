@@ -11,9 +11,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tfc.runtime.engine.request import PromptError
 from tfc.runtime.server import chat as chats
 from tfc.runtime.server import messages
+from tfc.runtime.server.admission import BadRequest, Refusal, field_path
 from tfc.runtime.server.auth import presented_key
-from tfc.runtime.server.completions import BadRequest, generation
-from tfc.runtime.server.errors import error_response
+from tfc.runtime.server.completions import generation
+from tfc.runtime.server.errors import error_response, refused
 from tfc.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,8 +46,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError):
         first = error.errors()[0] if error.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        param = field_path(loc) or None
         kind = first.get("type", "")
         if kind == "json_invalid" or (kind == "model_attributes_type" and not loc):
             return error_response("the body is not a JSON object", 400, "invalid_json")
@@ -68,9 +69,9 @@ def build_app(state: ServerState) -> FastAPI:
     async def bad_prompt(_: Request, error: PromptError):
         return error_response(str(error), 400, "invalid_prompt", error.param)
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, error: BadRequest):
-        return error_response(error.message, error.status, error.code, error.param)
+    @app.exception_handler(Refusal)
+    async def refusal(_: Request, error: Refusal):
+        return refused(error)
 
     @app.get("/health")
     async def health(request: Request):
