@@ -247,7 +247,7 @@ class PrefixCache:
         tiers = {t.name: {"entries": len(t), "bytes": t.used, "budget": t.budget} for t in list(self.tiers)}
         entries = list(self._entries.values())
         return {"page": self.page, "entries": len(entries), "pinned": sum(1 for e in entries if e.pins),
-                "queries": self.queries, "hits": self.hits, "damaged": sum(getattr(t, "damaged", 0) for t in self.tiers),
+                "queries": self.queries, "hits": self.hits, "damaged": sum(t.damaged for t in self.tiers),
                 "tiers": tiers}  # fmt: skip
 
     def close(self) -> None:

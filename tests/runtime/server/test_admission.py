@@ -4,6 +4,8 @@ refuses in each API's shape, every route names a field with its index in bracket
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from fastapi.testclient import TestClient
@@ -103,3 +105,16 @@ def test_sse_writes_data_frames_and_typed_events_alike():
     framed = sse.event("response.created", {"type": "response.created", "n": [1, 2]}).decode()
     name, data = framed.removesuffix("\n\n").split("\n")
     assert name == "event: response.created" and json.loads(data.removeprefix("data: "))["n"] == [1, 2]
+
+
+def test_the_http_package_boots_nothing():
+    """runtime/server/ serves an engine it is handed: importing it loads no boot, worker, model or TP code (the
+    runner contract's data and protocols aside); runtime/serve.py does the wiring."""
+    code = (
+        "import sys, tfc.runtime.server.app\n"
+        "bad = [m for m in sys.modules if m.startswith(('tfc.runtime.boot', 'tfc.runtime.models', "
+        "'tfc.runtime.parallel', 'tfc.runtime.graphs', 'tfc.runtime.worker.worker')) or m == 'tfc.runtime.serve']\n"
+        "sys.exit(f'imported {bad}' if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
