@@ -1,4 +1,7 @@
-"""Run the server: listen, boot the worker on a thread while /health says booting, serve, drain on a signal."""
+"""The serve command's wiring: join the rank world, listen, boot this rank's worker on a thread while /health
+says booting, put the engine over it (over rank 0's Leader of every rank, at TP=N), serve HTTP, drain on a signal.
+
+The HTTP package (runtime/server/) only serves an engine it is handed; booting a model happens here."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from tfc.runtime.options import RuntimeOptions
@@ -21,6 +24,12 @@ from tfc.runtime.server.state import ServerState
 
 from tfc import settings
 from tfc.errors import TfcError
+
+if TYPE_CHECKING:
+    from tfc.runtime.parallel.control import Leader
+    from tfc.runtime.parallel.world import World
+    from tfc.runtime.worker.runner import ModelRunner
+    from tfc.runtime.worker.worker import Worker
 
 
 class ListenError(TfcError):
@@ -121,12 +130,35 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+@dataclass
+class _Rank:
+    """What the boot thread leaves for the shutdown: this rank's world, its worker and (rank 0 of a world) its leader."""
+
+    world: World | None
+    worker: Worker | None = None
+    leader: Leader | None = None
+
+
+def main(options: ServeOptions, keys: ApiKeys, started: float) -> int:
+    """`tfc serve` on this process: join its rank world (if any); rank 0 (or the only rank) serves HTTP, any other
+    rank runs rank 0's steps until it stops the world."""
+    from tfc.runtime.parallel.session import join_world
+
+    world = join_world(
+        "serve", options.image, options.device, options.runtime, dtype=options.dtype, slots=options.max_seqs,
+        context=options.max_context,
+    )  # fmt: skip
+    if world is not None and world.rank != 0:
+        follow(options, world)
+    return serve(options, keys, started, world)
+
+
 def say(line: str) -> None:
     """One progress line on stderr."""
     print(f"tfc serve: {line}", file=sys.stderr, flush=True)
 
 
-def serve(options: ServeOptions, keys: ApiKeys, started: float, world: Any = None) -> int:
+def serve(options: ServeOptions, keys: ApiKeys, started: float, world: World | None = None) -> int:
     """Listen, boot, serve until a signal; the exit code (0 after a drain, 2 when the boot failed).
 
     In a TP world (rank 0 of `world`) every step goes to every rank; a lost rank ends the requests in
@@ -141,12 +173,12 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float, world: Any = Non
         timeout_keep_alive=5,
     )  # fmt: skip
     server = DrainingServer(config, state, options.drain_s)
-    booted: dict[str, Any] = {"world": world}
+    rank = _Rank(world)
     if world is not None:
         world.fail_grace = 1.0  # time for the error events and 5xx replies to reach the clients
         world.on_fail(lambda why: _world_lost(state, why))
     thread = threading.Thread(
-        target=_boot, args=(options, state, booted, started, lambda: setattr(server, "should_exit", True)),
+        target=_boot, args=(options, state, rank, started, lambda: setattr(server, "should_exit", True)),
         name="tfc-boot", daemon=True,
     )  # fmt: skip
     thread.start()
@@ -155,11 +187,10 @@ def serve(options: ServeOptions, keys: ApiKeys, started: float, world: Any = Non
     finally:
         if state.engine is not None:
             state.engine.close()
-        if booted.get("leader") is not None:
-            booted["leader"].stop()  # every other rank exits 0
-        worker = booted.get("worker")
-        if worker is not None:
-            worker.close()
+        if rank.leader is not None:
+            rank.leader.stop()  # every other rank exits 0
+        if rank.worker is not None:
+            rank.worker.close()
     if state.status == "failed":
         print(f"tfc: error: {state.failure}", file=sys.stderr, flush=True)
         return 2
@@ -174,7 +205,7 @@ def _world_lost(state: ServerState, why: str) -> None:
         state.engine.fatal = state.engine.fatal or state.failure
 
 
-def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], Any]]:
+def _start_worker(options: ServeOptions, world: World | None) -> tuple[Worker, Callable[[], ModelRunner]]:
     """(this rank's booted worker, the call that loads its model); rank and device from the world, if any."""
     import torch
     from tfc.runtime.parallel.session import model_options
@@ -190,7 +221,7 @@ def _start_worker(options: ServeOptions, world: Any) -> tuple[Any, Callable[[], 
     )
 
 
-def follow(options: ServeOptions, world: Any) -> None:
+def follow(options: ServeOptions, world: World) -> None:
     """A rank but 0 of a served world: boot, load, run rank 0's steps until it stops the world (exit 0)."""
     from tfc.runtime.parallel.session import lead_or_follow
 
@@ -203,11 +234,11 @@ def follow(options: ServeOptions, world: Any) -> None:
 
 
 def _boot(
-    options: ServeOptions, state: ServerState, out: dict, started: float, stop: Callable[[], None]
+    options: ServeOptions, state: ServerState, rank: _Rank, started: float, stop: Callable[[], None]
 ) -> None:
     """Boot the worker and the engine; mark the state ready, or failed with one line."""
     try:
-        _boot_steps(options, state, out, started)
+        _boot_steps(options, state, rank, started)
     except Exception as error:  # every boot failure becomes one line and exit 2
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         if not isinstance(error, TfcError):
@@ -216,7 +247,7 @@ def _boot(
         stop()
 
 
-def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: float) -> None:
+def _boot_steps(options: ServeOptions, state: ServerState, rank: _Rank, started: float) -> None:
     from tfc.runtime.engine.engine import Engine, EngineConfig
     from tfc.runtime.engine.metrics import EngineMetrics
     from tfc.runtime.engine.prefix_cache import GIB, PrefixSettings
@@ -224,8 +255,8 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
     from tfc.runtime.engine.warmup import runner_notes, stage_kernels, stages_line, warm_up
     from tfc.runtime.parallel.session import lead_or_follow
 
-    worker, load = _start_worker(options, out["world"])
-    out["worker"] = worker
+    worker, load = _start_worker(options, rank.world)
+    rank.worker = worker
     for p in worker.booted.phases.phases:
         say(f"boot {p.name:<8} {p.seconds * 1e3:9.1f} ms  {p.note}")
     with worker.booted.phases.time("tokenizer"):
@@ -251,14 +282,13 @@ def _boot_steps(options: ServeOptions, state: ServerState, out: dict, started: f
         chunk=options.chunk,
         max_waiting=options.max_waiting,
         prefix=prefix,
-        draft=options.draft and out["world"] is None,
-        draft_off="--no-draft" if not options.draft else "TP>1: the DSpark drafter runs at TP=1 only",
+        draft=options.draft,  # where the runner states it can (a TP world's leader says why not)
     )
-    steps = worker  # what the engine drives: the worker, or in a TP world rank 0's Leader of every rank
-    if out["world"] is not None:
-        steps = out["leader"] = lead_or_follow(out["world"], worker)
+    steps: ModelRunner = worker  # what the engine drives: the worker, or in a TP world rank 0's Leader
+    if rank.world is not None:
+        steps = rank.leader = lead_or_follow(rank.world, worker)
     engine = Engine(steps, tokenizer, config, metrics)
-    drafts = config.draft and runner.can_draft
+    drafts = config.draft and steps.capabilities.draft
     note = ("one step of one token" + (", a draft" if drafts else "")
             + (", its snapshot restored" if prefix is not None else ""))  # fmt: skip
     with worker.booted.phases.time("warmup", note=note) as ph:

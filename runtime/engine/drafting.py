@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
+from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams, sample
 from tfc.runtime.engine.scheduler import Running
-from tfc.runtime.worker.step import DraftRunner, draft_runner
+from tfc.runtime.worker.runner import Drafter, ModelRunner, drafter_of
 
 
 @dataclass
@@ -40,14 +40,13 @@ class DraftCounts:
         return asdict(self)
 
 
-def open_drafting(runner: Any, on: bool, off: str) -> tuple[DraftRunner | None, str]:
+def open_drafting(runner: ModelRunner, on: bool, off: str) -> tuple[Drafter | None, str]:
     """The runner's drafting (None when off) and the line that says so; `off` says why `on` is False."""
     if not on:
         return None, f"drafting off: {off}"
-    drafts = draft_runner(runner)
+    drafts = drafter_of(runner)
     if drafts is None:
-        why = getattr(runner, "draft_note", "") or "the runner has no drafter"
-        return None, f"drafting off: {why}"
+        return None, f"drafting off: {runner.capabilities.draft_note or 'the runner has no drafter'}"
     return drafts, f"drafting on: up to {drafts.draft_block} tokens a round, verified in one step"
 
 
@@ -64,7 +63,7 @@ def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, 
     return lambda i, logits: sample(logits, params, seed, position + i)
 
 
-def propose(drafts: DraftRunner, work: Sequence[tuple[Running, Any]], context: int) -> None:
+def propose(drafts: Drafter, work: Sequence[tuple[Running, Request]], context: int) -> None:
     """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request)."""
     for run, r in work:
         if run.prefilling or not run.drafting or not run.backoff.ready():

@@ -1,11 +1,11 @@
 """The engine: requests queue, a step loop on its own thread over a worker, events back to asyncio consumers.
 
-The engine never touches a tensor beyond handing logits to the sampler: the worker (or any runner with
-`execute`, `release`, `info` and `capacity`) does the model. Admission is decided in `submit`, before a
-reply's first byte: a request that can never fit is a 400, a full queue a 429, a draining engine a 503.
-With a prefix cache (a runner that can also `snapshot` and `restore` its slots), an admitted prompt resumes
-from its longest cached prefix, and states are offered to the cache at every `chunk` boundary and at the end
-of each prompt and reply. With a runner that drafts, a decoding sequence drafts tokens and verifies them in one
+The engine never touches a tensor beyond handing logits to the sampler: the worker (or any `ModelRunner`,
+runtime/worker/runner.py) does the model, and what else it does is what its capabilities state. Admission is
+decided in `submit`, before a reply's first byte: a request that can never fit is a 400, a full queue a 429, a
+draining engine a 503. With a prefix cache (a runner stating `snapshot`), an admitted prompt resumes from its
+longest cached prefix, and states are offered to the cache at every `chunk` boundary and at the end of each
+prompt and reply. With a runner stating `draft`, a decoding sequence drafts tokens and verifies them in one
 step (runtime/engine/drafting.py), emitting exactly the tokens serial decoding would; states are offered only
 after the rejected rows were rolled back.
 """
@@ -28,6 +28,7 @@ from tfc.runtime.engine.pick import pick, prompt_logprobs, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.scheduler import Running, plan_step
+from tfc.runtime.worker.runner import ModelRunner, snapshots_of
 from tfc.runtime.worker.step import SequenceStep
 
 
@@ -35,9 +36,10 @@ class Engine:
     """Continuous batching over one runner; `submit` from the event loop, the steps run on a thread."""
 
     def __init__(
-        self, runner: Any, tokenizer: Any, config: EngineConfig, metrics: EngineMetrics | None = None
+        self, runner: ModelRunner, tokenizer: Any, config: EngineConfig, metrics: EngineMetrics | None = None
     ):
         self.runner, self.tokenizer, self.config = runner, tokenizer, config
+        self.capabilities = runner.capabilities  # stated once: they hold for the runner's life
         self.metrics = metrics or EngineMetrics(model="model")
         self.info = runner.info
         slots = min(config.max_seqs, runner.capacity.slots)
@@ -51,6 +53,7 @@ class Engine:
         self.fatal: str | None = None
         self.steps = 0
         self.prefix, self.prefix_note = open_prefix_cache(runner, config.prefix, config.chunk, self.metrics)
+        self.snapshots = snapshots_of(runner) if self.prefix is not None else None
         self.drafts, self.draft_note = open_drafting(runner, config.draft, config.draft_off)
         self.drafted = DraftCounts()
         self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
@@ -237,7 +240,7 @@ class Engine:
             for seq, lease in leases:
                 seq.chain = lease.chain
                 if lease.entry is not None:
-                    seq.run.fed = seq.cached = self.prefix.resume(lease, seq.run.slot, self.runner)
+                    seq.run.fed = seq.cached = self.prefix.resume(lease, seq.run.slot, self.snapshots)
         finally:
             for _, lease in leases:
                 self.prefix.release(lease)
@@ -246,11 +249,11 @@ class Engine:
         """Offer a sequence's state to the prefix cache at a chunk boundary, its prompt's end or its end (not
         past its prompt's end where the runner prefills on another path than it decodes: resumed == fresh)."""
         run, chain = seq.run, seq.chain
-        if run.fed > len(run.prompt) and getattr(self.runner, "prompt_rows_differ", False):
+        if run.fed > len(run.prompt) and self.capabilities.prompt_rows:
             return
         chain.extend(run.fed_since(len(chain)))
         if ended or run.fed % self.config.chunk == 0 or run.fed == len(run.prompt):
-            self.prefix.offer(chain, run.fed, run.slot, self.runner)
+            self.prefix.offer(chain, run.fed, run.slot, self.snapshots)
 
     def _release(self, seq: EngineSeq) -> None:
         if seq.run is not None:
@@ -332,7 +335,7 @@ class Engine:
             accepted += hit
             if not going or not hit:
                 break
-        self.runner.rollback(run.slot, run.fed)
+        self.drafts.rollback(run.slot, run.fed)  # a verify row was planned only with drafting on
         run.backoff.after(accepted)
         for counts in (seq.drafted, self.drafted):
             counts.add(len(draft), accepted)

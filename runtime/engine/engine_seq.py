@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts
 from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings
 from tfc.runtime.engine.request import Event, Request
 from tfc.runtime.engine.scheduler import Running
+
+if TYPE_CHECKING:  # the engine imports this module
+    from tfc.runtime.engine.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class EngineSeq:
 class Stream:
     """The consumer's end of one request: iterate events until one has `finish` set; `cancel` frees its slot."""
 
-    def __init__(self, engine: Any, seq: Any, queue: asyncio.Queue) -> None:
+    def __init__(self, engine: Engine, seq: EngineSeq, queue: asyncio.Queue) -> None:
         self._engine, self._seq, self._queue = engine, seq, queue
         self.id = seq.request.id
 

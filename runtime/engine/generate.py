@@ -16,7 +16,8 @@ import torch
 from tfc.runtime.engine.draft_backoff import DraftBackoff
 from tfc.runtime.engine.drafting import DraftCounts, chooser, draft_length
 from tfc.runtime.engine.sampling import Sampler, SamplingError, SamplingParams
-from tfc.runtime.worker.step import ModelRunner, SequenceStep, StepPlan, draft_runner
+from tfc.runtime.worker.runner import ModelRunner, drafter_of
+from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
 @dataclass
@@ -72,7 +73,7 @@ def generate(
     if any(p.penalizes for p in plist):
         raise SamplingError("penalties and logit bias are the engine's (tfc serve); generate samples without")
     samplers = [Sampler(p) for p in plist]
-    drafts = draft_runner(runner) if draft else None
+    drafts = drafter_of(runner) if draft else None
     out = [Generation() for _ in prompts]
     backoff = [DraftBackoff() for _ in prompts]
     position = [0] * len(prompts)

@@ -21,7 +21,7 @@ from typing import Any
 import blake3
 import numpy as np
 from tfc.runtime.engine.prefix_tiers import DamagedEntry, DiskTier, Entry, MemoryTier
-from tfc.runtime.worker.step import snapshot_runner
+from tfc.runtime.worker.runner import ModelRunner, Snapshot, Snapshots, snapshots_of
 
 GIB = 1 << 30
 
@@ -95,7 +95,7 @@ class PrefixCache:
             self.metrics.prefix_queries.inc(len(prompt))
         return lease
 
-    def resume(self, lease: Lease, slot: int, runner: Any) -> int:
+    def resume(self, lease: Lease, slot: int, runner: Snapshots) -> int:
         """Restore the leased prefix into `slot` and unpin it; the tokens restored (0: nothing usable).
 
         A damaged entry is dropped and the next longest prefix tried; a hit below the device tier moves up."""
@@ -151,7 +151,7 @@ class PrefixCache:
 
     # -- a running sequence offers its state ---------------------------------------------------------------
 
-    def offer(self, chain: PrefixChain, n: int, slot: int, runner: Any) -> None:
+    def offer(self, chain: PrefixChain, n: int, slot: int, runner: Snapshots) -> None:
         """Keep `slot`'s state, which has seen the chain's first n ids, unless that prefix is cached already."""
         key = chain.key(n)
         entry = self._entries.get(key)
@@ -165,7 +165,7 @@ class PrefixCache:
                 self._tails.setdefault(entry.parent, Counter())[n % self.page] += 1
         self._publish()
 
-    def _place(self, entry: Entry, snapshot: Any, level: int) -> bool:
+    def _place(self, entry: Entry, snapshot: Snapshot, level: int) -> bool:
         """Put a snapshot in the first tier from `level` down that can make room for it (False: none can)."""
         for i in range(level, len(self.tiers)):
             victims = self._victims(i, self.tiers[i].size(snapshot))
@@ -175,7 +175,7 @@ class PrefixCache:
                     return True
         return False
 
-    def _move_up(self, entry: Entry, fetched: Any, slot: int, runner: Any) -> None:
+    def _move_up(self, entry: Entry, fetched: Snapshot, slot: int, runner: Snapshots) -> None:
         """Move a hit from below the device tier to the highest tier that can make room (else just use it)."""
         old = entry.tier
         for i in range(self.tiers.index(old)):
@@ -247,7 +247,7 @@ class PrefixCache:
         tiers = {t.name: {"entries": len(t), "bytes": t.used, "budget": t.budget} for t in list(self.tiers)}
         entries = list(self._entries.values())
         return {"page": self.page, "entries": len(entries), "pinned": sum(1 for e in entries if e.pins),
-                "queries": self.queries, "hits": self.hits, "damaged": sum(getattr(t, "damaged", 0) for t in self.tiers),
+                "queries": self.queries, "hits": self.hits, "damaged": sum(t.damaged for t in self.tiers),
                 "tiers": tiers}  # fmt: skip
 
     def close(self) -> None:
@@ -260,12 +260,12 @@ class PrefixCache:
 
 
 def open_prefix_cache(
-    runner: Any, settings: PrefixSettings | None, page: int, metrics: Any = None
+    runner: ModelRunner, settings: PrefixSettings | None, page: int, metrics: Any = None
 ) -> tuple[PrefixCache | None, str]:
     """(the cache over a runner's snapshots, or None; one line saying which and why)."""
     if settings is None:
         return None, "prefix cache off"
-    snapshots = snapshot_runner(runner)
+    snapshots = snapshots_of(runner)
     if snapshots is None:
         return None, "prefix cache off: the model runner cannot snapshot a sequence's state"
     tiers: list[Any] = [MemoryTier("device", settings.device_bytes)]

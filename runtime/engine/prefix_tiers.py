@@ -52,6 +52,7 @@ class MemoryTier:
     def __init__(self, name: str, budget: int, convert: Callable[[Any], Any] = lambda s: s) -> None:
         self.name, self.budget, self._convert = name, budget, convert
         self.used = 0
+        self.damaged = 0  # entries refused as damaged: memory keeps objects, never bytes to check
         self._held: OrderedDict[bytes, tuple[Entry, Any, int]] = OrderedDict()
 
     def __len__(self) -> int:

@@ -6,35 +6,36 @@ once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
-from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner, snapshot_runner
+from tfc.runtime.worker.runner import ModelRunner, drafter_of, snapshots_of, stats_of
+from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
-def warm_up(steps, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
+def warm_up(steps: ModelRunner, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
     """Run one prompt token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
-    world's leader), then, where prompt rows take a path of their own (`prompt_rows_differ`), one decode token
-    too; with `draft`, draft after them where the runner can; with
-    `snapshots`, snapshot the slot and restore it in place where the runner can; then release the slot."""
+    world's leader), then, where prompt rows take a path of their own (capability `prompt_rows`), one decode
+    token too; with `draft`, draft after them where the runner can; with `snapshots`, snapshot the slot and
+    restore it in place where the runner can; then release the slot."""
     token = bos_id if bos_id is not None else 0
-    drafts = draft_runner(steps) if draft else None
+    drafts = drafter_of(steps) if draft else None
     steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None, prompt=True),)))
-    if getattr(steps, "prompt_rows_differ", False):
+    if steps.capabilities.prompt_rows:
         steps.execute(StepPlan((SequenceStep(0, (token,), 1, drafting=drafts is not None),)))
     if drafts is not None:
         drafts.draft(0, token, drafts.draft_block)
-    runner = snapshot_runner(steps) if snapshots else None
-    if runner is not None:
-        runner.restore(0, runner.snapshot(0))
+    saved = snapshots_of(steps) if snapshots else None
+    if saved is not None:
+        saved.restore(0, saved.snapshot(0))
     steps.release(0)
 
 
-def stage_kernels(runner) -> int:
+def stage_kernels(runner: ModelRunner | None) -> int:
     """How many small-op stages a runner ran as Triton kernels (the fast forward's on a GPU; 0 elsewhere)."""
-    return int(runner.stats().get("stage_kernels") or 0) if hasattr(runner, "stats") else 0
+    return int(stats_of(runner).get("stage_kernels") or 0)
 
 
-def runner_notes(runner) -> list[str]:
+def runner_notes(runner: ModelRunner | None) -> list[str]:
     """What a runner says of how it runs (its kernels' stand-ins, a kernel path not taken)."""
-    return list(runner.stats().get("notes") or ()) if hasattr(runner, "stats") else []
+    return list(stats_of(runner).get("notes") or ())
 
 
 def stages_line(kernels: int) -> str:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.packs import deepseek_v41_contract as dsv41
 
 from tfc.errors import TfcError
+
+if TYPE_CHECKING:
+    from tfc.runtime.worker.runner import ModelRunner
 
 
 class UnknownFamily(TfcError):
@@ -21,7 +24,7 @@ class Family:
     """What the worker and engine need of a family: build a runner over an opened image, a chat format."""
 
     name: str
-    build_runner: Callable[..., Any]
+    build_runner: Callable[..., ModelRunner]  # a runner stating its capabilities (runtime/worker/runner.py)
     chat_format: Callable[[Any, int | None], Any]
 
 

@@ -2,7 +2,8 @@
 
 Messages, in one order on every rank: `("step", StepPlan)`, `("release", slot)`, `("noop",)` (sent when
 the channel has been quiet for a while, so a waiting rank's collective never times out) and `("stop",)`.
-The engine talks to `Leader` as to any worker (`execute`, `release`, `info`, `capacity`); the calls run
+The engine talks to `Leader` as to any `ModelRunner` (`execute`, `release`, `info`, `capacity`, and
+`capabilities`: none beyond steps, since only steps and releases are broadcast); the calls run
 on one rank thread, so a call stuck in a collective with a lost rank can be abandoned: it raises
 `WorldLost` in the engine's thread and every request in flight ends with an error.
 """
@@ -13,10 +14,17 @@ import queue
 import re
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.runtime.parallel.world import World, WorldLost
-from tfc.runtime.worker.step import StepOutput, StepPlan
+from tfc.runtime.worker.runner import ModelRunner, RunnerCapabilities
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
+
+if TYPE_CHECKING:
+    from tfc.runtime.worker.worker import Worker
+
+
+TP_DRAFT_NOTE = "TP>1: the DSpark drafter runs at TP=1 only"
 
 
 class _Call:
@@ -30,7 +38,7 @@ class _Call:
 class Leader:
     """Rank 0's worker for the engine: each call goes to every rank, then runs here; same contract as Worker."""
 
-    def __init__(self, worker: Any, world: World) -> None:
+    def __init__(self, worker: Worker, world: World) -> None:
         self.worker, self.world = worker, world
         self.tick_s = max(1.0, min(30.0, world.timeout_s / 10))
         self.broadcast_s = 0.0  # seconds spent sending control messages (the control plane's cost)
@@ -43,14 +51,20 @@ class Leader:
         self._thread.start()
 
     @property
-    def info(self) -> Any:
+    def info(self) -> ModelInfo:
         """The model's vocabulary, context and special ids."""
         return self.worker.info
 
     @property
-    def capacity(self) -> Any:
+    def capacity(self) -> Capacity:
         """Slots and tokens per slot (the same on every rank)."""
         return self.worker.capacity
+
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        """Steps and releases only (no snapshots, no drafting: those calls are not broadcast); prompt rows as
+        the ranks' runners take them."""
+        return RunnerCapabilities(draft_note=TP_DRAFT_NOTE, prompt_rows=self.worker.capabilities.prompt_rows)
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Run one step on every rank; rank 0's logits."""
@@ -130,7 +144,7 @@ class Leader:
         return None
 
 
-def follow(worker: Any, world: World) -> None:
+def follow(worker: ModelRunner, world: World) -> None:
     """Ranks but 0: run rank 0's messages until it says stop; any failure loses the world (exit 70)."""
     try:
         while True:

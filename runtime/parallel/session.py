@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.parallel.agreement import agree, rank_settings
 from tfc.runtime.parallel.control import Leader, follow
 from tfc.runtime.parallel.env import rank_env
 from tfc.runtime.parallel.world import World
+
+if TYPE_CHECKING:  # the worker's modules load after the early CUDA start
+    from tfc.runtime.worker.worker import Worker
 
 
 def device_kind(device: str | None) -> str:
@@ -47,7 +50,7 @@ def model_options(world: World | None) -> dict[str, Any]:
     return {} if world is None else {"comm": world.comm}
 
 
-def lead_or_follow(world: World, worker: Any) -> Leader:
+def lead_or_follow(world: World, worker: Worker) -> Leader:
     """Meet every rank; rank 0 gets the Leader its engine drives, the others follow it and exit 0 here."""
     world.wait_all("ready")
     if world.rank == 0:

@@ -1,1 +1,2 @@
-"""HTTP only: the OpenAI-compatible routes, SSE and keepalives, drain, API keys, health and metrics."""
+"""HTTP only: the OpenAI (chat, completions, Responses) and Anthropic Messages routes, SSE and keepalives, drain,
+API keys, health and metrics, over an engine it is handed (runtime/serve.py boots it)."""

@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from tfc.runtime.engine.request import PromptError
 from tfc.runtime.server import messages, tokens
+from tfc.runtime.server.admission import Refusal, field_path
 from tfc.runtime.server.auth import presented_key
-from tfc.runtime.server.completions import BadRequest, generation
-from tfc.runtime.server.errors import error_response
+from tfc.runtime.server.completions import generation
+from tfc.runtime.server.errors import error_response, refused
 from tfc.runtime.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,8 +45,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError):
         first = error.errors()[0] if error.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        param = field_path(loc) or None
         kind = first.get("type", "")
         if kind == "json_invalid" or (kind == "model_attributes_type" and not loc):
             return error_response("the body is not a JSON object", 400, "invalid_json")
@@ -67,9 +68,9 @@ def build_app(state: ServerState) -> FastAPI:
     async def bad_prompt(_: Request, error: PromptError):
         return error_response(str(error), 400, "invalid_prompt", error.param)
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, error: BadRequest):
-        return error_response(error.message, error.status, error.code, error.param)
+    @app.exception_handler(Refusal)
+    async def refusal(_: Request, error: Refusal):
+        return refused(error)
 
     @app.get("/health")
     async def health(request: Request):
@@ -144,10 +145,5 @@ def _health(state: ServerState) -> dict:
         running, waiting = state.engine.counts()
         out.update(running=running, waiting=waiting, slots=state.engine.slots, context_length=_context(state),
                    steps=state.engine.steps, boot_s=state.boot_s)  # fmt: skip
-        prefix = getattr(state.engine, "prefix_stats", None)
-        if prefix is not None:
-            out["prefix_cache"] = prefix()
-        drafting = getattr(state.engine, "draft_stats", None)
-        if drafting is not None:
-            out["drafting"] = drafting()
+        out.update(prefix_cache=state.engine.prefix_stats(), drafting=state.engine.draft_stats())
     return out

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from tfc.runtime.server.admission import Refusal
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -29,3 +34,9 @@ def error_response(
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="tfc"'
     return JSONResponse(error_body(message, status, code, param), status_code=status, headers=headers)
+
+
+def refused(refusal: Refusal) -> JSONResponse:
+    """A route's refusal (runtime/server/admission.py) as an error reply."""
+    r = refusal
+    return error_response(r.message, r.status, r.code, r.param, r.retry_after, r.close)

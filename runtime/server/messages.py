@@ -15,18 +15,18 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from tfc.runtime.engine.generate import token_sha
-from tfc.runtime.engine.request import Event, PromptError, Rejected
+from tfc.runtime.engine.request import Event, PromptError
 from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
-from tfc.runtime.server.completions import BadRequest, _prepare
-from tfc.runtime.server.messages_errors import OVERLOADED, error_body, error_response
+from tfc.runtime.server.admission import BadRequest, Refusal, admit, drain, not_ready
+from tfc.runtime.server.messages_errors import OVERLOADED, error_body, error_response, refused
 from tfc.runtime.server.messages_protocol import CountTokensRequest, MessagesRequest, parse
 from tfc.runtime.server.messages_reply import MessageBlocks, usage
 from tfc.runtime.server.messages_request import Translated, translate
 from tfc.runtime.server.state import ServerState
 
 PREFIX = "/v1/messages"
-PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+PING = sse.event("ping", {"type": "ping"})
 
 
 def owns(path: str) -> bool:
@@ -54,29 +54,12 @@ def register(app: FastAPI, state: ServerState) -> None:
         return error_response(f"no such route: {PREFIX}/{rest}", 404)
 
 
-def event(name: str, data: dict) -> bytes:
-    """One typed SSE event."""
-    return (
-        f"event: {name}\ndata: ".encode()
-        + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
-
-
 def _body(model: type, raw: bytes) -> Any:
     try:
         data = json.loads(raw)
     except ValueError:
         raise BadRequest("the body is not valid JSON", "body") from None
     return parse(model, data)
-
-
-def _not_ready(state: ServerState) -> JSONResponse:
-    if state.status == "draining":
-        return error_response("server restarting: retry shortly", OVERLOADED, retry_after=30, close=True)
-    if state.status == "failed":
-        return error_response(f"the server failed: {state.failure}", 500)
-    return error_response("the model is still booting: retry shortly", 503, retry_after=5)
 
 
 def _wrong_model(state: ServerState, model: str | None) -> JSONResponse | None:
@@ -95,7 +78,7 @@ async def create_message(state: ServerState, raw: bytes):
         if state.after_count is not None:
             state.after_count()
         if state.status != "ready":
-            return _not_ready(state)
+            return refused(not_ready(state))
         translated = None
         try:
             body = _body(MessagesRequest, raw)
@@ -103,19 +86,9 @@ async def create_message(state: ServerState, raw: bytes):
             if wrong is not None:
                 return wrong
             translated = translate(body)
-            job, requests = await asyncio.to_thread(_prepare, state, translated.chat, True)
-            (stream,) = state.engine.submit(requests)
-        except BadRequest as bad:
-            return error_response(_named(translated, bad.message, bad.param), bad.status)
-        except PromptError as bad:
-            return error_response(_named(translated, str(bad), bad.param), 400)
-        except chats.ConstraintError as bad:
-            return error_response(_named(translated, bad.message, bad.param), 400)
-        except Rejected as no:
-            if no.code == "server_restarting":
-                return error_response(no.message, OVERLOADED, no.retry_after, close=True)
-            status = 500 if no.status == 503 and no.code == "engine_dead" else no.status
-            return error_response(_named(translated, no.message, no.param), status, no.retry_after)
+            job, (stream,) = await admit(state, translated.chat, True)
+        except Refusal as no:
+            return refused(no, _named(translated, no.message, no.param))
         state.metrics.requests.inc()
         reply = _Reply(state, "msg_" + secrets.token_hex(12), len(job.prompts[0]), translated.show_thinking)
         if body.stream:
@@ -141,7 +114,7 @@ def _named(translated: Translated | None, message: str, param: str | None) -> st
 async def count_message_tokens(state: ServerState, raw: bytes):
     """The prompt tokens a Messages body renders to: {"input_tokens": N}."""
     if not state.ready:
-        return _not_ready(state)
+        return refused(not_ready(state))
     translated = None
     try:
         body = _body(CountTokensRequest, raw)
@@ -152,7 +125,7 @@ async def count_message_tokens(state: ServerState, raw: bytes):
         chat = translated.chat
         ids = await asyncio.to_thread(state.chat.render, chats.messages(chat), chats.options(chat))
     except BadRequest as bad:
-        return error_response(_named(translated, bad.message, bad.param), bad.status)
+        return refused(bad, _named(translated, bad.message, bad.param))
     except PromptError as bad:
         return error_response(_named(translated, str(bad), bad.param), 400)
     return {"input_tokens": len(ids)}
@@ -184,12 +157,8 @@ class _Reply:
     async def whole(self, stream) -> JSONResponse:
         """Wait for the reply; one message object."""
         blocks = MessageBlocks(self.show_thinking)
-        try:
-            async for last in stream:
-                blocks.add(last.text if isinstance(last.text, list) else [])
-        except asyncio.CancelledError:
-            stream.cancel()
-            raise
+        parts, _, last, _ = await drain(stream)
+        blocks.add(parts)
         if last.finish == "error":
             return error_response(*self._failed(last))
         self._cut(blocks, last)
@@ -199,7 +168,7 @@ class _Reply:
         """message_start, pings until the first token, the blocks' events, message_delta, message_stop."""
         state, blocks = self.state, MessageBlocks(self.show_thinking)
         try:
-            yield event("message_start", {"type": "message_start", "message": self._head()})
+            yield sse.event("message_start", {"type": "message_start", "message": self._head()})
             seen_token = False
             while True:
                 if not seen_token and state.keepalive_s:
@@ -212,20 +181,20 @@ class _Reply:
                     last = await anext(stream)
                 seen_token = True
                 if last.finish == "error":
-                    yield event("error", error_body(*self._failed(last)))
+                    yield sse.event("error", error_body(*self._failed(last)))
                     return
                 for name, data in blocks.add(last.text if isinstance(last.text, list) else []):
-                    yield event(name, data)
+                    yield sse.event(name, data)
                 if last.finish is not None:
                     break
             for name, data in blocks.close():
-                yield event(name, data)
+                yield sse.event(name, data)
             self._cut(blocks, last)
             head = self._head(blocks, last)
-            yield event("message_delta", {"type": "message_delta", "usage": head["usage"],
+            yield sse.event("message_delta", {"type": "message_delta", "usage": head["usage"],
                                           "delta": {"stop_reason": head["stop_reason"], "stop_sequence": head["stop_sequence"]},
                                           "token_sha": token_sha(last.tokens)})  # fmt: skip
-            yield event("message_stop", {"type": "message_stop"})
+            yield sse.event("message_stop", {"type": "message_stop"})
         finally:
             stream.cancel()
             state.inflight -= 1

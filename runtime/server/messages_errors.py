@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from tfc.runtime.server.admission import Refusal
 
 OVERLOADED = 529  # Anthropic's status for a server that takes no work now (here: while it drains)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -27,3 +32,12 @@ def error_response(
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="tfc"'
     return JSONResponse(error_body(message, status), status_code=status, headers=headers)
+
+
+def refused(refusal: Refusal, message: str | None = None) -> JSONResponse:
+    """A route's refusal (runtime/server/admission.py) in this shape, `message` in place of its own: a draining
+    server is overloaded (529, and the connection closed), a failed engine an api_error (500)."""
+    if refusal.code == "server_restarting":
+        return error_response(refusal.message, OVERLOADED, refusal.retry_after, close=True)
+    status = 500 if refusal.code == "engine_dead" else refusal.status
+    return error_response(message or refusal.message, status, refusal.retry_after)

@@ -1,7 +1,7 @@
 """Request bodies of the Anthropic Messages routes (pydantic): the fields served here, unknown ones refused.
 
 Content blocks and tool definitions are checked one at a time (`block`, `tool`), so a refusal names the
-block by its place (`messages.2.content.1.type`) and says which kinds are served.
+block by its place (`messages[2].content[1].type`) and says which kinds are served.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
-from tfc.runtime.server.completions import BadRequest
+from tfc.runtime.server.admission import BadRequest, field_path
 from tfc.runtime.server.protocol import MAX_STOPS, Strict
 
 T = TypeVar("T", bound=BaseModel)
@@ -153,10 +153,10 @@ def parse(model: type[T], raw: Any, where: str = "") -> T:
 
 
 def describe(error: ValidationError, where: str = "") -> tuple[str, str]:
-    """(one line, the field's dotted path) of a validation error's first problem."""
+    """(one line, the field's path) of a validation error's first problem."""
     first = error.errors()[0] if error.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if isinstance(p, int) or _is_field(str(p))]
-    param = ".".join([where] * bool(where) + loc) or "body"
+    loc = [p for p in first.get("loc", ()) if isinstance(p, int) or _is_field(str(p))]
+    param = field_path([where] * bool(where) + loc) or "body"
     kind = first.get("type", "")
     if kind == "model_type" and param == "body":
         return "the body is not a JSON object", param

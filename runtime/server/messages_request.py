@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tfc.runtime.server.completions import BadRequest
+from tfc.runtime.server.admission import BadRequest
 from tfc.runtime.server.messages_protocol import (
     CountTokensRequest,
     MessagesRequest,
@@ -35,9 +35,8 @@ ALLOWED = {
 }
 # chat-field names the chat format reports, and their Messages names (a message index is mapped apart)
 RENAMES = (
-    (re.compile(r"tools\[(\d+)\]\.function\.name"), r"tools.\1.name"),
-    (re.compile(r"tools\[(\d+)\]\.function\.parameters"), r"tools.\1.input_schema"),
-    (re.compile(r"tools\[(\d+)\]"), r"tools.\1"),
+    (re.compile(r"tools\[(\d+)\]\.function\.name"), r"tools[\1].name"),
+    (re.compile(r"tools\[(\d+)\]\.function\.parameters"), r"tools[\1].input_schema"),
     (re.compile(r"tool_choice\.function\.name"), "tool_choice.name"),
     (re.compile(r"reasoning_effort"), "output_config.effort"),
     (re.compile(r"response_format[.\w]*"), "output_config.format"),
@@ -79,7 +78,7 @@ def translate(body: CountTokensRequest) -> Translated:
     """The chat completion of a Messages (or count_tokens) body; a 400 naming the field it cannot serve."""
     last = body.messages[-1]
     if last.role == "assistant":
-        at = f"messages.{len(body.messages) - 1}"
+        at = f"messages[{len(body.messages) - 1}]"
         raise BadRequest(f"{at}: a final assistant turn (prefill) is not supported; end with a user turn", at)
     messages, origins = _messages(body)
     fields: dict[str, Any] = {"messages": messages}
@@ -119,7 +118,7 @@ def _sampling(body: MessagesRequest) -> dict[str, Any]:
 
 def _tools(body: CountTokensRequest) -> dict[str, Any]:
     """tools, tool_choice and parallel_tool_calls as chat fields."""
-    tools = [tool(raw, f"tools.{i}") for i, raw in enumerate(body.tools or ())]
+    tools = [tool(raw, f"tools[{i}]") for i, raw in enumerate(body.tools or ())]
     out: dict[str, Any] = {}
     if tools:
         out["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
@@ -156,10 +155,10 @@ def _messages(body: CountTokensRequest) -> tuple[list[dict], list[str]]:
         origins.append("system")
     previous = None
     for i, message in enumerate(body.messages):
-        where = f"messages.{i}"
+        where = f"messages[{i}]"
         content = message.content
         blocks = [TextBlock(type="text", text=content)] if isinstance(content, str) else [
-            block(raw, f"{where}.content.{k}", ALLOWED[message.role]) for k, raw in enumerate(content)
+            block(raw, f"{where}.content[{k}]", ALLOWED[message.role]) for k, raw in enumerate(content)
         ]  # fmt: skip
         if message.role == "assistant":
             turn = _assistant(blocks)
@@ -188,7 +187,7 @@ def _user(blocks: list, where: str) -> list[dict]:
             if text:
                 out.append({"role": "user", "content": text})
                 text = []
-            result = "" if b.content is None else _text(b.content, f"{where}.content.{k}.content")
+            result = "" if b.content is None else _text(b.content, f"{where}.content[{k}].content")
             out.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": result})
         else:
             text.append({"type": "text", "text": b.text})
@@ -225,5 +224,5 @@ def _text(content: str | list, where: str) -> str | list[dict]:
     if isinstance(content, str):
         return content
     return [
-        {"type": "text", "text": block(raw, f"{where}.{k}", ("text",)).text} for k, raw in enumerate(content)
+        {"type": "text", "text": block(raw, f"{where}[{k}]", ("text",)).text} for k, raw in enumerate(content)
     ]

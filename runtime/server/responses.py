@@ -1,34 +1,25 @@
 """`POST /v1/responses`: a Responses body run as its chat completion; a response object or its events.
 
 Stateless: nothing is stored, so `previous_response_id` is refused and `store` changes nothing. Admission,
-rendering, grammars and sampling are the chat route's (completions.py); only the request's translation
+rendering, grammars and sampling are the chat route's (admission.py); only the request's translation
 (responses_input.py) and the reply's shape (responses_output.py) are this API's own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from tfc.runtime.engine.generate import token_sha
-from tfc.runtime.engine.request import PromptError, Rejected
-from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
-from tfc.runtime.server.completions import BadRequest, _drain, _not_ready, _prepare
-from tfc.runtime.server.errors import error_response
+from tfc.runtime.server.admission import Refusal, admit, drain, not_ready, wrong_model
+from tfc.runtime.server.errors import error_response, refused
 from tfc.runtime.server.responses_input import Translation, translate
 from tfc.runtime.server.responses_output import OutputBuilder, item_id, response_object, usage
 from tfc.runtime.server.responses_protocol import ResponsesRequest, refusals
 from tfc.runtime.server.state import ServerState
-
-
-def event_frame(event: dict) -> bytes:
-    """One typed SSE event (`event:` its type, `data:` the JSON object)."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
 def _status(finish: str) -> tuple[str, dict | None]:
@@ -46,29 +37,18 @@ async def create_response(state: ServerState, body: ResponsesRequest):
         if state.after_count is not None:
             state.after_count()
         if state.status != "ready":
-            return _not_ready(state)
-        if body.model is not None and body.model != state.model_name:
-            return error_response(
-                f"The model `{body.model}` does not exist.", 404, "model_not_found", "model"
-            )
-        refused = refusals(body)
-        if refused is not None:
-            return error_response(refused[0], 400, "unsupported_parameter", refused[1])
+            return refused(not_ready(state))
+        wrong = wrong_model(state, body.model)
+        if wrong is not None:
+            return refused(wrong)
+        unsupported = refusals(body)
+        if unsupported is not None:
+            return error_response(unsupported[0], 400, "unsupported_parameter", unsupported[1])
         t = Translation()
         try:
             t = translate(body)
-            job, requests = await asyncio.to_thread(_prepare, state, t.chat, True)
-            (stream,) = state.engine.submit(requests)
-        except BadRequest as bad:
-            param, message = t.rename(bad.param, bad.message)
-            return error_response(message, bad.status, bad.code, param)
-        except PromptError as bad:
-            param, message = t.rename(bad.param, str(bad))
-            return error_response(message, 400, "invalid_prompt", param)
-        except chats.ConstraintError as bad:
-            param, message = t.rename(bad.param, bad.message)
-            return error_response(message, 400, "invalid_grammar", param)
-        except Rejected as no:
+            job, (stream,) = await admit(state, t.chat, True)
+        except Refusal as no:
             param, message = t.rename(no.param, no.message)
             return error_response(message, no.status, no.code, param, no.retry_after)
         state.metrics.requests.inc()
@@ -86,11 +66,7 @@ async def create_response(state: ServerState, body: ResponsesRequest):
 
 async def _whole(state: ServerState, stream, body: ResponsesRequest, rid: str, created: int, prompt: int):
     """Wait for the reply; one response object."""
-    try:
-        parts, _, last, _ = await _drain(stream)
-    except asyncio.CancelledError:
-        stream.cancel()
-        raise
+    parts, _, last, _ = await drain(stream)
     if last.finish == "error":
         state.metrics.errors.inc()
         return error_response(
@@ -126,7 +102,7 @@ async def _events(
         nonlocal seq
         chunks = []
         for event in events:
-            chunks.append(event_frame({**event, "sequence_number": seq}))
+            chunks.append(sse.event(event["type"], {**event, "sequence_number": seq}))
             seq += 1
         return b"".join(chunks)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
-from tfc.runtime.server.completions import BadRequest
+from tfc.runtime.server.admission import BadRequest, field_path
 from tfc.runtime.server.protocol import ChatCompletionRequest
 from tfc.runtime.server.responses_protocol import ResponsesRequest
 
@@ -340,6 +340,6 @@ def _chat_body(t: Translation, **fields: Any) -> ChatCompletionRequest:
         return ChatCompletionRequest(**fields)
     except ValidationError as error:
         first = error.errors()[0]
-        param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        param = field_path(first["loc"])
         param, _ = t.rename(param, "")
         raise BadRequest(f"{param}: {first['msg']}", param, code="invalid_value") from None

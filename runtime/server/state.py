@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.runtime.server.auth import ApiKeys
+
+if TYPE_CHECKING:  # the engine's modules import torch; the state is made before the boot
+    from tfc.runtime.engine.engine import Engine
+    from tfc.runtime.engine.metrics import EngineMetrics
 
 
 @dataclass
@@ -16,10 +20,10 @@ class ServerState:
 
     model_name: str
     keys: ApiKeys
-    engine: Any = None
+    engine: Engine | None = None
     chat: Any = None
     tokenizer: Any = None
-    metrics: Any = None
+    metrics: EngineMetrics | None = None
     status: str = "booting"  # booting | ready | draining | failed
     failure: str | None = None
     inflight: int = 0

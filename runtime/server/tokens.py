@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfc.runtime.server import chat as chats
-from tfc.runtime.server.completions import BadRequest
+from tfc.runtime.server.admission import BadRequest
 from tfc.runtime.server.protocol import ChatRendering, DetokenizeRequest, TokenizeRequest
 from tfc.runtime.server.state import ServerState
 

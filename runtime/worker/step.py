@@ -1,10 +1,9 @@
-"""The worker's contract with the engine: a step plan in (each sequence's slot and new tokens), logits out."""
+"""The data of a step: a step plan in (each sequence's slot and new tokens), logits out (the runner: runner.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (runtime/boot/cuda_start.py)
     import torch
@@ -67,81 +66,3 @@ class ModelInfo:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     warnings: tuple[str, ...] = ()  # what a user must be told about how this model runs
-
-
-class ModelRunner(Protocol):
-    """A family's model on one rank: runs step plans over per-slot state."""
-
-    info: ModelInfo
-    capacity: Capacity
-
-    def execute(self, plan: StepPlan) -> StepOutput:
-        """Run one step; each planned sequence's state advances by its tokens."""
-        ...
-
-    def release(self, slot: int) -> None:
-        """Forget a slot's state so a new sequence can take it."""
-        ...
-
-
-class Snapshot(Protocol):
-    """A runner's self-contained copy of one slot's state at its position (what a prefix cache keeps)."""
-
-    nbytes: int
-
-    def to_host(self) -> Snapshot:
-        """The same state in host memory (page-locked when it came from a GPU)."""
-        ...
-
-    def to_bytes(self) -> bytes:
-        """The state as bytes the runner's `load_snapshot` reads back."""
-        ...
-
-
-class SnapshotRunner(Protocol):
-    """The optional methods of a runner whose slots can be saved and restored (a prefix cache needs them)."""
-
-    def snapshot(self, slot: int) -> Snapshot:
-        """A copy of a slot's state; the slot keeps running unchanged."""
-        ...
-
-    def restore(self, slot: int, snapshot: Snapshot) -> None:
-        """Put a snapshot's state into a slot (the snapshot stays valid and unchanged)."""
-        ...
-
-    def load_snapshot(self, data: bytes) -> Snapshot:
-        """The snapshot `Snapshot.to_bytes` wrote (a typed error for bytes it cannot read)."""
-        ...
-
-
-def snapshot_runner(runner: Any) -> SnapshotRunner | None:
-    """The runner itself when it can snapshot its slots, else None (`can_snapshot` False says no)."""
-    if getattr(runner, "can_snapshot", True) is False:
-        return None
-    names = ("snapshot", "restore", "load_snapshot")
-    return runner if all(callable(getattr(runner, n, None)) for n in names) else None
-
-
-class DraftRunner(Protocol):
-    """The optional methods of a runner that drafts tokens and verifies them in one step (speculative decoding)."""
-
-    draft_block: int  # the most tokens one draft proposes
-
-    def draft(
-        self, slot: int, last_token: int, k: int, choose: Callable[[int, torch.Tensor], int] | None = None
-    ) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` (sampled, not yet fed) in a slot; `choose(i, logits)` picks
-        draft i from the drafter's logits (default: the highest)."""
-        ...
-
-    def rollback(self, slot: int, position: int) -> None:
-        """After a verify row, keep the slot's rows before `position` only: the state of a sequence fed that far."""
-        ...
-
-
-def draft_runner(runner: Any) -> DraftRunner | None:
-    """The runner itself when it can draft (`can_draft` True and the methods), else None."""
-    if getattr(runner, "can_draft", False) is not True:
-        return None
-    names = ("draft", "rollback")
-    return runner if all(callable(getattr(runner, n, None)) for n in names) else None

@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tfc.runtime.boot.kernel_cache import use_store_cache
 from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
 from tfc.runtime.options import RuntimeOptions
-from tfc.runtime.worker.step import (
-    Capacity,
-    DraftRunner,
-    ModelInfo,
+from tfc.runtime.worker.runner import (
+    Drafter,
+    GraphWarmup,
     ModelRunner,
+    RunnerCapabilities,
     Snapshot,
-    SnapshotRunner,
-    StepOutput,
-    StepPlan,
-    draft_runner,
-    snapshot_runner,
+    Snapshots,
+    check_capabilities,
+    drafter_of,
+    snapshots_of,
 )
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
 
 from tfc.errors import TfcError
 
@@ -39,7 +40,8 @@ class NoDrafter(TfcError):
 
 
 class Worker:
-    """One rank's life: `start` (boot), `load_model` (the family's runner), `execute(plan)`, `close`."""
+    """One rank's life: `start` (boot), `load_model` (the family's runner), `execute(plan)`, `close`; to the engine
+    a `ModelRunner` stating its runner's capabilities, with the snapshot and draft methods they add."""
 
     def __init__(self, booted: Booted) -> None:
         self.booted = booted
@@ -103,14 +105,15 @@ class Worker:
                 **options,
             )
             ph.note += f", {self.runner.capacity.slots} slots"
+        check_capabilities(self.runner, str(self.booted.image.path))
         return self.runner
 
     def warm_up(self) -> None:
         """Capture the runner's first graphs (timed as the boot's `graphs` phase; a no-op for runners without)."""
-        warmup = getattr(self._model(), "warmup", None)
-        if warmup is not None and self.booted.graphs.enabled:
+        model = self._model()
+        if model.capabilities.warmup and self.booted.graphs.enabled:
             with self.booted.phases.time("graphs") as ph:
-                warmup()
+                cast(GraphWarmup, model).warmup()
                 ph.note = f"{self.booted.graphs.stats.captures} decode graph(s) captured"
 
     def _model(self) -> ModelRunner:
@@ -137,12 +140,15 @@ class Worker:
         self._model().release(slot)
 
     @property
-    def can_snapshot(self) -> bool:
-        """Whether the runner can snapshot and restore its slots (the prefix cache needs it)."""
-        return snapshot_runner(self._model()) is not None
+    def capabilities(self) -> RunnerCapabilities:
+        """What the runner states it can do (where it cannot draft and gives no reason, the worker says why)."""
+        caps = self._model().capabilities
+        if caps.draft or caps.draft_note:
+            return caps
+        return replace(caps, draft_note=f"the {self.kind} forward has no drafter yet")
 
-    def _snapshots(self) -> SnapshotRunner:
-        runner = snapshot_runner(self._model())
+    def _snapshots(self) -> Snapshots:
+        runner = snapshots_of(self._model())
         if runner is None:
             raise NoSnapshots(f"{self.booted.image.path}: the {self.kind} runner cannot snapshot its slots")
         return runner
@@ -160,33 +166,16 @@ class Worker:
         return self._snapshots().load_snapshot(data)
 
     @property
-    def prompt_rows_differ(self) -> bool:
-        """Whether the runner runs prompt rows through another path than decode rows (runtime/worker/step.py's
-        `prompt`), so a state holding decoded rows is not the same tokens' prefilled state."""
-        return bool(getattr(self._model(), "prompt_rows_differ", False))
-
-    @property
-    def can_draft(self) -> bool:
-        """Whether the runner drafts tokens and verifies them in one step (speculative decoding)."""
-        return draft_runner(self._model()) is not None
-
-    @property
-    def draft_note(self) -> str:
-        """Why the runner cannot draft (empty when it can)."""
-        if self.can_draft:
-            return ""
-        return getattr(self._model(), "draft_note", "") or f"the {self.kind} forward has no drafter yet"
-
-    @property
     def draft_block(self) -> int:
         """The most tokens one draft proposes (0 when the runner cannot draft)."""
-        return self._drafts().draft_block if self.can_draft else 0
+        runner = drafter_of(self._model())
+        return 0 if runner is None else runner.draft_block
 
-    def _drafts(self) -> DraftRunner:
-        runner = draft_runner(self._model())
+    def _drafts(self) -> Drafter:
+        runner = drafter_of(self._model())
         if runner is None:
             raise NoDrafter(
-                f"{self.booted.image.path}: the {self.kind} runner cannot draft ({self.draft_note})"
+                f"{self.booted.image.path}: the {self.kind} runner cannot draft ({self.capabilities.draft_note})"
             )
         return runner
 

@@ -130,7 +130,7 @@ def generate(
             raise GenerateError(
                 f"{tokenizer_path}: token ids past the model's vocabulary ({info.vocab_size})"
             )
-        drafting = _drafting(runner, worker, draft)
+        drafting = _drafting(runner, draft)
         warm = time.perf_counter()
         # the decode step's graph captured (and a draft's, when drafting) before the clock, as tfc serve does
         warm_up(runner, info.bos_id, draft=drafting["on"])
@@ -176,13 +176,11 @@ def generate(
             click.echo(f"note: {note}", err=True)
 
 
-def _drafting(runner, worker, wanted: bool) -> dict:
-    """Whether generation drafts, and why not when it does not."""
+def _drafting(runner, wanted: bool) -> dict:
+    """Whether generation drafts, and why not when it does not (as the worker, or a TP world's leader, states)."""
     if not wanted:
         return {"on": False, "note": "--no-draft"}
-    if runner is not worker:
-        return {"on": False, "note": "TP>1: the DSpark drafter runs at TP=1 only"}
-    return {"on": worker.can_draft, "note": worker.draft_note}
+    return {"on": runner.capabilities.draft, "note": runner.capabilities.draft_note}
 
 
 class _Stream:

@@ -1,4 +1,4 @@
-"""`tfc serve IMAGE`: the OpenAI-compatible HTTP server over one image's worker (every rank's, at TP=N)."""
+"""`tfc serve IMAGE`: the options, then runtime/serve.py's wiring (the HTTP server over every rank's worker)."""
 
 from __future__ import annotations
 
@@ -80,9 +80,7 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     keepalive_s = settings.get("TFC_SSE_KEEPALIVE_S")
     launch_if_world(click.get_current_context(), image)
     early = _early_cuda(device)  # the server's modules import torch: start CUDA beside that import
-    from tfc.runtime.parallel.session import join_world
-    from tfc.runtime.serve import ServeOptions, follow
-    from tfc.runtime.serve import serve as run
+    from tfc.runtime.serve import ServeOptions, main
     from tfc.runtime.server.auth import gather_keys
 
     keys = gather_keys(api_keys, api_key_file)
@@ -93,11 +91,8 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
         host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib, draft=draft,
         tokenizer=tokenizer_path, keepalive_s=keepalive_s,
     )  # fmt: skip
-    world = join_world("serve", image, device, runtime, dtype=dtype, slots=max_seqs, context=max_context)
-    if world is not None and world.rank != 0:
-        follow(options, world)  # rank 0 serves HTTP; this rank runs its steps until it stops the world
     try:
-        code = run(options, keys, started, world)
+        code = main(options, keys, started)
     finally:
         if early is not None:
             early.release()

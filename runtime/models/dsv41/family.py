@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfc.packs.deepseek_v41_contract import FAMILY as NAME
 from tfc.runtime.models.dsv41.chat.format import Dsv41ChatFormat
 from tfc.runtime.models.dsv41.reference.runner import build_reference
 from tfc.runtime.models.family import Family
 
+if TYPE_CHECKING:
+    from tfc.runtime.worker.runner import ModelRunner
+
 FAST_OPTIONS = ("tokens_per_slot", "kv_tokens", "exact", "prefill_rows", "tp_exact")  # only the fast runner's
 
 
-def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **options: Any) -> Any:
+def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **options: Any) -> ModelRunner:
     """The runner of that kind: `fast` (kernels over the booted arena) or `reference` (dense, fp64-wide)."""
     fast = {k: options.pop(k) for k in FAST_OPTIONS if k in options}
     if kind == "fast":

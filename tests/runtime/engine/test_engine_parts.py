@@ -19,6 +19,7 @@ from tfc.runtime.engine.sampling import (
     uniform,
 )
 from tfc.runtime.engine.scheduler import Running, plan_step
+from tfc.runtime.worker.runner import RunnerCapabilities
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput
 
 
@@ -133,6 +134,7 @@ class CountingRunner:
 
     info = ModelInfo("test", 16, 64, 0, (15,))
     capacity = Capacity(4, 64)
+    capabilities = RunnerCapabilities()
 
     def __init__(self):
         self.released = []

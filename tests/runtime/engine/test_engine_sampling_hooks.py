@@ -12,6 +12,7 @@ from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.grammar import Grammars
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
+from tfc.runtime.worker.runner import RunnerCapabilities
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput
 
 VOCAB = 640
@@ -28,6 +29,7 @@ class FakeRunner:
 
     info = ModelInfo("fake", VOCAB, 512, 0, (1,))
     capacity = Capacity(4, 512)
+    capabilities = RunnerCapabilities()
 
     def execute(self, plan):
         return StepOutput(tuple(logits_at(r.tokens[-1], r.position + len(r.tokens) - 1) for r in plan.rows))

@@ -8,7 +8,7 @@ import json
 import pytest
 from tfc.runtime.engine.prefix_cache import PrefixCache, PrefixChain, PrefixSettings, open_prefix_cache
 from tfc.runtime.engine.prefix_tiers import DiskTier, MemoryTier, PrefixCacheError
-from tfc.runtime.worker.step import snapshot_runner
+from tfc.runtime.worker.runner import RunnerCapabilities, snapshots_of
 
 from tfc.errors import TfcError
 
@@ -34,6 +34,8 @@ class BadBytes(TfcError):
 
 class SlotRunner:
     """Slots hold the ids fed; snapshot, restore and load_snapshot as a runner's."""
+
+    capabilities = RunnerCapabilities(snapshot=True)
 
     def __init__(self) -> None:
         self.slots: dict[int, tuple[int, ...]] = {}
@@ -211,6 +213,8 @@ def test_a_full_disk_keeps_the_oldest_out(tmp_path):
 
 
 class NoSnapshots:
+    capabilities = RunnerCapabilities()
+
     def execute(self, plan): ...
 
     def release(self, slot): ...
@@ -220,8 +224,9 @@ def test_a_runner_that_cannot_snapshot_runs_with_the_cache_off_and_says_so():
     cache, note = open_prefix_cache(NoSnapshots(), PrefixSettings(), 8)
     assert cache is None and "cannot snapshot" in note
     runner = SlotRunner()
-    runner.can_snapshot = False
-    assert snapshot_runner(runner) is None and snapshot_runner(SlotRunner()) is not None
+    runner.capabilities = RunnerCapabilities()  # the methods, not stated: the cache stays off
+    assert snapshots_of(runner) is None and snapshots_of(SlotRunner()) is not None
+    assert open_prefix_cache(runner, PrefixSettings(), 8)[0] is None
     assert open_prefix_cache(SlotRunner(), None, 8) == (None, "prefix cache off")
     cache, note = open_prefix_cache(SlotRunner(), PrefixSettings(host_bytes=1 << 20), 8)
     assert [t.name for t in cache.tiers] == ["device", "host"] and note.startswith("prefix cache on")
@@ -231,8 +236,8 @@ def test_a_worker_says_whether_its_runner_can_snapshot():
     from tfc.runtime.worker.worker import Worker
 
     worker = Worker.__new__(Worker)  # no boot: only the runner matters here
-    worker.runner = NoSnapshots()
-    assert not worker.can_snapshot and snapshot_runner(worker) is None
+    worker.runner, worker.kind = NoSnapshots(), "reference"
+    assert not worker.capabilities.snapshot and snapshots_of(worker) is None
     assert open_prefix_cache(worker, PrefixSettings(), 8)[0] is None
     worker.runner = SlotRunner()
-    assert worker.can_snapshot and snapshot_runner(worker) is worker
+    assert worker.capabilities.snapshot and snapshots_of(worker) is worker

@@ -4,10 +4,15 @@ its snapshot restored once), then the slot released."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tfc.runtime.engine.warmup import warm_up
+from tfc.runtime.worker.runner import RunnerCapabilities
 
 
 class _Steps:
+    capabilities = RunnerCapabilities()
+
     def __init__(self):
         self.calls = []
 
@@ -34,7 +39,7 @@ def test_warm_up_runs_one_bos_token_then_releases_the_slot():
 
 def test_warm_up_runs_a_decode_token_too_where_prompt_rows_take_their_own_path():
     steps = _Steps()
-    steps.prompt_rows_differ = True
+    steps.capabilities = RunnerCapabilities(prompt_rows=True)
     warm_up(steps, 7)
     (_, first), (_, second), release = steps.calls
     assert first[0].prompt and (first[0].tokens, first[0].position) == ((7,), 0)
@@ -49,6 +54,8 @@ def test_warm_up_without_a_bos_feeds_id_0():
 
 
 class _Snapshots(_Steps):
+    capabilities = RunnerCapabilities(snapshot=True)
+
     def snapshot(self, slot):
         self.calls.append(("snapshot", slot))
         return "snap"
@@ -71,10 +78,15 @@ def test_warm_up_restores_the_slots_snapshot_only_for_a_prefix_cache():
     steps = _Steps()  # a runner without snapshots: the token alone
     warm_up(steps, 7, snapshots=True)
     assert [c[0] for c in steps.calls] == ["execute", "release"]
+    steps = _Snapshots()  # the methods without the capability stated: the capability decides
+    steps.capabilities = RunnerCapabilities()
+    warm_up(steps, 7, snapshots=True)
+    assert [c[0] for c in steps.calls] == ["execute", "release"]
 
 
 class _Drafts(_Steps):
-    can_draft, draft_block = True, 5
+    capabilities = RunnerCapabilities(draft=True)
+    draft_block = 5
 
     def draft(self, slot, last_token, k, choose=None):
         self.calls.append(("draft", slot, last_token, k))
@@ -97,9 +109,15 @@ def test_warm_up_drafts_once_after_the_token_where_the_runner_drafts():
     steps = _Steps()  # a runner that cannot draft
     warm_up(steps, 7, draft=True)
     assert [c[0] for c in steps.calls] == ["execute", "release"]
+    steps = _Drafts()  # a drafter whose runner states no drafting: not asked
+    steps.capabilities = replace(steps.capabilities, draft=False)
+    warm_up(steps, 7, draft=True)
+    assert [c[0] for c in steps.calls] == ["execute", "release"] and not steps.calls[0][1][0].drafting
 
 
 class _Runner:
+    capabilities = RunnerCapabilities(stats=True)
+
     def __init__(self, kernels):
         self.kernels = kernels
 
@@ -112,7 +130,7 @@ def test_stage_kernels_are_counted_where_a_runner_runs_them():
 
     assert stage_kernels(_Runner(15)) == 15 and stages_line(15) == "15 stages as Triton kernels"
     assert stage_kernels(_Runner(0)) == 0 and stage_kernels(_Runner(None)) == 0
-    assert stage_kernels(None) == 0 and stage_kernels(object()) == 0
+    assert stage_kernels(None) == 0 and stage_kernels(_Steps()) == 0
 
 
 def test_runner_notes_say_how_a_runner_runs():
@@ -123,4 +141,4 @@ def test_runner_notes_say_how_a_runner_runs():
             return {"stage_kernels": self.kernels, "notes": ["kernels' torch references (no GPU)"]}
 
     assert runner_notes(Noted(0)) == ["kernels' torch references (no GPU)"]
-    assert runner_notes(_Runner(0)) == [] and runner_notes(None) == []
+    assert runner_notes(_Runner(0)) == [] and runner_notes(None) == [] and runner_notes(_Steps()) == []

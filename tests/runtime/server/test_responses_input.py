@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tfc.runtime.server.completions import BadRequest
+from tfc.runtime.server.admission import BadRequest
 from tfc.runtime.server.responses_input import translate
 from tfc.runtime.server.responses_protocol import ResponsesRequest
 

@@ -15,8 +15,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from support.chat_schemas import SCHEMAS, WEATHER, valid
 from support.server import ServerProcess
-from test_server_chat import SCHEMAS, WEATHER, valid
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -105,17 +105,13 @@ class DsparkSlots:
 
 
 class DraftingRunner:
-    """`draft` as both DeepSeek-V4.1 runners serve it: a subclass sets `drafter`, `draft_note`, `draft_block`,
-    `info`, `step_error` (the error it raises) and gives `_fed_tokens` and `_settle`."""
+    """`draft` as both DeepSeek-V4.1 runners serve it: a subclass sets `drafter` (None: it cannot draft, as its
+    capabilities state), `draft_note`, `draft_block`, `info`, `step_error` (the error it raises) and gives
+    `_fed_tokens` and `_settle`."""
 
     drafter: SlotDrafter | None
     draft_note: str
     step_error: type[Exception] = ValueError
-
-    @property
-    def can_draft(self) -> bool:
-        """Whether it drafts (a drafter was built: TP=1 and the model has DSpark blocks)."""
-        return self.drafter is not None
 
     def _fed_tokens(self, slot: int) -> Sequence[int] | None:
         """The tokens a slot was fed (None: the slot holds no sequence)."""

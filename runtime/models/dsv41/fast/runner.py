@@ -1,5 +1,5 @@
 """The fast runner: step plans -> fixed-shape steps of <= 16 rows, each replayed from (or captured into) the
-graph cache by its key, over KV pages the slots hold; the runner contract of runtime/worker/step.py.
+graph cache by its key, over KV pages the slots hold; the runner contract of runtime/worker/runner.py.
 
 With a drafter (runtime/models/dsv41/dspark/drafting.py) it drafts as the reference runner does: a verify row's logits
 come back for every row, `rollback` keeps a slot's rows before a position (a position reset: rollback.py says
@@ -20,6 +20,7 @@ from tfc.runtime.models.dsv41.fast.forward import FastForward, head_rows
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
 from tfc.runtime.models.dsv41.fast.step_plan import Tile, plan_tiles
+from tfc.runtime.worker.runner import RunnerCapabilities
 from tfc.runtime.worker.step import Capacity, ModelInfo, SequenceStep, StepOutput, StepPlan
 
 from tfc.errors import TfcError
@@ -130,10 +131,13 @@ class FastRunner(DraftingRunner):
         return out
 
     @property
-    def prompt_rows_differ(self) -> bool:
-        """Whether prompt rows run another path than decode rows (the prefill forward): a state holding decoded
-        rows then differs in bits from the same tokens prefilled, so the engine caches prompt states only."""
-        return self.prefill is not None
+    def capabilities(self) -> RunnerCapabilities:
+        """Snapshots, graph warm-up and stats always; drafting where a drafter was built; prompt rows on a path of
+        their own with a prefill forward (a decoded state then differs in bits from the same tokens prefilled,
+        so the engine caches prompt states only)."""
+        drafts = self.drafter is not None
+        return RunnerCapabilities(snapshot=True, draft=drafts, draft_note="" if drafts else self.draft_note,
+                                  prompt_rows=self.prefill is not None, warmup=True, stats=True)  # fmt: skip
 
     def _fed_tokens(self, slot: int) -> FedTokens | None:
         state = self._slots.get(slot)

@@ -18,6 +18,7 @@ from tfc.runtime.models.dsv41.reference.engram import EngramFeed
 from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
 from tfc.runtime.models.dsv41.reference.state import Mark, SequenceState
 from tfc.runtime.models.dsv41.reference.state_io import StateSnapshot, state_from_bytes
+from tfc.runtime.worker.runner import RunnerCapabilities
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
 
 from tfc.errors import TfcError
@@ -54,6 +55,12 @@ class ReferenceRunner(DraftingRunner):
         self.drafter = drafter  # a test may put a stand-in here (drafting.SlotDrafter)
         self.draft_note = draft_note  # why it cannot draft, when it cannot
         self._marks: dict[int, tuple[Mark, torch.Tensor | None]] = {}  # slot -> its open verify step
+
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        """Snapshots always; drafting where a drafter was built."""
+        drafts = self.drafter is not None
+        return RunnerCapabilities(snapshot=True, draft=drafts, draft_note="" if drafts else self.draft_note)
 
     @property
     def draft_block(self) -> int:

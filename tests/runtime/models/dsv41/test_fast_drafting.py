@@ -25,7 +25,8 @@ from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.kv.snapshot import entry_rows
 from tfc.runtime.models.dsv41.fast.runner import FastStepError
 from tfc.runtime.options import RuntimeOptions
-from tfc.runtime.worker.step import SequenceStep, StepPlan, draft_runner
+from tfc.runtime.worker.runner import drafter_of
+from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 from tfc import settings
 
@@ -133,7 +134,7 @@ def test_a_verify_step_not_rolled_back_is_committed_whole(fresh):
 
 def test_verify_rows_are_checked(fresh):
     fast = fresh
-    assert draft_runner(fast) is fast and fast.draft_block == 5
+    assert drafter_of(fast) is fast and fast.draft_block == 5
     with pytest.raises(FastStepError, match="verify row"):
         _step(fast, 0, VERIFY, 0, verify=True)  # at position 0
     _step(fast, 0, PROMPT[:10], 0)

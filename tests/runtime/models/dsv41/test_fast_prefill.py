@@ -148,7 +148,7 @@ def test_the_prefill_forward_agrees_with_the_decode_steps(booted, fast):
     plain = build_fast(
         booted, slots=2, tokens_per_slot=1024, context_step=256, page_tokens=64, prefill_rows=0
     )
-    assert plain.prefill is None and not plain.prompt_rows_differ and fast.prompt_rows_differ
+    assert plain.prefill is None and not plain.capabilities.prompt_rows and fast.capabilities.prompt_rows
     toks = _tokens(45, 9)
     want, got = plain.logits_of(1, toks, 0)[-1], _prefill(fast, 1, toks, len(toks))
     fast.release(1)

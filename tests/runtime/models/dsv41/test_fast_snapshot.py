@@ -13,7 +13,8 @@ from support.dsv41_image import prepared_image
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.kv.snapshot import KvSnapshotError
-from tfc.runtime.worker.step import SequenceStep, StepPlan, snapshot_runner
+from tfc.runtime.worker.runner import snapshots_of
+from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -41,7 +42,7 @@ def _feed(runner, slot: int, tokens: list[int], start: int) -> list[torch.Tensor
     "at", [33, 41, 64]
 )  # past the window (32) inside a ratio-2 group; a page edge + 9; 2 pages
 def test_a_restored_slot_continues_as_the_original(fast, at):
-    assert snapshot_runner(fast) is fast
+    assert snapshots_of(fast) is fast
     free = fast.kv.pool.free_pages
     try:
         fast.execute(StepPlan((SequenceStep(0, tuple(PROMPT[:at]), 0),)))
