@@ -10,9 +10,9 @@ from tfc.fixtures.flash_random import random_config
 from tfc.fixtures.tiny import tiny_config
 from tfc.packs.deepseek_v41_config import config_from_dict as pack_config
 from tfc.runtime.models.dsv41.config import config_from_dict
-from tfc.runtime.models.dsv41.fast import kv_layout as runtime_layout
 from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, context_buckets
-from tfc.runtime.models.dsv41.fast.kv_memory import KvMemory
+from tfc.runtime.models.dsv41.fast.kv import layout as runtime_layout
+from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
 
 
 def test_the_constants_are_the_runtimes():

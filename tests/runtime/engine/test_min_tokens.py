@@ -13,7 +13,7 @@ from tfc.runtime.engine.detok import StopText, stop_prefix
 from tfc.runtime.engine.engine import Engine, EngineConfig
 from tfc.runtime.engine.request import Rejected, Request
 from tfc.runtime.engine.sampling import SamplingParams
-from tfc.runtime.models.dsv41.chat_reply import ReplyIds, ReplyReader
+from tfc.runtime.models.dsv41.chat.reply import ReplyIds, ReplyReader
 
 EOS = 1  # the fake runner's end of sequence
 

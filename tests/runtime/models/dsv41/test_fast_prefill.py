@@ -163,10 +163,10 @@ def test_the_prefill_forward_agrees_with_the_decode_steps(booted, fast):
 def test_prompt_rows_take_the_prefill_forward_by_default_where_it_is_exact(booted):
     small = {"slots": 2, "tokens_per_slot": 256, "context_step": 256, "page_tokens": 64, "draft": False}
     runner = build_fast(booted, **small)
-    assert runner.prompt_rows_differ and runner.stats()["prefill"]["rows"] == PREFILL_ROWS[DEVICE]
+    assert runner.capabilities.prompt_rows and runner.stats()["prefill"]["rows"] == PREFILL_ROWS[DEVICE]
     assert runner.kv.layout.step_rows == PREFILL_ROWS[DEVICE]  # the window ring holds a prefill step's rows
     for plain in (build_fast(booted, **small, tp_exact=True), build_fast(booted, **small, exact=False)):
-        assert plain.prefill is None and not plain.prompt_rows_differ  # a world's products; a loose build
+        assert plain.prefill is None and not plain.capabilities.prompt_rows  # a world's products; a loose build
 
 
 def test_the_engine_caches_prompt_states_only_when_prompt_rows_differ(booted, fast):
