@@ -1,10 +1,11 @@
-"""Boot a rank: open its image, upload it into a device arena, set up the graph cache — timed by phase."""
+"""Boot a rank: open its image, upload its device tier into a device arena, place its host and NVMe tiers
+(runtime/boot/tiers.py), set up the graph cache — timed by phase."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from tfc.runtime.boot.arena import DeviceArena, plan_arena
 from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
 from tfc.runtime.boot.placement_check import check_room, probe, refuse_off_device
+from tfc.runtime.boot.tiers import OffDevice, device_items, place_off_device
 from tfc.runtime.boot.upload import UploadReport, upload
 from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings, check_same_settings
 
@@ -33,11 +35,14 @@ class Booted:
     graphs: GraphCache
     captured: list[Any]
     phases: Phases
+    off_device: OffDevice = field(default_factory=OffDevice)  # the host and NVMe tiers
 
     def close(self) -> None:
-        """Release graphs, arena and image (in that order: graphs bake in arena addresses)."""
+        """Release graphs, arena, the tiers off the device and image (in that order: graphs bake in arena
+        addresses)."""
         self.graphs.clear()
         self.arena.release()
+        self.off_device.release()
         self.image.close()
 
 
@@ -112,6 +117,7 @@ def _boot(
     imports = warm_imports.start(dev)
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
+    off_device = OffDevice()
     try:
         with phases.time("room", note="the placement's needs against this machine's free memory"):
             check_room(opened.manifest, probe(dev))  # before anything is allocated or uploaded
@@ -121,7 +127,7 @@ def _boot(
                 verify_digests(opened, verify)
             opened.checks += (f"digests ({verify})",)
         with phases.time("alloc", note=dev) as ph:
-            arena = DeviceArena(plan_arena(opened.items()), dev)
+            arena = DeviceArena(plan_arena(device_items(opened.items(), opened.manifest)), dev)
             ph.note = f"{len(arena.chunks)} chunk(s), {arena.nbytes:,} bytes on {dev}"
         total = arena.nbytes
         done = [0]
@@ -146,6 +152,9 @@ def _boot(
             if prefaulted:
                 ph.note += "; " + prefaulted
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
+        with phases.time("tiers", note="segments placed off the device") as ph:
+            off_device = place_off_device(opened, dev, threads=threads)
+            ph.note, ph.nbytes = off_device.note(), off_device.host_bytes
         if imports is not None:
             with phases.time("imports", note="torch.compile's stack, imported in a thread since the open"):
                 warm_imports.finish(imports)
@@ -164,6 +173,7 @@ def _boot(
                 else "graphs off"
             )
     except BaseException:
+        off_device.release()
         opened.close()
         raise
-    return Booted(opened, arena, report, cache, captured, phases)
+    return Booted(opened, arena, report, cache, captured, phases, off_device)
