@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tfc.errors import TfcError
+
 if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (runtime/boot/cuda_start.py)
     import torch
 
@@ -40,6 +42,26 @@ class StepPlan:
     def tokens(self) -> int:
         """New tokens in the step, over all sequences."""
         return sum(len(r.tokens) for r in self.rows)
+
+
+@dataclass(frozen=True)
+class Upcoming:
+    """A prompt chunk a later step will feed: `ids[start:stop]` of a sequence whose ids are `ids` (its prompt, not
+    copied), in `slot`; a runner may start reading what those rows need while the current step runs."""
+
+    slot: int
+    ids: tuple[int, ...]
+    start: int
+    stop: int
+
+
+class RowsUnavailable(TfcError):
+    """A step that could not read what some sequences' rows need (an off-device table's record failed to read);
+    nothing of the step ran: those sequences fail, the others can run again."""
+
+    def __init__(self, message: str, slots: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.slots = slots
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,13 @@ class ModelRunner(Protocol):
     def release(self, slot: int) -> None:
         """Forget a slot's state so a new sequence can take it."""
         ...
+
+
+def prefetch(runner: Any, upcoming: tuple[Upcoming, ...]) -> None:
+    """Tell a runner that has a `prefetch` the prompt chunks later steps feed (a no-op for one without)."""
+    fn = getattr(runner, "prefetch", None)
+    if upcoming and callable(fn):
+        fn(upcoming)
 
 
 class Snapshot(Protocol):

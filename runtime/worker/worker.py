@@ -18,7 +18,9 @@ from tfc.runtime.worker.step import (
     SnapshotRunner,
     StepOutput,
     StepPlan,
+    Upcoming,
     draft_runner,
+    prefetch,
     snapshot_runner,
 )
 
@@ -133,6 +135,10 @@ class Worker:
     def release(self, slot: int) -> None:
         """Free a slot for the next sequence."""
         self._model().release(slot)
+
+    def prefetch(self, upcoming: tuple[Upcoming, ...]) -> None:
+        """Tell the runner the prompt chunks later steps feed (it may start reading what their rows need)."""
+        prefetch(self._model(), upcoming)
 
     @property
     def can_snapshot(self) -> bool:
