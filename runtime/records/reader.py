@@ -11,7 +11,6 @@ that refuses io_uring is read by threads; both are said in `notes`. A failed or 
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -73,6 +72,7 @@ class RecordFile:
         self.notes: list[str] = []
         self._opener = opener
         self._lock = threading.Lock()
+        self._ring = self._pool = None
         self.direct = config.direct
         self.fd = self._open()
         try:
@@ -86,13 +86,11 @@ class RecordFile:
                 f"{self.path} is {size:,} bytes, shorter than its records' end at {offset + length:,}: "
                 "the image is damaged; re-run `tfc prepare`"
             )
-        self._ring = None
         if config.uring:
             try:
                 self._ring = open_ring(config.queue_depth)
             except OSError as error:
                 self.notes.append(f"io_uring refused ({error.strerror}): {config.threads} reader threads")
-        self._pool: ThreadPoolExecutor | None = None
 
     @property
     def method(self) -> str:
@@ -129,19 +127,13 @@ class RecordFile:
         starts = self.offset + want * self.record_bytes
         extents = _extents(starts, self.record_bytes, self.config.extent_bytes)
         sizes = [e[1] - e[0] for e in extents]
-        scratch = mmap.mmap(-1, sum(sizes))  # page-aligned: what O_DIRECT needs of a buffer
-        try:
-            buf = np.frombuffer(scratch, np.uint8)
-            at = np.cumsum([0, *sizes[:-1]])
-            with self._lock:
-                self._read_extents(buf, extents, at)
-            first = np.array([e[0] for e in extents], np.int64)
-            which = np.searchsorted(first, starts, side="right") - 1
-            pos = at[which] + (starts - first[which])
-            records = buf[pos[:, None] + np.arange(self.record_bytes)]
-            del buf
-        finally:
-            scratch.close()
+        buf = _aligned(sum(sizes))  # O_DIRECT reads into block-aligned memory
+        at = np.cumsum([0, *sizes[:-1]])
+        with self._lock:
+            self._read_extents(buf, extents, at)
+        first = np.array([e[0] for e in extents], np.int64)
+        which = np.searchsorted(first, starts, side="right") - 1
+        records = buf[(at[which] + (starts - first[which]))[:, None] + np.arange(self.record_bytes)]
         out[:] = records[inverse]
         return out
 
@@ -199,12 +191,19 @@ class RecordFile:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        if getattr(self, "_ring", None) is not None:
+        if self._ring is not None:
             self._ring.close()
             self._ring = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """nbytes of host memory starting on a BLOCK boundary."""
+    raw = np.empty(nbytes + BLOCK, np.uint8)
+    skip = -raw.ctypes.data % BLOCK
+    return raw[skip : skip + nbytes]
 
 
 def _extents(starts: np.ndarray, size: int, most: int) -> list[tuple[int, int, int]]:
