@@ -69,6 +69,7 @@ class FastRunner(DraftingRunner):
         self._baked = [(t.data_ptr(), t.numel() * t.element_size())
                        for t in (*forward.buffers.tensors, *forward.kv.tensors, *staged)] + list(arena.buffers())  # fmt: skip
         self._held = None  # the records of off-device Engram rows the plan running needs (engram_staging.py)
+        self._upcoming: tuple[Upcoming, ...] = ()  # prompt chunks later steps feed: read once this plan's are
 
     @property
     def kv(self):
@@ -95,7 +96,9 @@ class FastRunner(DraftingRunner):
             row.slot: [] for row in plan.rows if row.verify or row.every
         }  # slot -> its logits, a run a tile
         kept = {row.slot: [] for row in plan.rows if row.drafting} if self._wants_hidden(plan) else {}
-        self._held = self._read_plan(plan)  # before anything runs: a failed read fails its rows' sequences alone
+        # read before anything runs: a failed read fails its rows' sequences alone
+        self._held = self._read_plan(plan)
+        self._read_ahead()
         try:
             for forward, tile in self._tiles(plan):
                 logits = self._run(tile, forward, every)
@@ -325,18 +328,26 @@ class FastRunner(DraftingRunner):
         staging = self.forward.staging
         if staging is None or self._tables is None or not self.forward.engram:
             return None
-        back = {row.slot: self._slots[row.slot].tokens if row.slot in self._slots else () for row in plan.rows}
+        back = {
+            row.slot: self._slots[row.slot].tokens if row.slot in self._slots else () for row in plan.rows
+        }
         return staging.read_plan(self._plan_ids((row.slot, row.tokens, back[row.slot]) for row in plan.rows))
 
     def prefetch(self, upcoming: tuple[Upcoming, ...]) -> None:
-        """Start reading the off-device Engram records of prompt chunks later steps feed (a no-op without)."""
+        """The prompt chunks later steps feed: the next `execute` starts reading their off-device Engram records
+        once its own are read, so they come in while its steps run (a no-op without off-device rows)."""
+        self._upcoming = tuple(upcoming)
+
+    def _read_ahead(self) -> None:
+        upcoming, self._upcoming = self._upcoming, ()
         staging = self.forward.staging
-        if staging is None or self._tables is None or not self.forward.engram:
+        if not upcoming or staging is None or self._tables is None or not self.forward.engram:
             return
         n = self._lookback()
-        ids = self._plan_ids((u.slot, u.ids[u.start : u.stop], u.ids[max(0, u.start - n) : u.start]) for u in upcoming)
-        if ids:
-            staging.prefetch(np.concatenate(list(ids.values())))
+        ids = self._plan_ids(
+            (u.slot, u.ids[u.start : u.stop], u.ids[max(0, u.start - n) : u.start]) for u in upcoming
+        )
+        staging.prefetch(np.concatenate(list(ids.values())))
 
     def replay(self, key: StepKey) -> torch.Tensor:
         """Run the step of `key` on the inputs already loaded (graphed when the cache may); the static logits."""

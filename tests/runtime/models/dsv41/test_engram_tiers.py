@@ -249,11 +249,17 @@ def test_the_next_prompt_chunk_is_read_one_chunk_ahead(images):
     booted = boot(images["nvme"], device="cpu")
     try:
         runner = build_fast(booted, **FAST)
-        runner.prefetch((Upcoming(2, PROMPTS[2], 16, 32),))
-        ids = runner._plan_ids([(2, PROMPTS[2][16:32], PROMPTS[2][13:16])])[2]
-        for k, name in enumerate(ROWS):
-            src = booted.off_device.files[name]
+        runner.prefetch((Upcoming(2, PROMPTS[2], 16, 32),))  # read once the next plan's own rows are
+        now = runner._plan_ids([(2, PROMPTS[2][:16], ())])[2]
+        ahead = runner._plan_ids([(2, PROMPTS[2][16:32], PROMPTS[2][13:16])])[2]
+        sources = [booted.off_device.files[name] for name in ROWS]
+        runner.execute(StepPlan((SequenceStep(2, PROMPTS[2][:16], 0, prompt=True),)))
+        for k, src in enumerate(sources):
             src._settle()
-            assert src.cache.has(np.unique(ids[:, k])).all() and len(src.cache) == len(np.unique(ids[:, k]))
+            assert src.cache.has(np.unique(ahead[:, k])).all()
+            assert len(src.cache) == len(np.union1d(np.union1d(now[:, k], ahead[:, k]), [0]))
+            misses = src.cache.misses
+            src.gather(ahead[:, k])  # what the next plan reads: every record already in the LRU
+            assert src.cache.misses == misses
     finally:
         booted.close()
