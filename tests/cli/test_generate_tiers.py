@@ -48,3 +48,18 @@ def test_every_tier_generates_the_device_tiers_tokens(images, forward):
         ("host", "mixed", "nvme"), want
     )
     assert _sha(images["nvme"], *forward, "--no-engram") != want  # the rows read matter to the tokens
+
+
+def test_tp2_ranks_read_their_own_shards_from_nvme(tiny_pack, tmp_path):
+    # each rank reads its own hash columns' rows from its own rank file; the ranks gather them as from the arena
+    def prepare(store, *extra):
+        result = CliRunner().invoke(cli, ["prepare", str(tiny_pack), "--tp", "2", "-o", str(store),
+                                          "--engram-dir", str(tiny_pack), *extra])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return next(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    placed = prepare(tmp_path / "nvme", "--gpu-memory-gib", "0.017", "--host-memory-gib", "0.0001", "--nvme",
+                     str(tmp_path), "--overhead-gib", "0", "--max-context", "256", "--max-seqs", "1")  # fmt: skip
+    manifest = json.loads((placed / "rank1" / "manifest.json").read_text())
+    assert {s.get("tier") for s in manifest["segments"] if s["name"].endswith(".engram.rows")} == {"nvme"}
+    assert _sha(placed) == _sha(prepare(tmp_path / "device"))
