@@ -17,6 +17,7 @@ from tfc.runtime.boot.placement_check import check_room, probe, refuse_off_devic
 from tfc.runtime.boot.tiers import OffDevice, device_items, place_off_device
 from tfc.runtime.boot.upload import UploadReport, upload
 from tfc.runtime.graphs.graph_cache import GraphCache, GraphSettings, check_same_settings
+from tfc.runtime.records.reader import RecordConfig
 
 from tfc.errors import TfcError
 
@@ -69,8 +70,10 @@ def boot(
     graphs: bool | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    records: RecordConfig | None = None,
 ) -> Booted:
-    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
+    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload; `records`
+    (default RecordConfig()) says how the NVMe tier is read and cached.
 
     While torch imports, threads start the device's CUDA context (runtime/boot/cuda_start.py) and, where the upload
     may take the mmap path on a GPU, fault in its staging (runtime/boot/staging_pool.py; TFC_PREFAULT=0 turns that
@@ -78,7 +81,7 @@ def boot(
     early = cuda_start.start(device)
     prefaulted = _prefault_staging(device, method, threads)
     try:
-        return _boot(path, rank, device, method, verify, graphs, threads, progress)
+        return _boot(path, rank, device, method, verify, graphs, threads, progress, records or RecordConfig())
     finally:
         if prefaulted:
             staging_pool.release()
@@ -108,6 +111,7 @@ def _boot(
     graphs: bool | None,
     threads: int | None,
     progress: Callable[[int, int], None] | None,
+    records: RecordConfig,
 ) -> Booted:
     """boot() itself, without the staging prefault."""
     phases = Phases()
@@ -153,7 +157,7 @@ def _boot(
                 ph.note += "; " + prefaulted
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
         with phases.time("tiers", note="segments placed off the device") as ph:
-            off_device = place_off_device(opened, dev, threads=threads)
+            off_device = place_off_device(opened, dev, records, threads)
             ph.note, ph.nbytes = off_device.note(), off_device.host_bytes
         if imports is not None:
             with phases.time("imports", note="torch.compile's stack, imported in a thread since the open"):

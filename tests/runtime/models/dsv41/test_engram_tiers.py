@@ -20,7 +20,7 @@ from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.engine.scheduler import Running, plan_step, upcoming_chunks
-from tfc.runtime.records.reader import RecordReadError
+from tfc.runtime.records.reader import RecordConfig, RecordReadError
 from tfc.runtime.worker.step import RowsUnavailable, SequenceStep, StepPlan, Upcoming
 from tfc.runtime.worker.worker import Worker
 
@@ -62,10 +62,13 @@ def test_boot_places_each_segment_in_its_tier(images):
         assert tiers.note == "1 segment(s), 885,456 bytes in plain host memory"
     finally:
         booted.close()
-    booted = boot(images["nvme"], device="cpu")
+    booted = boot(images["nvme"], device="cpu", records=RecordConfig(cache_records=100, uring=False))
     try:
         off = booted.off_device
         assert [off.tier(n) for n in ROWS] == ["nvme", "nvme"] and off.host is None
+        assert {(f.cache.capacity, f.file.method.split(",")[0]) for f in off.files.values()} == {
+            (100, "threads")
+        }
         assert not any(n in booted.arena for n in ROWS)
         rows = np.array([0, 5, 5, 4000, 12000])
         for name in ROWS:
