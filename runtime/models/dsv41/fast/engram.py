@@ -30,7 +30,8 @@ def engram_gate(
 def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Streams [R, hc, D] after Engram layer `layer` (the k-th), from global row ids [R, cols]."""
     cfg = f.cfg
-    if f.staging is not None and k in f.staging:  # rows off the device: this step's, staged (engram_staging.py)
+    # rows off the device: this step's records, staged (engram_staging.py)
+    if f.staging is not None and k in f.staging:
         table, row_lo = f.staging.table(k), 0
     else:
         table, row_lo = f.weights.engram_table(layer, k)
