@@ -1,10 +1,9 @@
-"""Before anything is uploaded: refuse a machine with less GPU memory, host memory or NVMe than the image's
-placement needs (the plan `tfc prepare` recorded), in one line saying what the plan assumed and what is here."""
+"""Before anything is uploaded: refuse a machine with less GPU memory or host memory than the image's placement
+needs (the plan `tfc prepare` recorded), in one line saying what the plan assumed and what is here. The NVMe
+tier is read in place from the image's own files (runtime/boot/tiers.py), which the boot opens and checks."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ class NotEnoughMemory(TfcError):
 
 
 class TiersNotServed(TfcError):
-    """An image placing segments off the device, which this runtime does not serve yet."""
+    """An image placing segments off the device that this runtime does not serve from there."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +108,7 @@ def _count(value: Any) -> int:
     return value
 
 
-def check_room(m: RankManifest, machine: Machine, is_dir: Callable[[str], bool] = os.path.isdir) -> None:
+def check_room(m: RankManifest, machine: Machine) -> None:
     """Refuse, in one line, a machine with less than the image's placement needs."""
     need = needs_of(m)
     planned = _planned(need)
@@ -133,22 +132,22 @@ def check_room(m: RankManifest, machine: Machine, is_dir: Callable[[str], bool] 
             f"{_gib(machine.host_available)} available (MemAvailable): free memory, or prepare it with a "
             "--host-memory-gib this machine has (and --nvme DIR for the Engram rows)"
         )
-    if need.nvme and not (need.nvme_dir and is_dir(need.nvme_dir)):
-        raise NotEnoughMemory(
-            f"rank {need.rank}: the image reads {_gib(need.nvme)} of segments from NVMe at {need.nvme_dir}, "
-            "which is not a folder on this machine: mount or create it, or prepare the image for this machine"
-        )
 
 
 def refuse_off_device(m: RankManifest) -> None:
-    """Refuse an image that places segments in host memory or on NVMe: this runtime uploads device tiers only."""
-    off = [s for s in m.segments if s.tier != TIER_DEVICE]
+    """Refuse an image that places segments in a tier this runtime does not serve them from (it serves Engram rows
+    from host memory and NVMe: runtime/boot/tiers.py)."""
+    from tfc.runtime.boot.tiers import SERVED_OFF_DEVICE
+
+    off = [
+        s for s in m.segments if s.tier != TIER_DEVICE and s.tier not in SERVED_OFF_DEVICE.get(s.layout, ())
+    ]
     if off:
         nbytes = sum(s.length for s in off)
         raise TiersNotServed(
             f"rank {m.rank}: {len(off)} segment(s) ({_gib(nbytes)}, e.g. {off[0].name}) are placed in "
-            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves device-placed segments only: "
-            "prepare without --gpu-memory-gib, or with one that holds every segment on the device"
+            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves only Engram rows off the device: "
+            "prepare with a --gpu-memory-gib (or --host-memory-gib) whose plan keeps the routed experts on the device"
         )
 
 

@@ -1,10 +1,11 @@
-"""Boot a rank: open its image, upload it into a device arena, set up the graph cache — timed by phase."""
+"""Boot a rank: open its image, upload its device tier into a device arena, place its host and NVMe tiers
+(runtime/boot/tiers.py), set up the graph cache — timed by phase."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ from tfc.runtime.boot.arena import DeviceArena, plan_arena
 from tfc.runtime.boot.image_open import OpenedImage, open_image, verify_digests
 from tfc.runtime.boot.phases import Phases
 from tfc.runtime.boot.placement_check import check_room, probe, refuse_off_device
+from tfc.runtime.boot.tiers import OffDevice, device_items, place_off_device
 from tfc.runtime.boot.upload import UploadReport, upload
 from tfc.runtime.graphs.graph_cache import GraphCache, check_same_settings
 from tfc.runtime.options import RuntimeOptions
+from tfc.runtime.records.reader import RecordConfig
 
 from tfc.errors import TfcError
 
@@ -34,11 +37,14 @@ class Booted:
     graphs: GraphCache
     captured: list[Any]
     phases: Phases
+    off_device: OffDevice = field(default_factory=OffDevice)  # the host and NVMe tiers
 
     def close(self) -> None:
-        """Release graphs, arena and image (in that order: graphs bake in arena addresses)."""
+        """Release graphs, arena, the tiers off the device and image (in that order: graphs bake in arena
+        addresses)."""
         self.graphs.clear()
         self.arena.release()
+        self.off_device.release()
         self.image.close()
 
 
@@ -65,8 +71,10 @@ def boot(
     options: RuntimeOptions | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    records: RecordConfig | None = None,
 ) -> Booted:
-    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload.
+    """Open, upload and prepare graphs for one rank; `progress(done, total)` is called during upload; `records`
+    (default RecordConfig()) says how the NVMe tier is read and cached.
 
     While torch imports, threads start the device's CUDA context (runtime/boot/cuda_start.py) and, where the upload
     may take the mmap path on a GPU, fault in its staging (runtime/boot/staging_pool.py; unless `options.prefault`
@@ -75,7 +83,9 @@ def boot(
     early = cuda_start.start(device)
     prefaulted = options.prefault and _prefault_staging(device, method, threads)
     try:
-        return _boot(path, rank, device, method, verify, options, threads, progress)
+        return _boot(
+            path, rank, device, method, verify, options, threads, progress, records or RecordConfig()
+        )
     finally:
         if prefaulted:
             staging_pool.release()
@@ -105,6 +115,7 @@ def _boot(
     options: RuntimeOptions,
     threads: int | None,
     progress: Callable[[int, int], None] | None,
+    records: RecordConfig,
 ) -> Booted:
     """boot() itself, without the staging prefault."""
     phases = Phases()
@@ -113,6 +124,7 @@ def _boot(
         ph.note = f"torch import, device {dev}"
     with phases.time("open", note="manifest, keys, layouts, files, mmap"):
         opened = open_image(path, rank)
+    off_device = OffDevice()
     try:
         with phases.time("room", note="the placement's needs against this machine's free memory"):
             check_room(opened.manifest, probe(dev))  # before anything is allocated or uploaded
@@ -122,7 +134,7 @@ def _boot(
                 verify_digests(opened, verify)
             opened.checks += (f"digests ({verify})",)
         with phases.time("alloc", note=dev) as ph:
-            arena = DeviceArena(plan_arena(opened.items()), dev)
+            arena = DeviceArena(plan_arena(device_items(opened.items(), opened.manifest)), dev)
             ph.note = f"{len(arena.chunks)} chunk(s), {arena.nbytes:,} bytes on {dev}"
         total = arena.nbytes
         done = [0]
@@ -147,6 +159,9 @@ def _boot(
             if prefaulted:
                 ph.note += "; " + prefaulted
         phases.add("read", report.read_seconds, total, "until the last byte was in host memory")
+        with phases.time("tiers", note="segments placed off the device") as ph:
+            off_device = place_off_device(opened, dev, records, threads)
+            ph.note, ph.nbytes = off_device.note(), off_device.host_bytes
         if report.staging_seconds:
             phases.add("staging", report.staging_seconds, 0, "pinning staging slots, summed over threads")
 
@@ -162,6 +177,7 @@ def _boot(
                 else "graphs off"
             )
     except BaseException:
+        off_device.release()
         opened.close()
         raise
-    return Booted(opened, arena, report, cache, captured, phases)
+    return Booted(opened, arena, report, cache, captured, phases, off_device)

@@ -27,9 +27,9 @@ from tfc.runtime.engine.metrics import EngineMetrics
 from tfc.runtime.engine.pick import pick, prompt_logprobs, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
-from tfc.runtime.engine.scheduler import Running, plan_step
+from tfc.runtime.engine.scheduler import Running, plan_step, upcoming_chunks
 from tfc.runtime.worker.runner import ModelRunner, snapshots_of
-from tfc.runtime.worker.step import SequenceStep
+from tfc.runtime.worker.step import RowsUnavailable, SequenceStep, prefetch
 
 
 class Engine:
@@ -270,7 +270,15 @@ class Engine:
             seq = by_slot[row.slot]
             if seq.request.constraint is not None and seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
                 seq.request.constraint.start()
-        out = self.runner.execute(plan)
+        prefetch(
+            self.runner,
+            upcoming_chunks(plan, [by_slot[row.slot].run for row in plan.rows], self.config.chunk),
+        )
+        try:
+            out = self.runner.execute(plan)
+        except RowsUnavailable as error:  # nothing ran: those sequences fail, the others run again next step
+            self._fail_rows(by_slot, error)
+            return
         self.steps += 1
         self.metrics.iteration_tokens.observe(plan.tokens)
         now = time.monotonic()
@@ -304,6 +312,19 @@ class Engine:
             self.metrics.kv_usage.set(1 - len(self._free) / max(1, self.slots))
         for seq, last, tokens in done:
             self._end(seq, last, tokens)
+
+    def _fail_rows(self, by_slot: dict[int, EngineSeq], error: RowsUnavailable) -> None:
+        """End the sequences whose rows could not be read with the error (a 5xx); their slots are free again."""
+        failed = [by_slot[slot] for slot in error.slots if slot in by_slot] or list(by_slot.values())
+        tokens = [tuple(seq.run.generated) for seq in failed]
+        with self._lock:
+            for seq in failed:
+                if seq in self._running:
+                    self._running.remove(seq)
+                self._release(seq)
+            self.metrics.running.set(len(self._running))
+        for seq, got in zip(failed, tokens, strict=True):
+            self._end(seq, Event([] if seq.request.reader else "", (), "error", _why(error)), got)
 
     def _propose(self, work: list[EngineSeq]) -> None:
         """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""

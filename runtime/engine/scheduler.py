@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tfc.runtime.engine.draft_backoff import DraftBackoff
-from tfc.runtime.worker.step import SequenceStep, StepPlan
+from tfc.runtime.worker.step import SequenceStep, StepPlan, Upcoming
 
 
 @dataclass
@@ -69,3 +69,14 @@ def plan_step(running: Sequence[Running], chunk: int, budget: int) -> StepPlan:
             rows.append(SequenceStep(r.slot, piece, r.fed, drafting=r.drafting, prompt=True, every=r.every))
             used += len(piece)
     return StepPlan(tuple(rows))
+
+
+def upcoming_chunks(plan: StepPlan, runs: Sequence[Running], chunk: int) -> tuple[Upcoming, ...]:
+    """The prompt chunk each prefilling row's sequence feeds after this step (`runs` in plan order): what a runner
+    may start reading for while this step runs."""
+    out = []
+    for row, r in zip(plan.rows, runs, strict=True):
+        start = row.position + len(row.tokens)
+        if row.prompt and start < len(r.prompt):
+            out.append(Upcoming(r.slot, r.prompt, start, min(len(r.prompt), (start // chunk + 1) * chunk)))
+    return tuple(out)

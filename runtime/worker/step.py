@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from tfc.errors import TfcError
 
 if TYPE_CHECKING:  # torch is imported by the boot, after the early CUDA start (runtime/boot/cuda_start.py)
     import torch
@@ -42,6 +44,26 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Upcoming:
+    """A prompt chunk a later step will feed: `ids[start:stop]` of a sequence whose ids are `ids` (its prompt, not
+    copied), in `slot`; a runner may start reading what those rows need while the current step runs."""
+
+    slot: int
+    ids: tuple[int, ...]
+    start: int
+    stop: int
+
+
+class RowsUnavailable(TfcError):
+    """A step that could not read what some sequences' rows need (an off-device table's record failed to read);
+    nothing of the step ran: those sequences fail, the others can run again."""
+
+    def __init__(self, message: str, slots: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.slots = slots
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """The last-position logits [V] of each planned sequence, in plan order ([n, V], every row, for a verify row)."""
 
@@ -66,3 +88,10 @@ class ModelInfo:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     warnings: tuple[str, ...] = ()  # what a user must be told about how this model runs
+
+
+def prefetch(runner: Any, upcoming: tuple[Upcoming, ...]) -> None:
+    """Tell a runner that has a `prefetch` the prompt chunks later steps feed (a no-op for one without)."""
+    fn = getattr(runner, "prefetch", None)
+    if upcoming and callable(fn):
+        fn(upcoming)

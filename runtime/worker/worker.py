@@ -22,7 +22,7 @@ from tfc.runtime.worker.runner import (
     drafter_of,
     snapshots_of,
 )
-from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan, Upcoming, prefetch
 
 from tfc.errors import TfcError
 
@@ -138,6 +138,10 @@ class Worker:
     def release(self, slot: int) -> None:
         """Free a slot for the next sequence."""
         self._model().release(slot)
+
+    def prefetch(self, upcoming: tuple[Upcoming, ...]) -> None:
+        """Tell the runner the prompt chunks later steps feed (it may start reading what their rows need)."""
+        prefetch(self._model(), upcoming)
 
     @property
     def capabilities(self) -> RunnerCapabilities:

@@ -23,7 +23,7 @@ def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **
 
         return build_fast(booted, engram=options.get("engram", True), slots=options.get("slots", 16),
                           progress=options.get("progress"), comm=options.get("comm"), **fast)  # fmt: skip
-    return build_reference(opened, **options)
+    return build_reference(opened, off_device=getattr(booted, "off_device", None), **options)
 
 
 FAMILY = Family(NAME, build_runner, Dsv41ChatFormat)

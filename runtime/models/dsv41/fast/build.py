@@ -131,6 +131,8 @@ def build_fast(
                            prefill_rows)  # fmt: skip
         prefill = FastForward(cfg, weights, ops.for_prefill(prefill_rows), kv, rope, wide, tables is not None, capture,
                               shard, tp_exact)  # fmt: skip
+    if tables is not None:  # Engram layers placed in host memory or on NVMe read their rows through staging
+        _stage_off_device(booted, cfg, row_lo, cols[1] - cols[0], forward, prefill)
     drafter, note = None, "built without a drafter (draft=False)"
     if draft:
         from tfc.runtime.models.dsv41.dspark.fast import fast_dspark_slots
@@ -148,3 +150,22 @@ def build_fast(
     info = ModelInfo(FAMILY, cfg.vocab_size, tokens_per_slot, cfg.bos_token_id, eos, warnings)
     return FastRunner(forward, booted.graphs, tables, row_lo, info, Capacity(slots, tokens_per_slot), buckets,
                       (*getattr(ops, "notes", ()), *notes), drafter, note, prefill)  # fmt: skip
+
+
+def _stage_off_device(booted: Any, cfg: Any, row_lo: tuple[int, ...], cols: int, *forwards: Any) -> None:
+    """Give each forward the staging of the Engram layers whose rows the boot placed off the device."""
+    off = getattr(booted, "off_device", None)
+    sources = {}
+    for k, layer in enumerate(cfg.engram_layer_ids):
+        src = None if off is None else off.source(engram_rows_name(layer))
+        if src is not None:
+            sources[k] = src
+    if not sources:
+        return
+    from tfc.runtime.models.dsv41.fast.engram_staging import EngramStaging
+
+    for forward in forwards:
+        if forward is not None:
+            forward.staging = EngramStaging(
+                sources, row_lo, forward.buffers.rows, cols, forward.buffers.ints.device
+            )

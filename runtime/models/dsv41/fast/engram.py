@@ -1,4 +1,5 @@
-"""Fast Engram of one step: the rows the host hashed, gathered from the uploaded table shard, then the gate.
+"""Fast Engram of one step: the rows the host hashed, gathered from the uploaded table shard (or, for a table
+placed off the device, from the step's staged records: fast/engram_staging.py), then the gate.
 
 The maths of runtime/models/dsv41/reference/engram.py `engram_apply` in fp32: rows (bf16 from the e4m3 + e8m0 records,
 widened) -> engram.wkv (EXL3) -> hc keys and one value; each stream gets sigmoid(signed sqrt of its scaled
@@ -29,7 +30,11 @@ def engram_gate(
 def engram(f, layer: int, k: int, streams: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Streams [R, hc, D] after Engram layer `layer` (the k-th), from global row ids [R, cols]."""
     cfg = f.cfg
-    table, row_lo = f.weights.engram_table(layer, k)
+    # rows off the device: this step's records, staged (engram_staging.py)
+    if f.staging is not None and k in f.staging:
+        table, row_lo = f.staging.table(k), 0
+    else:
+        table, row_lo = f.weights.engram_table(layer, k)
     rows = f.ops.engram_rows(table, ids, cfg.engram_head_dim, row_lo)
     rows = (rows if f.tp is None else f.tp.engram_rows(rows)).float()
     kv = f.lin(rows, f"layers.{layer}.engram.wkv")

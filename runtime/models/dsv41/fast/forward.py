@@ -106,6 +106,7 @@ class FastForward:
         self.tp = TpProducts(cfg, ops, self.shard, kv.device) if tp or self.shard.world > 1 else None
         self.live: int | None = None  # inside a step: its live rows when fewer than its rows (see lin)
         self.side: torch.cuda.Stream | None = None  # the stream of a layer's side branch (fast/overlap.py)
+        self.staging = None  # the Engram layers whose rows are off the device (fast/engram_staging.py)
 
     def engram_span(self) -> tuple[int, int]:
         """[first, last) of the Engram hash columns this rank gathers rows of (all of them at TP=1)."""
@@ -132,6 +133,8 @@ class FastForward:
         cfg, b, lay = self.cfg, self.buffers, self.kv.layout
         sc = step_context(rows, b.slots, b.positions, self.rope, lay.window, lay.ring, self.kv.page_table,
                           lay.page_tokens, self.ratios, key.context)  # fmt: skip
+        if self.staging is not None and self.engram:
+            self.staging.start(rows)
         table = self.weights.native("embed.weight")
         hidden = (
             table[b.tokens[:rows]] if self.tp is None else self.tp.embed(table, b.tokens[:rows])
@@ -140,6 +143,8 @@ class FastForward:
         pre = first_pre((rows,), cfg.hc_mult, torch.float32, hidden.device)
         for layer in range(cfg.num_hidden_layers):
             streams, pre = self._block(layer, streams, pre, sc, key.rows)
+        if self.staging is not None and self.engram:
+            self.staging.join()
         out = collapse_norm(streams, pre, self.weights.native("norm.weight"), cfg.rms_norm_eps)
         if head_rows is None:
             b.logits[:rows].copy_(self.head(out))

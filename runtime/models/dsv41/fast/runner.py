@@ -9,7 +9,7 @@ why that is exact), and the drafter gets the static hidden rows the step capture
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +21,7 @@ from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
 from tfc.runtime.models.dsv41.fast.step_plan import Tile, plan_tiles
 from tfc.runtime.worker.runner import RunnerCapabilities
-from tfc.runtime.worker.step import Capacity, ModelInfo, SequenceStep, StepOutput, StepPlan
+from tfc.runtime.worker.step import Capacity, ModelInfo, SequenceStep, StepOutput, StepPlan, Upcoming
 
 from tfc.errors import TfcError
 
@@ -66,8 +66,11 @@ class FastRunner(DraftingRunner):
         self.draft_note = draft_note  # why it cannot draft, when it cannot
         self._marks: dict[int, VerifyMark] = {}  # slot -> its open verify step
         arena = forward.weights.arena
+        staged = [] if forward.staging is None else forward.staging.tensors
         self._baked = [(t.data_ptr(), t.numel() * t.element_size())
-                       for t in (*forward.buffers.tensors, *forward.kv.tensors)] + list(arena.buffers())  # fmt: skip
+                       for t in (*forward.buffers.tensors, *forward.kv.tensors, *staged)] + list(arena.buffers())  # fmt: skip
+        self._held = None  # the records of off-device Engram rows the plan running needs (engram_staging.py)
+        self._upcoming: tuple[Upcoming, ...] = ()  # prompt chunks later steps feed: read once this plan's are
 
     @property
     def kv(self):
@@ -94,16 +97,22 @@ class FastRunner(DraftingRunner):
             row.slot: [] for row in plan.rows if row.verify or row.every
         }  # slot -> its logits, a run a tile
         kept = {row.slot: [] for row in plan.rows if row.drafting} if self._wants_hidden(plan) else {}
-        for forward, tile in self._tiles(plan):
-            logits = self._run(tile, forward, every)
-            for lo, hi in _runs(tile):
-                slot = tile.rows[lo].slot
-                if slot in every:
-                    every[slot].append(logits[lo:hi].clone())
-                elif tile.rows[hi - 1].out is not None:
-                    out[tile.rows[hi - 1].out] = logits[hi - 1].clone()
-                if slot in kept:
-                    kept[slot].append(forward.buffers.hidden[lo:hi].clone())
+        # read before anything runs: a failed read fails its rows' sequences alone
+        self._held = self._read_plan(plan)
+        self._read_ahead()
+        try:
+            for forward, tile in self._tiles(plan):
+                logits = self._run(tile, forward, every)
+                for lo, hi in _runs(tile):
+                    slot = tile.rows[lo].slot
+                    if slot in every:
+                        every[slot].append(logits[lo:hi].clone())
+                    elif tile.rows[hi - 1].out is not None:
+                        out[tile.rows[hi - 1].out] = logits[hi - 1].clone()
+                    if slot in kept:
+                        kept[slot].append(forward.buffers.hidden[lo:hi].clone())
+        finally:
+            self._held = None
         for i, row in enumerate(plan.rows):
             hidden = torch.cat(kept[row.slot]) if row.slot in kept else None
             if row.verify or row.every:
@@ -275,7 +284,7 @@ class FastRunner(DraftingRunner):
         for row in tile.rows:
             self.kv.ensure(row.slot, row.position + 1)
         if forward is self.prefill and forward is not None:
-            forward.buffers.load(tile, self._engram_ids(tile))
+            self._load(forward, tile)
             # eager: a wide step amortises its launches over its rows; the head runs on the rows read
             read = []  # the rows whose logits are read: every row of an `every` slot, else each run's last
             for lo, hi in _runs(tile):
@@ -295,8 +304,54 @@ class FastRunner(DraftingRunner):
 
     def launch(self, tile: Tile) -> torch.Tensor:
         """Run one step as it is (inputs in, graph replayed or captured, no slot bookkeeping); the static logits."""
-        self.forward.buffers.load(tile, self._engram_ids(tile))
+        self._load(self.forward, tile)
         return self.replay(tile.key)
+
+    def _load(self, forward: FastForward, tile: Tile) -> None:
+        """A tile's inputs into a forward's step buffers, and its off-device Engram records into the staging."""
+        ids = self._engram_ids(tile)
+        staging = forward.staging if ids is not None else None
+        if staging is None:
+            forward.buffers.load(tile, ids)
+            return
+        records = staging.records(ids, self._held)
+        forward.buffers.load(tile, staging.local_ids(ids))
+        staging.write(records)
+
+    def _plan_ids(self, rows: Iterable[tuple[int, Sequence[int], Sequence[int]]]) -> dict[int, np.ndarray]:
+        """This rank's Engram row ids [n, layers, cols] of (slot, tokens, the ids before them) by slot."""
+        from tfc.runtime.models.dsv41.engram_hash import hash_ids
+
+        first, last = self.forward.engram_span()
+        return {slot: hash_ids(self._tables, tokens, back[len(back) - min(len(back), self._lookback()) :])[..., first:last]
+                for slot, tokens, back in rows}  # fmt: skip
+
+    def _read_plan(self, plan: StepPlan):
+        """The off-device Engram records every row of the plan needs (None without staged layers); RowsUnavailable
+        names the slots whose rows failed to read."""
+        staging = self.forward.staging
+        if staging is None or self._tables is None or not self.forward.engram:
+            return None
+        back = {
+            row.slot: self._slots[row.slot].tokens if row.slot in self._slots else () for row in plan.rows
+        }
+        return staging.read_plan(self._plan_ids((row.slot, row.tokens, back[row.slot]) for row in plan.rows))
+
+    def prefetch(self, upcoming: tuple[Upcoming, ...]) -> None:
+        """The prompt chunks later steps feed: the next `execute` starts reading their off-device Engram records
+        once its own are read, so they come in while its steps run (a no-op without off-device rows)."""
+        self._upcoming = tuple(upcoming)
+
+    def _read_ahead(self) -> None:
+        upcoming, self._upcoming = self._upcoming, ()
+        staging = self.forward.staging
+        if not upcoming or staging is None or self._tables is None or not self.forward.engram:
+            return
+        n = self._lookback()
+        ids = self._plan_ids(
+            (u.slot, u.ids[u.start : u.stop], u.ids[max(0, u.start - n) : u.start]) for u in upcoming
+        )
+        staging.prefetch(np.concatenate(list(ids.values())))
 
     def replay(self, key: StepKey) -> torch.Tensor:
         """Run the step of `key` on the inputs already loaded (graphed when the cache may); the static logits."""

@@ -19,7 +19,7 @@ from tfc.runtime.models.dsv41.reference.forward import Dsv41Model
 from tfc.runtime.models.dsv41.reference.state import Mark, SequenceState
 from tfc.runtime.models.dsv41.reference.state_io import StateSnapshot, state_from_bytes
 from tfc.runtime.worker.runner import RunnerCapabilities
-from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
+from tfc.runtime.worker.step import Capacity, ModelInfo, RowsUnavailable, StepOutput, StepPlan
 
 from tfc.errors import TfcError
 
@@ -78,9 +78,7 @@ class ReferenceRunner(DraftingRunner):
         chunks = [list(row.tokens) for row in plan.rows]
         rows = None
         if self.feed is not None:
-            rows = self._all_columns(
-                [self.feed.rows(s.tokens, c) for s, c in zip(states, chunks, strict=True)]
-            )
+            rows = self._all_columns(self._feed_rows(plan, states, chunks))
         layers = None
         if self.drafter is not None and self.drafter.target_layers and any(r.drafting for r in plan.rows):
             layers = self.drafter.target_layers
@@ -105,6 +103,22 @@ class ReferenceRunner(DraftingRunner):
         return StepOutput(
             tuple(o if r.verify or r.every else o[-1] for o, r in zip(out, plan.rows, strict=True))
         )
+
+    def _feed_rows(self, plan: StepPlan, states: list[SequenceState], chunks: list[list[int]]) -> list:
+        """Each row's Engram rows, read before anything runs; RowsUnavailable names the slots whose rows failed
+        to read from an off-device table."""
+        from tfc.runtime.records.reader import RecordReadError
+
+        out, failed, why = [], [], ""
+        for row, state, chunk in zip(plan.rows, states, chunks, strict=True):
+            try:
+                out.append(self.feed.rows(state.tokens, chunk))
+            except RecordReadError as error:
+                failed.append(row.slot)
+                why = why or str(error)
+        if failed:
+            raise RowsUnavailable(why, tuple(failed))
+        return out
 
     def _fed_tokens(self, slot: int) -> list[int] | None:
         state = self._states.get(slot)
@@ -183,10 +197,11 @@ class ReferenceRunner(DraftingRunner):
 
 def build_reference(
     opened: Any, *, device: str, dtype: torch.dtype, engram: bool, slots: int,
-    progress: Callable[[int, int], None] | None = None, comm: Any = None,
+    progress: Callable[[int, int], None] | None = None, comm: Any = None, off_device: Any = None,
 ) -> ReferenceRunner:  # fmt: skip
     """The reference runner over an opened rank image (`comm`: its world's collectives; none at TP=1):
-    weights decoded to dense once, `progress(done, total)`."""
+    weights decoded to dense once, `progress(done, total)`; Engram rows the boot placed off the device
+    (`off_device`: runtime/boot/tiers.py) are read from there."""
     from tfc.runtime.models.dsv41.reference.weights import dense_from_opened, engram_feed
     from tfc.runtime.models.dsv41.shard import shard_of
     from tfc.runtime.parallel.comm import SOLO
@@ -196,7 +211,7 @@ def build_reference(
     feed = None
     if cfg.engram_layer_ids and engram:
         cols = shard.engram_cols[shard.rank] if shard.engram_cols else None
-        feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim, cols)
+        feed = engram_feed(weights, cfg.engram_layer_ids, cfg.engram_head_dim, cols, off_device)
         if feed is None:
             raise MissingEngramTables(
                 f"{opened.path}: the model has Engram layers {list(cfg.engram_layer_ids)} but the image holds "

@@ -165,9 +165,11 @@ def load_dense_weights(image_path: str | Path) -> tuple[Dsv41Config, ImageWeight
 
 
 def engram_feed(
-    weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int, cols: tuple[int, int] | None = None
-) -> EngramFeed | None:
-    """The image's Engram hasher and row shards as a feed (a TP rank's: its `cols`), or None without tables."""
+    weights: ImageWeights, layer_ids: tuple[int, ...], head_dim: int, cols: tuple[int, int] | None = None,
+    off_device: Any = None,
+) -> EngramFeed | None:  # fmt: skip
+    """The image's Engram hasher and row shards as a feed (a TP rank's: its `cols`), or None without tables; a
+    shard the boot placed off the device (`off_device`: runtime/boot/tiers.py) is read from its tier."""
     from tfc.kernels.dsv41.engram_rows import decode_rows_reference
     from tfc.runtime.models.dsv41.engram_hash import hash_ids, tables_from_segments
 
@@ -178,10 +180,17 @@ def engram_feed(
         return None
     tables = tables_from_segments(weights.array)
     ranges = weights.array(SEG_ROW_RANGES)
-    records = [torch.from_numpy(weights.array(s).copy()) for s in shards]
+    sources = [None if off_device is None else off_device.source(s) for s in shards]
+    records = [
+        torch.from_numpy(weights.array(s).copy()) if src is None else None
+        for s, src in zip(shards, sources, strict=True)
+    ]
 
     def gather(k: int, ids: torch.Tensor) -> torch.Tensor:
         local = ids.to(torch.int64) - int(ranges[k][0])
+        if sources[k] is not None:  # host memory or NVMe: the record bytes, then the same decode
+            got = sources[k].gather(local.numpy())
+            return decode_rows_reference(torch.from_numpy(got).reshape(*local.shape, -1), head_dim).float()
         if local.numel() and (int(local.min()) < 0 or int(local.max()) >= records[k].shape[0]):
             raise WeightLoadError(f"Engram rows of layer {layer_ids[k]} fall outside this image's shard")
         return decode_rows_reference(records[k][local], head_dim).float()

@@ -166,7 +166,9 @@ def test_prompt_rows_take_the_prefill_forward_by_default_where_it_is_exact(boote
     assert runner.capabilities.prompt_rows and runner.stats()["prefill"]["rows"] == PREFILL_ROWS[DEVICE]
     assert runner.kv.layout.step_rows == PREFILL_ROWS[DEVICE]  # the window ring holds a prefill step's rows
     for plain in (build_fast(booted, **small, tp_exact=True), build_fast(booted, **small, exact=False)):
-        assert plain.prefill is None and not plain.capabilities.prompt_rows  # a world's products; a loose build
+        assert (
+            plain.prefill is None and not plain.capabilities.prompt_rows
+        )  # a world's products; a loose build
 
 
 def test_the_engine_caches_prompt_states_only_when_prompt_rows_differ(booted, fast):
