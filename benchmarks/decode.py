@@ -4,6 +4,7 @@ and the whole-Flash decode rate it projects.
 
     python benchmarks/decode.py [--image IMG/rank0] [--rows 1,4,16,64,256] [--json]      # a few minutes on a GPU
     python benchmarks/decode.py --device cpu --image TINY/rank0                          # a smoke of the script
+    python benchmarks/decode.py --host-experts [--work DIR] [--json]                     # whole Flash on one GPU
 
 IMG is `tfc fixture flash-random --layers 4` prepared (22 GB: the real per-layer shapes and expert widths);
 without --image one is made under --work first (~1 min, 44 GB of disk at the peak). Measured in the same run: the
@@ -17,6 +18,13 @@ Whole-Flash projection (TP=1, 4k context): each of Flash's layers' floor from th
 over the efficiency (floor / time) the slice's layers reached, plus the measured head. Kernels a layer: the CUDA
 kernels of an eager one-row step (torch.profiler) over the slice's layers. On the CPU (`--device cpu`, the tiny
 image) everything runs on the kernels' torch references at small sizes: a check of the script, no figure.
+
+--host-experts: whole Flash on one H200 keeps the routed experts of 13 of its 43 layers in pinned host memory
+(`tfc plan --gpu-memory-gib 141 --tp 1`, benchmarks/results/plan/flash_tp1_h200.json), where the MoE kernels read
+the picked experts over PCIe. A 3-layer slice is prepared twice, all on the device and with every layer's routed
+experts in host memory (the pack made once, 50 GB of disk at the peak); 1 and 16 rows are timed on both, and the
+whole-Flash projection above gains the cold layers' cost: each cold layer adds the slice's (cold - device) step
+time over its layers.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 CONTEXT = {"cuda": 4096, "cpu": 256}
+GIB = 1 << 30
+ONE_H200_PLAN = Path(__file__).resolve().parent / "results" / "plan" / "flash_tp1_h200.json"
 PEERS = "~570 tok/s one-H200 bandwidth bound; vLLM 123 (4x RTX PRO 6000), SGLang ~590 (V4-Flash, 4x H200)"
 
 
@@ -267,6 +277,69 @@ def kernels_a_step(runner, device: str, context: int) -> dict:
                     for e in events[:30]]}  # fmt: skip
 
 
+# -- whole Flash on one GPU: cold experts in host memory --------------------------------------------------------
+
+
+def host_expert_slices(folder: Path, layers: int, context: int, seqs: int) -> tuple[Path, Path]:
+    """A slice pack prepared all on the device and with every layer's routed experts in host memory (the budget
+    `tfc plan` says leaves every expert table off the device); the pack removed after. Their rank folders."""
+    import json
+    import subprocess
+
+    pack = folder / "pack"
+    c.tfc("fixture", "flash-random", str(pack), "--layers", str(layers), "-j", "16")
+    size = ("--overhead-gib", "0", "--max-context", str(context), "--max-seqs", str(seqs))
+    bare = json.loads(c.tfc("plan", str(pack), "--json"))["ranks"][0]["layers"]
+    placed = json.loads(c.tfc("plan", str(pack), "--gpu-memory-gib", "100000", *size, "--json"))["placement"]
+    # a layer's expert table holds its shared expert too: the whole table moves
+    tables = [b["bytes"] for b in bare if b["block"].startswith("layers.")]
+    routed = [t["routed_trellis"] + t["shared_trellis"] for t in tables]
+    rows = sum(b["bytes"]["engram_rows"] for b in bare)  # placed off the device once any expert is
+    gpu = (placed["ranks"][0]["device"] - sum(routed) - rows + placed["kv_bytes"] + min(routed) // 2) / GIB
+    images = []
+    for name, extra in (("device", ()), ("host", ("--gpu-memory-gib", f"{gpu:.6f}", *size))):
+        image = Path(c.tfc("prepare", str(pack), "--store", str(folder / name), *extra))
+        images.append(image / "rank0" if (image / "rank0").is_dir() else image)
+    subprocess.run(["rm", "-rf", str(pack)], check=True)
+    return images[0], images[1]
+
+
+def host_experts(run, device: str, work: Path, copy: float) -> None:
+    """Whole Flash on one GPU with the plan's cold layers: a slice timed all on the device and all cold."""
+    import json
+
+    from tfc.cache.format import RankManifest
+
+    context, rows_list = CONTEXT[device], [1, 16]
+    hot_image, cold_image = host_expert_slices(work, 3, context, 16)
+    cold_layers = RankManifest.load(cold_image).plan["placement"]["cold_layers"]
+    flash_cold = len(json.loads(ONE_H200_PLAN.read_text())["placement"]["cold_layers"])
+    hot = step_times(build(hot_image, device, tokens=context + 2048), device, rows_list, context, copy)
+    cold_runner = build(cold_image, device, tokens=context + 2048)
+    layers = cold_runner.forward.cfg.num_hidden_layers
+    if cold_layers != list(range(layers)):
+        raise RuntimeError(f"the host-expert slice keeps layers {cold_layers} cold, not all {layers}")
+    cold = step_times(cold_runner, device, rows_list, context, copy)
+    out = {"slice_layers": layers, "flash_cold_layers": flash_cold, "pinned_h2d_gbps": c.pinned_h2d_gbps()}
+    for rows in rows_list:
+        per_layer = (cold[rows]["step_s"] - hot[rows]["step_s"]) / layers
+        step = hot[rows]["flash_step_s"] + flash_cold * per_layer
+        out[rows] = {"device_step_s": hot[rows]["step_s"], "host_step_s": cold[rows]["step_s"],
+                     "cold_layer_s": per_layer, "flash_all_device_tok_s": hot[rows]["flash_tok_s"],
+                     "flash_one_gpu_step_s": step, "flash_one_gpu_tok_s": rows / step}  # fmt: skip
+        print(f"[host experts] {rows} rows: a cold layer adds {per_layer * 1e6:,.0f} µs; whole Flash on one GPU "
+              f"{rows / step:,.1f} tok/s projected (all in HBM: {hot[rows]['flash_tok_s']:,.1f})", flush=True)  # fmt: skip
+    run.data["host_experts"] = out
+    limit = (f"the same projection with every expert in HBM: {out[1]['flash_all_device_tok_s']:,.1f} tok/s; "
+             f"{flash_cold} of 43 layers' experts read over PCIe ({out['pinned_h2d_gbps']:,.1f} GB/s pinned copy "
+             "rate this run); no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
+    run.metric(
+        "decode.whole_flash_tok_s.one_gpu_streams1", out[1]["flash_one_gpu_tok_s"], "tok/s", None, limit
+    )
+    run.metric("decode.whole_flash_tok_s.one_gpu_streams16", out[16]["flash_one_gpu_tok_s"], "tok/s", None,
+               f"all in HBM: {out[16]['flash_all_device_tok_s']:,.1f} tok/s")  # fmt: skip
+
+
 def main() -> None:
     ap = c.parser(__doc__)
     ap.add_argument(
@@ -278,13 +351,17 @@ def main() -> None:
     ap.add_argument(
         "--rows", default="1,4,16,64,256", help="rows a step, comma-separated (default: 1,4,16,64,256)"
     )
+    ap.add_argument("--host-experts", action="store_true",
+                    help="whole Flash on one GPU: time a slice with its routed experts in host memory (CUDA)")  # fmt: skip
     args = ap.parse_args()
     try:
         rows_list = [int(r) for r in args.rows.split(",")]
     except ValueError:
         ap.error(f"--rows takes comma-separated integers, got {args.rows!r}")
     device = c.pick_device(args.device)
-    if device == "cpu" and not args.image:
+    if args.host_experts:
+        c.needs_cuda(device, "decode.py --host-experts", "the cold experts are read over PCIe by the GPU")
+    elif device == "cpu" and not args.image:
         ap.error("--device cpu runs a smoke of the script on a small image: give --image (the tiny one)")
     c.ensure_tfc()
     import torch
@@ -292,6 +369,11 @@ def main() -> None:
     if device == "cpu":
         torch.set_num_threads(1)
     run = c.Run("decode", "decode.py", device, args.commit)
+    if args.host_experts:
+        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tfc-slice-"))
+        host_experts(run, device, work, c.copy_gbps(device))
+        run.finish(args.json)
+        return
     context = CONTEXT[device]
     image = open_image(args)
     runner = build(image, device, tokens=context + 2048)

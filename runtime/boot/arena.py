@@ -142,6 +142,14 @@ class DeviceArena:
             self._backing.append(raw)
             self.chunks.append(raw[skip : skip + chunk.nbytes])
 
+    @classmethod
+    def over(cls, plan: ArenaPlan, chunks: Sequence[Any]) -> DeviceArena:
+        """The same segment views over other chunk tensors (a host arena as the device addresses it)."""
+        arena = cls.__new__(cls)
+        arena.plan, arena.chunks, arena._backing = plan, list(chunks), []
+        arena.device = chunks[0].device if chunks else None
+        return arena
+
     @property
     def nbytes(self) -> int:
         """Bytes the arena holds (the chunks, padding included)."""

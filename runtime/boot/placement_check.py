@@ -135,8 +135,8 @@ def check_room(m: RankManifest, machine: Machine) -> None:
 
 
 def refuse_off_device(m: RankManifest) -> None:
-    """Refuse an image that places segments in a tier this runtime does not serve them from (it serves Engram rows
-    from host memory and NVMe: runtime/boot/tiers.py)."""
+    """Refuse an image that places segments in a tier this runtime does not serve them from (Engram rows from host
+    memory and NVMe, expert tables from host memory: runtime/boot/tiers.py)."""
     from tfc.runtime.boot.tiers import SERVED_OFF_DEVICE
 
     off = [
@@ -146,8 +146,8 @@ def refuse_off_device(m: RankManifest) -> None:
         nbytes = sum(s.length for s in off)
         raise TiersNotServed(
             f"rank {m.rank}: {len(off)} segment(s) ({_gib(nbytes)}, e.g. {off[0].name}) are placed in "
-            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves only Engram rows off the device: "
-            "prepare with a --gpu-memory-gib (or --host-memory-gib) whose plan keeps the routed experts on the device"
+            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves Engram rows (host, nvme) and expert "
+            "tables (host) off the device, every other segment from the device: prepare the image again with this tfc"
         )
 
 

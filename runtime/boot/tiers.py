@@ -2,8 +2,10 @@
 (page-locked on a GPU machine, so it is never paged out and a copy from it needs no bounce), the NVMe tier left
 in the image's own files and read in place, record by record, when a step wants it.
 
-Which off-device segments the runtime serves is decided by layout here (Engram rows); the boot refuses any other
-segment placed off the device in one line before anything is allocated (placement_check.refuse_off_device).
+Which off-device segments the runtime serves is decided by layout here: Engram rows from host memory or NVMe,
+cold expert tables from host memory, which the GPU maps and its MoE kernels read over PCIe in place; the boot
+refuses any other segment placed off the device in one line before anything is allocated
+(placement_check.refuse_off_device).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfc.cache.contract import LAYOUT_ENGRAM_ROWS, TIER_DEVICE
+from tfc.cache.contract import LAYOUT_ENGRAM_ROWS, LAYOUT_RAGGED, LAYOUT_STACK, TIER_DEVICE
 from tfc.cache.format import RankManifest
 from tfc.runtime.boot.arena import DeviceArena, UploadItem, plan_arena
 from tfc.runtime.records.reader import RecordConfig, RecordFile
@@ -20,7 +22,7 @@ from tfc.runtime.records.source import FileRecords, RecordSource, TableRecords
 
 HOST, NVME = "host", "nvme"
 # layout -> the tiers off the device this runtime serves segments of that layout from
-SERVED_OFF_DEVICE = {LAYOUT_ENGRAM_ROWS: (HOST, NVME)}
+SERVED_OFF_DEVICE = {LAYOUT_ENGRAM_ROWS: (HOST, NVME), LAYOUT_STACK: (HOST,), LAYOUT_RAGGED: (HOST,)}
 
 
 def device_items(items: list[UploadItem], m: RankManifest) -> list[UploadItem]:
@@ -31,9 +33,13 @@ def device_items(items: list[UploadItem], m: RankManifest) -> list[UploadItem]:
 
 @dataclass
 class OffDevice:
-    """The rank's host-tier segments (one host arena) and its NVMe-tier segments (their files, opened)."""
+    """The rank's host-tier segments (one host arena, and the same as the device addresses it) and its NVMe-tier
+    segments (their files, opened)."""
 
     host: DeviceArena | None = None
+    mapped: DeviceArena | None = (
+        None  # the host arena's views on the device (the host arena itself on the CPU)
+    )
     files: dict[str, FileRecords] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     pinned: bool = False
@@ -54,6 +60,15 @@ class OffDevice:
         rows = self.shapes[name][0]
         table = self.host.raw(name).numpy().reshape(rows, -1)
         return TableRecords(table, f"host tier {name}")
+
+    def view(self, name: str, dtype: str, shape: tuple[int, ...]) -> Any:
+        """A host-tier segment as a typed tensor the device reads in place (over PCIe on a GPU)."""
+        if self.mapped is None:
+            raise KeyError(name)
+        return self.mapped.view(name, dtype, shape)
+
+    def __contains__(self, name: str) -> bool:
+        return self.host is not None and name in self.host
 
     @property
     def host_bytes(self) -> int:
@@ -82,6 +97,7 @@ class OffDevice:
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
+        self.mapped = None
         if self.host is not None:
             self.host.release()
             self.host = None
@@ -107,9 +123,11 @@ def place_off_device(opened: Any, device: str, config: RecordConfig = RecordConf
 
             off.host = DeviceArena(plan_arena(host), "cpu")
             upload(off.host, "host", threads=threads)
+            off.mapped = off.host
             if device.startswith("cuda"):
                 off._unpin = _pin(off.host)
                 off.pinned = True
+                off.mapped = _map(off.host, device)
     except BaseException:
         off.release()
         raise
@@ -117,13 +135,14 @@ def place_off_device(opened: Any, device: str, config: RecordConfig = RecordConf
 
 
 def _pin(arena: DeviceArena) -> Callable[[], None]:
-    """Page-lock every chunk of a host arena (cudaHostRegister); the call that unlocks them."""
+    """Page-lock and map every chunk of a host arena (cudaHostRegister); the call that unlocks them."""
+    from tfc.runtime.boot.mapped import REGISTER_MAPPED
     from tfc.runtime.boot.upload_files import REGISTER_PORTABLE, Registrar
 
     reg, done = Registrar(), []
     try:
         for chunk in arena.chunks:
-            reg.register(chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE)
+            reg.register(chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE | REGISTER_MAPPED)
             done.append(chunk.data_ptr())
     except BaseException:
         for ptr in done:
@@ -135,3 +154,10 @@ def _pin(arena: DeviceArena) -> Callable[[], None]:
             reg.unregister(ptr)
 
     return unpin
+
+
+def _map(arena: DeviceArena, device: str) -> DeviceArena:
+    """The page-locked host arena's segments as views the device reads in place."""
+    from tfc.runtime.boot.mapped import device_alias
+
+    return DeviceArena.over(arena.plan, [device_alias(chunk, device) for chunk in arena.chunks])

@@ -1,5 +1,5 @@
-"""`tfc generate` of images whose Engram rows are off the device (host memory, NVMe, one of each) gives the device
-tier's tokens, on the reference forward and on the fast one."""
+"""`tfc generate` of images whose Engram rows are off the device (host memory, NVMe, one of each), or whose cold
+expert tables are in host memory too, gives the device tier's tokens, on the reference forward and the fast one."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ PROMPT = "The model reads the prompt"
 @pytest.fixture(scope="module")
 def images(tiny_pack, tmp_path_factory):
     return {
-        t: tier_image(tiny_pack, tmp_path_factory.mktemp(t), t) for t in ("device", "host", "mixed", "nvme")
+        t: tier_image(tiny_pack, tmp_path_factory.mktemp(t), t)
+        for t in ("device", "host", "mixed", "nvme", "cold")
     }
 
 
@@ -44,9 +45,8 @@ def _sha(image, *extra: str) -> str:
 @pytest.mark.parametrize("forward", [(), ("--fast",)], ids=["reference", "fast"])
 def test_every_tier_generates_the_device_tiers_tokens(images, forward):
     want = _sha(images["device"], *forward)
-    assert {t: _sha(images[t], *forward) for t in ("host", "mixed", "nvme")} == dict.fromkeys(
-        ("host", "mixed", "nvme"), want
-    )
+    tiers = ("host", "mixed", "nvme", "cold")
+    assert {t: _sha(images[t], *forward) for t in tiers} == dict.fromkeys(tiers, want)
     assert _sha(images["nvme"], *forward, "--no-engram") != want  # the rows read matter to the tokens
 
 

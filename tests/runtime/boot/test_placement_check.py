@@ -119,19 +119,23 @@ def _seg(name: str, tier: str, nbytes: int, layout: str = "native.v1") -> Simple
     return SimpleNamespace(name=name, tier=tier, length=nbytes, layout=layout)
 
 
-def test_only_engram_rows_are_served_off_the_device():
+def test_engram_rows_and_expert_tables_are_the_segments_served_off_the_device():
     rows = "engram.rows.e4m3e8m0.v1"
     served = [_seg("weights", "device", GIB), _seg("layers.1.engram.rows", "host", 47 * GIB, rows),
               _seg("layers.14.engram.rows", "nvme", 47 * GIB, rows)]  # fmt: skip
     pc.refuse_off_device(SimpleNamespace(segments=served, rank=0))
-    cold = [*served, _seg("layers.4.ffn.experts.w1.trellis", "host", 2 * GIB, "exl3.experts.stack.v1")]
+    cold = [*served, _seg("layers.4.ffn.experts.w1.trellis", "host", 2 * GIB, "exl3.experts.stack.v1"),
+            _seg("layers.5.ffn.experts.w2.trellis", "host", 2 * GIB, "exl3.experts.ragged.v1")]  # fmt: skip
+    pc.refuse_off_device(SimpleNamespace(segments=cold, rank=0))
+    odd = [*cold, _seg("layers.4.ffn.experts.w1.trellis", "nvme", 2 * GIB, "exl3.experts.stack.v1"),
+           _seg("layers.4.attn.wq_a.trellis", "host", GIB, "exl3.trellis.v1")]  # fmt: skip
     with pytest.raises(pc.TiersNotServed) as info:
-        pc.refuse_off_device(SimpleNamespace(segments=cold, rank=0))
+        pc.refuse_off_device(SimpleNamespace(segments=odd, rank=0))
     line = str(info.value)
     assert "\n" not in line and line.startswith(
-        "rank 0: 1 segment(s) (2.0 GiB, e.g. layers.4.ffn.experts.w1.trellis)"
+        "rank 0: 2 segment(s) (3.0 GiB, e.g. layers.4.ffn.experts.w1.trellis) are placed in host and nvme;"
     )
-    assert "serves only Engram rows off the device" in line
+    assert "expert tables (host) off the device" in line
 
 
 def _placed_image(root, host_bytes: int, tier: str = "device"):

@@ -84,7 +84,7 @@ def build_fast(
             from tfc.runtime.models.dsv41.fast.ops_reference import ReferenceOps
 
             ops = ReferenceOps()
-    weights = FastWeights(opened, arena, cfg)
+    weights = FastWeights(opened, arena, cfg, getattr(booted, "off_device", None))
     shard = shard_of(m, cfg, weights, comm or SOLO, dev)
     tp_exact = tp_exact or shard.world > 1
     notes = []

@@ -3,7 +3,8 @@
 EXL3 groups `<name>.trellis|suh|svh` (layout exl3.trellis.v1, codebook from the plan's attrs) become
 `Exl3Linear`s; expert tables `<block>.ffn.experts.<w1|w2|w3>.*` (stack or ragged, E routed entries then the
 shared expert) become the kernels' `ExpertTable`s (their offsets, widths and codebooks checked on the host
-once); natives are views of their stored dtype and shape; Engram row shards are uint8 [rows, row bytes] views
+once); natives are views of their stored dtype and shape; an expert table the plan placed in host memory is a view
+the device reads over PCIe (runtime/boot/mapped.py); Engram row shards are uint8 [rows, row bytes] views
 with the row their shard starts at. Host-side assets (the Engram hash tables) are read from the image mapping.
 """
 
@@ -70,9 +71,10 @@ class ExpertTables:
 class FastWeights:
     """Views of one booted rank's segments by pack name, checked against the manifest on first use."""
 
-    def __init__(self, image: Any, arena: Any, cfg: Dsv41Config) -> None:
+    def __init__(self, image: Any, arena: Any, cfg: Dsv41Config, off_device: Any = None) -> None:
         self.image = image
         self.arena = arena
+        self.off_device = off_device  # host-tier segments (cold expert tables), read in place by the device
         self.cfg = cfg
         m = image.manifest
         self._entries = {s.name: s for s in m.segments}
@@ -94,6 +96,8 @@ class FastWeights:
 
     def _view(self, name: str, layouts: tuple[str, ...]) -> torch.Tensor:
         entry = self._entry(name, layouts)
+        if self.off_device is not None and name in self.off_device:
+            return self.off_device.view(name, entry.dtype, entry.shape)
         return self.arena.view(name, entry.dtype, entry.shape)
 
     def has(self, name: str) -> bool:
@@ -139,7 +143,7 @@ class FastWeights:
                     for p in ("offsets", "widths", "codebooks")
                 ]
                 scales = [self._view(f"{base}.{p}", ("exl3.scales.v1",)) for p in ("suh", "svh")]
-                trellis = self.arena.view(f"{base}.trellis", entry.dtype, entry.shape)
+                trellis = self._view(f"{base}.trellis", (entry.layout,))
                 tables.append(
                     ExpertTable.from_tensors(_TABLE_LAYOUTS[entry.layout], trellis, *parts, *scales)
                 )

@@ -1,7 +1,8 @@
 """Engram rows off the device on a GPU (skipped without CUDA): the tiny pack prepared with its Engram tables in
 pinned host memory and on NVMe gives the device tier's logits bit for bit, graph-replayed and eager, a prompt
 then decode steps beside another slot (each step's staged records copied inside the captured step on a side
-stream); the host tier and the staging are page-locked.
+stream); the host tier and the staging are page-locked. Cold expert tables in mapped host memory, read by the
+MoE kernels over PCIe in place, give the same bits.
 Run: python -m pytest -q -p no:cacheprovider tests/runtime/models/dsv41/test_engram_tiers_gpu.py
 """
 
@@ -20,7 +21,8 @@ FAST = {"slots": 4, "tokens_per_slot": 512, "context_step": 256, "page_tokens": 
 @pytest.fixture(scope="module")
 def images(tiny_pack, tmp_path_factory):
     return {
-        t: tier_image(tiny_pack, tmp_path_factory.mktemp(t), t) for t in ("device", "host", "mixed", "nvme")
+        t: tier_image(tiny_pack, tmp_path_factory.mktemp(t), t)
+        for t in ("device", "host", "mixed", "nvme", "cold")
     }
 
 
@@ -49,7 +51,7 @@ def _run(image, graphs: bool, check=None) -> torch.Tensor:
 def test_off_device_tiers_give_the_device_tiers_bits(images):
     want = _run(images["device"], graphs=True)
     assert torch.equal(_run(images["device"], graphs=False), want)  # the baseline's own graph == eager
-    for tier in ("host", "mixed", "nvme"):
+    for tier in ("host", "mixed", "nvme", "cold"):
         for graphs in (True, False):
             got = _run(images[tier], graphs)
             assert torch.equal(got, want), f"{tier}, graphs {graphs}: {(got - want).abs().max()}"
@@ -66,3 +68,16 @@ def test_the_host_tier_and_the_staging_are_page_locked(images):
         assert all(t.is_cuda for t in staging.tables.values())
 
     _run(images["host"], graphs=True, check=check)
+
+
+def test_cold_expert_tables_are_read_in_place_from_mapped_host_memory(images):
+    def check(booted, runner):
+        off = booted.off_device
+        table = runner.forward.weights.experts("layers.1").w1.trellis
+        host = off.host.raw("layers.1.ffn.experts.w1.trellis")
+        assert table.is_cuda and host.is_pinned() and "layers.1.ffn.experts.w1.trellis" not in booted.arena
+        assert torch.equal(table.reshape(-1).view(torch.uint8).cpu(), host)
+        hot = runner.forward.weights.experts("layers.0").w1.trellis.data_ptr()
+        assert any(c.data_ptr() <= hot < c.data_ptr() + c.numel() for c in booted.arena.chunks)
+
+    _run(images["cold"], graphs=True, check=check)
