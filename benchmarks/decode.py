@@ -19,7 +19,7 @@ over the efficiency (floor / time) the slice's layers reached, plus the measured
 kernels of an eager one-row step (torch.profiler) over the slice's layers. On the CPU (`--device cpu`, the tiny
 image) everything runs on the kernels' torch references at small sizes: a check of the script, no figure.
 
---host-experts: whole Flash on one H200 keeps the routed experts of 13 of its 43 layers in pinned host memory
+--host-experts: whole Flash on one H200 keeps the routed experts of 13 of its 40 layers in pinned host memory
 (`tfc plan --gpu-memory-gib 141 --tp 1`, benchmarks/results/plan/flash_tp1_h200.json), where the MoE kernels read
 the picked experts over PCIe. A 3-layer slice is prepared twice, all on the device and with every layer's routed
 experts in host memory (the pack made once, 50 GB of disk at the peak); 1 and 16 rows are timed on both, and the
@@ -313,7 +313,9 @@ def host_experts(run, device: str, work: Path, copy: float) -> None:
     context, rows_list = CONTEXT[device], [1, 16]
     hot_image, cold_image = host_expert_slices(work, 3, context, 16)
     cold_layers = RankManifest.load(cold_image).plan["placement"]["cold_layers"]
-    flash_cold = len(json.loads(ONE_H200_PLAN.read_text())["placement"]["cold_layers"])
+    plan = json.loads(ONE_H200_PLAN.read_text())
+    flash_cold = len(plan["placement"]["cold_layers"])
+    flash_layers = sum(1 for b in plan["ranks"][0]["layers"] if b["block"].startswith("layers."))
     hot = step_times(build(hot_image, device, tokens=context + 2048), device, rows_list, context, copy)
     cold_runner = build(cold_image, device, tokens=context + 2048)
     layers = cold_runner.forward.cfg.num_hidden_layers
@@ -331,7 +333,7 @@ def host_experts(run, device: str, work: Path, copy: float) -> None:
               f"{rows / step:,.1f} tok/s projected (all in HBM: {hot[rows]['flash_tok_s']:,.1f})", flush=True)  # fmt: skip
     run.data["host_experts"] = out
     limit = (f"the same projection with every expert in HBM: {out[1]['flash_all_device_tok_s']:,.1f} tok/s; "
-             f"{flash_cold} of 43 layers' experts read over PCIe ({out['pinned_h2d_gbps']:,.1f} GB/s pinned copy "
+             f"{flash_cold} of {flash_layers} layers' experts read over PCIe ({out['pinned_h2d_gbps']:,.1f} GB/s pinned copy "
              "rate this run); no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
     run.metric(
         "decode.whole_flash_tok_s.one_gpu_streams1", out[1]["flash_one_gpu_tok_s"], "tok/s", None, limit

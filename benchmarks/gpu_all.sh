@@ -6,6 +6,8 @@
 # benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
 # packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
+# The part `host-experts` (decode.py --host-experts: whole Flash on one GPU, its own 3-layer slices made twice,
+# ~50 GB of disk) runs only when named, in a call of its own with the 4-layer slice absent.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
@@ -37,7 +39,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 COMMON=(--json ${COMMIT:+--commit "$COMMIT"})
 
 IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
-if [ -z "$IMG" ]; then
+if [ "$PARTS" = host-experts ]; then
+  timeout $(( DEADLINE - 30 )) python3 benchmarks/decode.py --host-experts --work "$WORK/cold" "${COMMON[@]}"
+  echo "== host-experts: exit $? ($(( $(date +%s) - START )) s)"; rm -rf "$WORK/cold"
+elif [ -z "$IMG" ]; then
   echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
   (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
     && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
