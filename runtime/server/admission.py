@@ -2,8 +2,8 @@
 that each route puts in its API's error shape; and a stream drained into its pieces.
 
 The chat completions, completions, Messages and Responses routes all come here: the last two translate their
-body into the chat completion it means first. A route counts the request before it reads the server's status
-(the drain's race rule), then asks `not_ready` and `admit`.
+body into the chat completion it means first. A route counts the request (`InFlight`) before it reads the
+server's status (the drain's race rule), then asks `not_ready` and `admit`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,28 @@ from tfc.runtime.server import chat as chats
 from tfc.runtime.server.logprob_view import TokenNames
 from tfc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Sampling
 from tfc.runtime.server.state import ServerState
+
+
+class InFlight:
+    """One generation request counted in `state.inflight` from its arrival until its reply is done; a stream that
+    takes the reply over (`hand_off`) gives the count back when it ends."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state, self.handed_off = state, False
+
+    def __enter__(self) -> InFlight:
+        self.state.inflight += 1
+        if self.state.after_count is not None:
+            self.state.after_count()
+        return self
+
+    def hand_off(self) -> None:
+        """The reply's stream now holds the count."""
+        self.handed_off = True
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.handed_off:
+            self.state.inflight -= 1
 
 
 class Refusal(Exception):

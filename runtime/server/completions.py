@@ -12,7 +12,7 @@ from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.request import Event
 from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
-from tfc.runtime.server.admission import Job, Refusal, admit, drain, not_ready, wrong_model
+from tfc.runtime.server.admission import InFlight, Job, Refusal, admit, drain, not_ready, wrong_model
 from tfc.runtime.server.errors import error_body, error_response, refused
 from tfc.runtime.server.logprob_view import chat_entries, completion_logprobs, echoed_logprobs
 from tfc.runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -21,11 +21,7 @@ from tfc.runtime.server.state import ServerState
 
 async def generation(state: ServerState, body: ChatCompletionRequest | CompletionRequest, chat: bool):
     """Serve one generation body: admission first, then a JSON reply or an SSE stream."""
-    state.inflight += 1
-    handed_off = False
-    try:
-        if state.after_count is not None:
-            state.after_count()
+    with InFlight(state) as flight:
         if state.status != "ready":
             return refused(not_ready(state))
         wrong = wrong_model(state, body.model)
@@ -38,16 +34,13 @@ async def generation(state: ServerState, body: ChatCompletionRequest | Completio
         state.metrics.requests.inc()
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            handed_off = True
+            flight.hand_off()
             return StreamingResponse(
                 _stream(state, streams, job, include_usage),
                 media_type="text/event-stream",
                 headers=sse.HEADERS,
             )
         return await _collect(state, streams, job)
-    finally:
-        if not handed_off:
-            state.inflight -= 1
 
 
 DRAFT_COUNTS = ("drafts", "draft_tokens", "accepted_tokens")

@@ -18,7 +18,7 @@ from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.request import Event, PromptError
 from tfc.runtime.server import chat as chats
 from tfc.runtime.server import sse
-from tfc.runtime.server.admission import BadRequest, Refusal, admit, drain, not_ready
+from tfc.runtime.server.admission import BadRequest, InFlight, Refusal, admit, drain, not_ready
 from tfc.runtime.server.messages_errors import OVERLOADED, error_body, error_response, refused
 from tfc.runtime.server.messages_protocol import CountTokensRequest, MessagesRequest, parse
 from tfc.runtime.server.messages_reply import MessageBlocks, usage
@@ -72,11 +72,7 @@ def _wrong_model(state: ServerState, model: str | None) -> JSONResponse | None:
 
 async def create_message(state: ServerState, raw: bytes):
     """Serve one Messages body: admission first, then a message or its event stream."""
-    state.inflight += 1
-    handed_off = False
-    try:
-        if state.after_count is not None:
-            state.after_count()
+    with InFlight(state) as flight:
         if state.status != "ready":
             return refused(not_ready(state))
         translated = None
@@ -92,14 +88,11 @@ async def create_message(state: ServerState, raw: bytes):
         state.metrics.requests.inc()
         reply = _Reply(state, "msg_" + secrets.token_hex(12), len(job.prompts[0]), translated.show_thinking)
         if body.stream:
-            handed_off = True
+            flight.hand_off()
             return StreamingResponse(
                 reply.events(stream), media_type="text/event-stream", headers=sse.HEADERS
             )
         return await reply.whole(stream)
-    finally:
-        if not handed_off:
-            state.inflight -= 1
 
 
 def _named(translated: Translated | None, message: str, param: str | None) -> str:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from fastapi.responses import JSONResponse, StreamingResponse
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.server import sse
-from tfc.runtime.server.admission import Refusal, admit, drain, not_ready, wrong_model
+from tfc.runtime.server.admission import InFlight, Refusal, admit, drain, not_ready, wrong_model
 from tfc.runtime.server.errors import error_response, refused
 from tfc.runtime.server.responses_input import Translation, translate
 from tfc.runtime.server.responses_output import OutputBuilder, item_id, response_object, usage
@@ -31,11 +31,7 @@ def _status(finish: str) -> tuple[str, dict | None]:
 
 async def create_response(state: ServerState, body: ResponsesRequest):
     """Serve one Responses body: admission first, then a response object or an SSE stream of events."""
-    state.inflight += 1
-    handed_off = False
-    try:
-        if state.after_count is not None:
-            state.after_count()
+    with InFlight(state) as flight:
         if state.status != "ready":
             return refused(not_ready(state))
         wrong = wrong_model(state, body.model)
@@ -55,13 +51,10 @@ async def create_response(state: ServerState, body: ResponsesRequest):
         rid, created = item_id("resp"), int(time.time())
         prompt = len(job.prompts[0])
         if body.stream:
-            handed_off = True
+            flight.hand_off()
             events = _events(state, stream, body, rid, created, prompt)
             return StreamingResponse(events, media_type="text/event-stream", headers=sse.HEADERS)
         return await _whole(state, stream, body, rid, created, prompt)
-    finally:
-        if not handed_off:
-            state.inflight -= 1
 
 
 async def _whole(state: ServerState, stream, body: ResponsesRequest, rid: str, created: int, prompt: int):
