@@ -28,8 +28,8 @@ from tfc.runtime.engine.pick import pick, prompt_logprobs, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
 from tfc.runtime.engine.scheduler import Running, plan_step, upcoming_chunks
-from tfc.runtime.worker.runner import ModelRunner, snapshots_of
-from tfc.runtime.worker.step import RowsUnavailable, SequenceStep, prefetch
+from tfc.runtime.worker.runner import ModelRunner, prefetch, snapshots_of
+from tfc.runtime.worker.step import RowsUnavailable, SequenceStep
 
 
 class Engine:

@@ -1,5 +1,5 @@
 """The model runner's contract: the methods every runner has, the capabilities it states, and the small protocols
-a stated capability adds (snapshots for the prefix cache, drafting, graph warm-up, stats).
+a stated capability adds (snapshots for the prefix cache, drafting, graph warm-up, stats, reading ahead).
 
 The engine and the worker branch on `RunnerCapabilities`, never on which attributes a runner happens to have:
 `snapshots_of(runner)` is the runner as its `Snapshots` exactly when it states `snapshot`, and so on. The worker
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
-from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan, Upcoming
 
 from tfc.errors import TfcError
 
@@ -32,6 +32,7 @@ class RunnerCapabilities:
     prompt_rows: bool = False
     warmup: bool = False  # it captures its first graphs before the first step (`GraphWarmup`)
     stats: bool = False  # it reports counters and notes (`Reports`)
+    prefetch: bool = False  # it reads what later prompt chunks need ahead of their steps (`Prefetches`)
 
 
 class ModelRunner(Protocol):
@@ -128,6 +129,15 @@ class Reports(Protocol):
         ...
 
 
+@runtime_checkable
+class Prefetches(Protocol):
+    """What `prefetch` adds: the prompt chunks later steps feed, told before this step runs."""
+
+    def prefetch(self, upcoming: tuple[Upcoming, ...]) -> None:
+        """Start reading what those chunks' rows need (off-device Engram records) while the steps run."""
+        ...
+
+
 class CapabilityMissing(TfcError):
     """A runner that states a capability without the methods it takes."""
 
@@ -147,10 +157,17 @@ def stats_of(runner: ModelRunner | None) -> dict:
     return cast(Reports, runner).stats() if runner is not None and runner.capabilities.stats else {}
 
 
+def prefetch(runner: ModelRunner, upcoming: tuple[Upcoming, ...]) -> None:
+    """Tell a runner that states `prefetch` the prompt chunks later steps feed (nothing for one that does not)."""
+    if upcoming and runner.capabilities.prefetch:
+        cast(Prefetches, runner).prefetch(upcoming)
+
+
 def check_capabilities(runner: ModelRunner, where: str) -> None:
     """Raise CapabilityMissing where a capability the runner states lacks the protocol it needs."""
     caps = runner.capabilities
-    stated = {Snapshots: caps.snapshot, Drafter: caps.draft, GraphWarmup: caps.warmup, Reports: caps.stats}
+    stated = {Snapshots: caps.snapshot, Drafter: caps.draft, GraphWarmup: caps.warmup, Reports: caps.stats,
+              Prefetches: caps.prefetch}  # fmt: skip
     missing = [
         protocol.__name__ for protocol, on in stated.items() if on and not isinstance(runner, protocol)
     ]

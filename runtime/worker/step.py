@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfc.errors import TfcError
 
@@ -88,10 +88,3 @@ class ModelInfo:
     bos_id: int | None
     eos_ids: tuple[int, ...]
     warnings: tuple[str, ...] = ()  # what a user must be told about how this model runs
-
-
-def prefetch(runner: Any, upcoming: tuple[Upcoming, ...]) -> None:
-    """Tell a runner that has a `prefetch` the prompt chunks later steps feed (a no-op for one without)."""
-    fn = getattr(runner, "prefetch", None)
-    if upcoming and callable(fn):
-        fn(upcoming)

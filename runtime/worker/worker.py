@@ -20,9 +20,10 @@ from tfc.runtime.worker.runner import (
     Snapshots,
     check_capabilities,
     drafter_of,
+    prefetch,
     snapshots_of,
 )
-from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan, Upcoming, prefetch
+from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan, Upcoming
 
 from tfc.errors import TfcError
 

@@ -88,19 +88,22 @@ class EveryMethod:
     def stats(self):
         return {"notes": ["stated"]}
 
+    def prefetch(self, upcoming):
+        self.asked.append("prefetch")
+
 
 class StepsOnly:
     """A runner that states capabilities it has no methods for."""
 
     info, capacity = EveryMethod.info, EveryMethod.capacity
-    capabilities = RunnerCapabilities(snapshot=True, draft=True, stats=True)
+    capabilities = RunnerCapabilities(snapshot=True, draft=True, stats=True, prefetch=True)
 
     def execute(self, plan): ...
 
     def release(self, slot): ...
 
 
-ALL = RunnerCapabilities(snapshot=True, draft=True, warmup=True, stats=True)
+ALL = RunnerCapabilities(snapshot=True, draft=True, warmup=True, stats=True, prefetch=True)
 
 
 def test_the_engine_goes_by_what_the_runner_states():
@@ -134,6 +137,29 @@ def _cached_lengths(capabilities: RunnerCapabilities) -> list[int]:
         engine.close()
 
 
+def _asked_to_prefetch(capabilities: RunnerCapabilities) -> bool:
+    """Whether the engine told the runner of a long prompt's later chunks."""
+    runner = EveryMethod(capabilities)
+    config = EngineConfig(max_seqs=2, max_context=64, chunk=4, draft=False)
+    engine = Engine(runner, type("Tok", (), {"decode": lambda *_, **__: ""})(), config)
+    engine.start()
+
+    async def go():
+        (stream,) = engine.submit([Request(tuple(range(1, 13)), SamplingParams(), 2)])
+        return [e async for e in stream][-1]
+
+    try:
+        assert asyncio.run(go()).finish == "length"
+        return "prefetch" in runner.asked
+    finally:
+        engine.close()
+
+
+def test_the_engine_reads_ahead_only_for_a_runner_that_states_it():
+    assert _asked_to_prefetch(RunnerCapabilities(prefetch=True))
+    assert not _asked_to_prefetch(RunnerCapabilities())
+
+
 def test_a_runner_whose_prompt_rows_differ_has_its_prompt_states_cached_only():
     assert _cached_lengths(RunnerCapabilities(snapshot=True)) == [4, 6, 8, 9]
     assert _cached_lengths(RunnerCapabilities(snapshot=True, prompt_rows=True)) == [4, 6]
@@ -143,7 +169,7 @@ def test_a_runner_stating_what_it_cannot_do_is_refused():
     check_capabilities(EveryMethod(ALL), "img")
     check_capabilities(EveryMethod(RunnerCapabilities()), "img")
     with pytest.raises(
-        CapabilityMissing, match=r"img: the StepsOnly states .*\(Snapshots, Drafter, Reports\)"
+        CapabilityMissing, match=r"img: the StepsOnly states .*\(Snapshots, Drafter, Reports, Prefetches\)"
     ):
         check_capabilities(StepsOnly(), "img")
 
@@ -157,7 +183,7 @@ def test_the_worker_refuses_a_runner_that_lies_and_states_its_runners_capabiliti
     try:
         family = worker.family
         worker.family = Family(family.name, lambda *_, **__: StepsOnly(), family.chat_format)
-        with pytest.raises(CapabilityMissing, match="Snapshots, Drafter, Reports"):
+        with pytest.raises(CapabilityMissing, match="Snapshots, Drafter, Reports, Prefetches"):
             worker.load_model(dtype=torch.float32, slots=2)
         worker.family = Family(family.name, lambda *_, **__: EveryMethod(ALL), family.chat_format)
         worker.load_model(dtype=torch.float32, slots=2)
@@ -178,6 +204,8 @@ def test_a_tp_leader_states_steps_only_and_the_ranks_prompt_rows():
     leader = Leader.__new__(Leader)  # no world: only what it states is read
     leader.worker = EveryMethod(replace(ALL, prompt_rows=True))
     caps = leader.capabilities
-    assert not (caps.snapshot or caps.draft or caps.warmup or caps.stats) and caps.prompt_rows
+    assert (
+        not (caps.snapshot or caps.draft or caps.warmup or caps.stats or caps.prefetch) and caps.prompt_rows
+    )
     assert caps.draft_note == "TP>1: the DSpark drafter runs at TP=1 only"
     assert snapshots_of(leader) is None and drafter_of(leader) is None

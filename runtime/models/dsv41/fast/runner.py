@@ -143,10 +143,11 @@ class FastRunner(DraftingRunner):
     def capabilities(self) -> RunnerCapabilities:
         """Snapshots, graph warm-up and stats always; drafting where a drafter was built; prompt rows on a path of
         their own with a prefill forward (a decoded state then differs in bits from the same tokens prefilled,
-        so the engine caches prompt states only)."""
+        so the engine caches prompt states only); reading ahead where Engram rows are off the device."""
         drafts = self.drafter is not None
         return RunnerCapabilities(snapshot=True, draft=drafts, draft_note="" if drafts else self.draft_note,
-                                  prompt_rows=self.prefill is not None, warmup=True, stats=True)  # fmt: skip
+                                  prompt_rows=self.prefill is not None, warmup=True, stats=True,
+                                  prefetch=self.forward.staging is not None)  # fmt: skip
 
     def _fed_tokens(self, slot: int) -> FedTokens | None:
         state = self._slots.get(slot)
