@@ -142,7 +142,8 @@ def _pin(arena: DeviceArena) -> Callable[[], None]:
     reg, done = Registrar(), []
     try:
         for chunk in arena.chunks:
-            reg.register(chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE | REGISTER_MAPPED)
+            reg.register(chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE | REGISTER_MAPPED, "host tier",
+                         "check the memlock limit (ulimit -l) or prepare with a smaller --host-memory-gib")  # fmt: skip
             done.append(chunk.data_ptr())
     except BaseException:
         for ptr in done:

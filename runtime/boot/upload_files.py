@@ -140,13 +140,14 @@ class Registrar:
 
         self._rt = torch.cuda.cudart()
 
-    def register(self, ptr: int, size: int, flags: int = REGISTER_READ_ONLY | REGISTER_PORTABLE) -> None:
+    def register(self, ptr: int, size: int, flags: int = REGISTER_READ_ONLY | REGISTER_PORTABLE,
+                 what: str = "", hint: str = "use --method ring") -> None:  # fmt: skip
         err = self._rt.cudaHostRegister(ptr, size, flags)
         code = int(getattr(err, "value", err))  # a pybind enum, or an int
         if code != 0:
-            kind = "read-only" if flags & REGISTER_READ_ONLY else "staging"
+            kind = what or ("read-only" if flags & REGISTER_READ_ONLY else "staging")
             raise UploadError(
-                f"cudaHostRegister ({kind}) of {size} bytes failed with CUDA error {code}; use --method ring"
+                f"cudaHostRegister ({kind}) of {size} bytes failed with CUDA error {code}; {hint}"
             )
 
     def unregister(self, ptr: int) -> None:
