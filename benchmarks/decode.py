@@ -4,7 +4,7 @@ and the whole-Flash decode rate it projects.
 
     python benchmarks/decode.py [--image IMG/rank0] [--rows 1,4,16,64,256] [--json]      # a few minutes on a GPU
     python benchmarks/decode.py --device cpu --image TINY/rank0                          # a smoke of the script
-    python benchmarks/decode.py --host-experts [--work DIR] [--json]                     # whole Flash on one GPU
+    python benchmarks/decode.py --host-experts [--json]                                  # whole Flash on one GPU
 
 IMG is `tfc fixture flash-random --layers 4` prepared (22 GB: the real per-layer shapes and expert widths);
 without --image one is made under --work first (~1 min, 44 GB of disk at the peak). Measured in the same run: the
@@ -21,10 +21,10 @@ image) everything runs on the kernels' torch references at small sizes: a check 
 
 --host-experts: whole Flash on one H200 keeps the routed experts of 13 of its 40 layers in pinned host memory
 (`tfc plan --gpu-memory-gib 141 --tp 1`, benchmarks/results/plan/flash_tp1_h200.json), where the MoE kernels read
-the picked experts over PCIe. A 3-layer slice is prepared twice, all on the device and with every layer's routed
-experts in host memory (the pack made once, 50 GB of disk at the peak); 1 and 16 rows are timed on both, and the
-whole-Flash projection above gains the cold layers' cost: each cold layer adds the slice's (cold - device) step
-time over its layers.
+the picked experts over PCIe. Flash's expert tables (w1, w3, w2 at its widths) are built once in HBM and once in
+page-locked host memory mapped as the boot maps it; the MoE of 1 and 16 rows (random picks, 16 sets back to back
+in a graph) is checked bit-equal between them and timed on both. Each cold layer adds (host - HBM) MoE time to
+the latest all-HBM whole-Flash step of summary.json (`decode.whole_flash_tok_s.streams1` / `streams16`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
 
 CONTEXT = {"cuda": 4096, "cpu": 256}
-GIB = 1 << 30
 ONE_H200_PLAN = Path(__file__).resolve().parent / "results" / "plan" / "flash_tp1_h200.json"
 PEERS = "~570 tok/s one-H200 bandwidth bound; vLLM 123 (4x RTX PRO 6000), SGLang ~590 (V4-Flash, 4x H200)"
 
@@ -280,66 +280,90 @@ def kernels_a_step(runner, device: str, context: int) -> dict:
 # -- whole Flash on one GPU: cold experts in host memory --------------------------------------------------------
 
 
-def host_expert_slices(folder: Path, layers: int, context: int, seqs: int) -> tuple[Path, Path]:
-    """A slice pack prepared all on the device and with every layer's routed experts in host memory (the budget
-    `tfc plan` says leaves every expert table off the device); the pack removed after. Their rank folders."""
+def moe_tables(device: str, mapped: bool, seed: int = 5):
+    """Flash's w1 / w3 / w2 expert tables (ragged 2-6-bit, as kernels.py builds them), their trellis in device
+    memory or, `mapped`, in page-locked host memory the GPU reads in place (the boot's own mapping)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+    from tfc.kernels.exl3.expert_table import ExpertTable
+    from tfc.runtime.boot.mapped import REGISTER_MAPPED, device_alias
+    from tfc.runtime.boot.upload_files import REGISTER_PORTABLE, Registrar
+
+    import kernels as kb
+
+    d, inter, routed, _ = kb.MOE_DIMS["cuda"]
+    gen, rng = torch.Generator(device=device).manual_seed(seed), np.random.default_rng(seed)
+    widths = [*rng.choice([2, 3, 4, 5], size=routed, p=[0.45, 0.35, 0.15, 0.05]).tolist(), 6]
+    tables, held = [], []
+    for dims in ((d, inter), (d, inter), (inter, d)):
+        table = ExpertTable.build([kb.rand_group(device, *dims, b, gen) for b in widths], layout="ragged")
+        if mapped:
+            host = table.trellis.cpu()
+            Registrar().register(
+                host.data_ptr(), host.numel(), REGISTER_PORTABLE | REGISTER_MAPPED, "host experts"
+            )
+            held.append(host)
+            table = dataclasses.replace(table, trellis=device_alias(host, device))
+        tables.append(table)
+    return tables, held
+
+
+def host_experts(run, device: str) -> None:
+    """The MoE of Flash's expert tables read over PCIe against the same in HBM, at 1 and 16 rows, and whole Flash on
+    one GPU projected from the latest all-HBM decode figures plus the plan's cold layers' extra MoE time."""
     import json
-    import subprocess
 
-    pack = folder / "pack"
-    c.tfc("fixture", "flash-random", str(pack), "--layers", str(layers), "-j", "16")
-    size = ("--overhead-gib", "0", "--max-context", str(context), "--max-seqs", str(seqs))
-    bare = json.loads(c.tfc("plan", str(pack), "--json"))["ranks"][0]["layers"]
-    placed = json.loads(c.tfc("plan", str(pack), "--gpu-memory-gib", "100000", *size, "--json"))["placement"]
-    # a layer's expert table holds its shared expert too: the whole table moves
-    tables = [b["bytes"] for b in bare if b["block"].startswith("layers.")]
-    routed = [t["routed_trellis"] + t["shared_trellis"] for t in tables]
-    rows = sum(b["bytes"]["engram_rows"] for b in bare)  # placed off the device once any expert is
-    gpu = (placed["ranks"][0]["device"] - sum(routed) - rows + placed["kv_bytes"] + min(routed) // 2) / GIB
-    images = []
-    for name, extra in (("device", ()), ("host", ("--gpu-memory-gib", f"{gpu:.6f}", *size))):
-        image = Path(c.tfc("prepare", str(pack), "--store", str(folder / name), *extra))
-        images.append(image / "rank0" if (image / "rank0").is_dir() else image)
-    subprocess.run(["rm", "-rf", str(pack)], check=True)
-    return images[0], images[1]
+    import _summary
+    import numpy as np
+    import torch
+    from tfc.kernels.exl3.moe import moe_exl3
 
+    import kernels as kb
 
-def host_experts(run, device: str, work: Path, copy: float) -> None:
-    """Whole Flash on one GPU with the plan's cold layers: a slice timed all on the device and all cold."""
-    import json
-
-    from tfc.cache.format import RankManifest
-
-    context, rows_list = CONTEXT[device], [1, 16]
-    hot_image, cold_image = host_expert_slices(work, 3, context, 16)
-    cold_layers = RankManifest.load(cold_image).plan["placement"]["cold_layers"]
+    d, _, routed, topk = kb.MOE_DIMS["cuda"]
     plan = json.loads(ONE_H200_PLAN.read_text())
     flash_cold = len(plan["placement"]["cold_layers"])
     flash_layers = sum(1 for b in plan["ranks"][0]["layers"] if b["block"].startswith("layers."))
-    hot = step_times(build(hot_image, device, tokens=context + 2048), device, rows_list, context, copy)
-    cold_runner = build(cold_image, device, tokens=context + 2048)
-    layers = cold_runner.forward.cfg.num_hidden_layers
-    if cold_layers != list(range(layers)):
-        raise RuntimeError(f"the host-expert slice keeps layers {cold_layers} cold, not all {layers}")
-    cold = step_times(cold_runner, device, rows_list, context, copy)
-    out = {"slice_layers": layers, "flash_cold_layers": flash_cold, "pinned_h2d_gbps": c.pinned_h2d_gbps()}
-    for rows in rows_list:
-        per_layer = (cold[rows]["step_s"] - hot[rows]["step_s"]) / layers
-        step = hot[rows]["flash_step_s"] + flash_cold * per_layer
-        out[rows] = {"device_step_s": hot[rows]["step_s"], "host_step_s": cold[rows]["step_s"],
-                     "cold_layer_s": per_layer, "flash_all_device_tok_s": hot[rows]["flash_tok_s"],
-                     "flash_one_gpu_step_s": step, "flash_one_gpu_tok_s": rows / step}  # fmt: skip
-        print(f"[host experts] {rows} rows: a cold layer adds {per_layer * 1e6:,.0f} µs; whole Flash on one GPU "
-              f"{rows / step:,.1f} tok/s projected (all in HBM: {hot[rows]['flash_tok_s']:,.1f})", flush=True)  # fmt: skip
+    latest = {m["id"]: m for m in _summary.load_summary()["metrics"]}
+    on_device, _ = moe_tables(device, False)
+    on_host, held = moe_tables(device, True)
+    rng, gen = np.random.default_rng(6), torch.Generator(device=device).manual_seed(6)
+    out = {
+        "flash_cold_layers": flash_cold,
+        "flash_layers": flash_layers,
+        "pinned_h2d_gbps": c.pinned_h2d_gbps(),
+    }
+    for rows in (1, 16):
+        x = torch.randn(rows, d, device=device, generator=gen).to(torch.bfloat16)
+        wts = torch.rand(rows, topk, device=device, generator=gen) + 0.05
+        id_sets = [torch.from_numpy(np.stack([rng.choice(routed, topk, replace=False) for _ in range(rows)])).to(device)
+                   for _ in range(16)]  # fmt: skip
+        got = [moe_exl3(x, id_sets[0], wts, *t) for t in (on_device, on_host)]
+        if not torch.equal(got[0], got[1]):
+            raise RuntimeError(
+                f"the MoE over host-mapped tables differs from HBM at {rows} rows: nothing is timed"
+            )
+        times = [kb.per_call(device, [partial(moe_exl3, x, ids, wts, *t) for ids in id_sets])
+                 for t in (on_device, on_host)]  # fmt: skip
+        hot = latest[f"decode.whole_flash_tok_s.streams{rows}"]
+        step = rows / hot["value"] + flash_cold * (times[1] - times[0])
+        distinct = statistics.mean(len(set(ids.flatten().tolist())) for ids in id_sets)
+        out[rows] = {"moe_device_s": times[0], "moe_host_s": times[1], "distinct_experts": distinct,
+                     "flash_all_device_tok_s": hot["value"], "all_device_figure": f"{hot['hardware']}, {hot['date']}",
+                     "flash_one_gpu_tok_s": rows / step}  # fmt: skip
+        print(f"[host experts] {rows} rows: the MoE {times[0] * 1e6:,.0f} µs from HBM, {times[1] * 1e6:,.0f} µs over "
+              f"PCIe; whole Flash on one GPU {rows / step:,.1f} tok/s projected (all in HBM: {hot['value']})",
+              flush=True)  # fmt: skip
+    del held
     run.data["host_experts"] = out
-    limit = (f"the same projection with every expert in HBM: {out[1]['flash_all_device_tok_s']:,.1f} tok/s; "
-             f"{flash_cold} of {flash_layers} layers' experts read over PCIe ({out['pinned_h2d_gbps']:,.1f} GB/s pinned copy "
-             "rate this run); no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
-    run.metric(
-        "decode.whole_flash_tok_s.one_gpu_streams1", out[1]["flash_one_gpu_tok_s"], "tok/s", None, limit
-    )
-    run.metric("decode.whole_flash_tok_s.one_gpu_streams16", out[16]["flash_one_gpu_tok_s"], "tok/s", None,
-               f"all in HBM: {out[16]['flash_all_device_tok_s']:,.1f} tok/s")  # fmt: skip
+    for rows in (1, 16):
+        o = out[rows]
+        run.metric(f"decode.whole_flash_tok_s.one_gpu_streams{rows}", o["flash_one_gpu_tok_s"], "tok/s", None,
+                   f"all in HBM {o['flash_all_device_tok_s']} tok/s ({o['all_device_figure']}); {flash_cold} of "
+                   f"{flash_layers} layers' MoE over PCIe, {o['moe_host_s'] * 1e6:,.0f} against "
+                   f"{o['moe_device_s'] * 1e6:,.0f} µs; no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
 
 
 def main() -> None:
@@ -354,7 +378,7 @@ def main() -> None:
         "--rows", default="1,4,16,64,256", help="rows a step, comma-separated (default: 1,4,16,64,256)"
     )
     ap.add_argument("--host-experts", action="store_true",
-                    help="whole Flash on one GPU: time a slice with its routed experts in host memory (CUDA)")  # fmt: skip
+                    help="whole Flash on one GPU: the MoE over expert tables in host memory (CUDA)")  # fmt: skip
     args = ap.parse_args()
     try:
         rows_list = [int(r) for r in args.rows.split(",")]
@@ -372,8 +396,7 @@ def main() -> None:
         torch.set_num_threads(1)
     run = c.Run("decode", "decode.py", device, args.commit)
     if args.host_experts:
-        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tfc-slice-"))
-        host_experts(run, device, work, c.copy_gbps(device))
+        host_experts(run, device)
         run.finish(args.json)
         return
     context = CONTEXT[device]

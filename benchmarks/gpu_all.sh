@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The GPU benchmarks in sequence on one GPU machine: the Flash slice made once (kept in $WORK for later calls), then
-# decode, prefill, serve, drafting, kernels, prefix cache and boot with --json, each under its own time limit and
+# decode, prefill, serve, drafting, kernels, prefix cache, boot and host experts with --json, each under its own time limit and
 # all within DEADLINE seconds (570: a 10-minute device call, less the packing); a part with under 45 s left is
 # skipped and says so. About 9 minutes on an H100 from a bare machine. Results land under
 # benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
 # packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
-# The part `host-experts` (decode.py --host-experts: whole Flash on one GPU, its own 3-layer slices made twice,
-# ~50 GB of disk) runs only when named, in a call of its own with the 4-layer slice absent.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
@@ -16,7 +14,7 @@ set -u
 cd "$(dirname "$0")/.."
 COMMIT=${1:-}
 [ $# -gt 0 ] && shift
-PARTS=${*:-decode prefill serve drafting kernels prefix boot}
+PARTS=${*:-decode prefill serve drafting kernels prefix boot host-experts}
 OUT=${OUT:-}
 WORK=${WORK:-/tmp/tfcbench}
 DEADLINE=${DEADLINE:-570}
@@ -39,10 +37,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 COMMON=(--json ${COMMIT:+--commit "$COMMIT"})
 
 IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
-if [ "$PARTS" = host-experts ]; then
-  timeout $(( DEADLINE - 30 )) python3 benchmarks/decode.py --host-experts --work "$WORK/cold" "${COMMON[@]}"
-  echo "== host-experts: exit $? ($(( $(date +%s) - START )) s)"; rm -rf "$WORK/cold"
-elif [ -z "$IMG" ]; then
+if [ -z "$IMG" ]; then
   echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
   (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
     && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
@@ -68,6 +63,7 @@ part drafting 120 python3 benchmarks/drafting.py --image "$IMG" "${COMMON[@]}"
 part kernels 120 python3 benchmarks/kernels.py "${COMMON[@]}"
 part prefix 150 python3 benchmarks/prefix_cache.py --device cuda --image "$IMG" --tokens 16000 --reps 1 "${COMMON[@]}"
 part boot 120 python3 benchmarks/boot.py --image "$IMG" --reps 2 --no-safetensors "${COMMON[@]}"
+part host-experts 120 python3 benchmarks/decode.py --host-experts "${COMMON[@]}"
 echo "== done ($(( $(date +%s) - START )) s)"
 
 if [ -n "$OUT" ]; then

@@ -48,6 +48,8 @@ def device_alias(host: Any, device: str) -> Any:
     import torch
 
     dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         alias = torch.as_tensor(_DeviceRange(device_pointer(host.data_ptr()), host.numel()), device=dev)
         probe = min(host.numel(), 4096)
