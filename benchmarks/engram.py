@@ -217,7 +217,7 @@ def main() -> None:
     run.metric("engram.host_step_share", shares["host"], "fraction", "<= 0.10",
                f"{step}; the device-resident gather {shares['device']:.2%}")  # fmt: skip
     run.metric("engram.nvme_step_share", shares["nvme_warm"], "fraction", "<= 0.25",
-               f"{step}, the LRU warm; every record read cold {shares['nvme']:.2%} ({record_file.method})")  # fmt: skip
+               f"{step}, the LRU warm; every record read cold {shares['nvme']:.2%} ({out['nvme']['reads']})")  # fmt: skip
     if "prefill" in out:
         pre = out["prefill"]
         run.metric("engram.nvme_prefill_overhead", pre["prefetch_s"] / pre["steps_s"] - 1, "fraction", None,
