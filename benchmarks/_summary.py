@@ -148,7 +148,7 @@ def render_table(doc: dict) -> str:
             " / ".join(dict.fromkeys(short_hardware(m["hardware"]) for m in ms if m["value"] is not None))
             or "—"
         )
-        lines.append(f"| {what} | {measured} | {target} | {on} | [{page}](benchmarks/{page}) |")
+        lines.append(f"| {what} | {measured} | {target} | {on} | [{page}](benchmarks/summaries/{page}) |")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""Every relative link in the README, docs/ and the benchmark summaries points to a file that exists."""
+"""Every relative link in the README, docs/ and the benchmark pages points to a file that exists."""
 
 import re
 from pathlib import Path
@@ -15,6 +15,7 @@ def _documents() -> list[Path]:
         ROOT / "README.md",
         *sorted((ROOT / "docs").glob("*.md")),
         *sorted((ROOT / "benchmarks").glob("*.md")),
+        *sorted((ROOT / "benchmarks" / "summaries").glob("*.md")),
     ]
 
 

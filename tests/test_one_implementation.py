@@ -68,6 +68,12 @@ def test_no_benchmark_patches_a_kernel_module():
     assert found == []
 
 
+def test_the_benchmarks_folder_stays_small_at_its_top():
+    # one script a topic, their shared helpers and the summary; pages, probes and raw runs in their folders
+    top = [p.name for p in (ROOT / "benchmarks").iterdir() if p.is_file() and not p.name.startswith(".")]
+    assert len(top) <= 16, sorted(top)
+
+
 def test_the_checks_see_a_switch_and_a_patch(tmp_path):
     """The checks above find what they are for (a check that finds nothing proves nothing)."""
     assert SWITCH.search("FAST = True  # on\n") and SWITCH.search("X: bool = False\n")

@@ -149,7 +149,7 @@ def _moe_down_kernel(
 @dataclass(frozen=True)
 class MoeConfig:
     """Launch choices (None = chosen from the shape) and the tuned values those choices follow
-    (benchmarks/kernels.md)."""
+    (benchmarks/summaries/kernels.md)."""
 
     split_gate_up: int | None = None
     split_down: int | None = None

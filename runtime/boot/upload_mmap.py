@@ -13,7 +13,7 @@ waiting for a slot, copying and issuing. `copier="native"` (the default where it
 the same loop on C threads (runtime/boot/upload_native.py) with all slots made up front: no interpreter lock
 per piece, so a ring small enough for the host's last-level cache pays. The options measured slower and dropped
 (per-piece prefault, one issuer thread, torch's pinned slots, ...) are in git (benchmarks/boot_variants.py at
-e78a622); the numbers are in benchmarks/boot.md.
+e78a622); the numbers are in benchmarks/summaries/boot.md.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def cpu_threads() -> int:
 # The Python copy loop's best ring on the H200 host, the warm default where the native copier cannot run.
 WARM_MMAP = MmapStaging(threads=16)
 # The warm default: the loop on C threads with a 96 MiB ring that the host's last-level cache holds while the
-# DMA reads it (benchmarks/boot.md).
+# DMA reads it (benchmarks/summaries/boot.md).
 WARM_NATIVE = MmapStaging(threads=12, slot_bytes=4 << 20, copier="native")
 
 
