@@ -51,9 +51,11 @@ def device_alias(host: Any, device: str) -> Any:
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
-        alias = torch.as_tensor(_DeviceRange(device_pointer(host.data_ptr()), host.numel()), device=dev)
+        pointer = device_pointer(host.data_ptr())
+        alias = torch.as_tensor(_DeviceRange(pointer, host.numel()), device=dev)
         probe = min(host.numel(), 4096)
-        if alias.device != dev or not torch.equal(alias[:probe].cpu(), host[:probe]):
+        # the same address (torch made no device copy), and the host's bytes read through it
+        if alias.data_ptr() != pointer or not torch.equal(alias[:probe].cpu(), host[:probe]):
             raise HostMappingError(f"mapped host memory does not read back through {dev}'s address space")
     return alias
 
