@@ -55,8 +55,8 @@ class PickConfig:
     """Launch values of split3 and select (any of them gives the same bits)."""
 
     split_block: int = 2048  # elements per split3 program
-    # select's warps a row: one per this many columns, up to 16 (benchmarks/summaries/decode.md; its keys are distinct, so
-    # any count gives the same picks)
+    # select's warps a row: one per this many columns, up to 16 (benchmarks/summaries/decode.md; its keys are
+    # distinct, so any count gives the same picks)
     select_columns_a_warp: int = 64
 
 

@@ -80,7 +80,8 @@ class GemmConfig:
         use_dot = self.use_dot if self.use_dot is not None else (rows > 1 and not fma_rows) or self.row_free
         runs = not use_dot and runs_ok
         mp = next_pow2(rows)
-        # (block_k, tiles per element, warps, programs per SM): the H200's best (benchmarks/summaries/kernels.md).
+        # (block_k, tiles per element, warps, programs per SM): the H200's best
+        # (benchmarks/summaries/kernels.md)
         if use_dot:  # 8 warps x 2/SM up to 4 rows; 4 warps x 4/SM at 8 and 16 rows
             many = rows > self.run_rows_max or self.row_free
             bk, tiles, warps, waves = (32, 4, 4, 4.0) if many else (32, 4, 8, 2.0)

@@ -1,8 +1,8 @@
 """Start the CUDA driver and the device's primary context on a thread while the boot imports torch.
 
 A fresh process's first CUDA call pays the driver's start and the primary context; a thread can make that
-context while torch imports, so the boot no longer waits for it (benchmarks/summaries/boot.md). torch's runtime attaches
-to that same primary context, so nothing else changes. Without a driver or a device the thread does nothing: torch's own start then reports the problem.
+context while torch imports, so the boot no longer waits for it (benchmarks/summaries/boot.md). torch's runtime
+attaches to that same primary context, so nothing else changes. Without a driver or a device the thread does nothing: torch's own start then reports the problem.
 """
 
 from __future__ import annotations

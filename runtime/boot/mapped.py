@@ -1,5 +1,6 @@
-"""Page-locked host memory as the GPU addresses it: a CUDA tensor over the device pointer of a mapped host range,
-so a kernel reads host-tier segments (cold expert tables) over PCIe through the same code as arena segments."""
+"""Page-locked host memory as the GPU addresses it: a CUDA tensor over the device pointer of a mapped host
+range, so a kernel reads host-tier segments (cold expert tables) over PCIe through the same code as arena
+segments."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def device_pointer(host_ptr: int) -> int:
 
 
 def device_alias(host: Any, device: str) -> Any:
-    """A uint8 CUDA tensor on `device` over a page-locked, mapped host uint8 tensor's bytes (reads cross PCIe)."""
+    """A uint8 CUDA tensor on `device` over a page-locked, mapped host uint8 tensor's bytes (reads cross
+    PCIe)."""
     import torch
 
     dev = torch.device(device)

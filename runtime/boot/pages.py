@@ -38,8 +38,8 @@ def resident_fraction(paths, samples: int = 4096, windows: int = 256) -> float:
     """Fraction of the files' pages in the page cache, from about `samples` pages in `windows` evenly spread runs.
 
     mincore on a fresh read-only map of each file reads no page. A probe of every page walks the page
-    cache once per 4 KiB, too slow for a boot on a large image (benchmarks/summaries/boot.md); a few thousand pages in
-    a few hundred calls decide between a warm and a cold upload just as well, and images with fewer pages
+    cache once per 4 KiB, too slow for a boot on a large image (benchmarks/summaries/boot.md); a few thousand
+    pages in a few hundred calls decide between a warm and a cold upload just as well, and images with fewer pages
     than `samples` are probed page by page (exactly).
     """
     lib = libc()

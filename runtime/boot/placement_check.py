@@ -146,8 +146,9 @@ def refuse_off_device(m: RankManifest) -> None:
         nbytes = sum(s.length for s in off)
         raise TiersNotServed(
             f"rank {m.rank}: {len(off)} segment(s) ({_gib(nbytes)}, e.g. {off[0].name}) are placed in "
-            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves Engram rows (host, nvme) and expert "
-            "tables (host) off the device, every other segment from the device: prepare the image again with this tfc"
+            f"{' and '.join(sorted({s.tier for s in off}))}; this runtime serves Engram rows (host, nvme) and "
+            "expert tables (host) off the device, every other segment from the device: prepare the image again "
+            "with this tfc"
         )
 
 

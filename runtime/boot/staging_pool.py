@@ -1,8 +1,8 @@
 """Staging memory faulted in ahead of the upload, on a thread, while the boot imports torch and starts CUDA.
 
 Fresh anonymous memory faults in slowly enough that making the mmap path's ring inside the upload shows in a
-fresh process's upload phase (benchmarks/summaries/boot.md). `prefault` maps and populates the ring as one region on a
-daemon thread; the upload's first slot page-locks the whole region in one cudaHostRegister (instead of one per
+fresh process's upload phase (benchmarks/summaries/boot.md). `prefault` maps and populates the ring as one
+region on a daemon thread; the upload's first slot page-locks the whole region in one cudaHostRegister (instead of one per
 slot), every slot `take`s its piece, and `release` unlocks and unmaps the region after the boot.
 """
 

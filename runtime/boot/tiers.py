@@ -21,6 +21,7 @@ from tfc.runtime.records.reader import RecordConfig, RecordFile
 from tfc.runtime.records.source import FileRecords, RecordSource, TableRecords
 
 HOST, NVME = "host", "nvme"
+PIN_HINT = "check the memlock limit (ulimit -l) or prepare with a smaller --host-memory-gib"
 # layout -> the tiers off the device this runtime serves segments of that layout from
 SERVED_OFF_DEVICE = {LAYOUT_ENGRAM_ROWS: (HOST, NVME), LAYOUT_STACK: (HOST,), LAYOUT_RAGGED: (HOST,)}
 
@@ -33,13 +34,12 @@ def device_items(items: list[UploadItem], m: RankManifest) -> list[UploadItem]:
 
 @dataclass
 class OffDevice:
-    """The rank's host-tier segments (one host arena, and the same as the device addresses it) and its NVMe-tier
-    segments (their files, opened)."""
+    """The rank's host-tier segments (one host arena, and the same as the device addresses it) and its
+    NVMe-tier segments (their files, opened)."""
 
     host: DeviceArena | None = None
-    mapped: DeviceArena | None = (
-        None  # the host arena's views on the device (the host arena itself on the CPU)
-    )
+    # the host arena's views as the device addresses them (the host arena itself on the CPU)
+    mapped: DeviceArena | None = None
     files: dict[str, FileRecords] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     pinned: bool = False
@@ -142,8 +142,9 @@ def _pin(arena: DeviceArena) -> Callable[[], None]:
     reg, done = Registrar(), []
     try:
         for chunk in arena.chunks:
-            reg.register(chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE | REGISTER_MAPPED, "host tier",
-                         "check the memlock limit (ulimit -l) or prepare with a smaller --host-memory-gib")  # fmt: skip
+            reg.register(
+                chunk.data_ptr(), chunk.numel(), REGISTER_PORTABLE | REGISTER_MAPPED, "host tier", PIN_HINT
+            )
             done.append(chunk.data_ptr())
     except BaseException:
         for ptr in done:

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 METHODS = ("auto", "ring", "mmap", "register", "host")
 THREADS = 8  # readers or registration threads when not asked for (mmap: its own default)
-# Ring staging, chosen by the page-cache probe (benchmarks/summaries/boot.md): many small slots when the image is
-# cached, a few large reads in flight when it comes from disk.
+# Ring staging, chosen by the page-cache probe (benchmarks/summaries/boot.md): many small slots when the image
+# is cached, a few large reads in flight when it comes from disk.
 WARM_RING = (4 << 20, 4)
 COLD_RING = (64 << 20, 2)
 WARM_FRACTION = 0.9

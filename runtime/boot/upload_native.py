@@ -2,7 +2,8 @@
 
 The Python copy threads of upload_mmap take the interpreter's lock several times a piece, so small pieces
 (whose staging could stay in the host's last-level cache while the DMA reads it) cost more in lock waits than
-they save (benchmarks/summaries/boot.md). Here one ctypes call runs the whole loop on C threads with the lock released.
+they save (benchmarks/summaries/boot.md). Here one ctypes call runs the whole loop on C threads with the lock
+released.
 It is built on first use with the system C compiler (`$CC`, else `cc`; Triton's launcher needs one on every GPU
 host) into the TFC_NATIVE_CACHE folder (an internal setting, default ~/.cache/tfc/native), named by the source's
 digest, and loaded with ctypes. The CUDA driver calls go in as function pointers (libcuda's, or host-only

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from tfc.runtime.engine.detok import StopText
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
@@ -27,6 +26,7 @@ from tfc.runtime.engine.metrics import EngineMetrics
 from tfc.runtime.engine.pick import pick, prompt_logprobs, step_draws
 from tfc.runtime.engine.prefix_cache import open_prefix_cache
 from tfc.runtime.engine.request import Event, Rejected, Request, Usage
+from tfc.runtime.engine.request_check import check_request, reader_of
 from tfc.runtime.engine.scheduler import Running, plan_step, upcoming_chunks
 from tfc.runtime.worker.runner import ModelRunner, prefetch, snapshots_of
 from tfc.runtime.worker.step import RowsUnavailable, SequenceStep
@@ -77,32 +77,7 @@ class Engine:
             )
         if self.draining:
             raise Rejected(503, "server restarting: retry shortly", "server_restarting", 30)
-        context = min(self.config.max_context, self.info.context)
-        need = len(request.prompt) + request.max_tokens
-        if not request.prompt:
-            raise Rejected(400, "the prompt is empty", "invalid_request_error", param="prompt")
-        if need > context:
-            raise Rejected(
-                400,
-                f"This model's maximum context length is {context} tokens. However, you requested {need} tokens "
-                f"({len(request.prompt)} in the prompt, {request.max_tokens} for the completion).",
-                "context_length_exceeded",
-                param="messages",
-            )
-        if not 0 <= request.min_tokens <= request.max_tokens:
-            raise Rejected(
-                400,
-                f"min_tokens must lie in [0, max_tokens={request.max_tokens}], got {request.min_tokens}",
-                "invalid_request_error",
-                param="min_tokens",
-            )
-        if any(not 0 <= t < self.info.vocab_size for t in request.prompt):
-            raise Rejected(
-                400,
-                f"prompt token ids must lie in [0, {self.info.vocab_size})",
-                "invalid_request_error",
-                param="prompt",
-            )
+        check_request(request, min(self.config.max_context, self.info.context), self.info.vocab_size)
 
     def submit(self, requests: Sequence[Request]) -> list[Stream]:
         """Queue requests (all or none); their streams. Raises Rejected before anything was queued."""
@@ -122,7 +97,7 @@ class Engine:
                 )  # fmt: skip
             for r in requests:
                 queue: asyncio.Queue = asyncio.Queue()
-                reader = _reader(r, self.tokenizer)
+                reader = reader_of(r, self.tokenizer)
                 seq = EngineSeq(r, reader, pusher(loop, queue))
                 self._waiting.append(seq)
                 streams.append(Stream(self, seq, queue))
@@ -421,13 +396,6 @@ class Engine:
         self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
         seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs,
                        event.prompt_logprobs))  # fmt: skip
-
-
-def _reader(r: Request, tokenizer: Any) -> Any:
-    """The request's reader: its own (told min_tokens when set), or text with its stop strings held back."""
-    if r.reader is None:
-        return StopText(tokenizer, r.stop_strings, r.min_tokens)
-    return r.reader(min_tokens=r.min_tokens) if r.min_tokens else r.reader()
 
 
 def _why(error: Exception) -> str:

@@ -24,8 +24,8 @@ from tfc.runtime.server.state import ServerState
 
 
 class InFlight:
-    """One generation request counted in `state.inflight` from its arrival until its reply is done; a stream that
-    takes the reply over (`hand_off`) gives the count back when it ends."""
+    """One generation request counted in `state.inflight` from its arrival until its reply is done; a stream
+    that takes the reply over (`hand_off`) gives the count back when it ends."""
 
     def __init__(self, state: ServerState) -> None:
         self.state, self.handed_off = state, False

@@ -158,7 +158,7 @@ def stats_of(runner: ModelRunner | None) -> dict:
 
 
 def prefetch(runner: ModelRunner, upcoming: tuple[Upcoming, ...]) -> None:
-    """Tell a runner that states `prefetch` the prompt chunks later steps feed (nothing for one that does not)."""
+    """Tell a runner that states `prefetch` the prompt chunks later steps feed (none that does not)."""
     if upcoming and runner.capabilities.prefetch:
         cast(Prefetches, runner).prefetch(upcoming)
 

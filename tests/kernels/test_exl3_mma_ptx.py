@@ -324,14 +324,17 @@ def test_mma_config_resolves():
 def test_mma_gpu_defaults(rows, k, n, width, groups, wt):
     """On a GPU, integer widths take the mma decode from 2 rows and at one row from mma_wide_weights weights
     (a routed expert keeps the run decode); up to 8 rows with the weights as A, 4 groups from mma_wide_weights
-    (benchmarks/summaries/kernels.md); half-integer widths keep the matrix-unit gather; the interpreter never."""
+    (benchmarks/summaries/kernels.md); half-integer widths keep the matrix-unit gather; the interpreter
+    never."""
     from tfc.kernels.exl3.gemv import GemmConfig
 
     cfg = GemmConfig().resolved(rows, width, n, k, ptx=True)
     assert (cfg.mma, cfg.mma_wt) == (groups, wt)
-    # the partials summed apart: the mma decode from 2 rows, the run decode at one row (benchmarks/summaries/kernels.md)
+    # the partials summed apart: the mma decode from 2 rows, the run decode at one row
+    # (benchmarks/summaries/kernels.md)
     assert cfg.reduce_apart == (rows > 1 if groups else rows == 1 and width % 16 == 0)
-    if groups:  # programs per SM: 8 per group; with the weights as A on the head, 128 (benchmarks/summaries/kernels.md)
+    # programs per SM: 8 per group; with the weights as A on the head, 128 (benchmarks/summaries/kernels.md)
+    if groups:
         assert cfg.waves == (128.0 if wt and n > 32768 else 8.0 * groups)
     assert GemmConfig().resolved(rows, width, n, k, ptx=False).mma == 0
     assert GemmConfig(use_dot=True).resolved(rows, width, n, k, ptx=True).mma == 0  # asked-for paths stay

@@ -3,8 +3,8 @@
 EXL3 groups `<name>.trellis|suh|svh` (layout exl3.trellis.v1, codebook from the plan's attrs) become
 `Exl3Linear`s; expert tables `<block>.ffn.experts.<w1|w2|w3>.*` (stack or ragged, E routed entries then the
 shared expert) become the kernels' `ExpertTable`s (their offsets, widths and codebooks checked on the host
-once); natives are views of their stored dtype and shape; an expert table the plan placed in host memory is a view
-the device reads over PCIe (runtime/boot/mapped.py); Engram row shards are uint8 [rows, row bytes] views
+once); natives are views of their stored dtype and shape; an expert table the plan placed in host memory is a
+view the device reads over PCIe (runtime/boot/mapped.py); Engram row shards are uint8 [rows, row bytes] views
 with the row their shard starts at. Host-side assets (the Engram hash tables) are read from the image mapping.
 """
 

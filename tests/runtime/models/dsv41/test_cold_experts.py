@@ -1,6 +1,7 @@
-"""Cold experts on the CPU: the tiny pack prepared for a GPU too small for its routed expert tables keeps those of
-layers 1, 3, 5 and 7 in host memory; the boot places them there (not in the arena), the fast forward's MoE reads
-them in place and gives the all-device image's logits bit for bit, and the engine's tokens, solo and concurrent.
+"""Cold experts on the CPU: the tiny pack prepared for a GPU too small for its routed expert tables keeps
+those of layers 1, 3, 5 and 7 in host memory; the boot places them there (not in the arena), the fast
+forward's MoE reads them in place and gives the all-device image's logits bit for bit, and the engine's
+tokens, solo and concurrent.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def _serve(image, prompts) -> list[str]:
 
     w = Worker.start(image, device="cpu", options=RuntimeOptions(graphs=False))
     w.load_model(dtype=torch.float32, kind="fast", **FAST)
-    engine = Engine(w, image_tokenizer(w.booted.image, str(image)), EngineConfig(max_seqs=4, max_context=256,
-                                                                                chunk=16, draft=False))  # fmt: skip
+    config = EngineConfig(max_seqs=4, max_context=256, chunk=16, draft=False)
+    engine = Engine(w, image_tokenizer(w.booted.image, str(image)), config)
     engine.start()
 
     async def go():
