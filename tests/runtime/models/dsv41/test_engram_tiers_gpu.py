@@ -12,6 +12,7 @@ import pytest
 import torch
 from support.fast_steps import decode_alongside
 from support.tier_images import tier_image
+from tfc.runtime.boot.mapped import device_pointer
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +62,8 @@ def test_the_host_tier_and_the_staging_are_page_locked(images):
     def check(booted, runner):
         off = booted.off_device
         assert off.pinned and "pinned host memory" in off.note()
-        assert all(chunk.is_pinned() for chunk in off.host.chunks)
+        # cudaHostRegister'd memory: torch's is_pinned() knows only its own allocator's, the driver maps these
+        assert all(device_pointer(chunk.data_ptr()) for chunk in off.host.chunks)
         staging = runner.forward.staging
         assert sorted(staging.sources) == [0, 1]
         assert all(t.is_pinned() for t in staging.host.values())
@@ -75,7 +77,8 @@ def test_cold_expert_tables_are_read_in_place_from_mapped_host_memory(images):
         off = booted.off_device
         table = runner.forward.weights.experts("layers.1").w1.trellis
         host = off.host.raw("layers.1.ffn.experts.w1.trellis")
-        assert table.is_cuda and host.is_pinned() and "layers.1.ffn.experts.w1.trellis" not in booted.arena
+        assert table.is_cuda and "layers.1.ffn.experts.w1.trellis" not in booted.arena
+        assert table.data_ptr() == device_pointer(host.data_ptr())  # the kernels read the host bytes in place
         assert torch.equal(table.reshape(-1).view(torch.uint8).cpu(), host)
         hot = runner.forward.weights.experts("layers.0").w1.trellis.data_ptr()
         assert any(c.data_ptr() <= hot < c.data_ptr() + c.numel() for c in booted.arena.chunks)
