@@ -69,7 +69,13 @@ def build(image: Path, device: str, tokens: int, prefill_rows: int = 0, slots: i
     use_store_cache(booted.image.path, device)
     small = {} if device == "cuda" else {"context_step": 256, "page_tokens": 64}
     return build_fast(
-        booted, slots=slots, tokens_per_slot=tokens, engram=False, prefill_rows=prefill_rows, **small
+        booted,
+        slots=slots,
+        tokens_per_slot=tokens,
+        kv_tokens=slots * tokens,
+        engram=False,
+        prefill_rows=prefill_rows,
+        **small,
     )
 
 
@@ -207,12 +213,13 @@ def active_params(segments, cfg, model, head: bool = True) -> int:
 
 
 def head_time(runner, device: str, rows: int) -> float:
-    """The head alone as a step runs it (16 rows handed, `rows` live), graphed."""
+    """The head alone as a step runs it (whole 16-row chunks handed, `rows` live), graphed."""
     import torch
+    from tfc.runtime.models.dsv41.fast.graph_keys import chunked_rows
 
     lin = runner.forward.weights.linear("head")
-    x = torch.randn(16, lin.k, device=device)
-    live = rows if rows < 16 else None
+    x = torch.randn(chunked_rows(rows), lin.k, device=device)
+    live = rows if rows < x.shape[0] else None
     return c.timed(device, c.graphed(lambda: runner.forward.ops.linear(x, lin, live), device))
 
 
@@ -401,7 +408,7 @@ def main() -> None:
         return
     context = CONTEXT[device]
     image = open_image(args)
-    runner = build(image, device, tokens=context + 2048)
+    runner = build(image, device, tokens=context + 2048, slots=max(16, min(max(rows_list), max_step_rows())))
     copy = c.copy_gbps(device)
     run.data.update(image=str(image), image_bytes=runner.forward.weights.arena.nbytes, context=context,
                     layers=runner.forward.cfg.num_hidden_layers, copy_gbps=copy)  # fmt: skip

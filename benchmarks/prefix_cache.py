@@ -99,14 +99,14 @@ def restore_flash_kv(tokens: int, reps: int) -> dict:
     import torch
     from decode import flash_config
     from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
-    from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
+    from tfc.runtime.models.dsv41.fast.graph_keys import SEQ_ROWS
     from tfc.runtime.models.dsv41.fast.kv.layout import kv_layout
     from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
     from tfc.runtime.models.dsv41.fast.kv.snapshot import restore, snapshot
 
     cfg = flash_config()
     per_slot = tokens + 64
-    kv = KvMemory(kv_layout(cfg, MAX_ROWS), 2, 2 * per_slot, per_slot, per_slot, torch.device("cuda"))
+    kv = KvMemory(kv_layout(cfg, SEQ_ROWS), 2, 2 * per_slot, per_slot, per_slot, torch.device("cuda"))
     kv.base.copy_(
         torch.randint(0, 256, kv.base.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     )

@@ -7,7 +7,7 @@ every buffer rounded up to 256 bytes); a test keeps the two equal. TP ranks each
 
 from __future__ import annotations
 
-STEP_ROWS = 16  # rows of a decode step (the runtime's MAX_ROWS): a ring keeps this many past the window
+STEP_ROWS = 16  # rows one sequence puts in a decode step (the runtime's SEQ_ROWS): a ring keeps this many past the window
 PAGE_TOKENS = 256  # tokens a KV page covers (the runtime's PAGE_TOKENS)
 BASE_ALIGN = 256  # every buffer's offset in the one allocation
 

@@ -44,7 +44,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str | None = None
-    max_seqs: int = 16
+    max_seqs: int | None = None  # None: as many as the runner's KV memory holds at its context
     max_context: int | None = None
     device: str = "auto"
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)  # every rank boots and joins with these
@@ -268,7 +268,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, rank: _Rank, started:
     model_phase = worker.booted.phases.phases[-1]
     say(f"boot {model_phase.name:<8} {model_phase.seconds * 1e3:9.1f} ms  {model_phase.note}")
     context = min(options.max_context or runner.info.context, runner.info.context)
-    slots = min(options.max_seqs, runner.capacity.slots)
+    slots = min(options.max_seqs or runner.capacity.slots, runner.capacity.slots)
     metrics = EngineMetrics(state.model_name)
     prefix = None
     if options.prefix_cache:

@@ -70,6 +70,9 @@ class StepOutput:
     logits: tuple[torch.Tensor, ...]
 
 
+DEFAULT_SLOTS = 16  # a runner's slots where none are asked for and it cannot size them from free memory
+
+
 @dataclass(frozen=True)
 class Capacity:
     """How many sequences a worker holds at once and how many tokens each may reach."""

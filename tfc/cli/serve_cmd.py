@@ -31,8 +31,9 @@ from tfc.cli.world_cmd import launch_if_world
 @click.option(
     "--api-key-file", type=click.Path(path_type=Path), help="A file of keys, one a line (mode 0600)."
 )
-@click.option("--max-seqs", type=click.IntRange(1, 1024), default=16, show_default=True,
-              help="Sequences generated at once (slots).")  # fmt: skip
+@click.option("--max-seqs", type=click.IntRange(1, 1024),
+              help="Sequences generated at once (slots; default: on a GPU, as many as half the memory free after "
+                   "the weights holds at the served context, up to 256, one step's rows; else 16).")  # fmt: skip
 @click.option(
     "--max-context", type=click.IntRange(2), help="Tokens a sequence may reach (default: the model's)."
 )

@@ -21,7 +21,7 @@ def build_runner(opened: Any, *, kind: str = "reference", booted: Any = None, **
     if kind == "fast":
         from tfc.runtime.models.dsv41.fast.build import build_fast
 
-        return build_fast(booted, engram=options.get("engram", True), slots=options.get("slots", 16),
+        return build_fast(booted, engram=options.get("engram", True), slots=options.get("slots"),
                           progress=options.get("progress"), comm=options.get("comm"), **fast)  # fmt: skip
     return build_reference(opened, off_device=getattr(booted, "off_device", None), **options)
 

@@ -25,7 +25,7 @@ from tfc.runtime.models.dsv41.dspark.state import DraftState
 from tfc.runtime.models.dsv41.fast.attention import attend, rope_heads, window_rows, wo_a
 from tfc.runtime.models.dsv41.fast.forward import FastForward, mhc_sites
 from tfc.runtime.models.dsv41.fast.fp32 import first_pre, hc_collapse, rms_norm
-from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS
+from tfc.runtime.models.dsv41.fast.graph_keys import CHUNK_ROWS
 from tfc.runtime.models.dsv41.fast.kv.rows import unpack_fp8
 from tfc.runtime.models.dsv41.fast.moe import block_moe
 from tfc.runtime.models.dsv41.fast.rope import RopeTables, apply_rope
@@ -52,7 +52,7 @@ class FastDsparkDrafter(DsparkBase):
                 forward.weights.linear(f"{block}.attn.{name}")
         forward.weights.linear(self._names["main_proj"])
         # Rope rows past the slot's last position: a draft block's, and a padded piece of observed rows.
-        past = max(MAX_ROWS, self.block_size)
+        past = max(CHUNK_ROWS, self.block_size)
         self.rope = RopeTables(cfg, forward.rope.positions + past, forward.kv.device)
         dev, n, window = forward.kv.device, self.block_size, cfg.sliding_window
         self._noise = torch.full((n,), cfg.dspark_noise_token_id, dtype=torch.long, device=dev)
@@ -81,12 +81,12 @@ class FastDsparkDrafter(DsparkBase):
         keep = min(hidden.shape[0], cfg.sliding_window)  # only the last window reach the rings
         first = state.position + hidden.shape[0] - keep
         norm = f.weights.native(self._names["main_norm.weight"])
-        for lo in range(0, keep, MAX_ROWS):  # 16-row pieces (the products' limit), padded: one shape each
-            n = min(MAX_ROWS, keep - lo)
-            rows = torch.zeros(MAX_ROWS, hidden.shape[1], device=hidden.device)
+        for lo in range(0, keep, CHUNK_ROWS):  # 16-row pieces (the products' limit), padded: one shape each
+            n = min(CHUNK_ROWS, keep - lo)
+            rows = torch.zeros(CHUNK_ROWS, hidden.shape[1], device=hidden.device)
             rows[:n] = hidden[hidden.shape[0] - keep + lo :][:n]
             main_x = rms_norm(f.lin(rows, self._names["main_proj"]), norm, cfg.rms_norm_eps)
-            cos, sin = self.rope.rows("main", first + lo + torch.arange(MAX_ROWS, device=hidden.device))
+            cos, sin = self.rope.rows("main", first + lo + torch.arange(CHUNK_ROWS, device=hidden.device))
             for j, block in enumerate(self.blocks):
                 state.windows[j].write(first + lo, self._keys(main_x, block, cos, sin)[:n])
         state.position += hidden.shape[0]

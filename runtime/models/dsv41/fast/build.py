@@ -10,15 +10,15 @@ import torch
 from tfc.packs.deepseek_v41_contract import FAMILY, SEG_ROW_RANGES, SEG_TOKEN_MAP, engram_rows_name
 from tfc.runtime.models.dsv41.config import config_from_dict
 from tfc.runtime.models.dsv41.fast.forward import FastForward, StepBuffers
-from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, context_buckets
-from tfc.runtime.models.dsv41.fast.kv.layout import PAGE_TOKENS, kv_layout
+from tfc.runtime.models.dsv41.fast.graph_keys import CONTEXT_STEP, MAX_ROWS, SEQ_ROWS, context_buckets
+from tfc.runtime.models.dsv41.fast.kv.layout import PAGE_TOKENS, KvLayout, kv_layout
 from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
 from tfc.runtime.models.dsv41.fast.rope import RopeTables
 from tfc.runtime.models.dsv41.fast.runner import FastRunner
 from tfc.runtime.models.dsv41.fast.weights import FastWeights
 from tfc.runtime.models.dsv41.shard import shard_of
 from tfc.runtime.parallel.comm import SOLO
-from tfc.runtime.worker.step import Capacity, ModelInfo
+from tfc.runtime.worker.step import DEFAULT_SLOTS, Capacity, ModelInfo
 
 from tfc.errors import TfcError
 
@@ -28,6 +28,7 @@ DEFAULT_CONTEXT = 65536  # tokens a slot may hold unless asked otherwise (the mo
 # CPU: the kernels' torch references gain nothing from width and pay for every padding row, so the narrowest.
 PREFILL_ROWS = {"cuda": 2048, "cpu": 32}
 DEFAULT_KV_TOKENS = 1 << 20  # the page pool unless asked otherwise (shared by the slots; Flash: 890 MB)
+KV_SHARE = 0.5  # of the device memory free after the weights, what auto-sized slots' KV memory may take
 
 
 class FastBuildError(TfcError):
@@ -38,7 +39,7 @@ def build_fast(
     booted: Any,
     *,
     engram: bool = True,
-    slots: int = 16,
+    slots: int | None = DEFAULT_SLOTS,
     tokens_per_slot: int | None = None,
     kv_tokens: int | None = None,
     exact: bool = True,
@@ -54,7 +55,8 @@ def build_fast(
     """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, always on a
     TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1, for a TP=1 build held to the worlds);
     `kv_tokens` (default slots x tokens_per_slot, at most
-    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
+    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `slots=None`: as many as KV_SHARE of the device's
+    free memory holds at tokens_per_slot tokens each (auto_slots), up to MAX_ROWS, each sure of its context; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
     when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
     wide steps that prompt rows take (default: the device's PREFILL_ROWS in an exact build; 0, and always
     with `tp_exact`: prompts take the decode steps)."""
@@ -101,13 +103,19 @@ def build_fast(
             progress(layer + 1, cfg.num_hidden_layers)
     tokens_per_slot = min(cfg.max_position_embeddings, tokens_per_slot or DEFAULT_CONTEXT)
     buckets = context_buckets(tokens_per_slot, step=context_step)
-    kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
     if prefill_rows is None:  # a loose build's steps run the live rows: its prompts would not be exact
         prefill_rows = PREFILL_ROWS.get(dev.type, 0) if exact else 0
-    if prefill_rows and prefill_rows <= MAX_ROWS:
-        raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {MAX_ROWS}, or 0 for none")
-    kv = KvMemory(kv_layout(cfg, max(MAX_ROWS, prefill_rows), page_tokens), slots, kv_tokens,
-                  tokens_per_slot, buckets[-1], dev)  # fmt: skip
+    if prefill_rows and prefill_rows <= SEQ_ROWS:
+        raise FastBuildError(f"prefill steps of {prefill_rows} rows: more than {SEQ_ROWS}, or 0 for none")
+    layout = kv_layout(cfg, max(SEQ_ROWS, prefill_rows), page_tokens)
+    if slots is None:  # every rank of a world takes the fewest any rank's memory holds
+        slots = auto_slots(layout, tokens_per_slot, free_bytes(dev))
+        if shard.world > 1:
+            held = shard.comm.all_gather(torch.tensor([slots], dtype=torch.int64, device=dev))
+            slots = min(int(t.item()) for t in held)
+        kv_tokens = kv_tokens or slots * tokens_per_slot
+    kv_tokens = kv_tokens or min(slots * tokens_per_slot, DEFAULT_KV_TOKENS)
+    kv = KvMemory(layout, slots, kv_tokens, tokens_per_slot, buckets[-1], dev)
     tables, row_lo = None, ()
     if engram and cfg.engram_layer_ids:
         names = [SEG_TOKEN_MAP, *(engram_rows_name(layer) for layer in cfg.engram_layer_ids)]
@@ -130,7 +138,7 @@ def build_fast(
         wide = StepBuffers(cfg.vocab_size, len(row_lo), cols[1] - cols[0], dev, len(capture) * cfg.hidden_size,
                            prefill_rows)  # fmt: skip
         prefill = FastForward(cfg, weights, ops.for_prefill(prefill_rows), kv, rope, wide, tables is not None, capture,
-                              shard, tp_exact)  # fmt: skip
+                              shard, tp_exact, wide=True)  # fmt: skip
     if tables is not None:  # Engram layers placed in host memory or on NVMe read their rows through staging
         _stage_off_device(booted, cfg, row_lo, cols[1] - cols[0], forward, prefill)
     drafter, note = None, "built without a drafter (draft=False)"
@@ -169,3 +177,17 @@ def _stage_off_device(booted: Any, cfg: Any, row_lo: tuple[int, ...], cols: int,
             forward.staging = EngramStaging(
                 sources, row_lo, forward.buffers.rows, cols, forward.buffers.ints.device
             )
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Device memory free now (None off a GPU)."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def auto_slots(layout: KvLayout, tokens_per_slot: int, free: int | None) -> int:
+    """Slots whose every sequence can reach tokens_per_slot tokens in KV_SHARE of `free` bytes, 1 .. MAX_ROWS (one
+    step holds them all); DEFAULT_SLOTS without a figure."""
+    if free is None:
+        return DEFAULT_SLOTS
+    per_slot = layout.bytes_per_slot + layout.bytes_per_token * tokens_per_slot
+    return max(1, min(MAX_ROWS, int(free * KV_SHARE // per_slot)))

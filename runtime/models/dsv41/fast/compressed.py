@@ -17,6 +17,7 @@ from tfc.packs.deepseek_v41_contract import LayerMode
 from tfc.runtime.models.dsv41.fast.fp32 import fixed_sum, plain_rms_norm, rms_norm
 from tfc.runtime.models.dsv41.fast.kv.rows import fake_fp4, pack_fp4, unpack_fp4
 from tfc.runtime.models.dsv41.fast.rope import apply_rope
+from tfc.runtime.models.dsv41.fast.row_chunks import by_chunks
 from tfc.runtime.models.dsv41.fast.stages import fused, stage_kernel
 from tfc.runtime.models.dsv41.fast.step_context import StepContext
 
@@ -151,7 +152,8 @@ def index(f, layer: int, mode: LayerMode, x: torch.Tensor, q_res: torch.Tensor, 
     heads = cfg.index_n_heads
     cos, sin = sc.rope["compress"]
     q = index_query(f.lin(q_res, f"{p}.wq_b"), heads, cos, sin, f.grid)
-    weights = (x @ w.native(f"{p}.weights_proj.weight").T) * heads**-0.5
+    proj = w.native(f"{p}.weights_proj.weight").T
+    weights = by_chunks(lambda rows, _, __: rows @ proj, x) * heads**-0.5  # cuBLAS bits depend on the rows
     scores = entry_scores(f.kv.keys[mode.kv_source], rv, q, weights, f.grid)
     candidates = sc.candidates if mode.uses_candidates else None
     order, ok, made = select(scores, rv.visible, cfg.index_topk, candidates,

@@ -1,10 +1,11 @@
 """One fixed-shape step of the DeepSeek-V4.1 forward over static buffers: the body a graph captures.
 
 Reads the static inputs (tokens, positions, slots, Engram row ids [rows, layers, cols]), the arena's weights and
-the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor has the
-buffers' rows (MAX_ROWS for decode steps, more for the prefill forward's; padding rows run on the dummy slot)
-and only the MoE runs the key's `rows`; otherwise the whole step runs the key's rows. The launch sequence
-depends on the key alone, so replay equals eager.
+the KV memory; writes the KV memory and the static logits [rows, V]. With exact ops every tensor of a decode
+step has the key's rows rounded up to whole 16-row chunks (the prefill forward's: its buffers' rows; padding
+rows run on the dummy slot), every product runs 16-row chunks of them (ops.by_chunks) and only the MoE runs the
+key's `rows`, so a row's bits depend neither on the step's rows nor on its place; otherwise the whole step runs
+the key's rows. The launch sequence depends on the key alone, so replay equals eager.
 
 With `tp` (a tensor-parallel rank, or TP=1 computing as one: fast/tp.py) the column-parallel products run pinned
 to the whole product, the row-parallel ones as fixed-point words all-reduced over the shard's world.
@@ -24,7 +25,7 @@ from tfc.runtime.models.dsv41.config import Dsv41Config
 from tfc.runtime.models.dsv41.fast.attention import attention
 from tfc.runtime.models.dsv41.fast.engram import engram
 from tfc.runtime.models.dsv41.fast.fp32 import collapse_norm, first_pre, hc_expand, hc_mix, stream_tap
-from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
+from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey, chunked_rows
 from tfc.runtime.models.dsv41.fast.kv.memory import KvMemory
 from tfc.runtime.models.dsv41.fast.kv.rows import Fp4Grid
 from tfc.runtime.models.dsv41.fast.moe import moe
@@ -84,7 +85,7 @@ class FastForward:
 
     def __init__(self, cfg: Dsv41Config, weights: FastWeights, ops, kv: KvMemory, rope: RopeTables,
                  buffers: StepBuffers, engram: bool, capture: tuple[int, ...] = (), shard: Shard | None = None,
-                 tp: bool = False) -> None:  # fmt: skip
+                 tp: bool = False, wide: bool = False) -> None:  # fmt: skip
         width = len(capture) * cfg.hidden_size
         if capture and (buffers.hidden is None or buffers.hidden.shape[1] != width):
             raise ValueError(
@@ -107,6 +108,7 @@ class FastForward:
         self.live: int | None = None  # inside a step: its live rows when fewer than its rows (see lin)
         self.side: torch.cuda.Stream | None = None  # the stream of a layer's side branch (fast/overlap.py)
         self.staging = None  # the Engram layers whose rows are off the device (fast/engram_staging.py)
+        self.wide = wide  # the prefill forward: exact steps run all its buffers' rows
 
     def engram_span(self) -> tuple[int, int]:
         """[first, last) of the Engram hash columns this rank gathers rows of (all of them at TP=1)."""
@@ -122,7 +124,9 @@ class FastForward:
         """Run the step of `key` on the static inputs; logits land in buffers.logits[:rows] (with `head_rows`, a
         device index of rows, a multiple of HEAD_ROWS long, in those rows only: a prefill step reads its runs'
         last rows)."""
-        rows = self.buffers.rows if self.ops.exact else key.rows
+        rows = key.rows
+        if self.ops.exact:
+            rows = self.buffers.rows if self.wide else chunked_rows(key.rows)
         self.live = key.rows if key.rows < rows else None
         try:
             self._step(key, rows, head_rows)

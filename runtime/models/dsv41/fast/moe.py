@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from tfc.runtime.models.dsv41.fast.graph_keys import CHUNK_ROWS
 from tfc.runtime.models.dsv41.fast.stages import fused
 
 
@@ -38,7 +39,12 @@ def pick(prod: torch.Tensor, split: bool, bias: torch.Tensor, top_k: int, scalin
 
 def route(ops, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float,
           normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(weights [R, k], expert ids [R, k]) of the rows x [R, D] (an fp32 router weight: one fp32 product)."""
+    """(weights [R, k], expert ids [R, k]) of the rows x [R, D] (an fp32 router weight: one fp32 product), 16
+    rows at a time: the product's bits depend on its rows (cuBLAS picks its algorithm by shape), not on a row's place."""
+    if x.shape[0] > CHUNK_ROWS:
+        parts = [route(ops, x[lo : lo + CHUNK_ROWS], weight, bias, top_k, scaling, normalise)
+                 for lo in range(0, x.shape[0], CHUNK_ROWS)]  # fmt: skip
+        return torch.cat([w for w, _ in parts]), torch.cat([i for _, i in parts])
     if weight.dtype == torch.float32:
         return pick(x @ weight.T, False, bias, top_k, scaling, normalise)
     return pick(ops.mm_bf16(split3(x, weight.dtype), weight), True, bias, top_k, scaling, normalise)

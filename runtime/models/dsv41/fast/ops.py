@@ -18,6 +18,8 @@ import copy
 from typing import Any, Protocol
 
 import torch
+from tfc.runtime.models.dsv41.fast.graph_keys import CHUNK_ROWS
+from tfc.runtime.models.dsv41.fast.row_chunks import by_chunks
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 
 
@@ -161,8 +163,19 @@ class TritonOps:
         many-row product on the prefill twin, every row)."""
         if self.many_rows:
             return padded_rows(self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook), live)
-        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, live=live,
-                          config=self._config())  # fmt: skip
+        return by_chunks(
+            lambda rows, lv, out: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32,
+                                             live=lv, out=out, config=self._config()),
+            x, live, out=self._out(x, lin.n),
+        )  # fmt: skip
+
+    def _out(self, x: torch.Tensor, n: int) -> torch.Tensor | None:
+        """fp32 [rows, n] for a product of more rows than one launch takes (its chunks land in it), else None."""
+        return (
+            torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+            if x.shape[0] > CHUNK_ROWS
+            else None
+        )
 
     def _config(self) -> Any:
         """The decode steps' EXL3 launch: row-free where exact, else each shape's own."""
@@ -185,8 +198,12 @@ class TritonOps:
         if self.many_rows or offsets is None:
             return per_group(self, x, lins, live)
         first = lins[0]
-        return self._gemm(x, first.trellis, first.suh, first.svh, first.codebook, out_dtype=torch.float32,
-                          groups=offsets, live=live, config=self._config())  # fmt: skip
+        return by_chunks(
+            lambda rows, lv, out: self._gemm(rows, first.trellis, first.suh, first.svh, first.codebook,
+                                             out_dtype=torch.float32, groups=offsets, live=lv, out=out,
+                                             config=self._config()),
+            x, live, out=self._out(x, len(lins) * first.n),
+        )  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
             limit: float) -> torch.Tensor:  # fmt: skip
@@ -215,15 +232,16 @@ class TritonOps:
 
     def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
         """A column share of the k x `full` product, launched as the whole product is (so with its bits)."""
-        config = self._pin(lin, x.shape[0], lin.k, full)
-        return self._gemm(
-            x, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32, config=config
-        )
+        config = self._pin(lin, min(x.shape[0], CHUNK_ROWS), lin.k, full)
+        return by_chunks(lambda rows, _, out: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook,
+                                                         out_dtype=torch.float32, config=config, out=out),
+                         x, out=self._out(x, lin.n))  # fmt: skip
 
     def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
         """A row share of the `full` x n product as fixed-point words [2, r, n], decoded as the whole product is."""
-        config = self._pin(lin, x.shape[0], full, lin.n)
-        return self._gemm(x, lin.trellis, lin.suh, lin.svh, lin.codebook, config=config, fixed=True)
+        config = self._pin(lin, min(x.shape[0], CHUNK_ROWS), full, lin.n)
+        return by_chunks(lambda rows, _, __: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook,
+                                                        config=config, fixed=True), x, dim=1)  # fmt: skip
 
     def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
                   limit: float, full: int) -> torch.Tensor:  # fmt: skip

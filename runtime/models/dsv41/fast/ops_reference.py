@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tfc.runtime.models.dsv41.fast.row_chunks import by_chunks
 from tfc.runtime.models.dsv41.fast.weights import Exl3Linear, ExpertTables
 from tfc.runtime.models.dsv41.reference.numerics import BLOCK, from_fixed, to_fixed
 
@@ -89,7 +90,8 @@ class ReferenceOps:
         """x @ W in fp32 (rows from `live` on: zeros)."""
         from tfc.runtime.models.dsv41.fast.ops import padded_rows
 
-        return padded_rows(x.float() @ self.dense(lin), live)
+        dense = self.dense(lin)
+        return by_chunks(lambda rows, lv, _: padded_rows(rows.float() @ dense, lv), x, live)
 
     def linear_groups(self, x: torch.Tensor, lins: list[Exl3Linear], live: int | None = None) -> torch.Tensor:
         """One `linear` a group, joined along the columns."""
@@ -108,11 +110,13 @@ class ReferenceOps:
 
     def column(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
         """x @ W one 128-column block at a time (any block range of the whole product gives its bits)."""
-        return column_blocks(x.float(), self.dense(lin))
+        dense = self.dense(lin)
+        return by_chunks(lambda rows, _, __: column_blocks(rows.float(), dense), x)
 
     def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
         """x @ W as fixed-point words [2, r, n] of its 128-row block products."""
-        return row_words(x.float(), self.dense(lin))
+        dense = self.dense(lin)
+        return by_chunks(lambda rows, _, __: row_words(rows.float(), dense), x, dim=1)
 
     def moe_fixed(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
                   limit: float, full: int) -> torch.Tensor:  # fmt: skip

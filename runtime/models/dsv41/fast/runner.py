@@ -17,7 +17,7 @@ import torch
 from tfc.runtime.models.dsv41.dspark.drafting import DraftingRunner, SlotDrafter
 from tfc.runtime.models.dsv41.fast.fed_tokens import FedTokens
 from tfc.runtime.models.dsv41.fast.forward import FastForward, head_rows
-from tfc.runtime.models.dsv41.fast.graph_keys import MAX_ROWS, StepKey
+from tfc.runtime.models.dsv41.fast.graph_keys import SEQ_ROWS, StepKey
 from tfc.runtime.models.dsv41.fast.rollback import VerifyMark, draft_bound
 from tfc.runtime.models.dsv41.fast.step_plan import Tile, plan_tiles
 from tfc.runtime.worker.runner import RunnerCapabilities
@@ -83,7 +83,7 @@ class FastRunner(DraftingRunner):
         if self.drafter is None:
             return 0
         return draft_bound(
-            self.drafter.block_size, self.kv.layout.window, min(self.kv.layout.step_rows, MAX_ROWS)
+            self.drafter.block_size, self.kv.layout.window, min(self.kv.layout.step_rows, SEQ_ROWS)
         )
 
     def execute(self, plan: StepPlan) -> StepOutput:
@@ -136,7 +136,9 @@ class FastRunner(DraftingRunner):
             part = StepPlan(tuple(plan.rows[i] for i in index))
             forward = self.prefill if wide else self.forward
             width = forward.buffers.rows
-            out += [(forward, t) for t in plan_tiles(part, self.kv.dummy_slot, self.buckets, width, index)]
+            out += [
+                (forward, t) for t in plan_tiles(part, self.kv.dummy_slot, self.buckets, width, index, wide)
+            ]
         return out
 
     @property
@@ -191,8 +193,8 @@ class FastRunner(DraftingRunner):
         self._settle(slot)
         self._check(StepPlan((SequenceStep(slot, tuple(tokens), position),)))
         rows = []
-        for lo in range(0, len(tokens), MAX_ROWS):
-            plan = StepPlan((SequenceStep(slot, tuple(tokens[lo : lo + MAX_ROWS]), position + lo),))
+        for lo in range(0, len(tokens), SEQ_ROWS):
+            plan = StepPlan((SequenceStep(slot, tuple(tokens[lo : lo + SEQ_ROWS]), position + lo),))
             tile = plan_tiles(plan, self.kv.dummy_slot, self.buckets)[0]
             rows.append(self._run(tile)[: len(tile.rows)].clone())
         return torch.cat(rows)
@@ -238,8 +240,9 @@ class FastRunner(DraftingRunner):
         """Run (and so capture) the steps of `keys` on padding rows only (the dummy slot); by default the
         one-row decode step of the first context bucket."""
         for key in keys if keys is not None else (StepKey(1, self.buckets[0]),):
-            zeros = np.zeros(MAX_ROWS, np.int64)
-            self.launch(Tile((), key, zeros, zeros, np.full(MAX_ROWS, self.kv.dummy_slot, np.int64)))
+            rows = self.forward.buffers.rows
+            zeros = np.zeros(rows, np.int64)
+            self.launch(Tile((), key, zeros, zeros, np.full(rows, self.kv.dummy_slot, np.int64)))
 
     def fill_context(self, slot: int, tokens: int) -> None:
         """Benchmarks only: make a slot hold `tokens` tokens of whatever its KV rows contain, without running them."""

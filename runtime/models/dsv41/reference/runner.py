@@ -196,15 +196,16 @@ class ReferenceRunner(DraftingRunner):
 
 
 def build_reference(
-    opened: Any, *, device: str, dtype: torch.dtype, engram: bool, slots: int,
+    opened: Any, *, device: str, dtype: torch.dtype, engram: bool, slots: int | None,
     progress: Callable[[int, int], None] | None = None, comm: Any = None, off_device: Any = None,
 ) -> ReferenceRunner:  # fmt: skip
     """The reference runner over an opened rank image (`comm`: its world's collectives; none at TP=1):
     weights decoded to dense once, `progress(done, total)`; Engram rows the boot placed off the device
-    (`off_device`: runtime/boot/tiers.py) are read from there."""
+    (`off_device`: runtime/boot/tiers.py) are read from there; `slots=None`: DEFAULT_SLOTS."""
     from tfc.runtime.models.dsv41.reference.weights import dense_from_opened, engram_feed
     from tfc.runtime.models.dsv41.shard import shard_of
     from tfc.runtime.parallel.comm import SOLO
+    from tfc.runtime.worker.step import DEFAULT_SLOTS
 
     cfg, weights = dense_from_opened(opened)
     shard = shard_of(opened.manifest, cfg, weights, comm or SOLO, device)
@@ -227,7 +228,7 @@ def build_reference(
         if progress is not None:
             progress(i + 1, len(names))
     drafter, note = dspark_slots(model)
-    return ReferenceRunner(model, feed, slots, drafter, note)
+    return ReferenceRunner(model, feed, DEFAULT_SLOTS if slots is None else slots, drafter, note)
 
 
 class MissingEngramTables(TfcError):

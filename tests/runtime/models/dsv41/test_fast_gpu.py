@@ -1,7 +1,7 @@
 """The fast forward on a GPU: graphs, exactness, row invariance, agreement with the reference (skipped without CUDA).
 
 On the tiny image (prepared here): graph == eager bit for bit (tokens and logits of 64 greedy steps); concurrent ==
-solo bit for bit (1 to 16 rows a step, another slot); prefill in any chunking == decode bit for bit; the layers' KV
+solo bit for bit (1 to 16 rows a step, another slot; 1 to 256 rows, the row last, graphed and eager); prefill in any chunking == decode bit for bit; the layers' KV
 rows written on a side stream (fast/overlap.py) give the serial steps' bits; the pinned kernel launches give a row
 the same bits whatever the other rows hold or how many there are; a slot restored from a snapshot (device, host
 copy, bytes: kernels/run_copy.py) continues bit for bit; fast vs reference over 520 teacher-forced random positions:
@@ -32,7 +32,7 @@ from tfc.cli import cli
 pytestmark = pytest.mark.gpu
 
 GPU_ATOL = 0.02
-FAST = {"slots": 16, "tokens_per_slot": 1024, "context_step": 256, "page_tokens": 64}
+FAST = {"slots": 202, "tokens_per_slot": 1024, "context_step": 256, "page_tokens": 64}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,26 @@ def test_concurrent_equals_solo_from_1_to_16_rows_in_any_slot(graphed):
         return 1 + (i + s) % 3 if s % 4 == 0 else 1
 
     assert torch.equal(decode_alongside(graphed, 9, toks, others, takes), solo)
+
+
+def test_a_row_keeps_its_bits_in_steps_of_1_to_256_rows_graphed_or_eager(graphed, eager):
+    from tfc.runtime.models.dsv41.fast.graph_keys import StepKey
+
+    toks = _tokens(12, 21)
+    solo = graphed.logits_of(0, toks, 0)
+    graphed.release(0)
+    others = {s: _tokens(40, 40 + s) for s in range(1, 201)}
+    # others in step i: 1, 7, 16, 64 and 200 concurrent sequences and between; odd slots feed two tokens, so
+    # 200 others make one 256-row step and one of the rest
+    joined = (0, 6, 15, 63, 199, 30, 100, 199, 120, 47, 1, 199)
+
+    def takes(i: int, s: int) -> int:
+        return 1 + s % 2 if s <= joined[i] else 0
+
+    runs = [decode_alongside(r, 201, toks, others, takes, last=True) for r in (graphed, eager)]
+    assert torch.equal(runs[0], solo) and torch.equal(runs[1], solo)
+    held = {key.rows for key in graphed.graphs.keys() if isinstance(key, StepKey)}  # noqa: SIM118 (no dict)
+    assert {1, 12, 32, 96, 192, 256} <= held
 
 
 def test_prefill_in_any_chunking_equals_decode(graphed):

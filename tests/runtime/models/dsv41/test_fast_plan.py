@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 from tfc.runtime.models.dsv41.fast.graph_keys import (
+    CHUNK_ROWS,
     MAX_ROWS,
     ROW_BUCKETS,
+    SEQ_ROWS,
     StepKey,
+    chunked_rows,
     context_bucket,
     context_buckets,
     row_bucket,
@@ -15,10 +18,13 @@ from tfc.runtime.models.dsv41.fast.step_plan import flatten, plan_tiles
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
-def test_row_buckets_cover_1_to_16_rows():
+def test_row_buckets_cover_1_to_256_rows_past_16_in_whole_chunks():
     assert [row_bucket(n) for n in range(1, 17)] == [1, 2, 3, 4, 5, 6, 7, 8, 12, 12, 12, 12, 16, 16, 16, 16]
-    assert ROW_BUCKETS[-1] == MAX_ROWS
-    for bad in (0, 17):
+    assert [row_bucket(n) for n in (17, 33, 64, 65, 200, 256)] == [32, 48, 64, 96, 256, 256]
+    assert ROW_BUCKETS[-1] == MAX_ROWS == 256
+    assert all(b % CHUNK_ROWS == 0 for b in ROW_BUCKETS if b > CHUNK_ROWS)
+    assert [chunked_rows(n) for n in (1, 12, 16, 17, 256)] == [16, 16, 16, 32, 256]
+    for bad in (0, 257):
         with pytest.raises(ValueError):
             row_bucket(bad)
 
@@ -35,7 +41,7 @@ def test_context_buckets_are_the_spec_list():
         context_bucket(buckets[-1] + 1, buckets)
 
 
-def test_a_plan_becomes_steps_of_at_most_16_rows_in_order():
+def test_a_plan_becomes_steps_holding_at_most_16_rows_of_a_sequence_in_order():
     plan = StepPlan(
         (
             SequenceStep(slot=3, tokens=(7,), position=40),  # a decode row
@@ -47,7 +53,7 @@ def test_a_plan_becomes_steps_of_at_most_16_rows_in_order():
     assert len(rows) == 28 and [r.out for r in rows if r.out is not None] == [0, 1, 2]
     assert rows[0].out == 0 and rows[25].out == 1 and rows[27].out == 2 and rows[26].out is None
     assert [r.position for r in rows[1:26]] == list(range(25))
-    tiles = plan_tiles(plan, dummy_slot=8, buckets=context_buckets(8192))
+    tiles = plan_tiles(plan, dummy_slot=8, buckets=context_buckets(8192), width=16)
     assert [len(t.rows) for t in tiles] == [16, 12]
     first, second = tiles
     assert first.key == StepKey(16, 2048) and second.key == StepKey(
@@ -63,7 +69,17 @@ def test_a_plan_becomes_steps_of_at_most_16_rows_in_order():
         0,
         0,
     ]
-    assert all(len(t.tokens) == MAX_ROWS for t in tiles)
+    assert all(len(t.tokens) == 16 for t in tiles)
+    wide = plan_tiles(plan, dummy_slot=8, buckets=context_buckets(8192))  # a decode step of up to 256 rows
+    assert [len(t.rows) for t in wide] == [1 + SEQ_ROWS, 9 + 2]  # the chunk's 17th row starts the next step
+    assert [t.key.rows for t in wide] == [32, 12] and all(len(t.tokens) == MAX_ROWS for t in wide)
+
+
+def test_many_sequences_share_one_step_up_to_256_rows():
+    plan = StepPlan(tuple(SequenceStep(slot=s, tokens=(s,), position=5) for s in range(300)))
+    tiles = plan_tiles(plan, dummy_slot=300, buckets=(2048,))
+    assert [len(t.rows) for t in tiles] == [256, 44] and [t.key.rows for t in tiles] == [256, 48]
+    assert tiles[1].slots.tolist()[:44] == list(range(256, 300))
 
 
 def test_one_decode_row_is_a_one_row_step():

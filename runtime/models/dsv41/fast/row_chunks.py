@@ -1,0 +1,31 @@
+"""A step's products run 16 rows at a time, so a row's bits do not depend on how many rows share its step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tfc.runtime.models.dsv41.fast.graph_keys import CHUNK_ROWS
+
+Chunk = Callable[[torch.Tensor, "int | None", "torch.Tensor | None"], torch.Tensor]
+
+
+def by_chunks(fn: Chunk, x: torch.Tensor, live: int | None = None, dim: int = 0,
+              out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """fn(chunk, its live rows or None for all, its rows of `out` or None) over x's CHUNK_ROWS-row chunks, joined
+    along `dim` (or written into `out`, along its rows); chunks from `live` on are zeros, never computed. A call of
+    at most CHUNK_ROWS rows is fn(x, live, out)."""
+    rows = x.shape[0]
+    if rows <= CHUNK_ROWS:
+        return fn(x, live, out)
+    parts: list[torch.Tensor] = []
+    for lo in range(0, rows, CHUNK_ROWS):
+        hi = min(rows, lo + CHUNK_ROWS)
+        dest = None if out is None else out[lo:hi]
+        if live is not None and live <= lo:
+            parts.append(
+                dest.zero_() if dest is not None else torch.zeros_like(parts[0].narrow(dim, 0, hi - lo))
+            )
+        else:
+            parts.append(fn(x[lo:hi], None if live is None or live >= hi else live - lo, dest))
+    return out if out is not None else torch.cat(parts, dim=dim)
