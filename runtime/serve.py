@@ -217,7 +217,11 @@ def _start_worker(options: ServeOptions, world: World | None) -> tuple[Worker, C
     # TP=N rank's prompts take the decode steps); the reference runner takes no such option and drops it
     wide = options.chunk if options.chunk > 16 else 0  # 16 rows or fewer: the decode steps' own width
     return worker, lambda: worker.load_model(
-        dtype=getattr(torch, options.dtype), slots=options.max_seqs, prefill_rows=wide, **model_options(world)
+        dtype=getattr(torch, options.dtype),
+        slots=options.max_seqs,
+        prefill_rows=wide,
+        **model_options(world),
+        **({"tokens_per_slot": options.max_context} if options.max_context else {}),
     )
 
 

@@ -63,12 +63,28 @@ def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, 
     return lambda i, logits: sample(logits, params, seed, position + i)
 
 
-def propose(drafts: Drafter, work: Sequence[tuple[Running, Request]], context: int) -> None:
-    """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request)."""
+DRAFT_ROWS = (
+    16  # rows a decode step's rows and drafts fill together by default: one product chunk (CHUNK_ROWS)
+)
+
+
+def share(decoding: int, rows: int) -> int:
+    """Drafts each of `decoding` sequences may add so that their rows and drafts fill at most `rows` rows: a
+    step of many streams drafts less, and none once their rows alone fill it (drafts never cost a product chunk
+    of their own, so never a server's throughput)."""
+    return max(0, rows // max(1, decoding) - 1)
+
+
+def propose(drafts: Drafter, work: Sequence[tuple[Running, Request]], context: int, rows: int) -> None:
+    """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request), each within its
+    share of `rows` rows."""
+    most = min(drafts.draft_block, share(sum(not run.prefilling for run, _ in work), rows))
+    if most == 0:
+        return
     for run, r in work:
         if run.prefilling or not run.drafting or not run.backoff.ready():
             continue
-        k = draft_length(len(run.generated), run.fed, r.max_tokens, context, drafts.draft_block)
+        k = draft_length(len(run.generated), run.fed, r.max_tokens, context, most)
         if k > 0:
             choose = chooser(r.params, r.params.seed or 0, run.fed + 1)
             run.draft = drafts.draft(run.slot, run.generated[-1], k, choose)

@@ -312,6 +312,7 @@ class Engine:
                 self.drafts,
                 [(s.run, s.request) for s in work],
                 min(self.config.max_context, self.info.context),
+                self.config.draft_rows,
             )
         except Exception as error:  # the drafter failed: decode serially from here on, and say so
             self.drafts, self.draft_note = None, f"drafting off: a draft failed ({_why(error)})"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tfc.runtime.engine.detok import StopText
-from tfc.runtime.engine.drafting import DraftCounts
+from tfc.runtime.engine.drafting import DRAFT_ROWS, DraftCounts
 from tfc.runtime.engine.prefix_cache import PrefixChain, PrefixSettings
 from tfc.runtime.engine.request import Event, Request
 from tfc.runtime.engine.scheduler import Running
@@ -30,6 +30,7 @@ class EngineConfig:
     prefix: PrefixSettings | None = None  # the prefix cache's tiers (None: no prefix cache)
     draft: bool = True  # draft and verify where the runner can
     draft_off: str = "--no-draft"  # why, when `draft` is False
+    draft_rows: int = DRAFT_ROWS  # rows a decode step's rows and their drafts fill together
 
     def budget(self, draft: int = 0) -> int:
         """Tokens a step may hold: one chunk beside every decoding row (each with up to `draft` drafts)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 from tfc.runtime.engine.draft_backoff import DraftBackoff
-from tfc.runtime.engine.drafting import DraftCounts, chooser, draft_length
+from tfc.runtime.engine.drafting import DRAFT_ROWS, DraftCounts, chooser, draft_length, share
 from tfc.runtime.engine.sampling import Sampler, SamplingError, SamplingParams
 from tfc.runtime.worker.runner import ModelRunner, drafter_of
 from tfc.runtime.worker.step import SequenceStep, StepPlan
@@ -58,12 +58,13 @@ def generate(
     keep_logits: bool = False,
     on_token: Callable[[int, int], None] | None = None,
     draft: bool = True,
+    draft_rows: int = DRAFT_ROWS,
 ) -> list[Generation]:
     """Generate up to `max_new_tokens` per prompt, all prompts in one batch; `on_token(i, token)` streams.
 
     Prompt i runs in slot i. `prefill_chunk` > 0 prefills in chunks of that many tokens (0 = whole prompts
-    in one step). `draft`: draft and verify where the runner can (the tokens are the same). Slots are
-    released when generation ends.
+    in one step). `draft`: draft and verify where the runner can (the tokens are the same), each sequence within its
+    share of `draft_rows` rows a step (drafting.share). Slots are released when generation ends.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -131,13 +132,14 @@ def generate(
         live = list(range(len(prompts)))
         while live:
             rows = []
+            block = min(drafts.draft_block, share(len(live), draft_rows)) if drafts is not None else 0
             for i in live:
                 token = samplers[i].sample(last[i], position[i])
                 if emit(i, last[i], token):
                     tail = ()
-                    if drafts is not None and backoff[i].ready():
+                    if block and backoff[i].ready():
                         k = draft_length(len(out[i].tokens), position[i], max_new_tokens,
-                                         runner.capacity.tokens_per_slot, drafts.draft_block)  # fmt: skip
+                                         runner.capacity.tokens_per_slot, block)  # fmt: skip
                         choose = chooser(samplers[i].params, samplers[i].seed, position[i] + 1)
                         tail = drafts.draft(i, token, k, choose) if k > 0 else ()
                     tokens = (token, *tail)
