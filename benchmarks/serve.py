@@ -2,7 +2,7 @@
 """`tfc serve` loaded by `tfc bench`: aggregate decode at several concurrent streams, one stream against
 `tfc generate` on the same image, and restarts to ready.
 
-    python benchmarks/serve.py [--device cuda] [--image IMG/rank0] [--streams 1,16,64] [--json]
+    python benchmarks/serve.py [--device cuda] [--image IMG/rank0] [--streams 1,16,64] [--against-no-draft] [--json]
     python benchmarks/serve.py --device cpu --streams 1,4 --output-len 16          # the tiny image, small counts
 
 IMG: any prepared image (default: the tiny pack, prepared in a temporary folder); an image without a tokenizer (the
@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128, help="prompt words a request sends")
     ap.add_argument("--reps", type=int, default=3, help="generate / one-stream pairs (medians)")
     ap.add_argument("--restarts", type=int, default=3, help="starts to /health ready (median)")
+    ap.add_argument("--against-no-draft", action="store_true",
+                    help="also bench a --no-draft server at the same streams: what drafting costs or gives")  # fmt: skip
     args = ap.parse_args()
     try:
         streams = [int(s) for s in args.streams.split(",")]
@@ -168,6 +170,13 @@ def main() -> None:
                 one = bench(server.url, 1, 1, args)
                 pairs.append({"generate_tok_s": gen, "http_tok_s": 1e3 / one["tpot_ms"]["p50"]})
             levels = [bench(server.url, s, max(8, 2 * s), args) for s in streams]
+        plain = []
+        if args.against_no_draft:
+            with Server(
+                image, *serve_args, "--no-draft", device=device, log=Path(tmp) / "plain.log"
+            ) as server:
+                bench(server.url, 1, 1, args)
+                plain = [bench(server.url, s, max(8, 2 * s), args) for s in streams]
         for lv in levels:
             print(f"[serve] {lv['concurrency']} streams: {lv['output_tok_s']:,.1f} tok/s out, TTFT p50 "
                   f"{lv['ttft_ms']['p50']:,.0f} ms, TPOT p50 {lv['tpot_ms']['p50']:,.1f} ms, {lv['failed']} failed")  # fmt: skip
@@ -177,7 +186,13 @@ def main() -> None:
                 starts.append(s.ready_s)
             time.sleep(0.5)
     gen, http = c.median(p["generate_tok_s"] for p in pairs), c.median(p["http_tok_s"] for p in pairs)
-    run.data.update(pairs=pairs, levels=levels, starts_s=starts)
+    run.data.update(pairs=pairs, levels=levels, starts_s=starts, no_draft_levels=plain)
+    for lv, pl in zip(levels, plain, strict=False):
+        print(f"[serve] {lv['concurrency']} streams: drafting on {lv['output_tok_s']:,.1f} tok/s, --no-draft "
+              f"{pl['output_tok_s']:,.1f}", flush=True)  # fmt: skip
+        if facts["slice"]:
+            run.metric(f"serve.draft_vs_no_draft.streams{lv['concurrency']}", lv["output_tok_s"] / pl["output_tok_s"],
+                       "fraction", ">= 0.95", f"a --no-draft server, same run ({pl['output_tok_s']:,.0f} tok/s)")  # fmt: skip
     print(f"[serve] one stream: HTTP {http:,.1f} tok/s against tfc generate {gen:,.1f}; restarts "
           f"{', '.join(f'{s:.2f}' for s in starts)} s", flush=True)  # fmt: skip
     # the pair's figure names its image; a short reply measures the first rounds of drafting, not decode
