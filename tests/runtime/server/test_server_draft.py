@@ -1,5 +1,5 @@
 """`tfc serve` drafting, through the official openai client: drafted replies equal `"draft": false` ones (text and
-token_sha; greedy, seeded, 16 choices at once, a JSON schema, a stop string, streamed), usage.tfc_draft counts
+token_sha; greedy, seeded, 3 and 16 choices at once, a JSON schema, a stop string, streamed), usage.tfc_draft counts
 each reply's rounds, /health and /metrics the server's; `--no-draft` turns it off and says so."""
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ def _pair(create, **kw) -> tuple:
 
 def test_drafted_replies_equal_serial_ones(client, server):
     before = _metric(server, "spec_decode_num_drafts")
-    for n, kw in ((1, {"temperature": 0}), (16, SEEDED)):  # solo greedy; 16 seeded choices at once
+    # solo greedy; 3 seeded choices (6 streams: a draft each a round); 16 (32 streams fill the step: no drafts)
+    for n, kw in ((1, {"temperature": 0}), (3, SEEDED), (16, SEEDED)):
         drafted, serial = _pair(
             client.completions.create, model="tiny", prompt=PROMPT, max_tokens=5, n=n, **kw
         )
         assert [c.token_sha for c in drafted.choices] == [c.token_sha for c in serial.choices]
         assert [c.text for c in drafted.choices] == [c.text for c in serial.choices]
-        assert _counts(drafted)["drafts"] >= n and _counts(drafted)["draft_tokens"] > 0
+        if n < 16:
+            assert _counts(drafted)["drafts"] >= n and _counts(drafted)["draft_tokens"] > 0
         assert _counts(serial) == {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
     msgs = [{"role": "user", "content": "Hello"}]
     asks = [{"max_tokens": 8, **SEEDED}, {"max_tokens": 12, "response_format": SCHEMA, "temperature": 0},
