@@ -52,6 +52,7 @@ class ServeOptions:
     dtype: str = "float32"
     drain_s: float = 20.0
     chunk: int = 256
+    max_step_tokens: int | None = None  # None: a chunk beside every slot's row and drafts
     max_waiting: int = 64
     prefix_cache: bool = True
     prefix_cache_gib: float = 1.0
@@ -284,6 +285,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, rank: _Rank, started:
         max_seqs=slots,
         max_context=context,
         chunk=options.chunk,
+        max_step_tokens=options.max_step_tokens,
         max_waiting=options.max_waiting,
         prefix=prefix,
         draft=options.draft,  # where the runner states it can (a TP world's leader says why not)

@@ -25,6 +25,7 @@ class EngineConfig:
     max_seqs: int
     max_context: int
     chunk: int = 256  # prefill chunk, tokens
+    max_step_tokens: int | None = None  # tokens a step holds: decode rows first, then prompt chunks that fit
     max_waiting: int = 64  # queued requests before 429
     retry_after_s: int = 1
     prefix: PrefixSettings | None = None  # the prefix cache's tiers (None: no prefix cache)
@@ -33,8 +34,9 @@ class EngineConfig:
     draft_rows: int = DRAFT_ROWS  # rows a decode step's rows and their drafts fill together
 
     def budget(self, draft: int = 0) -> int:
-        """Tokens a step may hold: one chunk beside every decoding row (each with up to `draft` drafts)."""
-        return self.chunk + self.max_seqs * (1 + draft)
+        """Tokens a step may hold: `max_step_tokens`, or one chunk beside every decoding row (each with up to
+        `draft` drafts)."""
+        return self.max_step_tokens or self.chunk + self.max_seqs * (1 + draft)
 
 
 @dataclass

@@ -69,6 +69,11 @@ def test_click_usage_errors_are_one_line_and_exit_2(capsys, monkeypatch, args):
     assert "Usage:" not in line and "--help" in line
 
 
+def test_a_step_budget_below_the_prompt_chunk_is_refused(capsys, monkeypatch):
+    line = _refused(capsys, monkeypatch, "serve", "x", "--max-step-tokens", "8", "--prefill-chunk", "16")
+    assert "'--max-step-tokens': 8 is less than --prefill-chunk 16" in line
+
+
 def test_a_missing_command_names_the_commands(capsys, monkeypatch):
     assert "inspect, plan, prepare" in _refused(capsys, monkeypatch)
     assert "ls, prune, rm" in _refused(capsys, monkeypatch, "cache")

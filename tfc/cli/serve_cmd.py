@@ -39,6 +39,9 @@ from tfc.cli.world_cmd import launch_if_world
 )
 @click.option("--max-waiting", type=click.IntRange(0), default=64, show_default=True,
               help="Requests queued beyond the free slots before 429.")  # fmt: skip
+@click.option("--max-step-tokens", type=click.IntRange(1),
+              help="Tokens one step may hold: every decoding row first, then prompt chunks while they fit (default: "
+                   "a prompt chunk beside every slot's row and drafts; at least --prefill-chunk).")  # fmt: skip
 @click.option("--prefill-chunk", type=click.IntRange(1), default=256, show_default=True,
               help="Prompt tokens a sequence prefills per step (on a GPU, also the rows of a prefill step when more than 16).")  # fmt: skip
 @device_option()
@@ -63,7 +66,8 @@ from tfc.cli.world_cmd import launch_if_world
 @click.option("--draft/--no-draft", default=True, show_default=True,
               help="Draft tokens with the model's DSpark blocks and verify them in one step, where the runner can "
                    "(same tokens as without; a request's \"draft\": false turns it off for that request).")  # fmt: skip
-def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, prefill_chunk,
+def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_context, max_waiting, max_step_tokens,
+          prefill_chunk,
           device, dtype, no_graphs, jobs, drain_s, prefix_cache, prefix_cache_gib, host_cache_gib, disk_cache,
           disk_cache_gib, tokenizer_path, draft) -> None:  # fmt: skip
     """Serve IMAGE (an image folder, or a TP=1 rank folder) over an OpenAI-compatible HTTP API.
@@ -73,6 +77,9 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     requests in flight get --drain-s seconds, a second signal cuts the drain short.
     """
     started = time.monotonic()
+    if max_step_tokens is not None and max_step_tokens < prefill_chunk:
+        raise click.BadParameter(f"{max_step_tokens} is less than --prefill-chunk {prefill_chunk}: no prompt chunk "
+                                 "would fit a step", param_hint="'--max-step-tokens'")  # fmt: skip
     if disk_cache is not None and disk_cache.exists() and not disk_cache.is_dir():
         raise click.BadParameter(f"{disk_cache} is not a folder", param_hint="'--disk-cache'")
     from tfc.runtime.options import RuntimeOptions
@@ -88,6 +95,7 @@ def serve(image, host, port, model_name, api_keys, api_key_file, max_seqs, max_c
     options = ServeOptions(
         image=image, host=host, port=port, model_name=model_name, max_seqs=max_seqs, max_context=max_context,
         device=device, runtime=runtime, jobs=jobs, dtype=dtype, drain_s=drain_s, chunk=prefill_chunk,
+        max_step_tokens=max_step_tokens,
         max_waiting=max_waiting, prefix_cache=prefix_cache, prefix_cache_gib=prefix_cache_gib,
         host_cache_gib=host_cache_gib, disk_cache=disk_cache, disk_cache_gib=disk_cache_gib, draft=draft,
         tokenizer=tokenizer_path, keepalive_s=keepalive_s,

@@ -129,6 +129,19 @@ def test_prefill_chunks_start_at_multiples_of_the_chunk_whatever_shares_the_step
     assert [r.slot for r in plan.rows] == [1, 0]
 
 
+def test_max_step_tokens_is_the_steps_budget():
+    loose = EngineConfig(max_seqs=4, max_context=100, chunk=8)
+    assert loose.budget(5) == 8 + 4 * 6 and loose.budget() == 12
+    tight = EngineConfig(max_seqs=4, max_context=100, chunk=8, max_step_tokens=10)
+    assert tight.budget(5) == tight.budget() == 10
+    decoding = [Running(s, (1,), generated=[7], fed=1) for s in range(3)]
+    prompt = Running(3, tuple(range(20)), fed=0)
+    plan = plan_step([*decoding, prompt], chunk=8, budget=tight.budget())  # 3 decode rows + 8 > 10: it waits
+    assert [r.slot for r in plan.rows] == [0, 1, 2]
+    plan = plan_step([*decoding[:2], prompt], chunk=8, budget=tight.budget())
+    assert [r.slot for r in plan.rows] == [0, 1, 3]
+
+
 class CountingRunner:
     """A runner whose logits favour (position + slot-independent offset) % V: deterministic, batch-free."""
 
