@@ -19,6 +19,19 @@ from tfc.runtime.models.dsv41.dspark.state import DraftState
 from tfc.runtime.models.dsv41.reference.forward import Dsv41Model, MissingWeight
 
 Choose = Callable[[int, torch.Tensor], int]  # (draft index i, its logits [V]) -> the token proposed
+# A draft is verified while the confidence head's chance that it and every draft before it are accepted (the
+# product of sigmoid(c_i)) is at least what its verify row costs in one-row steps: a 6-row window took 1.46x a
+# one-row step on an H200 (benchmarks/summaries/decode.md), ~0.1 a row.
+VERIFY_FLOOR = 0.1
+
+
+def worth_verifying(confidence: torch.Tensor | None, k: int, floor: float = VERIFY_FLOOR) -> int:
+    """Of k drafts, how many to verify: while the running product of sigmoid(confidence) stays >= floor (the
+    DSpark paper's reading of the head; all k where the model has no confidence head)."""
+    if confidence is None:
+        return k
+    chance = torch.cumprod(torch.sigmoid(confidence.double()[:k]), 0)
+    return int((chance >= floor).sum())
 
 
 class SlotDrafter(Protocol):
@@ -59,8 +72,9 @@ class SlotContext:
 class DsparkSlots:
     """A DSpark drafter over every slot of a runner (`DsparkDrafter`, or fast/dspark.py's, which has its interface)."""
 
-    def __init__(self, drafter: DsparkDrafter) -> None:
+    def __init__(self, drafter: DsparkDrafter, floor: float = VERIFY_FLOOR) -> None:
         self.drafter = drafter
+        self.floor = floor  # worth_verifying's
         self.block_size = drafter.block_size
         self.target_layers = tuple(drafter.target_layers)
         self.window = drafter.config.sliding_window
@@ -87,7 +101,8 @@ class DsparkSlots:
     def propose(
         self, slot: int, tokens: Sequence[int], last_token: int, k: int, choose: Choose
     ) -> tuple[int, ...]:
-        """The DSpark block's first k tokens after `last_token` (none before the slot observed a row)."""
+        """The DSpark block's first k tokens after `last_token` that are worth a verify row (worth_verifying; none
+        before the slot observed a row)."""
         ctx = self.contexts.get(slot)
         if ctx is None or ctx.end != len(tokens) or ctx.end == ctx.state.start:
             return ()
@@ -97,7 +112,7 @@ class DsparkSlots:
             hidden = torch.empty(0, len(self.target_layers) * self.drafter.config.hidden_size)
         index = iter(range(k))
         draft = self.drafter.draft(ctx.state, hidden, last_token, k, lambda row: choose(next(index), row))
-        return draft.tokens
+        return draft.tokens[: worth_verifying(draft.confidence, len(draft.tokens), self.floor)]
 
     def release(self, slot: int) -> None:
         """Forget a slot's context."""
