@@ -103,45 +103,39 @@ def test_concurrent_equals_solo_in_any_slot(fast):
 def test_a_row_keeps_its_bits_in_wide_steps_at_any_place(image):
     # 40 sequences a step, 1 to 3 rows each: steps of 40 to 80 rows (buckets 48, 64, 96, 128), the sequence's
     # row last, in the step's third to seventh 16-row chunk
-    booted = boot(image, device="cpu")
-    try:
-        runner = build_fast(booted, slots=41, tokens_per_slot=256, context_step=64, page_tokens=16)
-        toks = _tokens(10, 17)
-        solo = runner.logits_of(0, toks, 0)
-        runner.release(0)
-        others = {s: _tokens(40, 30 + s) for s in range(1, 40)}
-        steps = []
-        runner._tiles = _counting(runner._tiles, steps)
-        got = decode_alongside(runner, 40, toks, others, lambda i, s: 1 + (i + s) % 3, last=True)
-        assert torch.equal(got, solo)
-        assert max(steps) > 64 and min(steps) >= 40  # every plan one step
-    finally:
-        booted.close()
-
-
-def _counting(tiles, rows: list[int]):
-    """The runner's `_tiles` noting the live rows of each step it cuts a plan into."""
-
-    def cut(plan):
-        out = tiles(plan)
-        rows.extend(len(tile.rows) for _, tile in out)
-        return out
-
-    return cut
+    others = {s: _tokens(40, 30 + s) for s in range(1, 40)}
+    solo, got, steps = _own_runner(image, _tokens(10, 17), 40, others, lambda i, s: 1 + (i + s) % 3, last=True,
+                                   slots=41, tokens_per_slot=256, context_step=64, page_tokens=16)  # fmt: skip
+    assert torch.equal(got, solo)
+    assert max(steps) > 64 and min(steps) >= 40  # every plan one step
 
 
 def test_a_row_does_not_depend_on_its_steps_context_bucket(image):
-    # buckets of 16 tokens: at ratio 2 a small bucket holds fewer entries (8) than index_topk (16)
+    # buckets of 16 tokens: at ratio 2 a small bucket holds fewer entries (8) than index_topk (16); the other
+    # sequence prefills 150 tokens in the first step, then decodes: its steps' buckets are ~160
+    solo, got, _ = _own_runner(image, _tokens(30, 13), 2, {1: _tokens(200, 14)}, lambda i, s: 150 if i == 0 else 1,
+                               slots=3, tokens_per_slot=512, context_step=16, page_tokens=16)  # fmt: skip
+    assert torch.equal(got, solo)
+
+
+def _own_runner(image, toks, slot, others, takes, last=False, **build):
+    """(toks' logits decoded alone in slot 0, the same in `slot` beside `others` (decode_alongside), the live rows
+    of every step those ran in) on a CPU runner of its own built with `build`."""
     booted = boot(image, device="cpu")
     try:
-        runner = build_fast(booted, slots=3, tokens_per_slot=512, context_step=16, page_tokens=16)
-        toks = _tokens(30, 13)
+        runner = build_fast(booted, **build)
         solo = runner.logits_of(0, toks, 0)
         runner.release(0)
-        # the other sequence prefills 150 tokens in the first step, then decodes: its steps' buckets are ~160
-        other = {1: _tokens(200, 14)}
-        got = decode_alongside(runner, 2, toks, other, lambda i, s: 150 if i == 0 else 1)
-        assert torch.equal(got, solo)
+        steps: list[int] = []
+        tiles = runner._tiles
+
+        def cut(plan):
+            out = tiles(plan)
+            steps.extend(len(tile.rows) for _, tile in out)
+            return out
+
+        runner._tiles = cut
+        return solo, decode_alongside(runner, slot, toks, others, takes, last), steps
     finally:
         booted.close()
 
