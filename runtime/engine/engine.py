@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from tfc.runtime.engine.draft_backoff import DraftGate
 from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
@@ -56,6 +57,7 @@ class Engine:
         self.snapshots = snapshots_of(runner) if self.prefix is not None else None
         self.drafts, self.draft_note = open_drafting(runner, config.draft, config.draft_off)
         self.drafted = DraftCounts()
+        self.gate = DraftGate()  # whether the drafter lately earns its rounds, over every sequence
         self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
 
     @property
@@ -305,7 +307,7 @@ class Engine:
         """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""
         for seq in work:
             seq.run.draft = ()
-        if self.drafts is None:
+        if self.drafts is None or not self.gate.open():
             return
         try:
             propose(
@@ -334,6 +336,7 @@ class Engine:
                 break
         self.drafts.rollback(run.slot, run.fed)  # a verify row was planned only with drafting on
         run.backoff.after(accepted)
+        self.gate.after(accepted)
         for counts in (seq.drafted, self.drafted):
             counts.add(len(draft), accepted)
         self.metrics.drafts.inc()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from tfc.runtime.engine.draft_backoff import DraftBackoff
+from tfc.runtime.engine.draft_backoff import DraftBackoff, DraftGate
 from tfc.runtime.engine.drafting import DRAFT_ROWS, DraftCounts, chooser, draft_length, share
 from tfc.runtime.engine.sampling import Sampler, SamplingError, SamplingParams
 from tfc.runtime.worker.runner import ModelRunner, drafter_of
@@ -77,6 +77,7 @@ def generate(
     drafts = drafter_of(runner) if draft else None
     out = [Generation() for _ in prompts]
     backoff = [DraftBackoff() for _ in prompts]
+    gate = DraftGate()
     position = [0] * len(prompts)
     last: list[torch.Tensor | None] = [None] * len(prompts)
     started = time.perf_counter()
@@ -113,6 +114,7 @@ def generate(
             kept += 1
         drafts.rollback(i, p + kept + 1)
         backoff[i].after(kept)
+        gate.after(kept)
         out[i].drafted.add(len(tokens) - 1, kept)
         position[i], last[i] = p + kept + 1, rows[kept]  # the next sample from rows[kept] is the bonus
         return going
@@ -132,7 +134,11 @@ def generate(
         live = list(range(len(prompts)))
         while live:
             rows = []
-            block = min(drafts.draft_block, share(len(live), draft_rows)) if drafts is not None else 0
+            block = (
+                min(drafts.draft_block, share(len(live), draft_rows))
+                if drafts is not None and gate.open()
+                else 0
+            )
             for i in live:
                 token = samplers[i].sample(last[i], position[i])
                 if emit(i, last[i], token):

@@ -62,7 +62,7 @@ class Right:
         pass
 
 
-@pytest.mark.parametrize(("streams", "most"), [(2, 5), (8, 1), (16, 0)])
+@pytest.mark.parametrize(("streams", "most"), [(2, 5), (8, 1)])  # 9 and more: none (the test above)
 def test_generate_drafts_less_as_more_streams_decode(worker, streams, most):
     gen = torch.Generator().manual_seed(4)
     prompts = [tuple(torch.randint(3, 640, (6,), generator=gen).tolist()) for _ in range(streams)]
