@@ -36,17 +36,31 @@ def _pair(create, **kw) -> tuple:
         return drafted.result(), serial.result()
 
 
-def test_drafted_replies_equal_serial_ones(client, server):
-    before = _metric(server, "spec_decode_num_drafts")
-    # solo greedy; 3 seeded choices (6 streams: a draft each a round); 16 (32 streams fill the step: no drafts)
+@pytest.fixture(scope="module")
+def fresh(served_image, tmp_path_factory):
+    """A server of its own: its drafting gate has seen no round yet (rounds of random weights close it)."""
+    log = tmp_path_factory.mktemp("draft-serve") / "serve.log"
+    with ServerProcess(served_image, "--max-seqs", "16", "--model-name", "tiny", log=log) as proc:
+        yield proc
+
+
+def test_drafted_replies_equal_serial_ones(fresh):
+    openai = pytest.importorskip("openai")
+    client, server = (
+        openai.OpenAI(base_url=fresh.url + "/v1", api_key="unused", max_retries=0, timeout=60),
+        fresh,
+    )
+    # solo greedy (the first rounds: they draft); 3 seeded choices; 16 (32 streams fill the step: no drafts).
+    # Random weights reject drafts, so after 16 rounds the server drafts only a probe every 64 steps:
+    # later replies are checked for their tokens alone.
     for n, kw in ((1, {"temperature": 0}), (3, SEEDED), (16, SEEDED)):
         drafted, serial = _pair(
             client.completions.create, model="tiny", prompt=PROMPT, max_tokens=5, n=n, **kw
         )
         assert [c.token_sha for c in drafted.choices] == [c.token_sha for c in serial.choices]
         assert [c.text for c in drafted.choices] == [c.text for c in serial.choices]
-        if n < 16:
-            assert _counts(drafted)["drafts"] >= n and _counts(drafted)["draft_tokens"] > 0
+        if n == 1:
+            assert _counts(drafted)["drafts"] >= 1 and _counts(drafted)["draft_tokens"] > 0
         assert _counts(serial) == {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
     msgs = [{"role": "user", "content": "Hello"}]
     asks = [{"max_tokens": 8, **SEEDED}, {"max_tokens": 12, "response_format": SCHEMA, "temperature": 0},
@@ -59,16 +73,15 @@ def test_drafted_replies_equal_serial_ones(client, server):
         drafted, serial = _pair(client.chat.completions.create, model="tiny", messages=msgs, **kw)
         assert drafted.choices[0].message.content == serial.choices[0].message.content
         assert drafted.choices[0].token_sha == serial.choices[0].token_sha
-        assert _counts(drafted)["drafts"] > 0
         replies.append(serial.choices[0].message.content)
     assert replies[1].startswith("[") and replies[3] == replies[2][: replies[2].index(stop)]
     chunks = list(client.chat.completions.create(model="tiny", messages=msgs, stream=True,
                                                  stream_options={"include_usage": True}, **asks[0]))  # fmt: skip
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == replies[0]
-    assert chunks[-1].usage.model_extra["tfc_draft"]["drafts"] > 0
+    assert "drafts" in chunks[-1].usage.model_extra["tfc_draft"]
     health = server.get("/health")[1]["drafting"]
     assert health["on"] and health["note"].startswith("drafting on") and health["drafts"] > 0
-    assert _metric(server, "spec_decode_num_drafts") > before
+    assert _metric(server, "spec_decode_num_drafts") == health["drafts"]
     assert _metric(server, "spec_decode_num_draft_tokens") >= health["draft_tokens"] > 0
     assert re.search(r"^tfc:spec_decode_num_accepted_tokens_total", server.get("/metrics")[1], re.M)
 
