@@ -121,6 +121,22 @@ def bench(url: str, concurrency: int, requests: int, args) -> dict:
     return json.loads(line)
 
 
+def level(url: str, concurrency: int, args) -> dict:
+    """`tfc bench` at this concurrency (2 x C requests, at least 8), with the drafting rounds it caused."""
+    before = drafting(url)
+    out = bench(url, concurrency, max(8, 2 * concurrency), args)
+    after = drafting(url)
+    out["drafting"] = {k: after[k] - before[k] for k in after}
+    return out
+
+
+def drafting(url: str) -> dict:
+    """The server's drafting counts so far (/health): rounds, drafted and accepted tokens."""
+    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+        d = json.loads(r.read())["drafting"]
+    return {k: d[k] for k in ("drafts", "draft_tokens", "accepted_tokens")}
+
+
 def generate_rate(image: Path, device: str, extra: list[str], tokens: int) -> float:
     out = json.loads(c.tfc("generate", str(image), "--prompt", PROMPT, "--max-tokens", str(tokens), "--ignore-eos",
                            "--device", device, "--json", *extra, timeout=900))  # fmt: skip
@@ -169,17 +185,19 @@ def main() -> None:
                 gen = generate_rate(image, device, extra, args.output_len)
                 one = bench(server.url, 1, 1, args)
                 pairs.append({"generate_tok_s": gen, "http_tok_s": 1e3 / one["tpot_ms"]["p50"]})
-            levels = [bench(server.url, s, max(8, 2 * s), args) for s in streams]
+            levels = [level(server.url, s, args) for s in streams]
         plain = []
         if args.against_no_draft:
             with Server(
                 image, *serve_args, "--no-draft", device=device, log=Path(tmp) / "plain.log"
             ) as server:
                 bench(server.url, 1, 1, args)
-                plain = [bench(server.url, s, max(8, 2 * s), args) for s in streams]
+                plain = [level(server.url, s, args) for s in streams]
         for lv in levels:
+            d = lv["drafting"]
             print(f"[serve] {lv['concurrency']} streams: {lv['output_tok_s']:,.1f} tok/s out, TTFT p50 "
-                  f"{lv['ttft_ms']['p50']:,.0f} ms, TPOT p50 {lv['tpot_ms']['p50']:,.1f} ms, {lv['failed']} failed")  # fmt: skip
+                  f"{lv['ttft_ms']['p50']:,.0f} ms, TPOT p50 {lv['tpot_ms']['p50']:,.1f} ms, {lv['failed']} failed; "
+                  f"{d['drafts']} drafting rounds, {d['accepted_tokens']} of {d['draft_tokens']} drafts kept")  # fmt: skip
         starts = []
         for i in range(args.restarts):
             with Server(image, *serve_args, device=device, log=Path(tmp) / f"start{i}.log") as s:
