@@ -58,7 +58,7 @@ part() {  # part NAME LIMIT_S COMMAND...: run it, its limit cut to what is left 
 
 part decode 180 python3 benchmarks/decode.py --image "$IMG" --rows 1,4,16,64,256 "${COMMON[@]}"
 part prefill 150 python3 benchmarks/prefill.py --image "$IMG" --repeats 2 "${COMMON[@]}"
-part serve 240 python3 benchmarks/serve.py --device cuda --image "$IMG" --reps 2 --restarts 2 --against-no-draft "${COMMON[@]}"
+part serve 300 python3 benchmarks/serve.py --device cuda --image "$IMG" --reps 2 --restarts 2 --against-no-draft --long-prompt 4096 "${COMMON[@]}"
 part drafting 120 python3 benchmarks/drafting.py --image "$IMG" "${COMMON[@]}"
 part kernels 120 python3 benchmarks/kernels.py "${COMMON[@]}"
 part prefix 150 python3 benchmarks/prefix_cache.py --device cuda --image "$IMG" --tokens 16000 --reps 1 "${COMMON[@]}"

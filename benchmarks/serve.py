@@ -2,7 +2,8 @@
 """`tfc serve` loaded by `tfc bench`: aggregate decode at several concurrent streams, one stream against
 `tfc generate` on the same image, and restarts to ready.
 
-    python benchmarks/serve.py [--device cuda] [--image IMG/rank0] [--streams 1,16,64] [--against-no-draft] [--json]
+    python benchmarks/serve.py [--device cuda] [--image IMG/rank0] [--streams 1,16,64] [--against-no-draft]
+        [--long-prompt 4096 [--long-streams 32]] [--json]
     python benchmarks/serve.py --device cpu --streams 1,4 --output-len 16          # the tiny image, small counts
 
 IMG: any prepared image (default: the tiny pack, prepared in a temporary folder); an image without a tokenizer (the
@@ -12,6 +13,9 @@ request through the server (`tfc bench --concurrency 1`: 1 / TPOT), interleaved 
 alike; then `tfc bench --concurrency C --ignore-eos` for each C of --streams (output tok/s over the setting's
 wall time); then --restarts starts of `tfc serve` to /health ready (the first start on a GPU builds the kernels
 into the store's cache: it is timed apart). The server runs with its defaults and --max-seqs at the largest C.
+--against-no-draft benches a `--no-draft` server at the same settings (drafting's cost or gain, and each level's
+drafting rounds); --long-prompt W sends one W-word prompt while --long-streams streams decode (`tfc bench`) and
+times its first token and those streams' output rate against the same run without it.
 
 On a Flash slice, whole-Flash tok/s is projected from the slice's aggregate by the weights a token multiplies
 (Flash's layers and head over the slice's, decode.active_params): the step's time taken to grow with its weights.
@@ -130,6 +134,29 @@ def level(url: str, concurrency: int, args) -> dict:
     return out
 
 
+def long_prompt(url: str, streams: int, words: int, args) -> dict:
+    """The time to the first token of one `words`-word prompt sent while `streams` streams decode, and those streams'
+    output rate and inter-token p99 with it against a run without it (the same `tfc bench` setting)."""
+    quiet = bench(url, streams, streams, args)
+    cmd = c.tfc_command("bench", url, "--concurrency", str(streams), "--requests", str(streams), "--input-len",
+                        str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos", "--json")  # fmt: skip
+    busy = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    time.sleep((quiet["ttft_ms"]["p99"] + 4 * quiet["tpot_ms"]["p50"]) / 1e3)  # every stream decoding by now
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        model = json.loads(r.read())["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": "tokens " * words, "max_tokens": 1}).encode()
+    ask = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(ask, timeout=1800) as r:
+        prompt_tokens = json.loads(r.read())["usage"]["prompt_tokens"]
+    ttft = time.perf_counter() - started
+    out, _ = busy.communicate(timeout=1800)
+    loaded = json.loads(out.strip().splitlines()[-1])
+    return {"streams": streams, "prompt_tokens": prompt_tokens, "ttft_s": ttft,
+            "quiet_tok_s": quiet["output_tok_s"], "busy_tok_s": loaded["output_tok_s"],
+            "quiet_itl_p99_ms": quiet["itl_ms"]["p99"], "busy_itl_p99_ms": loaded["itl_ms"]["p99"]}  # fmt: skip
+
+
 def drafting(url: str) -> dict:
     """The server's drafting counts so far (/health): rounds, drafted and accepted tokens."""
     with urllib.request.urlopen(url + "/health", timeout=10) as r:
@@ -153,6 +180,14 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128, help="prompt words a request sends")
     ap.add_argument("--reps", type=int, default=3, help="generate / one-stream pairs (medians)")
     ap.add_argument("--restarts", type=int, default=3, help="starts to /health ready (median)")
+    ap.add_argument(
+        "--long-prompt",
+        type=int,
+        default=0,
+        metavar="WORDS",
+        help="also time one prompt of this many words sent while --long-streams streams decode",
+    )
+    ap.add_argument("--long-streams", type=int, default=32, help="the streams decoding around --long-prompt")
     ap.add_argument("--against-no-draft", action="store_true",
                     help="also bench a --no-draft server at the same streams: what drafting costs or gives")  # fmt: skip
     args = ap.parse_args()
@@ -173,7 +208,8 @@ def main() -> None:
             if facts["tokenizer"]
             else ["--tokenizer", str(id_tokenizer(Path(tmp) / "ids.json", facts["vocab"]))]
         )
-        serve_args = ["--max-seqs", str(max(streams)), *extra]
+        seqs = max(*streams, args.long_streams + 1 if args.long_prompt else 1)  # the long prompt finds a slot
+        serve_args = ["--max-seqs", str(seqs), *extra]
         run.data.update(image=str(image), facts=facts, streams=streams, output_len=args.output_len)
         if device == "cuda":  # the first start builds the kernels into the store's cache: timed apart
             with Server(image, *serve_args, device=device, log=Path(tmp) / "first.log") as first:
@@ -186,6 +222,11 @@ def main() -> None:
                 one = bench(server.url, 1, 1, args)
                 pairs.append({"generate_tok_s": gen, "http_tok_s": 1e3 / one["tpot_ms"]["p50"]})
             levels = [level(server.url, s, args) for s in streams]
+            long = (
+                long_prompt(server.url, args.long_streams, args.long_prompt, args)
+                if args.long_prompt
+                else None
+            )
         plain = []
         if args.against_no_draft:
             with Server(
@@ -204,7 +245,12 @@ def main() -> None:
                 starts.append(s.ready_s)
             time.sleep(0.5)
     gen, http = c.median(p["generate_tok_s"] for p in pairs), c.median(p["http_tok_s"] for p in pairs)
-    run.data.update(pairs=pairs, levels=levels, starts_s=starts, no_draft_levels=plain)
+    run.data.update(pairs=pairs, levels=levels, starts_s=starts, no_draft_levels=plain, long_prompt=long)
+    if long:
+        print(f"[serve] a {long['prompt_tokens']:,}-token prompt beside {long['streams']} decoding streams: first "
+              f"token in {long['ttft_s']:.2f} s; the streams {long['busy_tok_s']:,.1f} tok/s with it, "
+              f"{long['quiet_tok_s']:,.1f} without (inter-token p99 {long['busy_itl_p99_ms']:,.0f} against "
+              f"{long['quiet_itl_p99_ms']:,.0f} ms)", flush=True)  # fmt: skip
     for lv, pl in zip(levels, plain, strict=False):
         print(f"[serve] {lv['concurrency']} streams: drafting on {lv['output_tok_s']:,.1f} tok/s, --no-draft "
               f"{pl['output_tok_s']:,.1f}", flush=True)  # fmt: skip
@@ -223,6 +269,13 @@ def main() -> None:
     if facts["slice"]:
         run.metric("serve.start_to_ready_s.slice", c.median(starts), "s", "<= 6",
                    "a restart: the kernels in the store's cache, the image in the page cache")  # fmt: skip
+        if long:
+            run.metric(f"serve.long_prompt_ttft_s.streams{long['streams']}", long["ttft_s"], "s", None,
+                       f"a {long['prompt_tokens']:,}-token prompt's first token beside {long['streams']} decoding "
+                       "streams; vLLM prefills 12.0K tok/s at 32k (4x RTX PRO 6000)")  # fmt: skip
+            run.metric(f"serve.decode_during_long_prompt.streams{long['streams']}",
+                       long["busy_tok_s"] / long["quiet_tok_s"], "fraction", None,
+                       f"the same streams without the long prompt ({long['quiet_tok_s']:,.0f} tok/s)")  # fmt: skip
         at64 = next((lv for lv in levels if lv["concurrency"] == 64), None)
         if at64:
             run.metric("serve.whole_flash_tok_s.streams64", at64["output_tok_s"] * facts["slice_over_flash_weights"],
