@@ -306,7 +306,7 @@ def _boot_steps(options: ServeOptions, state: ServerState, rank: _Rank, started:
     for note in runner_notes(runner):
         say(f"note: {note}")
     say(engine.prefix_note)
-    say(engine.draft_note)
+    say(engine.drafting.note)
     for note in runner.info.warnings:
         say(f"warning: {note}")
     metrics.boot_phases({p.name: p.seconds for p in worker.booted.phases.phases})

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
+from tfc.runtime.engine.draft_backoff import DraftGate
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams, sample
 from tfc.runtime.engine.scheduler import Running
@@ -63,9 +64,7 @@ def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, 
     return lambda i, logits: sample(logits, params, seed, position + i)
 
 
-DRAFT_ROWS = (
-    16  # rows a decode step's rows and drafts fill together by default: one product chunk (CHUNK_ROWS)
-)
+DRAFT_ROWS = 16  # rows a step's decode rows and drafts fill together by default: one product chunk
 
 
 def share(decoding: int, rows: int) -> int:
@@ -73,6 +72,58 @@ def share(decoding: int, rows: int) -> int:
     step of many streams drafts less, and none once their rows alone fill it (drafts never cost a product chunk
     of their own, so never a server's throughput)."""
     return max(0, rows // max(1, decoding) - 1)
+
+
+class EngineDrafting:
+    """The engine's drafting: its drafter (None: off) and the line that says why, the rounds so far, and the gate
+    that stops rounds across sequences while they keep nothing."""
+
+    def __init__(self, runner: ModelRunner, on: bool, off: str, metrics) -> None:
+        self.drafter, self.note = open_drafting(runner, on, off)
+        self.counts = DraftCounts()
+        self.gate = DraftGate()
+        self.metrics = metrics  # EngineMetrics: the rounds, drafted and accepted tokens
+
+    @property
+    def block(self) -> int:
+        """The most tokens a round drafts (0: drafting off)."""
+        return self.drafter.draft_block if self.drafter is not None else 0
+
+    def stats(self) -> dict:
+        """Whether drafting is on (and why not), with the rounds, drafted and accepted tokens so far."""
+        return {"on": self.drafter is not None, "note": self.note, **self.counts.as_dict()}
+
+    def propose(self, work: Sequence[tuple[Running, Request]], context: int, rows: int) -> None:
+        """Set every decoding sequence's draft for this step (`propose`); a failing drafter turns drafting off,
+        stated, and the step decodes serially."""
+        for run, _ in work:
+            run.draft = ()
+        if self.drafter is None or not self.gate.open():
+            return
+        try:
+            propose(self.drafter, work, context, rows)
+        except Exception as error:  # decode serially from here on, and say so
+            self.drafter, self.note = None, f"drafting off: a draft failed ({one_line(error)})"
+            for run, _ in work:
+                run.draft = ()
+
+    def settle(self, run: Running, counts: DraftCounts, drafted: int, accepted: int) -> None:
+        """After a round that kept `accepted` of `drafted` drafts: the runner rolled back to what was kept, the
+        sequence's back-off and the gate told, the counts (the request's `counts` and the engine's) added to."""
+        self.drafter.rollback(run.slot, run.fed)  # a verify row was planned only with drafting on
+        run.backoff.after(accepted)
+        self.gate.after(accepted)
+        for c in (counts, self.counts):
+            c.add(drafted, accepted)
+        self.metrics.drafts.inc()
+        self.metrics.draft_tokens.inc(drafted)
+        self.metrics.accepted_tokens.inc(accepted)
+
+
+def one_line(error: Exception) -> str:
+    """One line naming an exception."""
+    line = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
 def propose(drafts: Drafter, work: Sequence[tuple[Running, Request]], context: int, rows: int) -> None:

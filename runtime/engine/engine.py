@@ -19,8 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from tfc.runtime.engine.draft_backoff import DraftGate
-from tfc.runtime.engine.drafting import DraftCounts, open_drafting, propose
+from tfc.runtime.engine.drafting import EngineDrafting, one_line
 from tfc.runtime.engine.engine_seq import EngineConfig, EngineSeq, Stream, pusher
 from tfc.runtime.engine.generate import token_sha
 from tfc.runtime.engine.metrics import EngineMetrics
@@ -55,9 +54,7 @@ class Engine:
         self.steps = 0
         self.prefix, self.prefix_note = open_prefix_cache(runner, config.prefix, config.chunk, self.metrics)
         self.snapshots = snapshots_of(runner) if self.prefix is not None else None
-        self.drafts, self.draft_note = open_drafting(runner, config.draft, config.draft_off)
-        self.drafted = DraftCounts()
-        self.gate = DraftGate()  # whether the drafter lately earns its rounds, over every sequence
+        self.drafting = EngineDrafting(runner, config.draft, config.draft_off, self.metrics)
         self._thread = threading.Thread(target=self._loop, name="tfc-engine", daemon=True)
 
     @property
@@ -151,7 +148,7 @@ class Engine:
 
     def draft_stats(self) -> dict:
         """Whether drafting is on (and why not), with the rounds, drafted and accepted tokens so far."""
-        return {"on": self.drafts is not None, "note": self.draft_note, **self.drafted.as_dict()}
+        return self.drafting.stats()
 
     # -- the step loop (engine thread) ---------------------------------------------------------------------
 
@@ -198,7 +195,7 @@ class Engine:
         admitted = []
         while self._waiting and self._free:
             seq = self._waiting.popleft()
-            drafting = self.drafts is not None and seq.request.draft
+            drafting = self.drafting.drafter is not None and seq.request.draft
             every = seq.request.prompt_logprobs is not None
             seq.run = Running(self._free.pop(), seq.request.prompt, drafting=drafting, every=every)
             seq.started = time.monotonic()
@@ -240,9 +237,9 @@ class Engine:
 
     def _step(self, work: list[EngineSeq]) -> None:
         by_slot = {s.run.slot: s for s in work}
-        self._propose(work)
-        block = self.drafts.draft_block if self.drafts is not None else 0
-        plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget(block))
+        context = min(self.config.max_context, self.info.context)
+        self.drafting.propose([(s.run, s.request) for s in work], context, self.config.draft_rows)
+        plan = plan_step([s.run for s in work], self.config.chunk, self.config.budget(self.drafting.block))
         for row in plan.rows:  # masks of the rows that sample this step are computed while the model runs
             seq = by_slot[row.slot]
             if seq.request.constraint is not None and seq.run.fed + len(row.tokens) >= len(seq.run.prompt):
@@ -301,25 +298,7 @@ class Engine:
                 self._release(seq)
             self.metrics.running.set(len(self._running))
         for seq, got in zip(failed, tokens, strict=True):
-            self._end(seq, Event([] if seq.request.reader else "", (), "error", _why(error)), got)
-
-    def _propose(self, work: list[EngineSeq]) -> None:
-        """Draft for every decoding sequence that drafts (a failing drafter turns drafting off, stated)."""
-        for seq in work:
-            seq.run.draft = ()
-        if self.drafts is None or not self.gate.open():
-            return
-        try:
-            propose(
-                self.drafts,
-                [(s.run, s.request) for s in work],
-                min(self.config.max_context, self.info.context),
-                self.config.draft_rows,
-            )
-        except Exception as error:  # the drafter failed: decode serially from here on, and say so
-            self.drafts, self.draft_note = None, f"drafting off: a draft failed ({_why(error)})"
-            for seq in work:
-                seq.run.draft = ()
+            self._end(seq, Event([] if seq.request.reader else "", (), "error", one_line(error)), got)
 
     def _verify(self, seq: EngineSeq, row: SequenceStep, logits: Any, now: float, done: list,
                 drawn: dict[tuple[int, int], int]) -> None:  # fmt: skip
@@ -334,14 +313,7 @@ class Engine:
             accepted += hit
             if not going or not hit:
                 break
-        self.drafts.rollback(run.slot, run.fed)  # a verify row was planned only with drafting on
-        run.backoff.after(accepted)
-        self.gate.after(accepted)
-        for counts in (seq.drafted, self.drafted):
-            counts.add(len(draft), accepted)
-        self.metrics.drafts.inc()
-        self.metrics.draft_tokens.inc(len(draft))
-        self.metrics.accepted_tokens.inc(accepted)
+        self.drafting.settle(run, seq.drafted, len(draft), accepted)
 
     def _next(self, seq: EngineSeq, logits: Any, now: float, done: list,
               drawn: dict[tuple[int, int], int]) -> bool:  # fmt: skip
@@ -351,7 +323,7 @@ class Engine:
         try:
             token, logprob = pick(seq.request, logits, run.fed, drawn.get((run.slot, run.fed)), run)
         except Exception as error:  # a request's constraint failed: end that request, not the engine
-            done.append((seq, Event([] if seq.request.reader else "", (), "error", _why(error)), ()))
+            done.append((seq, Event([] if seq.request.reader else "", (), "error", one_line(error)), ()))
             return False
         run.generated.append(token)
         if seq.first_token is None:
@@ -363,7 +335,7 @@ class Engine:
         try:
             last = self._emit(seq, token, logprob)
         except Exception as error:  # a request's reader failed: end that request, not the engine
-            last = Event([] if seq.request.reader else "", (token,), "error", _why(error))
+            last = Event([] if seq.request.reader else "", (token,), "error", one_line(error))
         if last is None:
             return True
         done.append((seq, last, tuple(run.generated)))
@@ -400,12 +372,6 @@ class Engine:
         self.metrics.finish(event.finish, usage)  # counted before the client hears its request ended
         seq.push(Event(event.text, event.token_ids, event.finish, event.error, tokens, usage, event.logprobs,
                        event.prompt_logprobs))  # fmt: skip
-
-
-def _why(error: Exception) -> str:
-    """One line naming an exception."""
-    line = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {line}" if line else type(error).__name__
 
 
 __all__ = ["Engine", "EngineConfig", "Stream", "token_sha"]

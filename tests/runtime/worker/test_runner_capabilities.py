@@ -111,12 +111,12 @@ def test_the_engine_goes_by_what_the_runner_states():
     silent = EveryMethod(RunnerCapabilities(draft_note="no DSpark blocks"))
     engine = Engine(silent, None, config)
     assert engine.prefix is None and "cannot snapshot" in engine.prefix_note
-    assert engine.drafts is None and engine.draft_note == "drafting off: no DSpark blocks"
+    assert engine.drafting.drafter is None and engine.drafting.note == "drafting off: no DSpark blocks"
     assert snapshots_of(silent) is None and drafter_of(silent) is None and stats_of(silent) == {}
     stated = EveryMethod(ALL)
     engine = Engine(stated, None, config)
-    assert engine.prefix is not None and engine.snapshots is stated and engine.drafts is stated
-    assert engine.draft_note.startswith("drafting on: up to 3 tokens")
+    assert engine.prefix is not None and engine.snapshots is stated and engine.drafting.drafter is stated
+    assert engine.drafting.note.startswith("drafting on: up to 3 tokens")
     assert stats_of(stated) == {"notes": ["stated"]}
 
 

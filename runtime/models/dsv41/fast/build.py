@@ -54,10 +54,10 @@ def build_fast(
 ) -> FastRunner:
     """The fast runner over a booted rank (`comm`: its world's collectives, none at TP=1; `tp_exact`, always on a
     TP=N rank: the products of fast/tp.py, which make TP=N equal TP=1, for a TP=1 build held to the worlds);
-    `kv_tokens` (default slots x tokens_per_slot, at most
-    DEFAULT_KV_TOKENS) sizes the page pool the slots share; `slots=None`: as many as KV_SHARE of the device's
-    free memory holds at tokens_per_slot tokens each (auto_slots), up to MAX_ROWS, each sure of its context; `draft` builds the DSpark drafter on the arena (fast/dspark.py)
-    when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
+    `kv_tokens` (default slots x tokens_per_slot, at most DEFAULT_KV_TOKENS) sizes the page pool the slots share;
+    `slots=None`: as many as KV_SHARE of the device's free memory holds at tokens_per_slot tokens each
+    (auto_slots), up to MAX_ROWS, each sure of its context; `draft` builds the DSpark drafter on the arena
+    (fast/dspark.py) when the image has one, and the step's hidden capture for it; `prefill_rows` sizes the prefill forward's
     wide steps that prompt rows take (default: the device's PREFILL_ROWS in an exact build; 0, and always
     with `tp_exact`: prompts take the decode steps)."""
     from tfc.runtime.models.dsv41.reference.runner import MissingEngramTables

@@ -166,16 +166,8 @@ class TritonOps:
         return by_chunks(
             lambda rows, lv, out: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32,
                                              live=lv, out=out, config=self._config()),
-            x, live, out=self._out(x, lin.n),
+            x, live, columns=lin.n,
         )  # fmt: skip
-
-    def _out(self, x: torch.Tensor, n: int) -> torch.Tensor | None:
-        """fp32 [rows, n] for a product of more rows than one launch takes (its chunks land in it), else None."""
-        return (
-            torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
-            if x.shape[0] > CHUNK_ROWS
-            else None
-        )
 
     def _config(self) -> Any:
         """The decode steps' EXL3 launch: row-free where exact, else each shape's own."""
@@ -202,7 +194,7 @@ class TritonOps:
             lambda rows, lv, out: self._gemm(rows, first.trellis, first.suh, first.svh, first.codebook,
                                              out_dtype=torch.float32, groups=offsets, live=lv, out=out,
                                              config=self._config()),
-            x, live, out=self._out(x, len(lins) * first.n),
+            x, live, columns=len(lins) * first.n,
         )  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,
@@ -235,7 +227,7 @@ class TritonOps:
         config = self._pin(lin, min(x.shape[0], CHUNK_ROWS), lin.k, full)
         return by_chunks(lambda rows, _, out: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook,
                                                          out_dtype=torch.float32, config=config, out=out),
-                         x, out=self._out(x, lin.n))  # fmt: skip
+                         x, columns=lin.n)  # fmt: skip
 
     def rows_fixed(self, x: torch.Tensor, lin: Exl3Linear, full: int) -> torch.Tensor:
         """A row share of the `full` x n product as fixed-point words [2, r, n], decoded as the whole product is."""

@@ -11,13 +11,14 @@ Chunk = Callable[[torch.Tensor, "int | None", "torch.Tensor | None"], torch.Tens
 
 
 def by_chunks(fn: Chunk, x: torch.Tensor, live: int | None = None, dim: int = 0,
-              out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """fn(chunk, its live rows or None for all, its rows of `out` or None) over x's CHUNK_ROWS-row chunks, joined
-    along `dim` (or written into `out`, along its rows); chunks from `live` on are zeros, never computed. A call of
-    at most CHUNK_ROWS rows is fn(x, live, out)."""
+              columns: int | None = None) -> torch.Tensor:  # fmt: skip
+    """fn(chunk, its live rows or None for all, its rows of the result or None) over x's CHUNK_ROWS-row chunks,
+    joined along `dim`, or with `columns` written into one fp32 [rows, columns] result (no copy); chunks from
+    `live` on are zeros, never computed. A call of at most CHUNK_ROWS rows is fn(x, live, None)."""
     rows = x.shape[0]
     if rows <= CHUNK_ROWS:
-        return fn(x, live, out)
+        return fn(x, live, None)
+    out = None if columns is None else torch.empty(rows, columns, dtype=torch.float32, device=x.device)
     parts: list[torch.Tensor] = []
     for lo in range(0, rows, CHUNK_ROWS):
         hi = min(rows, lo + CHUNK_ROWS)
