@@ -25,6 +25,9 @@ the picked experts over PCIe. Flash's expert tables (w1, w3, w2 at its widths) a
 page-locked host memory mapped as the boot maps it; the MoE of 1 and 16 rows (random picks, 16 sets back to back
 in a graph) is checked bit-equal between them and timed on both. Each cold layer adds (host - HBM) MoE time to
 the latest all-HBM whole-Flash step of summary.json (`decode.whole_flash_tok_s.streams1` / `streams16`).
+
+One script for the decode topic (the project keeps one a topic), so it runs past 400 lines: the step, its kernels
+and the host-experts projection share the slice, the floor and the whole-Flash projection.
 """
 
 from __future__ import annotations
