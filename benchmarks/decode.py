@@ -4,7 +4,7 @@ and the whole-Flash decode rate it projects.
 
     python benchmarks/decode.py [--image IMG/rank0] [--rows 1,4,16,64,256] [--json]      # a few minutes on a GPU
     python benchmarks/decode.py --device cpu --image TINY/rank0                          # a smoke of the script
-    python benchmarks/decode.py --host-experts [--json]                                  # whole Flash on one GPU
+    python benchmarks/decode.py --host-experts PACK --against DECODE.json [--json]      # whole Flash on one GPU
 
 IMG is `tfc fixture flash-random --layers 4` prepared (22 GB: the real per-layer shapes and expert widths);
 without --image one is made under --work first (~1 min, 44 GB of disk at the peak). Measured in the same run: the
@@ -19,12 +19,12 @@ over the efficiency (floor / time) the slice's layers reached, plus the measured
 kernels of an eager one-row step (torch.profiler) over the slice's layers. On the CPU (`--device cpu`, the tiny
 image) everything runs on the kernels' torch references at small sizes: a check of the script, no figure.
 
---host-experts: whole Flash on one H200 keeps the routed experts of 13 of its 40 layers in pinned host memory
+--host-experts PACK: whole Flash on one H200 keeps the routed experts of 13 of its 40 layers in pinned host memory
 (`tfc plan --gpu-memory-gib 141 --tp 1`, benchmarks/results/plan/flash_tp1_h200.json), where the MoE kernels read
-the picked experts over PCIe. Flash's expert tables (w1, w3, w2 at its widths) are built once in HBM and once in
-page-locked host memory mapped as the boot maps it; the MoE of 1 and 16 rows (random picks, 16 sets back to back
-in a graph) is checked bit-equal between them and timed on both. Each cold layer adds (host - HBM) MoE time to
-the latest all-HBM whole-Flash step of summary.json (`decode.whole_flash_tok_s.streams1` / `streams16`).
+the picked experts over PCIe. The slice's pack is prepared for the GPU budget that moves one of its 4 layers'
+experts to host memory (about the plan's fraction), and its step at 1 and 16 rows is timed against --against, the
+all-HBM run of the same pack in the same call, whose logits it must match bit for bit. Whole Flash on one GPU: that
+run's whole-Flash step plus 13 times the step time one cold layer adds here.
 
 One script for the decode topic (the project keeps one a topic), so it runs past 400 lines: the step, its kernels
 and the host-experts projection share the slice, the floor and the whole-Flash projection.
@@ -32,10 +32,10 @@ and the host-experts projection share the slice, the floor and the whole-Flash p
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -250,7 +250,8 @@ def step_times(runner, device: str, rows_list, context: int, copy: float) -> dic
         eff = (layers_floor / rate) / max(step - head, 1e-9)
         flash_layers = floor.flash_layers(routes, rows)
         flash_step = flash_layers / rate / eff + head
-        table[rows] = {"step_s": step, "head_s": head, "floor_s": floor_s, "floor_ratio": floor_s / step,
+        digest = hashlib.sha256(logits.float().cpu().numpy().tobytes()).hexdigest()
+        table[rows] = {"step_s": step, "head_s": head, "logits_sha256": digest, "floor_s": floor_s, "floor_ratio": floor_s / step,
                        "floor_bytes": layers_floor + floor.head,
                        "distinct_experts_per_layer": statistics.mean(len(p) for p in routes.values()),
                        "flash_step_s": flash_step, "flash_tok_s": rows / flash_step,
@@ -290,90 +291,80 @@ def kernels_a_step(runner, device: str, context: int) -> dict:
 # -- whole Flash on one GPU: cold experts in host memory --------------------------------------------------------
 
 
-def moe_tables(device: str, mapped: bool, seed: int = 5):
-    """Flash's w1 / w3 / w2 expert tables (ragged 2-6-bit, as kernels.py builds them), their trellis in device
-    memory or, `mapped`, in page-locked host memory the GPU reads in place (the boot's own mapping)."""
-    import dataclasses
-
-    import numpy as np
-    import torch
-    from tfc.kernels.exl3.expert_table import ExpertTable
-    from tfc.runtime.boot.mapped import REGISTER_MAPPED, device_alias
-    from tfc.runtime.boot.upload_files import REGISTER_PORTABLE, Registrar
-
-    import kernels as kb
-
-    d, inter, routed, _ = kb.MOE_DIMS["cuda"]
-    gen, rng = torch.Generator(device=device).manual_seed(seed), np.random.default_rng(seed)
-    widths = [*rng.choice([2, 3, 4, 5], size=routed, p=[0.45, 0.35, 0.15, 0.05]).tolist(), 6]
-    tables, held = [], []
-    for dims in ((d, inter), (d, inter), (inter, d)):
-        table = ExpertTable.build([kb.rand_group(device, *dims, b, gen) for b in widths], layout="ragged")
-        if mapped:
-            host = table.trellis.cpu()
-            Registrar().register(
-                host.data_ptr(), host.numel(), REGISTER_PORTABLE | REGISTER_MAPPED, "host experts"
-            )
-            held.append(host)
-            table = dataclasses.replace(table, trellis=device_alias(host, device))
-        tables.append(table)
-    return tables, held
-
-
-def host_experts(run, device: str) -> None:
-    """The MoE of Flash's expert tables read over PCIe against the same in HBM, at 1 and 16 rows, and whole Flash on
-    one GPU projected from the latest all-HBM decode figures plus the plan's cold layers' extra MoE time."""
+def one_cold_layer_gib(pack: Path, context: int, seqs: int) -> float:
+    """The GPU budget (GiB) at which `tfc prepare` moves exactly one layer's routed experts of the pack to host
+    memory: every device byte but that layer's experts (the one placement.spread picks first) and the Engram rows,
+    plus the plan's KV and overhead reserve, plus half that layer's experts."""
     import json
 
-    import _summary
-    import numpy as np
-    import torch
-    from tfc.kernels.exl3.moe import moe_exl3
+    from tfc.compiler.placement import GIB, spread
 
-    import kernels as kb
+    target = ["--max-context", str(context), "--max-seqs", str(seqs), "--json"]
+    roomy = json.loads(c.tfc("plan", str(pack), "--gpu-memory-gib", "100000", *target))
+    rank, placed = roomy["ranks"][0], roomy["placement"]
+    layers = [r for r in rank["layers"] if r["bytes"].get("routed_trellis")]
+    cold = spread([r["layer"] for r in layers], 1)[0]
+    moved = next(r["bytes"]["routed_trellis"] for r in layers if r["layer"] == cold)
+    engram = sum(
+        r["bytes"].get("engram_rows", 0) for r in rank["layers"]
+    )  # leaves the device with any cold layer
+    need = rank["tiers"]["device"] - moved - engram + placed["kv_bytes"] + placed["overhead_bytes"]
+    return (need + (moved // 2)) / GIB  # halfway: one layer must leave, a second need not
 
-    d, _, routed, topk = kb.MOE_DIMS["cuda"]
+
+def cold_layers_of(image: Path) -> list[int]:
+    """The layers whose routed experts the image keeps in host memory."""
+    from tfc.cache.format import RankManifest
+
+    return sorted({int(s.name.split(".")[1]) for s in RankManifest.load(image).segments
+                   if ".ffn.experts." in s.name and s.tier == "host"})  # fmt: skip
+
+
+def host_experts(run, device: str, pack: Path, work: Path, against: Path) -> None:
+    """The slice prepared with one layer's routed experts in host memory, its decode step at 1 and 16 rows against
+    the all-HBM run `against` (same pack, same call), its logits bit-equal to that run's, and whole Flash on one GPU
+    projected: that run's whole-Flash step plus the one-H200 plan's cold layers times the extra of one here."""
+    import json
+
     plan = json.loads(ONE_H200_PLAN.read_text())
     flash_cold = len(plan["placement"]["cold_layers"])
     flash_layers = sum(1 for b in plan["ranks"][0]["layers"] if b["block"].startswith("layers."))
-    latest = {m["id"]: m for m in _summary.load_summary()["metrics"]}
-    on_device, _ = moe_tables(device, False)
-    on_host, held = moe_tables(device, True)
-    rng, gen = np.random.default_rng(6), torch.Generator(device=device).manual_seed(6)
-    out = {
-        "flash_cold_layers": flash_cold,
-        "flash_layers": flash_layers,
-        "pinned_h2d_gbps": c.pinned_h2d_gbps(),
-    }
+    base = json.loads(against.read_text())
+    hot = {int(k): v for k, v in base["data"]["decode"].items() if isinstance(v, dict)}
+    context = base["data"]["context"]
+    gib = one_cold_layer_gib(pack, context, 16)
+    print(f"[host experts] preparing the slice for a {gib:.2f} GiB GPU (one layer's experts in host memory)",
+          flush=True)  # fmt: skip
+    image = Path(c.tfc("prepare", str(pack), "--store", str(work), "--gpu-memory-gib", f"{gib:.3f}",
+                       "--max-context", str(context), "--max-seqs", "16"))  # fmt: skip
+    image = image / "rank0" if (image / "rank0").is_dir() else image
+    cold = cold_layers_of(image)
+    if len(cold) != 1:
+        raise RuntimeError(
+            f"the placed slice keeps {len(cold)} layers' experts in host memory, not one: {cold}"
+        )
+    runner = build(image, device, tokens=context + 2048)
+    table = step_times(runner, device, [1, 16], context, c.copy_gbps(device))
+    out: dict = {"cold_layers": cold, "flash_cold_layers": flash_cold, "flash_layers": flash_layers,
+                 "gpu_memory_gib": gib, "pinned_h2d_gbps": c.pinned_h2d_gbps(), "against": against.name}  # fmt: skip
     for rows in (1, 16):
-        x = torch.randn(rows, d, device=device, generator=gen).to(torch.bfloat16)
-        wts = torch.rand(rows, topk, device=device, generator=gen) + 0.05
-        id_sets = [torch.from_numpy(np.stack([rng.choice(routed, topk, replace=False) for _ in range(rows)])).to(device)
-                   for _ in range(16)]  # fmt: skip
-        got = [moe_exl3(x, id_sets[0], wts, *t) for t in (on_device, on_host)]
-        if not torch.equal(got[0], got[1]):
-            raise RuntimeError(
-                f"the MoE over host-mapped tables differs from HBM at {rows} rows: nothing is timed"
-            )
-        times = [kb.per_call(device, [partial(moe_exl3, x, ids, wts, *t) for ids in id_sets])
-                 for t in (on_device, on_host)]  # fmt: skip
-        hot = latest[f"decode.whole_flash_tok_s.streams{rows}"]
-        step = rows / hot["value"] + flash_cold * (times[1] - times[0])
-        distinct = statistics.mean(len(set(ids.flatten().tolist())) for ids in id_sets)
-        out[rows] = {"moe_device_s": times[0], "moe_host_s": times[1], "distinct_experts": distinct,
-                     "flash_all_device_tok_s": hot["value"], "all_device_figure": f"{hot['hardware']}, {hot['date']}",
-                     "flash_one_gpu_tok_s": rows / step}  # fmt: skip
-        print(f"[host experts] {rows} rows: the MoE {times[0] * 1e6:,.0f} µs from HBM, {times[1] * 1e6:,.0f} µs over "
-              f"PCIe; whole Flash on one GPU {rows / step:,.1f} tok/s projected (all in HBM: {hot['value']})",
-              flush=True)  # fmt: skip
-    del held
+        if table[rows]["logits_sha256"] != hot[rows]["logits_sha256"]:
+            raise RuntimeError(f"{rows} rows: the logits with host experts differ from the all-HBM run's")
+        extra = table[rows]["step_s"] - hot[rows]["step_s"]
+        step = hot[rows]["flash_step_s"] + flash_cold * extra
+        out[rows] = {"step_s": table[rows]["step_s"], "all_device_step_s": hot[rows]["step_s"],
+                     "extra_per_cold_layer_s": extra, "flash_all_device_tok_s": hot[rows]["flash_tok_s"],
+                     "flash_one_gpu_tok_s": rows / step, "logits_equal": True}  # fmt: skip
+        print(f"[host experts] {rows} rows: the step {table[rows]['step_s'] * 1e6:,.0f} µs against "
+              f"{hot[rows]['step_s'] * 1e6:,.0f} µs all in HBM, logits bit-equal; whole Flash on one GPU "
+              f"{rows / step:,.1f} tok/s projected (all in HBM: {hot[rows]['flash_tok_s']:,.1f})", flush=True)  # fmt: skip
     run.data["host_experts"] = out
     for rows in (1, 16):
         o = out[rows]
         run.metric(f"decode.whole_flash_tok_s.one_gpu_streams{rows}", o["flash_one_gpu_tok_s"], "tok/s", None,
-                   f"all in HBM {o['flash_all_device_tok_s']} tok/s ({o['all_device_figure']}); {flash_cold} of "
-                   f"{flash_layers} layers' MoE over PCIe, {o['moe_host_s'] * 1e6:,.0f} against "
-                   f"{o['moe_device_s'] * 1e6:,.0f} µs; no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
+                   f"all in HBM {o['flash_all_device_tok_s']:,.1f} tok/s (same call); {flash_cold} of {flash_layers} "
+                   f"layers' experts over PCIe, each +{o['extra_per_cold_layer_s'] * 1e6:,.0f} µs a step (the slice "
+                   f"with layer {cold[0]}'s in host memory); no peer serves whole Flash EXL3 on one GPU")  # fmt: skip
 
 
 def main() -> None:
@@ -387,8 +378,12 @@ def main() -> None:
     ap.add_argument(
         "--rows", default="1,4,16,64,256", help="rows a step, comma-separated (default: 1,4,16,64,256)"
     )
-    ap.add_argument("--host-experts", action="store_true",
-                    help="whole Flash on one GPU: the MoE over expert tables in host memory (CUDA)")  # fmt: skip
+    ap.add_argument("--host-experts", metavar="PACK",
+                    help="whole Flash on one GPU: the slice's pack prepared with one layer's experts in host memory "
+                         "(CUDA; needs --against)")  # fmt: skip
+    ap.add_argument(
+        "--against", help="with --host-experts: the all-HBM decode result (JSON) of the same pack"
+    )
     args = ap.parse_args()
     try:
         rows_list = [int(r) for r in args.rows.split(",")]
@@ -397,6 +392,8 @@ def main() -> None:
     device = c.pick_device(args.device)
     if args.host_experts:
         c.needs_cuda(device, "decode.py --host-experts", "the cold experts are read over PCIe by the GPU")
+        if not args.against or not Path(args.against).is_file():
+            ap.error("--host-experts needs --against: the all-HBM decode result (JSON) of the same pack")
     elif device == "cpu" and not args.image:
         ap.error("--device cpu runs a smoke of the script on a small image: give --image (the tiny one)")
     c.ensure_tfc()
@@ -406,7 +403,8 @@ def main() -> None:
         torch.set_num_threads(1)
     run = c.Run("decode", "decode.py", device, args.commit)
     if args.host_experts:
-        host_experts(run, device)
+        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tfc-placed-"))
+        host_experts(run, device, Path(args.host_experts), work, Path(args.against))
         run.finish(args.json)
         return
     context = CONTEXT[device]

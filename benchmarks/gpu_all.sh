@@ -40,7 +40,8 @@ IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
 if [ -z "$IMG" ]; then
   echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
   (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
-    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" && rm -rf "$WORK/pack") || exit 1
+    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store") || exit 1
+  case " $PARTS " in *" host-experts "*) ;; *) rm -rf "$WORK/pack" ;; esac  # host-experts prepares it again
   IMG=$(ls -d "$WORK"/store/*/rank0 | head -1)
 fi
 echo "slice: $IMG ($(( $(date +%s) - START )) s)"
@@ -63,7 +64,12 @@ part drafting 120 python3 benchmarks/drafting.py --image "$IMG" "${COMMON[@]}"
 part kernels 120 python3 benchmarks/kernels.py "${COMMON[@]}"
 part prefix 150 python3 benchmarks/prefix_cache.py --device cuda --image "$IMG" --tokens 16000 --reps 1 "${COMMON[@]}"
 part boot 120 python3 benchmarks/boot.py --image "$IMG" --reps 2 --no-safetensors "${COMMON[@]}"
-part host-experts 120 python3 benchmarks/decode.py --host-experts "${COMMON[@]}"
+# host-experts: the pack placed with one layer's experts in host memory, against this call's all-HBM decode run; the
+# image goes first (the disk holds two of pack, image and placed image, 22 GB each)
+AGAINST=$(find benchmarks/results/decode -name 'decode_*.json' -newer "$STAMP" 2> /dev/null | sort | tail -1)
+part host-experts 200 bash -c '[ -n "$1" ] && [ -d "$0/pack" ] || { echo "needs this call'"'"'s decode part"; exit 2; }
+  rm -rf "$0/store" && exec python3 benchmarks/decode.py --host-experts "$0/pack" --work "$0/placed" --against "$@"' \
+  "$WORK" "$AGAINST" "${COMMON[@]}"
 echo "== done ($(( $(date +%s) - START )) s)"
 
 if [ -n "$OUT" ]; then
