@@ -3,12 +3,14 @@
 For each token t and slot j (top-k routed experts, then the shared expert = the table's last entry with
 weight 1) the pair computes act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight (fp32, the routing weight
 multiplies the activation before the down projection, as the reference does) and y[t] += act W2.
-Launches: the input rotation (all pairs, both w1 and w3), one fused gate+up launch whose epilogue
-applies SwiGLU and the down projection's input rotation, and one down launch whose last program per
-(token, 128 columns) sums the pairs in a fixed order. No Python loop over experts. The decode is the
-32-position run decode (exl3_runs), the per-element gather, or (MoeConfig.mma, the GPU default on tables of
-integer widths) the weights-as-A mma decode of exl3_mma with each pair's row as an fp16 high / low pair; the
-kernels' pieces are in moe_tl.
+Launches: the pairs ordered by expert (moe_order: groups of up to 4 pairs of one expert), the input rotation
+(all pairs, both w1 and w3, by sorted position), one fused gate+up launch whose epilogue applies SwiGLU and the
+down projection's input rotation, and one down launch whose last program per (token, 128 columns) sums the pairs
+in slot order. A program takes a group: the mma decode decodes each tile once for its rows (each row an fp16 high /
+low pair, 4 rows fill the mma's 8 columns), so a step reads an expert's bytes once per 4 rows that picked it,
+and a row's sums never depend on the rows beside it. No Python loop over experts. The decode is the 32-position
+run decode (exl3_runs) or the per-element gather (a row at a time), or (MoeConfig.mma, the GPU default on tables
+of integer widths) the weights-as-A mma decode of exl3_mma; the kernels' pieces are in moe_tl.
 """
 
 from __future__ import annotations
@@ -22,128 +24,150 @@ from tfc.kernels.exl3.expert_table import ExpertTable
 from tfc.kernels.exl3.fixed import fixed_parts
 from tfc.kernels.exl3.launch import counters, even_split, num_sms, pick_split
 from tfc.kernels.exl3.mma import mma_asm, mma_warps
+from tfc.kernels.exl3.moe_order import GROUP_PAIRS, order_pairs
 from tfc.kernels.exl3.moe_tl import expert_cols, gate_up_epilogue, k_range, mma_cols, pair
 from tfc.kernels.exl3.tl import INTERPRET, release_fence, rotate_sum, store_pair, sum_parts
 
 
 @triton.jit
-def _moe_rotate_kernel(x_ptr, ids_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk, n_routed,
-                       PAIRS: tl.constexpr = False):  # fmt: skip
-    """xh[proj, p, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1); PAIRS: as the
-    fp16 high / low row pair xh[proj, p, 0 | 1, blk] the mma decode reads."""
+def _moe_rotate_kernel(x_ptr, ids_ptr, order_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk,
+                       n_routed, PAIRS: tl.constexpr = False):  # fmt: skip
+    """xh[proj, s, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1) of the pair at
+    sorted position s; PAIRS: as the fp16 high / low row pair xh[proj, s, 0 | 1, blk] the mma decode reads."""
     blk = tl.program_id(0)
-    p = tl.program_id(1)
+    s = tl.program_id(1)
     proj = tl.program_id(2)
-    t, e, _ = pair(ids_ptr, ids_ptr, p, topk, n_routed)
+    t, e, _ = pair(ids_ptr, ids_ptr, tl.load(order_ptr + s), topk, n_routed)
     cols = blk * 128 + tl.arange(0, 128)
     if proj == 0:
         su = tl.load(suh1_ptr + e * D + cols)
     else:
         su = tl.load(suh3_ptr + e * D + cols)
     a = tl.load(x_ptr + t * stride_x + cols).to(tl.float32) * su.to(tl.float32)
-    row = (proj * P + p) * D + blk * 128
+    row = (proj * P + s) * D + blk * 128
     tl.store(ws_ptr + row + tl.arange(0, 128), a)
     tl.debug_barrier()
     xh = rotate_sum(ws_ptr + row, 1, 0, 0, 1)
     if PAIRS:
         i = tl.arange(0, 128)
-        store_pair(xh_ptr + 2 * (proj * P + p) * D + blk * 128 + i, D, tl.reshape(xh, (128,)), i >= 0)
+        store_pair(xh_ptr + 2 * (proj * P + s) * D + blk * 128 + i, D, tl.reshape(xh, (128,)), i >= 0)
     else:
         tl.store(xh_ptr + row + tl.arange(0, 128)[None, :], xh)
 
 
 @triton.jit
 def _moe_gate_up_kernel(
-    x_ptr, ids_ptr, wts_ptr, xh_ptr,
-    t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, suh1_ptr, svh1_ptr,
-    t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, suh3_ptr, svh3_ptr,
-    suh2_ptr, act_ptr, ws_ptr, cnt_ptr,
-    P, D, NI, stride_x, topk, n_routed, KT, limit,
+    ids_ptr, wts_ptr, xh_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr,
+    t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, svh1_ptr,
+    t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, svh3_ptr,
+    suh2_ptr, act_ptr, ws_ptr, scr_ptr, cnt_ptr,
+    P, D, NI, topk, n_routed, KT, limit,
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
-    TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8, RW1: tl.constexpr = (),
-    RW3: tl.constexpr = (),
+    TPE: tl.constexpr, GROUP: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
+    RW1: tl.constexpr = (), RW3: tl.constexpr = (),
     MMA_WIDTHS1: tl.constexpr = (), MMA_SETUP1: tl.constexpr = (), MMA_FRAG1: tl.constexpr = (),
     MMA_LOADS1: tl.constexpr = (), MMA_STEP1: tl.constexpr = (), MMA_STORES1: tl.constexpr = (),
     MMA_WIDTHS3: tl.constexpr = (), MMA_SETUP3: tl.constexpr = (), MMA_FRAG3: tl.constexpr = (),
     MMA_LOADS3: tl.constexpr = (), MMA_STEP3: tl.constexpr = (), MMA_STORES3: tl.constexpr = (),
 ):  # fmt: skip
-    # x_ptr, suh1_ptr, suh3_ptr and stride_x go unread (the input rotation runs apart); they keep the parameter
-    # layout, and with it the SASS, that the H200 timings were taken with.
+    """Gate and up of one group (up to GROUP pairs of one expert at sorted positions s..), one 128-column block,
+    one k-split: each tile decoded once for the group's rows; the last split of the block runs the epilogue."""
     pid_c = tl.program_id(0)
-    p = tl.program_id(1)
+    i = tl.program_id(1)
     pid_s = tl.program_id(2)
-    _, e, w = pair(ids_ptr, wts_ptr, p, topk, n_routed)
-    kt0, kt_per = k_range(pid_s, KT, SPLIT)
-    tn = NI // 16
-    # Workspace per (pair, column block): SPLIT x [gate 128 | up 128] partials, then 128 scratch values.
-    slot = (p * (NI // 128) + pid_c).to(tl.int64)
-    slot_ws = ws_ptr + slot * (SPLIT * 256 + 128)
-    if MMA:
-        # The weights-as-A mma decode (exl3_mma), one row as its fp16 high / low pair xh[proj, p, 0 | 1].
-        x1 = xh_ptr + 2 * p * D + kt0 * 16
-        x3 = xh_ptr + 2 * (P + p) * D + kt0 * 16
-        mma_cols(t1_ptr, off1_ptr, wid1_ptr, e, kt0, kt_per, tn, pid_c, x1, D, slot_ws + pid_s * 256, MMA,
-                 MMA_WIDTHS1, MMA_SETUP1, MMA_FRAG1, MMA_LOADS1, MMA_STEP1, MMA_STORES1)  # fmt: skip
-        mma_cols(t3_ptr, off3_ptr, wid3_ptr, e, kt0, kt_per, tn, pid_c, x3, D, slot_ws + pid_s * 256 + 128, MMA,
-                 MMA_WIDTHS3, MMA_SETUP3, MMA_FRAG3, MMA_LOADS3, MMA_STEP3, MMA_STORES3)  # fmt: skip
-    else:
-        expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn, xh_ptr + p * D,
-                    slot_ws + pid_s * 256, W1, CB1, BK, PF, RUNS, TPE, RW1)  # fmt: skip
-        expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn, xh_ptr + (P + p) * D,
-                    slot_ws + pid_s * 256 + 128, W3, CB3, BK, PF, RUNS, TPE, RW3)  # fmt: skip
-    release_fence()
-    last = pid_s >= 0
-    if SPLIT > 1:
-        last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-    if last:
-        gate_up_epilogue(slot_ws, SPLIT, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
-                         MMA > 0, FLIGHT)  # fmt: skip
+    if i < tl.load(nlead_ptr):
+        s = tl.load(lead_ptr + i)
+        n = tl.minimum(tl.load(end_ptr + s) - s, GROUP)
+        _, e, _ = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s), topk, n_routed)
+        kt0, kt_per = k_range(pid_s, KT, SPLIT)
+        tn = NI // 16
+        # Partials [gate | up][split][column block][position][128]: a group's rows are consecutive positions.
+        part = (NI // 128) * P * 128
+        gate = ws_ptr + (pid_s * (NI // 128) + pid_c).to(tl.int64) * P * 128 + s.to(tl.int64) * 128
+        up = gate + SPLIT * part
+        if MMA:
+            # The weights-as-A mma decode (exl3_mma), each row as its fp16 high / low pair xh[proj, s, 0 | 1].
+            x1 = xh_ptr + 2 * s * D + kt0 * 16
+            x3 = xh_ptr + 2 * (P + s) * D + kt0 * 16
+            mma_cols(t1_ptr, off1_ptr, wid1_ptr, e, kt0, kt_per, tn, pid_c, x1, D, gate, 2 * n, MMA, MMA_WIDTHS1,
+                     MMA_SETUP1, MMA_FRAG1, MMA_LOADS1, MMA_STEP1, MMA_STORES1)  # fmt: skip
+            mma_cols(t3_ptr, off3_ptr, wid3_ptr, e, kt0, kt_per, tn, pid_c, x3, D, up, 2 * n, MMA, MMA_WIDTHS3,
+                     MMA_SETUP3, MMA_FRAG3, MMA_LOADS3, MMA_STEP3, MMA_STORES3)  # fmt: skip
+        else:  # the run or gather decode takes one row at a time
+            for q in range(n):
+                expert_cols(t1_ptr, off1_ptr, wid1_ptr, cb1_ptr, e, pid_c, kt0, kt_per, tn,
+                            xh_ptr + (s + q) * D, gate + q * 128, W1, CB1, BK, PF, RUNS, TPE, RW1)  # fmt: skip
+                expert_cols(t3_ptr, off3_ptr, wid3_ptr, cb3_ptr, e, pid_c, kt0, kt_per, tn,
+                            xh_ptr + (P + s + q) * D, up + q * 128, W3, CB3, BK, PF, RUNS, TPE, RW3)  # fmt: skip
+        release_fence()
+        slot = s * (NI // 128) + pid_c
+        last = pid_s >= 0
         if SPLIT > 1:
-            tl.atomic_xchg(cnt_ptr + slot, 0)
+            last = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            gate0 = ws_ptr + pid_c.to(tl.int64) * P * 128 + s.to(tl.int64) * 128
+            for q in range(n):
+                _, _, w = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s + q), topk, n_routed)
+                gate_up_epilogue(gate0 + q * 128, gate0 + SPLIT * part + q * 128, part, SPLIT,
+                                 scr_ptr + (slot + q * (NI // 128)).to(tl.int64) * 128, e, w, s + q, pid_c, NI,
+                                 limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr, MMA > 0, FLIGHT)  # fmt: skip
+            if SPLIT > 1:
+                tl.atomic_xchg(cnt_ptr + slot, 0)
 
 
 @triton.jit
 def _moe_down_kernel(
-    ids_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr, y_ptr, ws_ptr, cnt_ptr,
-    D, NI, stride_y, topk, n_routed, KT,
+    ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, act_ptr, t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, svh2_ptr,
+    y_ptr, raw_ptr, ws_ptr, cnt_ptr,
+    P, D, NI, stride_y, topk, n_routed, KT,
     W2: tl.constexpr, CB2: tl.constexpr, BK: tl.constexpr, KS, NS,
-    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
-    RW2: tl.constexpr = (),
+    PF: tl.constexpr, RUNS2: tl.constexpr, TPE: tl.constexpr, GROUP: tl.constexpr, MMA: tl.constexpr = 0,
+    FLIGHT: tl.constexpr = 8, RW2: tl.constexpr = (),
     MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
     MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
     FIXED: tl.constexpr = False, PLANE=0,
 ):  # fmt: skip
+    """The down projection of one group, one 128-column block, one k-split: each tile decoded once for the group's
+    rows; every pair's rotated partial goes to its token's slot, whose last arrival sums them in slot order."""
     pid_c = tl.program_id(0)
-    t = tl.program_id(1)
-    s = tl.program_id(2)
-    p = t * (topk + 1) + s // KS
-    _, e, _ = pair(ids_ptr, ids_ptr, p, topk, n_routed)
-    kt0, kt_per = k_range(s % KS, KT, KS)
-    # Workspace per (token, column block): NS x [raw partial 128 | rotated and scaled partial 128].
-    c = tl.arange(0, 128)
-    cols = pid_c * 128 + c
-    slot = (t * (D // 128) + pid_c).to(tl.int64)
-    mine = ws_ptr + (slot * NS + s) * 256
-    if MMA:  # the activation as its fp16 high / low pair act[p, 0 | 1] (the gate/up epilogue wrote it so)
-        mma_cols(t2_ptr, off2_ptr, wid2_ptr, e, kt0, kt_per, D // 16, pid_c, act_ptr + 2 * p * NI + kt0 * 16, NI,
-                 mine, MMA, MMA_WIDTHS2, MMA_SETUP2, MMA_FRAG2, MMA_LOADS2, MMA_STEP2, MMA_STORES2)  # fmt: skip
-    else:
-        expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16, act_ptr + p * NI, mine,
-                    W2, CB2, BK, PF, RUNS2, TPE, RW2)  # fmt: skip
-    tl.debug_barrier()
-    y = tl.sum(rotate_sum(mine, 1, 0, 0, 1), axis=0) * tl.load(svh2_ptr + e * D + cols).to(tl.float32)
-    tl.store(mine + 128 + c, y)
-    release_fence()
-    if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
-        if FIXED:  # y is int64 [2, T, D]: the words of every part, summed as integers
-            hi, lo = fixed_parts(ws_ptr + slot * NS * 256 + 128, NS, 256)
-            tl.store(y_ptr + t * stride_y + cols, hi)
-            tl.store(y_ptr + PLANE + t * stride_y + cols, lo)
+    i = tl.program_id(1)
+    ks = tl.program_id(2)
+    if i < tl.load(nlead_ptr):
+        s = tl.load(lead_ptr + i)
+        n = tl.minimum(tl.load(end_ptr + s) - s, GROUP)
+        _, e, _ = pair(ids_ptr, ids_ptr, tl.load(order_ptr + s), topk, n_routed)
+        kt0, kt_per = k_range(ks, KT, KS)
+        raw = raw_ptr + (ks * (D // 128) + pid_c).to(tl.int64) * P * 128 + s.to(tl.int64) * 128
+        if MMA:  # the activations as fp16 high / low pairs act[s, 0 | 1] (the gate/up epilogue wrote them so)
+            mma_cols(t2_ptr, off2_ptr, wid2_ptr, e, kt0, kt_per, D // 16, pid_c, act_ptr + 2 * s * NI + kt0 * 16,
+                     NI, raw, 2 * n, MMA, MMA_WIDTHS2, MMA_SETUP2, MMA_FRAG2, MMA_LOADS2, MMA_STEP2,
+                     MMA_STORES2)  # fmt: skip
         else:
-            tot = sum_parts(ws_ptr + slot * NS * 256 + 128, NS, 256, FLIGHT)
-            tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
-        tl.atomic_xchg(cnt_ptr + slot, 0)
+            for q in range(n):
+                expert_cols(t2_ptr, off2_ptr, wid2_ptr, cb2_ptr, e, pid_c, kt0, kt_per, D // 16,
+                            act_ptr + (s + q) * NI, raw + q * 128, W2, CB2, BK, PF, RUNS2, TPE, RW2)  # fmt: skip
+        tl.debug_barrier()
+        c = tl.arange(0, 128)
+        cols = pid_c * 128 + c
+        scale = tl.load(svh2_ptr + e * D + cols).to(tl.float32)
+        for q in range(n):
+            p = tl.load(order_ptr + s + q)
+            t = p // (topk + 1)
+            # Token slots [token][column block][NS partials: slot j, split ks][128], summed in that order.
+            slot = (t * (D // 128) + pid_c).to(tl.int64)
+            y = tl.sum(rotate_sum(raw + q * 128, 1, 0, 0, 1), axis=0) * scale
+            tl.store(ws_ptr + (slot * NS + (p % (topk + 1)) * KS + ks) * 128 + c, y)
+            release_fence()
+            if tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu") == NS - 1:
+                if FIXED:  # y is int64 [2, T, D]: the words of every part, summed as integers
+                    hi, lo = fixed_parts(ws_ptr + slot * NS * 128, NS, 128)
+                    tl.store(y_ptr + t * stride_y + cols, hi)
+                    tl.store(y_ptr + PLANE + t * stride_y + cols, lo)
+                else:
+                    tot = sum_parts(ws_ptr + slot * NS * 128, NS, 128, FLIGHT)
+                    tl.store(y_ptr + t * stride_y + cols, tot.to(y_ptr.dtype.element_ty))
+                tl.atomic_xchg(cnt_ptr + slot, 0)
 
 
 @dataclass(frozen=True)
@@ -233,9 +257,9 @@ def pinned_config(w1: ExpertTable, w3: ExpertTable, w2: ExpertTable, topk: int, 
 
 
 def _mma_kw(table: ExpertTable, groups: int, suffix: str) -> dict:
-    """The mma decode's constexprs for one projection's table (one row as a high / low pair): its widths and,
-    at the same index, each width's PTX (G loads and stores per width)."""
-    asms = [mma_asm(w, table.codebook, 1, groups, wt=True) for w in table.width_set]
+    """The mma decode's constexprs for one projection's table (a group's rows as high / low pairs): its widths
+    and, at the same index, each width's PTX (G loads and stores per width)."""
+    asms = [mma_asm(w, table.codebook, GROUP_PAIRS, groups, wt=True) for w in table.width_set]
     kw = {f"MMA_WIDTHS{suffix}": table.width_set}
     kw |= {f"{k}{suffix}": tuple(a[k] for a in asms) for k in ("MMA_SETUP", "MMA_FRAG", "MMA_STEP")}
     # one string per group, the widths one after another (constexpr tuples do not nest)
@@ -298,37 +322,42 @@ def moe_exl3(
                                                  device=dev)  # fmt: skip
     if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
         raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
-    # the activation rotated for the down projection: fp32, or the mma decode's fp16 high / low pairs
+    order = order_pairs(ids, n_routed, GROUP_PAIRS)
+    groups = order.bound
+    # the activation rotated for the down projection (by sorted position): fp32, or the mma decode's fp16 pairs
     act = torch.empty((pairs, 2, inter) if mma else (pairs, inter), dtype=torch.float16 if mma else torch.float32,
                       device=dev)  # fmt: skip
     ns = (topk + 1) * split2
-    ws1 = torch.empty((pairs * c1 * (split1 * 256 + 128),), dtype=torch.float32, device=dev)
-    ws2 = torch.empty((tokens * c2 * ns * 256,), dtype=torch.float32, device=dev)
+    ws1 = torch.empty((2 * split1 * c1 * pairs * 128,), dtype=torch.float32, device=dev)
+    scr1 = torch.empty((pairs * c1 * 128,), dtype=torch.float32, device=dev)
+    raw2 = torch.empty((split2 * c2 * pairs * 128,), dtype=torch.float32, device=dev)
+    ws2 = torch.empty((tokens * c2 * ns * 128,), dtype=torch.float32, device=dev)
     xh = torch.empty((2, pairs, 2, d) if mma else (2, pairs, d), dtype=torch.float16 if mma else torch.float32,
                      device=dev)  # fmt: skip
     scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
     _moe_rotate_kernel[(d // 128, pairs, 2)](
-        x, ids, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma)
+        x, ids, order.order, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma)
     )  # fmt: skip
     cnt = counters(dev, pairs * c1 + tokens * c2)
     cnt1, cnt2 = cnt, cnt[pairs * c1 :]
-    _moe_gate_up_kernel[(c1, pairs, split1)](
-        x, ids, wts, xh,
-        w1.words, w1.offsets, w1.widths, w1.codebooks, w1.suh, w1.svh,
-        w3.words, w3.offsets, w3.widths, w3.codebooks, w3.suh, w3.svh,
-        w2.suh, act, ws1, cnt1,
-        pairs, d, inter, x.stride(0), topk, n_routed, d // 16, limit,
+    lead = (order.order, order.end, order.leaders, order.nleaders)
+    _moe_gate_up_kernel[(c1, groups, split1)](
+        ids, wts, xh, *lead,
+        w1.words, w1.offsets, w1.widths, w1.codebooks, w1.svh,
+        w3.words, w3.offsets, w3.widths, w3.codebooks, w3.svh,
+        w2.suh, act, ws1, scr1, cnt1,
+        pairs, d, inter, topk, n_routed, d // 16, limit,
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
-        BK=bk, SPLIT=split1, PF=config.prefetch, RUNS=runs13, TPE=tiles,
+        BK=bk, SPLIT=split1, PF=config.prefetch, RUNS=runs13, TPE=tiles, GROUP=GROUP_PAIRS,
         num_warps=warps, num_stages=1, FLIGHT=config.reduce_flight,
         RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
-    _moe_down_kernel[(c2, tokens, ns)](
-        ids, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, ws2, cnt2,
-        d, inter, y.stride(-2), topk, n_routed, inter // 16,
+    _moe_down_kernel[(c2, groups, split2)](
+        ids, *lead, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, raw2, ws2, cnt2,
+        pairs, d, inter, y.stride(-2), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
-        num_warps=warps, num_stages=1, MMA=mma, FLIGHT=config.reduce_flight, RW2=w2.width_set,
-        FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
+        GROUP=GROUP_PAIRS, num_warps=warps, num_stages=1, MMA=mma, FLIGHT=config.reduce_flight,
+        RW2=w2.width_set, FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 

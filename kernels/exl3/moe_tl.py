@@ -1,6 +1,6 @@
 """Triton pieces of the MoE kernels (moe_exl3): a pair's token and expert, k-ranges, one expert's 128 columns by
-the run decode, the gather decode or the weights-as-A mma decode, and the gate/up epilogue (SwiGLU, the down
-projection's input rotation)."""
+the run decode, the gather decode or the weights-as-A mma decode (a group's rows at once), and the gate/up
+epilogue (SwiGLU, the down projection's input rotation)."""
 
 from __future__ import annotations
 
@@ -45,25 +45,26 @@ def entry_base(words_ptr, off_ptr, e, kt0, tn, pid_c, nw):
 
 
 @triton.jit
-def mma_cols(t_ptr, off_ptr, wid_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G: tl.constexpr,
-              WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr,
-              STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
-    """exl3_mma.mma_partials over entry e's k-tiles [kt0, kt0 + kt_per) of column block pid_c, one row as an fp16
-    high / low pair at x_ptr; the table's widths are WIDTHS and the PTX of WIDTHS[i] sits at index i of the
-    others: one branch per width where entries differ (a ragged table), none where they do not."""
+def mma_cols(t_ptr, off_ptr, wid_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, M, G: tl.constexpr,
+             WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr, LOADS: tl.constexpr,
+             STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
+    """exl3_mma.mma_partials over entry e's k-tiles [kt0, kt0 + kt_per) of column block pid_c, M / 2 rows as fp16
+    high / low pairs at x_ptr (row m at m stride_x), their sums rows 128 floats apart at dst; the table's widths
+    are WIDTHS and the PTX of WIDTHS[i] sits at index i of the others: one branch per width where entries differ
+    (a ragged table), none where they do not."""
     if len(WIDTHS) == 1:
-        _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G, 0, WIDTHS, SETUP, FRAG,
+        _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, M, G, 0, WIDTHS, SETUP, FRAG,
                    LOADS, STEP, STORES)  # fmt: skip
     else:
         width = tl.load(wid_ptr + e)
         for i in tl.static_range(len(WIDTHS)):
             if width == WIDTHS[i]:
-                _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G, i, WIDTHS, SETUP,
-                           FRAG, LOADS, STEP, STORES)  # fmt: skip
+                _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, M, G, i, WIDTHS,
+                           SETUP, FRAG, LOADS, STEP, STORES)  # fmt: skip
 
 
 @triton.jit
-def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, G: tl.constexpr,
+def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, M, G: tl.constexpr,
                IDX: tl.constexpr, WIDTHS: tl.constexpr, SETUP: tl.constexpr, FRAG: tl.constexpr,
                LOADS: tl.constexpr, STEP: tl.constexpr, STORES: tl.constexpr):  # fmt: skip
     """mma_cols for the table's width WIDTHS[IDX]: its PTX the IDX-th of SETUP, FRAG, STEP and the IDX-th G
@@ -73,7 +74,7 @@ def _mma_width(t_ptr, off_ptr, e, kt0, kt_per, tn, pid_c, x_ptr, stride_x, dst, 
     FRAG_I: tl.constexpr = FRAG[IDX]
     STEP_I: tl.constexpr = STEP[IDX]
     base = entry_base(t_ptr, off_ptr, e, kt0, tn, pid_c, W // 2)
-    mma_partials(base, tn, kt_per, x_ptr, stride_x, 2, dst, W, G, SETUP_I, FRAG_I, LOADS, STEP_I, STORES, 8,
+    mma_partials(base, tn, kt_per, x_ptr, stride_x, M, dst, W, G, SETUP_I, FRAG_I, LOADS, STEP_I, STORES, 8,
                  IDX)  # fmt: skip
 
 
@@ -127,32 +128,31 @@ def _expert_cols_gather(base, cb_ptr, e, kt0, kt_per, tn, xin_ptr, dst, width, n
 
 
 @triton.jit
-def gate_up_epilogue(slot_ws, nsum, e, w, p, pid_c, NI, limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr,
-                     PAIRS: tl.constexpr = False, FLIGHT: tl.constexpr = 8):  # fmt: skip
-    """Sum the split partials (FLIGHT loaded at a time), SwiGLU one 128-column block, then rotate it for the
-    down projection (PAIRS: into act[p, 0 | 1] as the fp16 high / low pair the mma decode reads, else fp32
-    act[p])."""
+def gate_up_epilogue(gate_ptr, up_ptr, part_stride, nsum, scratch, e, w, row, pid_c, NI, limit, svh1_ptr, svh3_ptr,
+                     suh2_ptr, act_ptr, PAIRS: tl.constexpr = False, FLIGHT: tl.constexpr = 8):  # fmt: skip
+    """Sum one row's split partials (part_stride apart, FLIGHT loaded at a time), SwiGLU one 128-column block,
+    then rotate it for the down projection through `scratch` (PAIRS: into act[row, 0 | 1] as the fp16 high / low
+    pair the mma decode reads, else fp32 act[row])."""
     cols = pid_c * 128 + tl.arange(0, 128)
     g = (
-        rotate_sum(slot_ws, nsum, 256, 0, 1, FLIGHT)
+        rotate_sum(gate_ptr, nsum, part_stride, 0, 1, FLIGHT)
         * tl.load(svh1_ptr + e * NI + cols).to(tl.float32)[None, :]
     )
     u = (
-        rotate_sum(slot_ws + 128, nsum, 256, 0, 1, FLIGHT)
+        rotate_sum(up_ptr, nsum, part_stride, 0, 1, FLIGHT)
         * tl.load(svh3_ptr + e * NI + cols).to(tl.float32)[None, :]
     )
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     act = g * tl.sigmoid(g) * u * w
     a2 = act * tl.load(suh2_ptr + e * NI + cols).to(tl.float32)[None, :]
-    scratch = slot_ws + nsum * 256
     tl.store(scratch + tl.arange(0, 128)[None, :], a2)
     tl.debug_barrier()
     rotated = rotate_sum(scratch, 1, 0, 0, 1)
     if PAIRS:
-        store_pair(act_ptr + 2 * p * NI + cols, NI, tl.reshape(rotated, (128,)), cols >= 0)
+        store_pair(act_ptr + 2 * row * NI + cols, NI, tl.reshape(rotated, (128,)), cols >= 0)
     else:
-        tl.store(act_ptr + p * NI + cols[None, :], rotated)
+        tl.store(act_ptr + row * NI + cols[None, :], rotated)
 
 
 __all__ = ["entry_base", "expert_cols", "gate_up_epilogue", "k_range", "mma_cols", "pair"]

@@ -410,18 +410,23 @@ def test_the_mma_decode_takes_its_rotation_apart(stubbed):
 
 
 def test_moe_mma_host_side(monkeypatch):
-    """moe_exl3 with MoeConfig(mma=G), kernels stubbed (no GPU): the rotation writes each pair's rows as fp16
-    high / low pairs [2, P, 2, D], the activation for the down projection is [P, 2, I] fp16, both launches get
+    """moe_exl3 with MoeConfig(mma=G), kernels stubbed (no GPU): a program a group of pairs, the rotation writes
+    each pair's rows as fp16 high / low pairs [2, P, 2, D], the activation for the down projection is [P, 2, I] fp16, both launches get
     the weights-as-A PTX of their tables (8 sums, one k-tile per step, 4 / G warps), per width on a ragged table;
     half-integer widths and unknown group counts are refused."""
     import torch
     from tfc.kernels.exl3 import moe
     from tfc.kernels.exl3.expert_table import ExpertTable
     from tfc.kernels.exl3.mma import mma_asm
+    from tfc.kernels.exl3.moe_order import PairOrder
 
     stubs = {name: _Launch() for name in ("_moe_rotate_kernel", "_moe_gate_up_kernel", "_moe_down_kernel")}
     for name, stub in stubs.items():
         monkeypatch.setattr(moe, name, stub)
+    zeros = torch.zeros(8, dtype=torch.int32)
+    monkeypatch.setattr(
+        moe, "order_pairs", lambda ids, routed, group: PairOrder(zeros, zeros, zeros, zeros[:1], 4)
+    )
     gen = torch.Generator().manual_seed(5)
     d, inter, routed, topk, tokens = 256, 256, 3, 2, 2
 
@@ -437,17 +442,18 @@ def test_moe_mma_host_side(monkeypatch):
     moe.moe_exl3(x, ids, wts, w1, w3, w2, config=moe.MoeConfig(mma=2))
     pairs = tokens * (topk + 1)
     ((_, rargs, rkw),) = stubs["_moe_rotate_kernel"].calls
-    assert rkw["PAIRS"] and rargs[4].shape == (2, pairs, 2, d) and rargs[4].dtype == torch.float16
+    assert rkw["PAIRS"] and rargs[5].shape == (2, pairs, 2, d) and rargs[5].dtype == torch.float16
     ((grid1, gargs, gkw),) = stubs["_moe_gate_up_kernel"].calls
     ((_, dargs, dkw),) = stubs["_moe_down_kernel"].calls
-    act = gargs[17]
-    assert act.shape == (pairs, 2, inter) and act.dtype == torch.float16 and dargs[1] is act
+    act = gargs[18]
+    assert act.shape == (pairs, 2, inter) and act.dtype == torch.float16 and dargs[5] is act
+    assert grid1[1] == 4  # the groups' bound: one program a group of pairs of one expert
     assert gkw["MMA"] == dkw["MMA"] == 2 and gkw["num_warps"] == dkw["num_warps"] == 2 and gkw["BK"] == 16
     for kw, suffix in ((gkw, "1"), (gkw, "3"), (dkw, "2")):
         assert kw[f"MMA_WIDTHS{suffix}"] == (64,)  # one width: one PTX per constexpr
         assert "{v0, v2, v1, v3}" in kw[f"MMA_STEP{suffix}"][0] and len(kw[f"MMA_STORES{suffix}"]) == 2
     waves = dict(moe.MoeConfig().mma_waves)[2]
-    assert gargs[26] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
+    assert gargs[27] == d // 16 and grid1[2] == moe.even_split(d // 16, grid1[0] * pairs, moe.num_sms(x.device),
                                                              waves)  # fmt: skip
     # the default: MoeConfig.mma_groups on one-width tables, mma_groups_ragged on ragged integer widths, the
     # run decode where a table holds a half rate

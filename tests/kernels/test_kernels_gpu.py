@@ -230,6 +230,36 @@ def test_moe_matches_reference(layout, mma):
     assert torch.equal(outs[0], outs[1]), "the split-k and pair sums must be deterministic"
 
 
+def test_moe_rows_keep_their_bits_among_many():
+    """The MoE as the fast forward pins it (pinned_config: k-splits of one token's pairs) over ragged tables of
+    integer widths (the mma decode): 64 tokens routed onto 12 experts, so each expert's run of pairs spans many
+    groups of 4 decoded together, give each token the bits it gets alone, and agree with the reference."""
+    from tfc.kernels.exl3.decode import exl3_decode
+    from tfc.kernels.exl3.expert_table import ExpertTable
+    from tfc.kernels.exl3.moe import moe_exl3, moe_reference, pinned_config
+
+    d, inter, routed, topk, tokens = 5120, 2304, 12, 6, 64
+    rng = np.random.default_rng(11)
+    tables, dense = [], []
+    for proj, (k, n) in enumerate([(d, inter), (d, inter), (inter, d)]):
+        bits = [*rng.choice([2, 3, 4, 5], size=routed).tolist(), 6]
+        groups = [_group(k, n, b, 2, 100 * proj + e) for e, b in enumerate(bits)]
+        tables.append(ExpertTable.build(groups, layout="ragged"))
+        dense.append([exl3_decode(*g, dtype=torch.float32) for g in groups])
+    config = pinned_config(*tables, topk, torch.device("cuda"))
+    assert config.mma
+    x = torch.randn(tokens, d, device="cuda").to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(routed)[:topk] for _ in range(tokens)]).cuda()
+    wts = torch.rand(tokens, topk, device="cuda") + 0.05
+    together = moe_exl3(x, ids, wts, *tables, swiglu_limit=10.0, config=config, out_dtype=torch.float32)
+    want = moe_reference(x, ids, wts, *dense, swiglu_limit=10.0)
+    assert float((together.double() - want).norm() / want.norm()) < 1e-4
+    for t in (0, 1, 17, 63):
+        alone = moe_exl3(x[t : t + 1], ids[t : t + 1], wts[t : t + 1], *tables, swiglu_limit=10.0, config=config,
+                         out_dtype=torch.float32)  # fmt: skip
+        assert torch.equal(together[t : t + 1], alone), t
+
+
 @pytest.mark.parametrize("rows", [1, 16, 48])
 def test_sinkhorn_matches_the_models_loop(rows):
     # 2e-6 absolute on entries in [0, 1], as under the interpreter (tests/kernels/interpret/test_triton_sinkhorn.py),

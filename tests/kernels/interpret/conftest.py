@@ -21,6 +21,7 @@ MODULES = {
     "exl3_tl": "exl3.tl",
     "expert_table": "exl3.expert_table",
     "moe_exl3": "exl3.moe",
+    "moe_order": "exl3.moe_order",
     "mhc_sinkhorn": "dsv41.mhc_sinkhorn",
     "run_copy": "run_copy",
     "exl3_rotate": "exl3.rotate",

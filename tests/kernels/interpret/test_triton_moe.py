@@ -103,8 +103,8 @@ def test_moe_rotation_pairs(tk):
         shape = (2, pairs, 2, D) if split else (2, pairs, D)
         xh = torch.full(shape, float("nan"), dtype=torch.float16 if split else torch.float32)
         tk.moe_exl3._moe_rotate_kernel[(D // 128, pairs, 2)](
-            x, ids, tables[0].suh, tables[1].suh, xh, torch.empty(2, pairs, D), pairs, D, x.stride(0), TOPK, ROUTED,
-            PAIRS=split,
+            x, ids, torch.arange(pairs, dtype=torch.int32), tables[0].suh, tables[1].suh, xh, torch.empty(2, pairs, D),
+            pairs, D, x.stride(0), TOPK, ROUTED, PAIRS=split,
         )  # fmt: skip
         outs[split] = xh
     hi, lo, f32 = outs[True][:, :, 0], outs[True][:, :, 1], outs[False]
