@@ -16,8 +16,9 @@ groups, norms, mHC, router, indexer), the distinct experts its live rows picked 
 shared expert, the KV rows its rows read (window, selected entries, the index keys of the context), the head.
 Whole-Flash projection (TP=1, 4k context): each of Flash's layers' floor from the slice's layer of the same mode,
 over the efficiency (floor / time) the slice's layers reached, plus the measured head. Kernels a layer: the CUDA
-kernels of an eager one-row step (torch.profiler) over the slice's layers. On the CPU (`--device cpu`, the tiny
-image) everything runs on the kernels' torch references at small sizes: a check of the script, no figure.
+kernels of an eager one-row step (torch.profiler) over the slice's layers; the widest step's kernels are profiled
+too. On the CPU (`--device cpu`, the tiny image) everything runs on the kernels' torch references at small sizes:
+a check of the script, no figure.
 
 --host-experts PACK: whole Flash on one H200 keeps the routed experts of 13 of its 40 layers in pinned host memory
 (`tfc plan --gpu-memory-gib 141 --tp 1`, benchmarks/results/plan/flash_tp1_h200.json), where the MoE kernels read
@@ -263,12 +264,12 @@ def step_times(runner, device: str, rows_list, context: int, copy: float) -> dic
     return table
 
 
-def kernels_a_step(runner, device: str, context: int) -> dict:
-    """Kernels and GPU time of an eager one-row step (torch.profiler over 5 steps), the top 30 by GPU time."""
+def kernels_a_step(runner, device: str, context: int, rows: int = 1) -> dict:
+    """Kernels and GPU time of an eager step of `rows` rows (torch.profiler over 5 steps), the top 30 by GPU time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    tile = decode_tile(runner, 1, context - 1)
+    tile = decode_tile(runner, rows, context - 1)
     runner.forward.buffers.load(tile, None)
     for _ in range(3):
         runner.forward.step(tile.key)
@@ -278,7 +279,8 @@ def kernels_a_step(runner, device: str, context: int) -> dict:
         for _ in range(steps):
             runner.forward.step(tile.key)
         torch.cuda.synchronize()
-    runner.kv.release(0)
+    for s in range(rows):
+        runner.kv.release(s)
     events = sorted(
         (e for e in p.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total
     )
@@ -418,6 +420,9 @@ def main() -> None:
     layers = runner.forward.cfg.num_hidden_layers
     if device == "cuda":
         run.data["profile"] = kernels_a_step(runner, device, context)
+        wide = max((r for r in rows_list if r <= max_step_rows()), default=1)
+        if wide > 1:  # where the time of a wide step goes
+            run.data[f"profile_rows{wide}"] = kernels_a_step(runner, device, context, wide)
     floor_limit = "the step's byte floor at the memory copy rate of the same run"
     for rows in rows_list:
         row = table.get(rows)
