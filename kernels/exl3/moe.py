@@ -108,7 +108,7 @@ def _moe_gate_up_kernel(
         if last:
             gate0 = ws_ptr + pid_c.to(tl.int64) * P * 128 + s.to(tl.int64) * 128
             for q in range(n):
-                _, _, w = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s + q), topk, n_routed)
+                w = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s + q), topk, n_routed)[2]
                 gate_up_epilogue(gate0 + q * 128, gate0 + SPLIT * part + q * 128, part, SPLIT,
                                  scr_ptr + (slot + q * (NI // 128)).to(tl.int64) * 128, e, w, s + q, pid_c, NI,
                                  limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr, MMA > 0, FLIGHT)  # fmt: skip
