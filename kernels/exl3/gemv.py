@@ -24,7 +24,7 @@ from tfc.kernels.exl3.launch import (
     pick_split,
     resolved_for,
 )
-from tfc.kernels.exl3.mma import mma_asm, mma_partials
+from tfc.kernels.exl3.mma import CHUNKS, mma_asm, mma_partials, mma_warps
 from tfc.kernels.exl3.runs import runs_cols, runs_rows, store_cols
 from tfc.kernels.exl3.sums import fixed_reduce_kernel, reduce_kernel, reduce_last
 from tfc.kernels.exl3.tl import (
@@ -38,7 +38,8 @@ from tfc.kernels.exl3.tl import (
     window_offsets,
 )
 
-MAX_ROWS = 16
+MAX_ROWS = 16  # rows of one launch, but for the row-free mma decode's:
+WIDE_ROWS = 64  # 4 chunks of 16 rows a program, each decoded tile multiplied into all of them
 
 
 @triton.jit
@@ -95,6 +96,7 @@ def _exl3_gemm_kernel(
     MMA_STORES: tl.constexpr = (),
     MMA_NACC: tl.constexpr = 16,
     MMA_SPLIT: tl.constexpr = False,
+    MMA_CHUNKS: tl.constexpr = 1,
     REDUCE: tl.constexpr = True,
     goff_ptr=None,
     XHG=0,
@@ -143,13 +145,13 @@ def _exl3_gemm_kernel(
         a, b = runs_cols(base, tn, kt_per_split, xs + kt0 * 16, W, CB, BK // 16, TPE)
         store_cols(block + pid_s * 128, a, b)
     elif MMA:
-        # Integer width, 1-16 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
+        # Integer width, 1-64 rows: each lane decodes its own B fragments straight into mma (exl3_mma).
         base = t_ptr + (kt0 * tn + pid_n * 8).to(tl.int64) * nw
         x_rows = M
         if MMA_SPLIT:  # xh holds each row as an fp16 high / low pair
             x_rows = 2 * M
         mma_partials(base, tn, kt_per_split, xh_ptr + kt0 * 16, stride_x, x_rows, block + pid_s * (MP * 128), W,
-                     MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC)  # fmt: skip
+                     MMA, MMA_SETUP, MMA_FRAG, MMA_LOADS, MMA_STEP, MMA_STORES, MMA_NACC, 0, MMA_CHUNKS)  # fmt: skip
     else:
         pos = tile_positions(BK, 128)
         off_j, off_jp, shift = window_offsets(pos, W, tn, BK, 128, W % 16 == 0)
@@ -178,6 +180,18 @@ def _exl3_gemm_kernel(
     if REDUCE:  # else reduce_kernel, launched next, sums the partials
         reduce_last(cnt_ptr, svh_ptr, y_ptr, block, pid_n, cols, M, stride_y, SPLIT, MP,
                     (RUNS and MP > 1) or MMA, LIVE)  # fmt: skip
+
+
+def launch_rows(config: GemmConfig, trellis_shape: tuple[int, ...]) -> int:
+    """The most rows one exl3_gemm launch takes for this config and trellis: WIDE_ROWS on the row-free mma decode
+    (a GPU, an integer width), else MAX_ROWS."""
+    cfg = resolved_for(config, MAX_ROWS, trellis_shape)
+    return WIDE_ROWS if cfg.row_free and cfg.mma else MAX_ROWS
+
+
+def wide_chunks(rows: int) -> int:
+    """16-row chunks a program of the row-free mma decode takes for `rows` rows: 1, 2 or 4 (exl3_mma.CHUNKS)."""
+    return next(c for c in CHUNKS if 16 * c >= rows)
 
 
 def uses_matrix_units(config: GemmConfig, rows: int, trellis_shape: tuple[int, ...]) -> bool:
@@ -225,7 +239,9 @@ def exl3_gemm(
     groups: torch.Tensor | None = None,
     live: int | None = None,
 ) -> torch.Tensor:
-    """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= 16 rows.
+    """y [M, n] = x [M, k] @ W for an EXL3 group (trellis int16 [k/16, n/16, W]); M <= launch_rows(config, ...)
+    rows: 16, or WIDE_ROWS on the row-free mma decode, whose programs multiply each decoded tile into up to 4
+    chunks of 16 rows (one group of n-tiles a warp), each row with the bits it has in a launch of 1-16 rows.
 
     `groups` (group_offsets of G groups of this trellis's shape, these views group 0's): one launch of G
     products, y [M, G * n] = each group's k columns of x [M, G * k] @ its W, each group computed exactly as its
@@ -246,8 +262,9 @@ def exl3_gemm(
     if groups is not None and (x_rotated or fixed or groups.shape[0] != 3):
         raise ValueError("grouped products take x unrotated, give fp values, and need group_offsets' [3, G]")
     pairs_in = x_rotated and x.dim() == 3 and x.shape[1] == 2  # rotate_for's high / low pairs
-    if x.dim() != 2 + pairs_in or x.shape[-1] != ng * k or not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"x {tuple(x.shape)} must be [1..{MAX_ROWS}, {ng * k}]")
+    most = launch_rows(config, trellis.shape)
+    if x.dim() != 2 + pairs_in or x.shape[-1] != ng * k or not 1 <= x.shape[0] <= most:
+        raise ValueError(f"x {tuple(x.shape)} must be [1..{most}, {ng * k}]")
     m_rows = x.shape[0]
     live = m_rows if live is None else live
     if not 1 <= live <= m_rows or (fixed and live != m_rows):
@@ -257,7 +274,10 @@ def exl3_gemm(
     pairs = input_pairs(cfg, prod)
     if x_rotated and pairs != pairs_in:
         raise ValueError("x_rotated: x must be rotate_for(x, suh, config, trellis.shape) of this config")
-    mp = 16 if cfg.use_dot else next_pow2(m_rows)
+    chunks = wide_chunks(prod) if cfg.mma and m_rows > MAX_ROWS else 1
+    # chunks keep their sums in one group's registers (a group's n-tiles per warp never change a sum's bits)
+    warp_groups = cfg.mma if chunks == 1 else 1
+    mp = 16 * chunks if cfg.use_dot else next_pow2(m_rows)
     if mp > 1 and not (cfg.use_dot or cfg.runs):
         raise ValueError(f"{m_rows} rows need the matrix units (use_dot) or the run decode (integer width)")
     if cfg.mma and (width % 16 or INTERPRET):
@@ -296,9 +316,9 @@ def exl3_gemm(
         x, xh, suh, svh, trellis.view(torch.int32), y, ws, cnt,
         prod, n, x.stride(0) if fuse else xh.stride(-2), y.stride(-2), tk // split,
         W=width, CB=codebook, MP=mp, BK=bk, SPLIT=split, FUSE_ROT=fuse, USE_DOT=cfg.use_dot,
-        RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=cfg.num_warps, num_stages=1,
-        MMA=cfg.mma, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
-        **(mma_asm(width, codebook, prod, cfg.mma, cfg.mma_wt, not cfg.row_free) if cfg.mma else {}),
+        RUNS=cfg.runs, KDIM=k, TPE=cfg.run_tiles, num_warps=mma_warps(warp_groups) if cfg.mma else cfg.num_warps,
+        num_stages=1, MMA=warp_groups, REDUCE=not apart, XHG=xhg, LIVE=live, **grouped,
+        **(mma_asm(width, codebook, prod, warp_groups, cfg.mma_wt, not cfg.row_free, chunks) if cfg.mma else {}),
     )  # fmt: skip
     if fixed:
         fixed_reduce_kernel[(blocks, m_rows)](ws, svh, y, m_rows, n, split, MP=mp, num_warps=1)
@@ -319,13 +339,16 @@ def exl3_gemm_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "INTERPRET",
     "MAX_ROWS",
+    "WIDE_ROWS",
     "GemmConfig",
     "counters",
     "exl3_gemm",
     "exl3_gemm_reference",
     "group_offsets",
+    "launch_rows",
     "resolved_for",
     "rotate_for",
     "rotate_input",
     "uses_matrix_units",
+    "wide_chunks",
 ]

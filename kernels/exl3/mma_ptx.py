@@ -34,12 +34,13 @@ def window_words(k_bits: int) -> tuple[int, int]:
     return loads, -(-(16 + 8 * k_bits) // 32)
 
 
-def setup_ptx(k_bits: int, nt: int, wt: bool = False, split: bool = False) -> str:
+def setup_ptx(k_bits: int, nt: int, wt: bool = False, split: bool = False, chunks: int = 1) -> str:
     """Outputs $0.. = word byte offsets (WORDS, unused ones 0), shift, x offsets (rows lane/4, +8), row flags,
     output offset; inputs: M (x rows), x row stride (elements). nt n-tiles per warp; offsets include the
     warp's first n-tile. The lane's first output: x-as-A row lane / 4, column 2 (lane % 4); weights-as-A
     (wt) row 2 (lane % 4), column lane / 4; split (x rows 2 m, 2 m + 1 = the fp16 high and low parts of
-    row m) row lane % 4, column lane / 4."""
+    row m) row lane % 4, column lane / 4. Row flags: bits 2 c and 2 c + 1 say whether rows lane / 4 and
+    lane / 4 + 8 of 16-row chunk c exist."""
     nwd, _ = window_words(k_bits)
     nw, ring = 8 * k_bits, 256 * k_bits
     o = [f"${i}" for i in range(WORDS)]
@@ -77,16 +78,25 @@ def setup_ptx(k_bits: int, nt: int, wt: bool = False, split: bool = False) -> st
         "add.u32 m1, m0, 8;",
         f"mad.lo.u32 tmp, m1, {sx}, c;",
         f"shl.b32 {xo1}, tmp, 1;",
-        f"setp.lt.u32 p, m0, {m_rows};",
-        "selp.u32 f0, 1, 0, p;",
-        f"setp.lt.u32 p, m1, {m_rows};",
-        "selp.u32 f1, 2, 0, p;",
-        f"or.b32 {pf}, f0, f1;",
+        *_row_flags(m_rows, pf, chunks),
         f"mad.lo.u32 tmp, c, {64 if split else 128}, m0;" if wt else "mad.lo.u32 tmp, m0, 128, c;",
         "mad.lo.u32 tmp, nt, 16, tmp;",
         f"shl.b32 {so}, tmp, 2;",
     ]
     return "{\n" + "\n".join(lines) + "\n}"
+
+
+def _row_flags(m_rows: str, pf: str, chunks: int) -> list[str]:
+    """pf's bits 2 c, 2 c + 1: rows m0 + 16 c, m1 + 16 c are below M (one chunk: the same text as ever)."""
+    if chunks == 1:
+        return [f"setp.lt.u32 p, m0, {m_rows};", "selp.u32 f0, 1, 0, p;", f"setp.lt.u32 p, m1, {m_rows};",
+                "selp.u32 f1, 2, 0, p;", f"or.b32 {pf}, f0, f1;"]  # fmt: skip
+    lines = [f"mov.u32 {pf}, 0;"]
+    for c in range(chunks):
+        for bit, row in ((2 * c, "m0"), (2 * c + 1, "m1")):
+            lines += [f"add.u32 tmp, {row}, {16 * c};", f"setp.lt.u32 p, tmp, {m_rows};",
+                      f"selp.u32 f0, {1 << bit}, 0, p;", f"or.b32 {pf}, {pf}, f0;"]  # fmt: skip
+    return lines
 
 
 def _state(q: int, k_bits: int, dst: str) -> list[str]:
@@ -146,46 +156,43 @@ def _codebook(cb: int, sa: str, sb: str, dst: str) -> str:
     return "{\n" + CODEBOOK_BODIES[cb].replace("SA", sa).replace("SB", sb).replace("DST", dst) + "\n}"
 
 
-def frag_ptx(k_bits: int, rows16: bool) -> str:
-    """Per k-tile: outputs $0..$3 = the A fragments (fp16 pairs; rows >= M zero), $4.. = the lane's word
-    addresses (64-bit); inputs: tile address, x address (row 0, this k-tile's first column), setup outputs
-    (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay zero). x is read
-    through the read-only path (the rotation wrote it in an earlier launch)."""
-    a = [f"${i}" for i in range(4)]
-    wa = [f"${4 + i}" for i in range(WORDS)]
-    base = 4 + WORDS
+def frag_ptx(k_bits: int, rows16: bool, chunks: int = 1) -> str:
+    """Per k-tile: outputs $0..$(4 chunks - 1) = the A fragments (fp16 pairs; rows >= M zero), four a 16-row chunk,
+    then the lane's word addresses (64-bit); inputs: tile address, x address (row 0, this k-tile's first column),
+    setup outputs (word offsets, shift, x offsets, row flags). rows16: rows 8..15 exist (else a1, a3 stay
+    zero); chunk c's rows start 16 c rows on (twice the distance of the two x offsets). x is read through the
+    read-only path (the rotation wrote it in an earlier launch)."""
+    if chunks > 1 and not rows16:
+        raise ValueError("chunks of 16 rows need rows16")
+    a = [f"${i}" for i in range(4 * chunks)]
+    wa = [f"${4 * chunks + i}" for i in range(WORDS)]
+    base = 4 * chunks + WORDS
     tb, xb = f"${base}", f"${base + 1}"
     o = [f"${base + 2 + i}" for i in range(WORDS)]
     xo0, xo1, pf = (f"${base + 3 + WORDS + i}" for i in range(3))
     nwd, _ = window_words(k_bits)
     ldx = "ld.global.nc.b32"
-    lines = [
-        ".reg .b32 t;",
-        ".reg .b64 xa;",
-        ".reg .pred p;",
-        *[f"mov.b32 {r}, 0;" for r in a],
-        f"and.b32 t, {pf}, 1;",
-        "setp.ne.u32 p, t, 0;",
-        f"mad.wide.u32 xa, {xo0}, 1, {xb};",
-        f"@p {ldx} {a[0]}, [xa];",
-        f"@p {ldx} {a[2]}, [xa+16];",
-    ]
-    if rows16:
-        lines += [
-            f"and.b32 t, {pf}, 2;",
-            "setp.ne.u32 p, t, 0;",
-            f"mad.wide.u32 xa, {xo1}, 1, {xb};",
-            f"@p {ldx} {a[1]}, [xa];",
-            f"@p {ldx} {a[3]}, [xa+16];",
-        ]
+    regs = ".reg .b32 t, cs, xo;" if chunks > 1 else ".reg .b32 t;"
+    lines = [regs, ".reg .b64 xa;", ".reg .pred p;", *[f"mov.b32 {r}, 0;" for r in a]]
+    if chunks > 1:
+        lines += [f"sub.u32 cs, {xo1}, {xo0};", "shl.b32 cs, cs, 1;"]
+    for c in range(chunks):
+        halves = ((0, xo0), (1, xo1)) if rows16 else ((0, xo0),)
+        for h, xoff in halves:
+            lines += [f"and.b32 t, {pf}, {1 << (2 * c + h)};", "setp.ne.u32 p, t, 0;"]
+            if c:
+                lines += [f"mad.lo.u32 xo, cs, {c}, {xoff};", f"mad.wide.u32 xa, xo, 1, {xb};"]
+            else:
+                lines.append(f"mad.wide.u32 xa, {xoff}, 1, {xb};")
+            lines += [f"@p {ldx} {a[4 * c + h]}, [xa];", f"@p {ldx} {a[4 * c + h + 2]}, [xa+16];"]
     lines += [f"mad.wide.u32 {wa[i]}, {o[i]}, 1, {tb};" for i in range(nwd)]
     lines += [f"mov.b64 {wa[i]}, {tb};" for i in range(nwd, WORDS)]
     return "{\n" + "\n".join(lines) + "\n}"
 
 
-def frag_constraints() -> str:
+def frag_constraints(chunks: int = 1) -> str:
     """The constraint string of frag_ptx."""
-    return ",".join(["=r"] * 4 + ["=l"] * WORDS + ["l", "l"] + ["r"] * (WORDS + 4))
+    return ",".join(["=r"] * (4 * chunks) + ["=l"] * WORDS + ["l", "l"] + ["r"] * (WORDS + 4))
 
 
 def load_ptx(k_bits: int, group: int) -> str:
@@ -207,7 +214,7 @@ def load_constraints() -> str:
     return ",".join(["=r"] * (2 * WORDS) + ["l"] * WORDS)
 
 
-def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str:
+def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True, chunks: int = 1) -> str:
     """Two n-tiles of the warp's at one k-tile: outputs $0.. = the sums (accumulators(wt, rows16) of them);
     inputs: the same sums, the A fragments of x (frag_ptx), the two n-tiles' words (load_ptx), the shift.
 
@@ -215,15 +222,17 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
     sums [n-tile j][half h][c0..c3]. Weights-as-A (wt True): the decoded tile, transposed, is the A operand
     (16 columns x 16 k; the lane's B-order registers v0..v3 become A's {v0, v2, v1, v3}) and x rows 0-7 the
     B operand (the frag_ptx registers a0, a2), rows 8-15 a second mma (a1, a3): one mma per tile and 8 rows,
-    sums [n-tile j][row half r][c0..c3].
+    sums [n-tile j][row half r][c0..c3]. `chunks` 16-row chunks: each tile decoded once, then multiplied into
+    every chunk's sums (chunk c's fragments a[4 c ..], its sums the c-th block of them).
     """
     nwd, nu = window_words(k_bits)
-    nacc = accumulators(wt, rows16)
+    per_chunk = accumulators(wt, rows16)
+    nacc = per_chunk * chunks
     acc_out = [f"${i}" for i in range(nacc)]
     acc_in = [f"${nacc + i}" for i in range(nacc)]
-    a = [f"${2 * nacc + i}" for i in range(4)]
-    words = [[f"${2 * nacc + 4 + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
-    off = f"${2 * nacc + 4 + 2 * WORDS}"
+    a = [f"${2 * nacc + i}" for i in range(4 * chunks)]
+    words = [[f"${2 * nacc + 4 * chunks + WORDS * j + i}" for i in range(WORDS)] for j in range(2)]
+    off = f"${2 * nacc + 4 * chunks + 2 * WORDS}"
     regs = ", ".join(f"u{i}" for i in range(nu))
     plan = byte_plan(k_bits)
     xregs = "".join(f", x{i}" for i in range(len(plan or ())))
@@ -231,7 +240,7 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
         f".reg .b32 {regs}, s0, s1, s2, s3, s4, s5, s6, s7, v0, v1, v2, v3, z, t{xregs};",
         "mov.b32 z, 0;",
     ]
-    per_tile = nacc // 2
+    per_tile = per_chunk // 2
     for j in range(2):
         w = words[j]
         # u_i = window bits [32 i, 32 i + 32): (w_i << off) | (w_i+1 >> (32 - off)); bits past the last
@@ -245,14 +254,16 @@ def step_ptx(k_bits: int, cb: int, wt: bool = False, rows16: bool = True) -> str
             for q in range(8):
                 lines += _state(q, k_bits, f"s{q}")
         lines += [_codebook(cb, f"s{2 * i}", f"s{2 * i + 1}", f"v{i}") for i in range(4)]
-        for h in range(per_tile // 4):
-            d = acc_out[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]
-            c = acc_in[per_tile * j + 4 * h : per_tile * j + 4 * h + 4]
-            if wt:  # rows 8 h .. 8 h + 7 as B: (a0, a2) or (a1, a3)
-                ops = f"{{v0, v2, v1, v3}}, {{{a[h]}, {a[h + 2]}}}"
-            else:  # x as A, the tile's half h as B
-                ops = f"{{{', '.join(a)}}}, {{v{2 * h}, v{2 * h + 1}}}"
-            lines.append(f"{MMA} {{{', '.join(d)}}}, {ops}, {{{', '.join(c)}}};")
+        for ch in range(chunks):
+            fa, first = a[4 * ch : 4 * ch + 4], per_chunk * ch + per_tile * j
+            for h in range(per_tile // 4):
+                d = acc_out[first + 4 * h : first + 4 * h + 4]
+                c = acc_in[first + 4 * h : first + 4 * h + 4]
+                if wt:  # rows 8 h .. 8 h + 7 as B: (a0, a2) or (a1, a3)
+                    ops = f"{{v0, v2, v1, v3}}, {{{fa[h]}, {fa[h + 2]}}}"
+                else:  # x as A, the tile's half h as B
+                    ops = f"{{{', '.join(fa)}}}, {{v{2 * h}, v{2 * h + 1}}}"
+                lines.append(f"{MMA} {{{', '.join(d)}}}, {ops}, {{{', '.join(c)}}};")
     return "{\n" + "\n".join(lines) + "\n}"
 
 
@@ -261,46 +272,53 @@ def accumulators(wt: bool, rows16: bool) -> int:
     return 16 if not wt or rows16 else 8
 
 
-def step_constraints(nacc: int = 16) -> str:
-    """The constraint string of step_ptx with nacc sums."""
-    return ",".join(["=f"] * nacc + ["f"] * nacc + ["r"] * 4 + ["r"] * (2 * WORDS) + ["r"])
+def step_constraints(nacc: int = 16, chunks: int = 1) -> str:
+    """The constraint string of step_ptx with nacc sums over `chunks` 16-row chunks."""
+    return ",".join(["=f"] * nacc + ["f"] * nacc + ["r"] * (4 * chunks) + ["r"] * (2 * WORDS) + ["r"])
 
 
-def store_ptx(group: int, wt: bool = False, rows16: bool = True, split: bool = False) -> str:
-    """Write one group's sums into the [16, 128] fp32 partial block: $0 = dummy output; $1 = block address,
+def store_ptx(group: int, wt: bool = False, rows16: bool = True, split: bool = False, chunks: int = 1) -> str:
+    """Write one group's sums into the [16 chunks, 128] fp32 partial block: $0 = dummy output; $1 = block address,
     $2 = the lane's output offset (setup_ptx), $3.. = the sums (step_ptx's layout), then the mma's x rows
     (setup_ptx's M): rows past them are not written (nothing reads them; at one row that is 3 / 4 of the
     partial-sum traffic). split (weights as A, x rows in fp16 high / low pairs): each row's two sums added,
-    so the block holds the real rows."""
-    nacc = accumulators(wt, rows16)
-    per_tile = nacc // 2
-    m_rows = f"${3 + nacc}"
-    lines = [".reg .b64 ad;", ".reg .f32 hl;", ".reg .b32 lane, r0, r1;", ".reg .pred p0, p1, p2, p3;",
-             "mad.wide.u32 ad, $2, 1, $1;", "mov.u32 lane, %laneid;"]  # fmt: skip
+    so the block holds the real rows. Chunk c's rows are 16 c on."""
+    per_chunk = accumulators(wt, rows16)
+    per_tile = per_chunk // 2
+    m_rows = f"${3 + per_chunk * chunks}"
     if wt:  # the lane's first row: 2 (lane % 4); split: the pair lane % 4, whose high row is 2 (lane % 4)
-        lines += ["and.b32 r0, lane, 3;", "shl.b32 r0, r0, 1;"]
+        first = ["and.b32 r0, lane, 3;", "shl.b32 r0, r0, 1;"]
         offsets = [0] if split else [8 * h + i for h in range(per_tile // 4) for i in range(2)]
     else:  # x as A: rows lane / 4 and lane / 4 + 8
-        lines += ["shr.u32 r0, lane, 2;"]
+        first = ["shr.u32 r0, lane, 2;"]
         offsets = [0, 8]
-    for i, d in enumerate(offsets):  # p_i: row r0 + offsets[i] is a real row
-        lines += [f"add.u32 r1, r0, {d};", f"setp.lt.u32 p{i}, r1, {m_rows};"]
-    for j in range(2):
-        col = 64 * (2 * group + j)  # the n-tile's first column, in bytes
-        for h in range(per_tile // 4):
-            s = [f"${3 + per_tile * j + 4 * h + i}" for i in range(4)]
-            if split:  # c0 + c1: column lane / 4, row lane % 4; c2 + c3: column + 8
-                lines += [f"add.f32 hl, {s[0]}, {s[1]};", f"@p0 st.global.f32 [ad+{col}], hl;",
-                          f"add.f32 hl, {s[2]}, {s[3]};", f"@p0 st.global.f32 [ad+{col + 32}], hl;"]  # fmt: skip
-            elif wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
-                row, pa, pb = 4096 * h, f"p{2 * h}", f"p{2 * h + 1}"
-                lines += [f"@{pa} st.global.f32 [ad+{col + row}], {s[0]};",
-                          f"@{pb} st.global.f32 [ad+{col + row + 512}], {s[1]};",
-                          f"@{pa} st.global.f32 [ad+{col + row + 32}], {s[2]};",
-                          f"@{pb} st.global.f32 [ad+{col + row + 544}], {s[3]};"]  # fmt: skip
-            else:  # c0, c1: row lane / 4, columns 2 (lane % 4) + 0, 1 of half h; c2, c3: row + 8
-                lines.append(f"@p0 st.global.v2.f32 [ad+{col + 32 * h}], {{{s[0]}, {s[1]}}};")
-                lines.append(f"@p1 st.global.v2.f32 [ad+{col + 32 * h + 4096}], {{{s[2]}, {s[3]}}};")
+    preds = ", ".join(f"p{i}" for i in range(max(4, len(offsets) * chunks)))
+    lines = [".reg .b64 ad;", ".reg .f32 hl;", ".reg .b32 lane, r0, r1;", f".reg .pred {preds};",
+             "mad.wide.u32 ad, $2, 1, $1;", "mov.u32 lane, %laneid;", *first]  # fmt: skip
+    for ch in range(chunks):
+        for i, d in enumerate(offsets):  # p_(ch, i): row r0 + 16 ch + offsets[i] is a real row
+            lines += [
+                f"add.u32 r1, r0, {16 * ch + d};",
+                f"setp.lt.u32 p{len(offsets) * ch + i}, r1, {m_rows};",
+            ]
+    for ch in range(chunks):
+        base, pp = 8192 * ch, [f"p{len(offsets) * ch + i}" for i in range(len(offsets))]
+        for j in range(2):
+            col = base + 64 * (2 * group + j)  # the n-tile's first column, in bytes
+            for h in range(per_tile // 4):
+                s = [f"${3 + per_chunk * ch + per_tile * j + 4 * h + i}" for i in range(4)]
+                if split:  # c0 + c1: column lane / 4, row lane % 4; c2 + c3: column + 8
+                    lines += [f"add.f32 hl, {s[0]}, {s[1]};", f"@{pp[0]} st.global.f32 [ad+{col}], hl;",
+                              f"add.f32 hl, {s[2]}, {s[3]};", f"@{pp[0]} st.global.f32 [ad+{col + 32}], hl;"]  # fmt: skip
+                elif wt:  # c0, c1: column lane / 4, rows 8 h + 2 (lane % 4) + 0, 1; c2, c3: column + 8
+                    row, pa, pb = 4096 * h, pp[2 * h], pp[2 * h + 1]
+                    lines += [f"@{pa} st.global.f32 [ad+{col + row}], {s[0]};",
+                              f"@{pb} st.global.f32 [ad+{col + row + 512}], {s[1]};",
+                              f"@{pa} st.global.f32 [ad+{col + row + 32}], {s[2]};",
+                              f"@{pb} st.global.f32 [ad+{col + row + 544}], {s[3]};"]  # fmt: skip
+                else:  # c0, c1: row lane / 4, columns 2 (lane % 4) + 0, 1 of half h; c2, c3: row + 8
+                    lines.append(f"@{pp[0]} st.global.v2.f32 [ad+{col + 32 * h}], {{{s[0]}, {s[1]}}};")
+                    lines.append(f"@{pp[1]} st.global.v2.f32 [ad+{col + 32 * h + 4096}], {{{s[2]}, {s[3]}}};")
     lines.append("mov.u32 $0, 0;")
     return "{\n" + "\n".join(lines) + "\n}"
 

@@ -207,10 +207,10 @@ class Warp:
 
 
 def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: bool = False,
-              split: bool = False) -> np.ndarray:  # fmt: skip
-    """The [16, 128] partial sums of one 128-column block over all k-tiles, as the GPU kernel computes them
+              split: bool = False, chunks: int = 1) -> np.ndarray:  # fmt: skip
+    """The [16 chunks, 128] partial sums of one 128-column block over all k-tiles, as the GPU kernel computes them
     (4 // groups warps of 2 groups n-tiles each; wt: weights as the mma's A operand; split: xh (fp32) goes
-    in as fp16 high / low row pairs)."""
+    in as fp16 high / low row pairs; chunks: 16-row chunks multiplied by each decoded tile)."""
     tk, tn, width = trellis.shape
     k_bits, nw = width // 16, width // 2
     if split:
@@ -218,34 +218,36 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: boo
         lo = (xh - hi.astype(np.float32)).astype(np.float16)
         xh = np.stack([hi, lo], axis=1).reshape(-1, xh.shape[1])  # rows 2 m, 2 m + 1
     m_rows, k = xh.shape
+    rows_out = 16 * chunks
     words = ref.words32(trellis).astype(np.uint32)  # [tk, tn, nw]
     tsize, xsize = words.nbytes, xh.nbytes
-    mem = np.zeros(tsize + xsize + 16 * 128 * 4 + 64, dtype=np.uint8)
+    mem = np.zeros(tsize + xsize + rows_out * 128 * 4 + 64, dtype=np.uint8)
     mem[:tsize] = words.reshape(-1).view(np.uint8)
     xbase, wsbase = tsize, tsize + xsize
     mem[xbase : xbase + xsize] = xh.astype(np.float16).reshape(-1).view(np.uint8)
-    mem[wsbase : wsbase + 16 * 128 * 4] = np.full(16 * 128, np.nan, np.float32).view(np.uint8)  # poisoned
-    nso, rows16 = SETUP_OUTPUTS, m_rows > 8
-    nacc = accumulators(wt, rows16)
-    setup, frag = setup_ptx(k_bits, 2 * groups, wt, split), frag_ptx(k_bits, rows16)
-    loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb, wt, rows16)
+    mem[wsbase : wsbase + rows_out * 128 * 4] = np.full(rows_out * 128, np.nan, np.float32).view(np.uint8)
+    nso, rows16 = SETUP_OUTPUTS, m_rows > 8 or chunks > 1
+    nacc = accumulators(wt, rows16) * chunks
+    nf = 4 * chunks  # the fragments frag_ptx returns before the word addresses
+    setup, frag = setup_ptx(k_bits, 2 * groups, wt, split, chunks), frag_ptx(k_bits, rows16, chunks)
+    loads, step = [load_ptx(k_bits, g) for g in range(groups)], step_ptx(k_bits, cb, wt, rows16, chunks)
     for w in range(4 // groups):
         warp = Warp(mem, w)
         sargs = [{nso: m_rows, nso + 1: k} for _ in range(32)]
         warp.run(setup, sargs)
         acc = [[[0] * nacc for _ in range(groups)] for _ in range(32)]
         for kt in range(tk):
-            fargs = [{4 + WORDS: 4 * nw * kt * tn, 5 + WORDS: xbase + 2 * 16 * kt,
-                      **{6 + WORDS + i: sargs[lane][i] for i in range(WORDS + 4)}}
+            fargs = [{nf + WORDS: 4 * nw * kt * tn, nf + 1 + WORDS: xbase + 2 * 16 * kt,
+                      **{nf + 2 + WORDS + i: sargs[lane][i] for i in range(WORDS + 4)}}
                      for lane in range(32)]  # fmt: skip
             warp.run(frag, fargs)
             for g in range(groups):
-                largs = [{2 * WORDS + i: fargs[lane][4 + i] for i in range(WORDS)} for lane in range(32)]
+                largs = [{2 * WORDS + i: fargs[lane][nf + i] for i in range(WORDS)} for lane in range(32)]
                 warp.run(loads[g], largs)
                 args = [{**{nacc + i: acc[lane][g][i] for i in range(nacc)},
-                         **{2 * nacc + i: fargs[lane][i] for i in range(4)},
-                         **{2 * nacc + 4 + i: largs[lane][i] for i in range(2 * WORDS)},
-                         2 * nacc + 4 + 2 * WORDS: sargs[lane][WORDS]}
+                         **{2 * nacc + i: fargs[lane][i] for i in range(nf)},
+                         **{2 * nacc + nf + i: largs[lane][i] for i in range(2 * WORDS)},
+                         2 * nacc + nf + 2 * WORDS: sargs[lane][WORDS]}
                         for lane in range(32)]  # fmt: skip
                 warp.run(step, args)
                 for lane in range(32):
@@ -253,8 +255,8 @@ def run_block(trellis: np.ndarray, xh: np.ndarray, cb: int, groups: int, wt: boo
         for g in range(groups):
             store_args = [{1: wsbase, 2: sargs[lane][nso - 1], **{3 + i: acc[lane][g][i] for i in range(nacc)},
                            3 + nacc: m_rows} for lane in range(32)]  # fmt: skip
-            warp.run(store_ptx(g, wt, rows16, split), store_args)
-    return mem[wsbase : wsbase + 16 * 128 * 4].view(np.float32).reshape(16, 128)
+            warp.run(store_ptx(g, wt, rows16, split, chunks), store_args)
+    return mem[wsbase : wsbase + rows_out * 128 * 4].view(np.float32).reshape(rows_out, 128)
 
 
 MMA_CASES = [(2, 2, 1, 1), (3, 2, 5, 2), (4, 0, 16, 1), (5, 1, 9, 4), (6, 2, 3, 2), (7, 2, 1, 1), (8, 1, 16, 2),
@@ -275,6 +277,27 @@ def test_mma_ptx_matches_reference(k_bits, cb, rows, groups, wt):
     assert err < 1e-6, err  # fp16 products are exact; fp32 sums rounded once per mma (3 k-tiles)
     # Rows past the input are never written (the block was poisoned with NaN), in either layout.
     assert np.isnan(got[rows:]).all(), "padding rows must not be written"
+
+
+@pytest.mark.parametrize("wt", [False, True], ids=["x_as_a", "weights_as_a"])
+@pytest.mark.parametrize(("k_bits", "cb", "rows", "chunks"), [(2, 2, 17, 2), (4, 0, 64, 4), (5, 1, 41, 4),
+                                                              (3, 2, 32, 2), (6, 2, 49, 4)])  # fmt: skip
+def test_mma_ptx_chunks_share_each_decoded_tile(k_bits, cb, rows, chunks, wt):
+    """Up to 4 chunks of 16 rows multiplied by each decoded tile: every row's sums are the bits it gets in its
+    own 16-row launch (chunk c of the rows alone), and rows past the input are never written."""
+    rng = np.random.default_rng(k_bits * 1000 + rows)
+    tk = 3
+    trellis = rng.integers(-32768, 32768, size=(tk, 8, 16 * k_bits), dtype=np.int16)
+    xh = rng.standard_normal((rows, 16 * tk)).astype(np.float16)
+    got = run_block(trellis, xh, cb, 1, wt, chunks=chunks)
+    for c in range(0, rows, 16):
+        alone = run_block(trellis, xh[c : c + 16], cb, 1, wt)
+        n = min(16, rows - c)
+        assert np.array_equal(got[c : c + n], alone[:n]), c
+    assert np.isnan(got[rows:]).all(), "padding rows must not be written"
+    what = ref.decode_rotated(trellis, cb).astype(np.float64)
+    want = xh.astype(np.float64) @ what
+    assert np.abs(got[:rows] - want).max() / np.abs(want).max() < 1e-6
 
 
 @pytest.mark.parametrize(

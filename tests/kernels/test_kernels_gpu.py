@@ -166,6 +166,34 @@ def test_row_free_rows_have_the_bits_of_sixteen(k, n, bits, codebook):
         assert not got[live:].any(), f"live {live}: the later rows are not zeros"
 
 
+@pytest.mark.parametrize(
+    ("k", "n", "bits", "codebook"),
+    [(4096, 1024, 4, 0), (1024, 32768, 4, 2), (2048, 1024, 3, 1), (2048, 1024, 2.5, 2)],
+)
+def test_row_free_wide_launches_keep_each_rows_bits(k, n, bits, codebook):
+    """A row-free launch of up to 64 rows (launch_rows: 4 chunks of 16 a program on the mma decode, each decoded
+    tile multiplied into all of them; 16 on a half-integer width) gives every row the bits it has in a launch of
+    16 rows and of one row, live rows too, zeros after them."""
+    from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, launch_rows
+
+    tr, suh, svh, cb = _group(k, n, bits, codebook, 9)
+    config = GemmConfig(row_free=True)
+    most = launch_rows(config, tr.shape)
+    assert most == (16 if bits % 1 else 64)
+    x = torch.randn(most, k, device="cuda").to(torch.bfloat16)
+    every = exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32)
+    for lo in range(0, most, 16):
+        sixteen = exl3_gemm(x[lo : lo + 16], tr, suh, svh, cb, config=config, out_dtype=torch.float32)
+        assert torch.equal(every[lo : lo + 16], sixteen), f"rows {lo}..: a row's bits moved"
+    for r in (0, most - 1):
+        assert torch.equal(every[r : r + 1], exl3_gemm(x[r : r + 1], tr, suh, svh, cb, config=config,
+                                                        out_dtype=torch.float32)), f"row {r} alone"  # fmt: skip
+    for live in (17, 33, 40):
+        if live < most:
+            got = exl3_gemm(x, tr, suh, svh, cb, config=config, out_dtype=torch.float32, live=live)
+            assert torch.equal(got[:live], every[:live]) and not got[live:].any(), f"live {live}"
+
+
 def test_row_free_grouped_wo_a_rows_have_the_bits_of_sixteen():
     """The eight wo_a groups in one row-free grouped launch: 1-16 live rows, each with its 16-row bits."""
     from tfc.kernels.exl3.gemv import GemmConfig, exl3_gemm, group_offsets
@@ -183,6 +211,14 @@ def test_row_free_grouped_wo_a_rows_have_the_bits_of_sixteen():
     for live in (1, 4, 9):
         got = exl3_gemm(x, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets, live=live)
         assert torch.equal(got[:live], every[:live]) and not got[live:].any(), f"live {live}"
+    # 64 rows in one grouped launch (4 chunks of 16 a program): each row's bits among 16
+    wide = torch.randn(64, ng * k, device="cuda")
+    got = exl3_gemm(wide, *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets)
+    for lo in range(0, 64, 16):
+        sixteen = exl3_gemm(
+            wide[lo : lo + 16], *views[0], 0, out_dtype=torch.float32, config=config, groups=offsets
+        )
+        assert torch.equal(got[lo : lo + 16], sixteen), f"rows {lo}.."
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,7 @@ class TritonOps:
         self.exact = exact
         self.interpret = INTERPRET
         self._gemm = exl3_gemv.exl3_gemm
+        self._launch_rows = exl3_gemv.launch_rows
         self._row_free, self._own = exl3_gemv.GemmConfig(row_free=True), exl3_gemv.GemmConfig()
         self._fixed_value = exl3_fixed.fixed_value
         self._pinned: dict[tuple[str, int], Any] = {}
@@ -163,10 +164,11 @@ class TritonOps:
         many-row product on the prefill twin, every row)."""
         if self.many_rows:
             return padded_rows(self._gemm_rows(x, lin.trellis, lin.suh, lin.svh, lin.codebook), live)
+        config = self._config()
         return by_chunks(
             lambda rows, lv, out: self._gemm(rows, lin.trellis, lin.suh, lin.svh, lin.codebook, out_dtype=torch.float32,
-                                             live=lv, out=out, config=self._config()),
-            x, live, columns=lin.n,
+                                             live=lv, out=out, config=config),
+            x, live, columns=lin.n, chunk=self._launch_rows(config, lin.trellis.shape),
         )  # fmt: skip
 
     def _config(self) -> Any:
@@ -189,12 +191,12 @@ class TritonOps:
         offsets = self._groups[key]
         if self.many_rows or offsets is None:
             return per_group(self, x, lins, live)
-        first = lins[0]
+        first, config = lins[0], self._config()
         return by_chunks(
             lambda rows, lv, out: self._gemm(rows, first.trellis, first.suh, first.svh, first.codebook,
                                              out_dtype=torch.float32, groups=offsets, live=lv, out=out,
-                                             config=self._config()),
-            x, live, columns=len(lins) * first.n,
+                                             config=config),
+            x, live, columns=len(lins) * first.n, chunk=self._launch_rows(config, first.trellis.shape),
         )  # fmt: skip
 
     def moe(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, tables: ExpertTables,

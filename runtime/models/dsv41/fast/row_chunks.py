@@ -11,17 +11,17 @@ Chunk = Callable[[torch.Tensor, "int | None", "torch.Tensor | None"], torch.Tens
 
 
 def by_chunks(fn: Chunk, x: torch.Tensor, live: int | None = None, dim: int = 0,
-              columns: int | None = None) -> torch.Tensor:  # fmt: skip
-    """fn(chunk, its live rows or None for all, its rows of the result or None) over x's CHUNK_ROWS-row chunks,
+              columns: int | None = None, chunk: int = CHUNK_ROWS) -> torch.Tensor:  # fmt: skip
+    """fn(chunk, its live rows or None for all, its rows of the result or None) over x's `chunk`-row chunks,
     joined along `dim`, or with `columns` written into one fp32 [rows, columns] result (no copy); chunks from
-    `live` on are zeros, never computed. A call of at most CHUNK_ROWS rows is fn(x, live, None)."""
+    `live` on are zeros, never computed. A call of at most `chunk` rows is fn(x, live, None)."""
     rows = x.shape[0]
-    if rows <= CHUNK_ROWS:
+    if rows <= chunk:
         return fn(x, live, None)
     out = None if columns is None else torch.empty(rows, columns, dtype=torch.float32, device=x.device)
     parts: list[torch.Tensor] = []
-    for lo in range(0, rows, CHUNK_ROWS):
-        hi = min(rows, lo + CHUNK_ROWS)
+    for lo in range(0, rows, chunk):
+        hi = min(rows, lo + chunk)
         dest = None if out is None else out[lo:hi]
         if live is not None and live <= lo:
             parts.append(
