@@ -2,8 +2,9 @@
 
 `TritonOps` runs the Triton kernels (tfc.kernels, public entry points, imported when the ops are made so the
 interpreter's copy is used under TRITON_INTERPRET=1). With `exact` (the default) a row's bits never depend on how
-many rows are live: the forward hands the EXL3 GEMM 16 rows (padding rows included) and the key's live rows,
-which a `row_free` launch (exl3_launch.GemmConfig) runs alone, each with the bits it has among 16; the MoE,
+many rows are live: the forward hands the EXL3 GEMM chunks of 16 rows (64 where its row-free launch takes them,
+`exl3_gemv.launch_rows`; padding rows included) and the key's live rows, which a `row_free` launch
+(exl3_launch.GemmConfig) runs alone, each with the bits it has among 16; the MoE,
 which runs the live rows' pairs only, gets its k-splits and decode chosen once per table for one token's pairs
 (`moe_config`) instead of per call from the pair count. The prefill forward's twin (`for_prefill`) sends every EXL3 product
 and MoE to the many-row kernels (kernels/exl3/rows.py), whose rows are each summed alone in one order whatever
