@@ -3,7 +3,8 @@
 For each token t and slot j (top-k routed experts, then the shared expert = the table's last entry with
 weight 1) the pair computes act = silu(min(x W1, L)) * clamp(x W3, -L, L) * weight (fp32, the routing weight
 multiplies the activation before the down projection, as the reference does) and y[t] += act W2.
-Launches: the pairs ordered by expert (moe_order: groups of up to 4 pairs of one expert), the input rotation
+Launches: the pairs ordered by expert (moe_order: groups of up to 4 pairs of one expert; none for one token,
+whose pairs never share an expert: pair i is then group i), the input rotation
 (all pairs, both w1 and w3, by sorted position), one fused gate+up launch whose epilogue applies SwiGLU and the
 down projection's input rotation, and one down launch whose last program per (token, 128 columns) sums the pairs
 in slot order. A program takes a group: the mma decode decodes each tile once for its rows (each row an fp16 high /
@@ -24,20 +25,20 @@ from tfc.kernels.exl3.expert_table import ExpertTable
 from tfc.kernels.exl3.fixed import fixed_parts
 from tfc.kernels.exl3.launch import counters, even_split, num_sms, pick_split
 from tfc.kernels.exl3.mma import mma_asm, mma_warps
-from tfc.kernels.exl3.moe_order import GROUP_PAIRS, order_pairs
+from tfc.kernels.exl3.moe_order import GROUP_PAIRS, group_at, order_pairs, pair_at
 from tfc.kernels.exl3.moe_tl import expert_cols, gate_up_epilogue, k_range, mma_cols, pair
 from tfc.kernels.exl3.tl import INTERPRET, release_fence, rotate_sum, store_pair, sum_parts
 
 
 @triton.jit
 def _moe_rotate_kernel(x_ptr, ids_ptr, order_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk,
-                       n_routed, PAIRS: tl.constexpr = False):  # fmt: skip
+                       n_routed, PAIRS: tl.constexpr = False, SORTED: tl.constexpr = True):  # fmt: skip
     """xh[proj, s, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1) of the pair at
     sorted position s; PAIRS: as the fp16 high / low row pair xh[proj, s, 0 | 1, blk] the mma decode reads."""
     blk = tl.program_id(0)
     s = tl.program_id(1)
     proj = tl.program_id(2)
-    t, e, _ = pair(ids_ptr, ids_ptr, tl.load(order_ptr + s), topk, n_routed)
+    t, e, _ = pair(ids_ptr, ids_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)
     cols = blk * 128 + tl.arange(0, 128)
     if proj == 0:
         su = tl.load(suh1_ptr + e * D + cols)
@@ -65,7 +66,7 @@ def _moe_gate_up_kernel(
     W1: tl.constexpr, CB1: tl.constexpr, W3: tl.constexpr, CB3: tl.constexpr,
     BK: tl.constexpr, PF: tl.constexpr, SPLIT, RUNS: tl.constexpr,
     TPE: tl.constexpr, GROUP: tl.constexpr, MMA: tl.constexpr = 0, FLIGHT: tl.constexpr = 8,
-    RW1: tl.constexpr = (), RW3: tl.constexpr = (),
+    RW1: tl.constexpr = (), RW3: tl.constexpr = (), SORTED: tl.constexpr = True,
     MMA_WIDTHS1: tl.constexpr = (), MMA_SETUP1: tl.constexpr = (), MMA_FRAG1: tl.constexpr = (),
     MMA_LOADS1: tl.constexpr = (), MMA_STEP1: tl.constexpr = (), MMA_STORES1: tl.constexpr = (),
     MMA_WIDTHS3: tl.constexpr = (), MMA_SETUP3: tl.constexpr = (), MMA_FRAG3: tl.constexpr = (),
@@ -76,10 +77,9 @@ def _moe_gate_up_kernel(
     pid_c = tl.program_id(0)
     i = tl.program_id(1)
     pid_s = tl.program_id(2)
-    if i < tl.load(nlead_ptr):
-        s = tl.load(lead_ptr + i)
-        n = tl.minimum(tl.load(end_ptr + s) - s, GROUP)
-        _, e, _ = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s), topk, n_routed)
+    live, s, n = group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP, SORTED)
+    if live:
+        _, e, _ = pair(ids_ptr, wts_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)
         kt0, kt_per = k_range(pid_s, KT, SPLIT)
         tn = NI // 16
         # Partials [gate | up][split][column block][position][128]: a group's rows are consecutive positions.
@@ -108,7 +108,7 @@ def _moe_gate_up_kernel(
         if last:
             gate0 = ws_ptr + pid_c.to(tl.int64) * P * 128 + s.to(tl.int64) * 128
             for q in range(n):
-                w = pair(ids_ptr, wts_ptr, tl.load(order_ptr + s + q), topk, n_routed)[2]
+                w = pair(ids_ptr, wts_ptr, pair_at(order_ptr, s + q, SORTED), topk, n_routed)[2]
                 gate_up_epilogue(gate0 + q * 128, gate0 + SPLIT * part + q * 128, part, SPLIT,
                                  scr_ptr + (slot + q * (NI // 128)).to(tl.int64) * 128, e, w, s + q, pid_c, NI,
                                  limit, svh1_ptr, svh3_ptr, suh2_ptr, act_ptr, MMA > 0, FLIGHT)  # fmt: skip
@@ -126,17 +126,16 @@ def _moe_down_kernel(
     FLIGHT: tl.constexpr = 8, RW2: tl.constexpr = (),
     MMA_WIDTHS2: tl.constexpr = (), MMA_SETUP2: tl.constexpr = (), MMA_FRAG2: tl.constexpr = (),
     MMA_LOADS2: tl.constexpr = (), MMA_STEP2: tl.constexpr = (), MMA_STORES2: tl.constexpr = (),
-    FIXED: tl.constexpr = False, PLANE=0,
+    FIXED: tl.constexpr = False, PLANE=0, SORTED: tl.constexpr = True,
 ):  # fmt: skip
     """The down projection of one group, one 128-column block, one k-split: each tile decoded once for the group's
     rows; every pair's rotated partial goes to its token's slot, whose last arrival sums them in slot order."""
     pid_c = tl.program_id(0)
     i = tl.program_id(1)
     ks = tl.program_id(2)
-    if i < tl.load(nlead_ptr):
-        s = tl.load(lead_ptr + i)
-        n = tl.minimum(tl.load(end_ptr + s) - s, GROUP)
-        _, e, _ = pair(ids_ptr, ids_ptr, tl.load(order_ptr + s), topk, n_routed)
+    live, s, n = group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP, SORTED)
+    if live:
+        _, e, _ = pair(ids_ptr, ids_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)
         kt0, kt_per = k_range(ks, KT, KS)
         raw = raw_ptr + (ks * (D // 128) + pid_c).to(tl.int64) * P * 128 + s.to(tl.int64) * 128
         if MMA:  # the activations as fp16 high / low pairs act[s, 0 | 1] (the gate/up epilogue wrote them so)
@@ -152,7 +151,7 @@ def _moe_down_kernel(
         cols = pid_c * 128 + c
         scale = tl.load(svh2_ptr + e * D + cols).to(tl.float32)
         for q in range(n):
-            p = tl.load(order_ptr + s + q)
+            p = pair_at(order_ptr, s + q, SORTED)
             t = p // (topk + 1)
             # Token slots [token][column block][NS partials: slot j, split ks][128], summed in that order.
             slot = (t * (D // 128) + pid_c).to(tl.int64)
@@ -323,7 +322,7 @@ def moe_exl3(
     if tuple(y.shape) != want or y.stride(-1) != 1 or (fixed and not y.is_contiguous()):
         raise ValueError(f"out {tuple(y.shape)} must be {list(want)} with unit column stride")
     order = order_pairs(ids, n_routed, GROUP_PAIRS)
-    groups = order.bound
+    groups = pairs if order is None else order.bound
     # the activation rotated for the down projection (by sorted position): fp32, or the mma decode's fp16 pairs
     act = torch.empty((pairs, 2, inter) if mma else (pairs, inter), dtype=torch.float16 if mma else torch.float32,
                       device=dev)  # fmt: skip
@@ -335,12 +334,14 @@ def moe_exl3(
     xh = torch.empty((2, pairs, 2, d) if mma else (2, pairs, d), dtype=torch.float16 if mma else torch.float32,
                      device=dev)  # fmt: skip
     scratch = torch.empty((2, pairs, d), dtype=torch.float32, device=dev)
+    # one token: pair i is group i, unsorted (the order's pointers go unread)
+    lead = (ids, ids, ids, ids) if order is None else (order.order, order.end, order.leaders, order.nleaders)
+    sort = {"SORTED": order is not None}
     _moe_rotate_kernel[(d // 128, pairs, 2)](
-        x, ids, order.order, w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma)
+        x, ids, lead[0], w1.suh, w3.suh, xh, scratch, pairs, d, x.stride(0), topk, n_routed, PAIRS=bool(mma), **sort
     )  # fmt: skip
     cnt = counters(dev, pairs * c1 + tokens * c2)
     cnt1, cnt2 = cnt, cnt[pairs * c1 :]
-    lead = (order.order, order.end, order.leaders, order.nleaders)
     _moe_gate_up_kernel[(c1, groups, split1)](
         ids, wts, xh, *lead,
         w1.words, w1.offsets, w1.widths, w1.codebooks, w1.svh,
@@ -350,14 +351,15 @@ def moe_exl3(
         W1=w1.width, CB1=w1.codebook, W3=w3.width, CB3=w3.codebook,
         BK=bk, SPLIT=split1, PF=config.prefetch, RUNS=runs13, TPE=tiles, GROUP=GROUP_PAIRS,
         num_warps=warps, num_stages=1, FLIGHT=config.reduce_flight,
-        RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
+        RW1=w1.width_set, RW3=w3.width_set, MMA=mma, **sort,
+        **({**_mma_kw(w1, mma, "1"), **_mma_kw(w3, mma, "3")} if mma else {}),
     )  # fmt: skip
     _moe_down_kernel[(c2, groups, split2)](
         ids, *lead, act, w2.words, w2.offsets, w2.widths, w2.codebooks, w2.svh, y, raw2, ws2, cnt2,
         pairs, d, inter, y.stride(-2), topk, n_routed, inter // 16,
         W2=w2.width, CB2=w2.codebook, BK=bk, KS=split2, NS=ns, PF=config.prefetch, RUNS2=runs2, TPE=tiles,
         GROUP=GROUP_PAIRS, num_warps=warps, num_stages=1, MMA=mma, FLIGHT=config.reduce_flight,
-        RW2=w2.width_set, FIXED=fixed, PLANE=tokens * d, **(_mma_kw(w2, mma, "2") if mma else {}),
+        RW2=w2.width_set, FIXED=fixed, PLANE=tokens * d, **sort, **(_mma_kw(w2, mma, "2") if mma else {}),
     )  # fmt: skip
     return y
 

@@ -33,6 +33,31 @@ def pair_entry(ids_ptr, p, live, topk, n_routed):
 
 
 @triton.jit
+def group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP: tl.constexpr, SORTED: tl.constexpr):
+    """(whether group program i has a group, its first sorted position, its pairs); unsorted (one token: no two
+    pairs share an entry), program i is pair i alone."""
+    if SORTED:
+        live = i < tl.load(nlead_ptr)
+        s = tl.load(lead_ptr + i, mask=live, other=0)
+        n = tl.minimum(tl.load(end_ptr + s, mask=live, other=0) - s, GROUP)
+    else:
+        live = i >= 0
+        s = i
+        n = tl.full((), 1, tl.int32)
+    return live, s, n
+
+
+@triton.jit
+def pair_at(order_ptr, s, SORTED: tl.constexpr):
+    """The pair at sorted position s (itself, unsorted)."""
+    if SORTED:
+        p = tl.load(order_ptr + s)
+    else:
+        p = s
+    return p
+
+
+@triton.jit
 def _moe_order_kernel(ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, cnt_ptr, P, topk, n_routed,
                       GROUP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """order[s] = the pair at sorted position s, end[s] = the end of its entry's run; the last program lists the
@@ -93,9 +118,12 @@ def leader_bound(tokens: int, topk: int, n_routed: int, group: int = GROUP_PAIRS
     return min(tokens * (topk + 1), most + -(-tokens // group))
 
 
-def order_pairs(ids: torch.Tensor, n_routed: int, group: int = GROUP_PAIRS) -> PairOrder:
-    """The pairs of routed ids [T, topk] (plus each token's shared expert) ordered by entry, grouped by `group`."""
+def order_pairs(ids: torch.Tensor, n_routed: int, group: int = GROUP_PAIRS) -> PairOrder | None:
+    """The pairs of routed ids [T, topk] (plus each token's shared expert) ordered by entry, grouped by `group`;
+    None for one token, whose pairs never share an entry (the kernels then take pair i as group i: no launch)."""
     tokens, topk = ids.shape
+    if tokens == 1:
+        return None
     pairs = tokens * (topk + 1)
     dev = ids.device
     buf = torch.empty((3, pairs), dtype=torch.int32, device=dev)
@@ -123,8 +151,10 @@ __all__ = [
     "BLOCK",
     "GROUP_PAIRS",
     "PairOrder",
+    "group_at",
     "leader_bound",
     "order_pairs",
     "order_reference",
+    "pair_at",
     "pair_entry",
 ]

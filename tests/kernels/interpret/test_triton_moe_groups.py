@@ -1,6 +1,7 @@
 """The MoE's pairs ordered and grouped by expert (kernels/exl3/moe_order.py) against torch, and the grouped MoE's
 batch invariance: a step of tokens whose pairs share experts (groups of 1-4 pairs, several groups an expert) gives
-every token the bits it gets alone, under the CPU interpreter (see conftest.py)."""
+every token the bits it gets alone (one token: unsorted, a pair a program), under the CPU interpreter (see
+conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from test_triton_moe import LIMIT, TOPK, D, moe_inputs
 
 
-@pytest.mark.parametrize(("tokens", "topk", "routed"), [(1, 2, 4), (9, 6, 8), (40, 3, 5), (70, 6, 384)])
+@pytest.mark.parametrize(("tokens", "topk", "routed"), [(2, 2, 4), (9, 6, 8), (40, 3, 5), (70, 6, 384)])
 def test_pairs_are_ordered_and_grouped_by_expert(tk, tokens, topk, routed):
     import torch
 
@@ -19,6 +20,7 @@ def test_pairs_are_ordered_and_grouped_by_expert(tk, tokens, topk, routed):
     n = int(got.nleaders[0])
     assert got.order.tolist() == order and got.end.tolist() == end
     assert got.leaders[:n].tolist() == leaders and n <= got.bound
+    assert tk.moe_order.order_pairs(ids[:1], routed) is None  # one token: its pairs never share an entry
 
 
 @pytest.mark.slow  # ~25 s under the interpreter; the GPU suite checks the same with the mma decode
