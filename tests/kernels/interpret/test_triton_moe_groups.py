@@ -23,15 +23,14 @@ def test_pairs_are_ordered_and_grouped_by_expert(tk, tokens, topk, routed):
     assert tk.moe_order.order_pairs(ids[:1], routed) is None  # one token: its pairs never share an entry
 
 
-@pytest.mark.slow  # ~25 s under the interpreter; the GPU suite checks the same with the mma decode
 def test_grouped_moe_rows_do_not_depend_on_their_neighbours(tk):
     import torch
 
     tables, _, _, _, _, _ = moe_inputs(tk, "stack")
-    tokens = 11
+    tokens = 6
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(tokens, D, generator=gen).to(torch.float16)
-    # routing skewed onto experts 0 and 1: runs of up to 11 pairs, so 1-3 groups an expert and a partial last one
+    # experts 0 and 1 picked 4 times each (a full group), the shared expert 6 (a full group and a partial one)
     ids = torch.stack(
         [torch.tensor([t % 2, 2 + t % 2]) if t % 3 else torch.tensor([0, 1]) for t in range(tokens)]
     )
@@ -39,7 +38,7 @@ def test_grouped_moe_rows_do_not_depend_on_their_neighbours(tk):
     m = tk.moe_exl3
     config = m.MoeConfig(runs=False, block_k=16, split_gate_up=3, split_down=2)
     together = m.moe_exl3(x, ids, wts, *tables, swiglu_limit=LIMIT, config=config, out_dtype=torch.float32)
-    for t in (0, 4, 10):
+    for t in (0, 5):
         alone = m.moe_exl3(x[t : t + 1], ids[t : t + 1], wts[t : t + 1], *tables, swiglu_limit=LIMIT, config=config,
                            out_dtype=torch.float32)  # fmt: skip
         assert torch.equal(together[t : t + 1], alone), t
