@@ -31,6 +31,14 @@ from tfc.kernels.exl3.tl import INTERPRET, release_fence, rotate_sum, store_pair
 
 
 @triton.jit
+def _group(i, ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, topk, n_routed, GROUP: tl.constexpr,
+           SORTED: tl.constexpr):  # fmt: skip
+    """(whether program i has a group, its first sorted position, its pairs, their table entry)."""
+    live, s, n = group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP, SORTED)
+    return live, s, n, pair(ids_ptr, ids_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)[1]
+
+
+@triton.jit
 def _moe_rotate_kernel(x_ptr, ids_ptr, order_ptr, suh1_ptr, suh3_ptr, xh_ptr, ws_ptr, P, D, stride_x, topk,
                        n_routed, PAIRS: tl.constexpr = False, SORTED: tl.constexpr = True):  # fmt: skip
     """xh[proj, s, blk] = had128(x[t, blk] * suh_proj[e, blk]) for w1 (proj 0) and w3 (proj 1) of the pair at
@@ -75,11 +83,10 @@ def _moe_gate_up_kernel(
     """Gate and up of one group (up to GROUP pairs of one expert at sorted positions s..), one 128-column block,
     one k-split: each tile decoded once for the group's rows; the last split of the block runs the epilogue."""
     pid_c = tl.program_id(0)
-    i = tl.program_id(1)
     pid_s = tl.program_id(2)
-    live, s, n = group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP, SORTED)
+    live, s, n, e = _group(tl.program_id(1), ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, topk, n_routed,
+                           GROUP, SORTED)  # fmt: skip
     if live:
-        _, e, _ = pair(ids_ptr, wts_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)
         kt0, kt_per = k_range(pid_s, KT, SPLIT)
         tn = NI // 16
         # Partials [gate | up][split][column block][position][128]: a group's rows are consecutive positions.
@@ -131,11 +138,10 @@ def _moe_down_kernel(
     """The down projection of one group, one 128-column block, one k-split: each tile decoded once for the group's
     rows; every pair's rotated partial goes to its token's slot, whose last arrival sums them in slot order."""
     pid_c = tl.program_id(0)
-    i = tl.program_id(1)
     ks = tl.program_id(2)
-    live, s, n = group_at(i, end_ptr, lead_ptr, nlead_ptr, GROUP, SORTED)
+    live, s, n, e = _group(tl.program_id(1), ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, topk, n_routed,
+                           GROUP, SORTED)  # fmt: skip
     if live:
-        _, e, _ = pair(ids_ptr, ids_ptr, pair_at(order_ptr, s, SORTED), topk, n_routed)
         kt0, kt_per = k_range(ks, KT, KS)
         raw = raw_ptr + (ks * (D // 128) + pid_c).to(tl.int64) * P * 128 + s.to(tl.int64) * 128
         if MMA:  # the activations as fp16 high / low pairs act[s, 0 | 1] (the gate/up epilogue wrote them so)
