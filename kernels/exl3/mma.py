@@ -86,23 +86,11 @@ def mma_asm(width: int, codebook: int, rows: int, groups: int, wt: bool = False,
 @triton.jit
 def mma_frag(tb, xb, zi, o0, o1, o2, off, xo0, xo1, pf, FRAG: tl.constexpr, CH: tl.constexpr = 1):
     """The lane's input fragments (4 CH) and word addresses of the k-tile at tb (input rows at xb)."""
-    t64 = (tb + zi).to(tl.int64, bitcast=True)
-    x64 = (xb + zi).to(tl.int64, bitcast=True)
-    if CH == 4:
-        return tl.inline_asm_elementwise(
-            FRAG, FRAG_CONS4, [t64, x64, o0, o1, o2, off, xo0, xo1, pf],
-            dtype=(tl.int32,) * 16 + (tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
-        )  # fmt: skip
-    elif CH == 2:
-        return tl.inline_asm_elementwise(
-            FRAG, FRAG_CONS2, [t64, x64, o0, o1, o2, off, xo0, xo1, pf],
-            dtype=(tl.int32,) * 8 + (tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
-        )  # fmt: skip
-    else:
-        return tl.inline_asm_elementwise(
-            FRAG, FRAG_CONS, [t64, x64, o0, o1, o2, off, xo0, xo1, pf],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32, tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
-        )  # fmt: skip
+    return tl.inline_asm_elementwise(
+        FRAG, FRAG_CONS4 if CH == 4 else (FRAG_CONS2 if CH == 2 else FRAG_CONS),
+        [(tb + zi).to(tl.int64, bitcast=True), (xb + zi).to(tl.int64, bitcast=True), o0, o1, o2, off, xo0, xo1, pf],
+        dtype=(tl.int32,) * (4 * CH) + (tl.int64, tl.int64, tl.int64), is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -159,42 +147,21 @@ def mma_partials(t_ptr, tn, kt_count, xh_ptr, stride_xh, M, dst, W: tl.constexpr
         words_n = mma_load(fn, G, LOADS, SEL, CH)
         new = ()
         for g in tl.static_range(G):
-            ins = accs[g] + _frags(f, CH) + words[g] + (off,)
-            if NACC == 64:
-                step = tl.inline_asm_elementwise(STEP, STEP_CONS64, ins, dtype=(tl.float32,) * 64, is_pure=True,
-                                                 pack=1)  # fmt: skip
-            elif NACC == 32:
-                step = tl.inline_asm_elementwise(STEP, STEP_CONS32, ins, dtype=(tl.float32,) * 32, is_pure=True,
-                                                 pack=1)  # fmt: skip
-            elif NACC == 8:
-                step = tl.inline_asm_elementwise(STEP, STEP_CONS8, ins, dtype=(tl.float32,) * 8, is_pure=True,
-                                                 pack=1)  # fmt: skip
-            else:
-                step = tl.inline_asm_elementwise(STEP, STEP_CONS, ins, dtype=(tl.float32,) * 16, is_pure=True,
-                                                 pack=1)  # fmt: skip
+            step = tl.inline_asm_elementwise(
+                STEP, STEP_CONS64 if NACC == 64 else (STEP_CONS32 if NACC == 32 else (STEP_CONS8 if NACC == 8 else STEP_CONS)),
+                accs[g] + _frags(f, CH) + words[g] + (off,), dtype=(tl.float32,) * NACC, is_pure=True, pack=1,
+            )  # fmt: skip
             new = new + (step,)  # noqa: RUF005 (Triton's tuples are built by concatenation)
         accs = new
         f = fn
         words = words_n
     dsti = (dst + zi).to(tl.int64, bitcast=True)
     for g in tl.static_range(G):
-        ins = (dsti, so) + accs[g] + (zi + M,)
-        if NACC == 64:
-            tl.inline_asm_elementwise(
-                STORES[SEL * G + g], STORE_CONS64, ins, dtype=tl.int32, is_pure=False, pack=1
-            )
-        elif NACC == 32:
-            tl.inline_asm_elementwise(
-                STORES[SEL * G + g], STORE_CONS32, ins, dtype=tl.int32, is_pure=False, pack=1
-            )
-        elif NACC == 8:
-            tl.inline_asm_elementwise(
-                STORES[SEL * G + g], STORE_CONS8, ins, dtype=tl.int32, is_pure=False, pack=1
-            )
-        else:
-            tl.inline_asm_elementwise(
-                STORES[SEL * G + g], STORE_CONS, ins, dtype=tl.int32, is_pure=False, pack=1
-            )
+        tl.inline_asm_elementwise(
+            STORES[SEL * G + g],
+            STORE_CONS64 if NACC == 64 else (STORE_CONS32 if NACC == 32 else (STORE_CONS8 if NACC == 8 else STORE_CONS)),
+            (dsti, so) + accs[g] + (zi + M,), dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
 
 
 __all__ = ["CHUNKS", "GROUPS", "SPLIT_MAX_ROWS", "mma_asm", "mma_partials", "mma_warps", "split_rows"]

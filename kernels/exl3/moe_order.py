@@ -16,20 +16,11 @@ import torch
 import triton
 import triton.language as tl
 from tfc.kernels.exl3.launch import counters
+from tfc.kernels.exl3.moe_tl import pair
 from tfc.kernels.exl3.tl import release_fence
 
 GROUP_PAIRS = 4  # pairs whose rows share one mma: 4 rows as fp16 high / low pairs fill its 8 columns
 BLOCK = 64  # pairs a program of the ordering kernel takes
-
-
-@triton.jit
-def pair_entry(ids_ptr, p, live, topk, n_routed):
-    """The table entry of pairs p (vector): routed ids clamped into range, the shared expert last."""
-    t = p // (topk + 1)
-    j = p % (topk + 1)
-    shared = j == topk
-    e = tl.load(ids_ptr + t * topk + tl.minimum(j, topk - 1), mask=live & ~shared, other=0).to(tl.int32)
-    return tl.where(shared, n_routed, tl.minimum(tl.maximum(e, 0), n_routed - 1))
 
 
 @triton.jit
@@ -64,14 +55,14 @@ def _moe_order_kernel(ids_ptr, order_ptr, end_ptr, lead_ptr, nlead_ptr, cnt_ptr,
     group leaders' positions in lead[0 : nlead[0]], ascending."""
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = p < P
-    e = pair_entry(ids_ptr, p, live, topk, n_routed)
+    e = pair(ids_ptr, ids_ptr, tl.minimum(p, P - 1), topk, n_routed)[1]
     less = tl.zeros([BLOCK], dtype=tl.int32)
     same = tl.zeros([BLOCK], dtype=tl.int32)
     before = tl.zeros([BLOCK], dtype=tl.int32)
     for c0 in range(0, P, BLOCK):
         q = c0 + tl.arange(0, BLOCK)
         q_live = q < P
-        eq = pair_entry(ids_ptr, q, q_live, topk, n_routed)
+        eq = pair(ids_ptr, ids_ptr, tl.minimum(q, P - 1), topk, n_routed)[1]
         lt = (eq[None, :] < e[:, None]) & q_live[None, :]
         eqm = (eq[None, :] == e[:, None]) & q_live[None, :]
         less += tl.sum(lt.to(tl.int32), axis=1)
@@ -156,5 +147,4 @@ __all__ = [
     "order_pairs",
     "order_reference",
     "pair_at",
-    "pair_entry",
 ]
