@@ -307,9 +307,8 @@ def one_cold_layer_gib(pack: Path, context: int, seqs: int) -> float:
     layers = [r for r in rank["layers"] if r["bytes"].get("routed_trellis")]
     cold = spread([r["layer"] for r in layers], 1)[0]
     moved = next(r["bytes"]["routed_trellis"] for r in layers if r["layer"] == cold)
-    engram = sum(
-        r["bytes"].get("engram_rows", 0) for r in rank["layers"]
-    )  # leaves the device with any cold layer
+    # the Engram rows leave the device as soon as any layer's experts do
+    engram = sum(r["bytes"].get("engram_rows", 0) for r in rank["layers"])
     need = rank["tiers"]["device"] - moved - engram + placed["kv_bytes"] + placed["overhead_bytes"]
     return (need + (moved // 2)) / GIB  # halfway: one layer must leave, a second need not
 
@@ -320,6 +319,20 @@ def cold_layers_of(image: Path) -> list[int]:
 
     return sorted({int(s.name.split(".")[1]) for s in RankManifest.load(image).segments
                    if ".ffn.experts." in s.name and s.tier == "host"})  # fmt: skip
+
+
+def all_hbm_problem(against: Path) -> str | None:
+    """Why a decode result cannot stand as the all-HBM run (None when it can): it must hold the 1- and 16-row
+    steps with their logits digests."""
+    import json
+
+    try:
+        table = json.loads(against.read_text())["data"]["decode"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "not a decode.py --json result"
+    if not all(isinstance(table.get(r), dict) and "logits_sha256" in table[r] for r in ("1", "16")):
+        return "it lacks the 1- and 16-row steps with their logits digests (rerun decode.py with --rows 1,16,...)"
+    return None
 
 
 def host_experts(run, device: str, pack: Path, work: Path, against: Path) -> None:
@@ -394,8 +407,14 @@ def main() -> None:
     device = c.pick_device(args.device)
     if args.host_experts:
         c.needs_cuda(device, "decode.py --host-experts", "the cold experts are read over PCIe by the GPU")
+        if not Path(args.host_experts).is_dir():
+            ap.error(
+                f"--host-experts: {args.host_experts} is not a pack folder (tfc fixture flash-random --layers 4)"
+            )
         if not args.against or not Path(args.against).is_file():
             ap.error("--host-experts needs --against: the all-HBM decode result (JSON) of the same pack")
+        if (why := all_hbm_problem(Path(args.against))) is not None:
+            ap.error(f"--against {args.against}: {why}")
     elif device == "cpu" and not args.image:
         ap.error("--device cpu runs a smoke of the script on a small image: give --image (the tiny one)")
     c.ensure_tfc()
