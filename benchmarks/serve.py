@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,15 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c
+from tfc.runtime.parallel.ports import free_port
 
 PROMPT = "The model reads the prompt"
 PEERS = "2x H200 at TP=2: ~4.4K tok/s bound at 64 streams; SGLang ~2.4K at 256 (V4-Flash, 4x H200); vLLM 801 at 16"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

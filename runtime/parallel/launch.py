@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,19 +23,13 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from tfc.runtime.parallel.env import EXIT_LOST
+from tfc.runtime.parallel.ports import free_port
 
 from tfc import settings
 
 GRACE_S = 3.0  # after a rank fails, the others get this long to exit on their own before SIGKILL
 STOP_S = 15.0  # after rank 0 exits cleanly, the others get this long to follow
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}  # serving-peers.md section 5
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now (rank 0's store binds it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_environ(base: Mapping[str, str], rank: int, world: int, port: int, run: str) -> dict[str, str]:

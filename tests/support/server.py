@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tfc.runtime.parallel.ports import free_port
+
 from tfc import settings
-
-
-def free_port() -> int:
-    """A port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerProcess:

@@ -7,17 +7,12 @@ import threading
 import time
 
 import pytest
+from tfc.runtime.parallel.ports import free_port
 from tfc.runtime.parallel.world import WorldLost, await_store
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_rank_joins_within_milliseconds_of_the_store_listening():
-    port = _free_port()
+    port = free_port()
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 
@@ -39,7 +34,7 @@ def test_a_rank_joins_within_milliseconds_of_the_store_listening():
 
 
 def test_a_store_that_never_opens_is_one_error_within_the_timeout():
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     with pytest.raises(WorldLost, match=f"127.0.0.1:{port} did not open within 0.3 s"):
         await_store("127.0.0.1", port, 0.3)
