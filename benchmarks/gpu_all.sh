@@ -6,10 +6,13 @@
 # benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
 # packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
+# The part `tests` (named first) runs the GPU tests (`pytest -m gpu`, GPU_TESTS_K a -k filter, GPU_TESTS_S their time
+# limit, 240 s) while the slice is made beside them, its log under benchmarks/results/decode/.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
-# beside the machine's torch, for python 3.12) where tfc is not installed: they go to /tmp/site with tfc.
+# beside the machine's torch, for python 3.12: bash benchmarks/device_wheels.sh fills it) where tfc is not installed:
+# they go to /tmp/site with tfc.
 set -u
 cd "$(dirname "$0")/.."
 COMMIT=${1:-}
@@ -37,10 +40,25 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 COMMON=(--json ${COMMIT:+--commit "$COMMIT"})
 
 IMG=$(ls -d "$WORK"/store/*/rank0 2> /dev/null | head -1)
+SLICE=
 if [ -z "$IMG" ]; then
   echo "== the Flash slice (tfc fixture flash-random --layers 4, tfc prepare)"
-  (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 16 > /dev/null \
-    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store") || exit 1
+  (cd /tmp && timeout 200 python3 -m tfc fixture flash-random "$WORK/pack" --layers 4 -j 12 > /dev/null \
+    && timeout 150 python3 -m tfc prepare "$WORK/pack" --store "$WORK/store" > /dev/null) &
+  SLICE=$!
+fi
+case " $PARTS " in *" tests "*)
+  HW=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cd '[:alnum:]' | tr '[:upper:]' '[:lower:]')
+  TESTLOG=benchmarks/results/decode/gpu_tests_${HW}_$(date +%Y%m%d)_${COMMIT:-$(git rev-parse --short HEAD)}.txt
+  echo "== tests (pytest -m gpu${GPU_TESTS_K:+ -k \"$GPU_TESTS_K\"}, at most ${GPU_TESTS_S:-240} s) -> $TESTLOG"
+  (cd /tmp && timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu "$OLDPWD/tests" \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}) > "$TESTLOG" 2>&1
+  echo "== tests: exit $? ($(( $(date +%s) - START )) s): $(tail -1 "$TESTLOG")"
+  grep -E "^(FAILED|ERROR)" "$TESTLOG" | head -20
+  ;;
+esac
+if [ -n "$SLICE" ]; then
+  wait "$SLICE" || { echo "gpu_all: making the slice failed"; exit 1; }
   case " $PARTS " in *" host-experts "*) ;; *) rm -rf "$WORK/pack" ;; esac  # host-experts prepares it again
   IMG=$(ls -d "$WORK"/store/*/rank0 | head -1)
 fi
