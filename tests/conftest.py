@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+
+# One intra-op thread in every test process and the servers and ranks they start: tiny shapes, and several workers
+# on a 2-core box, where more threads spin-wait on each other (set before torch is first imported, which reads it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from support.fakes import FakeCuda
@@ -35,17 +40,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
-
-
-@pytest.fixture()
-def one_torch_thread():
-    """Tiny shapes: one intra-op thread avoids spin-waits on a loaded 2-core box."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,6 @@ from tfc.cli import cli, main
 PROMPT = "The model reads the prompt"
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 def _prepare(pack: Path, store: Path, *extra: str) -> Path:
     result = CliRunner().invoke(cli, ["prepare", str(pack), "-o", str(store), "--json", *extra])
     assert result.exit_code == 0, result.output

@@ -9,8 +9,6 @@ from click.testing import CliRunner
 
 from tfc.cli import cli
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPT = "The model reads the prompt"
 PROMPT_IDS = [0, 297, 315, 522, 363, 331, 265, 317, 518]
 # Printed by `tfc generate ... --json` on the tiny image at the commit before the Worker (48116ee); the seeded

@@ -11,7 +11,7 @@ from support.tier_images import tier_image
 
 from tfc.cli import cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 PROMPT = "The model reads the prompt"
 

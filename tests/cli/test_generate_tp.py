@@ -22,7 +22,7 @@ from support.tp_images import prepare_worlds
 
 from tfc.cli import cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 PROMPT = "The model reads the prompt"
 SEEDED = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "7"]

@@ -4,7 +4,6 @@ but for a probe every 64 steps; the tokens are serial decoding's either way."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from tfc.runtime.engine.draft_backoff import (
     KEPT_FLOOR,
@@ -16,8 +15,6 @@ from tfc.runtime.engine.draft_backoff import (
 )
 from tfc.runtime.engine.generate import generate, token_sha
 from tfc.runtime.engine.sampling import SamplingParams
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PROMPT = tuple(torch.randint(3, 640, (12,), generator=torch.Generator().manual_seed(9)).tolist())
 GEN = 40

@@ -11,8 +11,6 @@ from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.engine.scheduler import Running
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def test_each_stream_drafts_its_share_of_the_step():
     assert DRAFT_ROWS == 16

@@ -23,8 +23,6 @@ from tfc.runtime.engine.grammar import Grammars
 from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 VOCAB = 640
 GEN = 8
 SEEDS = torch.Generator().manual_seed(3)

@@ -18,8 +18,6 @@ from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.models.dsv41.reference.state_io import StateFormatError, state_from_bytes, state_to_bytes
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 CHUNK = 16  # prefill chunk = the cache's page
 PROMPT = tuple(torch.randint(0, 640, (41,), generator=torch.Generator().manual_seed(7)).tolist())
 OTHER = tuple(reversed(PROMPT))

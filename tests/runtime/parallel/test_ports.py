@@ -23,9 +23,13 @@ def test_a_port_in_use_is_never_picked(monkeypatch):
     busy = taken.getsockname()[1]
     monkeypatch.setattr(ports, "LOWEST", busy)
     monkeypatch.setattr(ports, "ephemeral_low", lambda: busy + 1000)
-    monkeypatch.setattr(ports.random.SystemRandom, "randrange", lambda self, lo, hi: busy if lo == busy else lo)
+    monkeypatch.setattr(
+        ports.random.SystemRandom, "randrange", lambda self, lo, hi: busy if lo == busy else lo
+    )
     try:
-        assert ports.free_port() != busy  # every try hits the busy port, so it falls back to the kernel's pick
+        assert (
+            ports.free_port() != busy
+        )  # every try hits the busy port, so it falls back to the kernel's pick
     finally:
         taken.close()
 

@@ -28,8 +28,6 @@ from tfc.runtime.models.dsv41.reference.numerics import (
 from tfc.runtime.models.dsv41.reference.runner import build_reference
 from tfc.runtime.models.dsv41.reference.weights import ImageWeights
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 F64 = torch.float64
 PROMPTS = [[0, 297, 315, 522, 363, 331, 265, 317, 518], [0, 634, 404]]
 PARAMS = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, seed=7)]

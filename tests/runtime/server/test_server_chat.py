@@ -13,8 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from support.chat_schemas import SCHEMAS, WEATHER, valid
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture
 def client(server):

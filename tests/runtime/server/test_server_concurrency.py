@@ -10,8 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPTS = ["The model reads the prompt", "Hello", "layer norm experts", "a b c d e f g", "tokens tokens"]
 
 

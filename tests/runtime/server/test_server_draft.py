@@ -10,8 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPT = "The model reads the prompt"
 SEEDED = {"temperature": 1.0, "top_p": 0.9, "seed": 7}
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "flags", "schema": {

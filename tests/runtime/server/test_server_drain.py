@@ -11,8 +11,6 @@ import time
 import pytest
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 LONG = {
     "model": "tiny",
     "prompt": "Hello",

@@ -17,7 +17,6 @@ import pytest
 from support.server import ServerProcess
 
 anthropic = pytest.importorskip("anthropic")
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 KEY = "k-messages"  # the keyed server's
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -6,8 +6,6 @@ import hashlib
 
 import pytest
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPT = "The model reads the prompt"
 GREEDY = [211, 328, 53, 279, 120, 314, 282, 21, 143, 422, 209, 269, 232, 557, 585, 313]  # tfc generate's pin
 

@@ -9,8 +9,6 @@ import re
 import pytest
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 FLAGS = {
     "off": ["--no-prefix-cache"],
     "device": [],

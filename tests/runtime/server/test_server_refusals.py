@@ -8,8 +8,6 @@ import stat
 import pytest
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 OK = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
 
 

@@ -18,8 +18,6 @@ import pytest
 from support.chat_schemas import SCHEMAS, WEATHER, valid
 from support.server import ServerProcess
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PING = {"type": "function", "name": "ping", "parameters": {"type": "object", "properties": {}}}
 WEATHER_FN = {"type": "function", **WEATHER["function"]}  # the same tool in the Responses shape
 QUESTION = "What is the weather in Paris?"

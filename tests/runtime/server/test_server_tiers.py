@@ -15,7 +15,7 @@ import pytest
 from support.server import ServerProcess
 from support.tier_images import nvme_segment, tier_image
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 PROMPTS = ["The model reads the prompt", "Hello", "layer norm experts", "a b c d e f g"]
 

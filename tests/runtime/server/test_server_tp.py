@@ -15,7 +15,7 @@ import pytest
 from support.server import ServerProcess
 from support.tp_images import prepare_worlds
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 ASKS = [
     {"prompt": "The model reads the prompt", "max_tokens": 6, "temperature": 0},

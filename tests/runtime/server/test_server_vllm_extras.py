@@ -5,8 +5,6 @@ from __future__ import annotations
 import openai
 import pytest
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PROMPT = "The model reads the prompt"
 HELLO = [{"role": "user", "content": "Hello"}]
 BOS, EOS, SYSTEM, USER, ASSISTANT, THINK, THINK_END, WORD = 0, 1, 633, 634, 635, 636, 637, 404  # tiny's ids

@@ -19,8 +19,6 @@ from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.models.dsv41.fast.build import build_fast
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 FAST = {"slots": 4, "tokens_per_slot": 512, "context_step": 256, "page_tokens": 64}
 
 

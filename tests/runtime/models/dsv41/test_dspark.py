@@ -22,8 +22,6 @@ F32, F64 = torch.float32, torch.float64
 ATOL = {F32: 2e-6, F64: 1e-9}
 N = 40  # prompt rows: past the tiny window (32), so the drafter's rings wrap
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 @pytest.fixture(scope="module")
 def tiny(tiny_image):

@@ -26,9 +26,6 @@ ATOL = {F32: 2e-6, F64: 1e-9}
 DTYPES = pytest.mark.parametrize("dtype", [F32, F64], ids=["fp32", "fp64"])
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_pack, tmp_path_factory):
     """(config, dense weights, Engram feed) of the tiny pack's prepared TP=1 image."""

@@ -83,7 +83,6 @@ def test_only_reindex_layers_on_the_candidate_source_kv_use_its_candidates():
             runtime_config(asdict(packs), damaged)
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_the_forward_runs_a_candidate_source_before_a_later_kv_source():
     import torch
     from support.dsv41_random import random_weights, tiny_config_dict

@@ -36,9 +36,6 @@ F32, F64 = torch.float32, torch.float64
 ATOL = {F32: 2e-6, F64: 1e-9}
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
 @pytest.fixture(scope="module")
 def cfg():
     raw = tiny_config_dict()

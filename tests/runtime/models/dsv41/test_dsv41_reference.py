@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import math
 
-import pytest
 import torch
 from support.dsv41_random import random_weights, tiny_config_dict
 from tfc.fixtures.layer_modes import layer_mode_records
@@ -21,9 +20,6 @@ from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp4, fake_quant_
 from tfc.runtime.models.dsv41.reference.rope import default_inv_freq, yarn_inv_freq
 
 F64 = torch.float64
-
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _rms(v, weight, eps):

@@ -25,8 +25,6 @@ from tfc.runtime.records.reader import RecordConfig, RecordReadError
 from tfc.runtime.worker.step import RowsUnavailable, SequenceStep, StepPlan, Upcoming
 from tfc.runtime.worker.worker import Worker
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 ROWS = ("layers.1.engram.rows", "layers.2.engram.rows")
 FAST = {"slots": 4, "tokens_per_slot": 512, "context_step": 256, "page_tokens": 64}
 GEN = 6

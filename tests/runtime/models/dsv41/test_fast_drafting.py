@@ -30,8 +30,6 @@ from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 from tfc import settings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 DEVICE = settings.get("TFC_TEST_FAST_DEVICE")
 ON_CPU_ONLY = pytest.mark.skipif(DEVICE != "cpu", reason="against the CPU reference runner's bits: CPU only")
 

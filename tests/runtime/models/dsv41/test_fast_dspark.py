@@ -16,7 +16,7 @@ from tfc.runtime.models.dsv41.dspark.drafter import DraftError
 from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 from tfc.runtime.models.dsv41.fast.build import build_fast
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 TOKENS = torch.randint(3, 640, (70,), generator=torch.Generator().manual_seed(2)).tolist()
 

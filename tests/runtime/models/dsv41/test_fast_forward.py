@@ -33,7 +33,7 @@ LOGIT_ATOL = 1e-4
 STREAM_RTOL = 1e-4
 POSITIONS = 520  # past the window (32), many compressed entries (index_topk 16), candidate blocks, page ends
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 from tfc import settings
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 WIDE = 32
 DEVICE = settings.get("TFC_TEST_FAST_DEVICE")
 

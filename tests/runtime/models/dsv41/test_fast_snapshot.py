@@ -16,7 +16,7 @@ from tfc.runtime.models.dsv41.fast.kv.snapshot import KvSnapshotError
 from tfc.runtime.worker.runner import snapshots_of
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 PROMPT = torch.randint(0, 640, (90,), generator=torch.Generator().manual_seed(5)).tolist()
 TAIL = [7, 300, 21, 5, 611, 42]

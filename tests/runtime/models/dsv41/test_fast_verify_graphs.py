@@ -16,7 +16,7 @@ from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.graph_keys import StepKey
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.slow
 
 PROMPT = [5, 81, 300, 7, 42, 610, 13, 99]
 

@@ -14,8 +14,6 @@ import torch
 from tfc.runtime.models.dsv41.reference.runner import StepError
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 DRAFT = (17, 240, 3, 99, 512)
 
 
