@@ -6,8 +6,10 @@
 # benchmarks/results/<topic>/ and in benchmarks/summary.json; with OUT set, the new result files and summary.json are
 # packed into $OUT/gpu_all.tar (the log is $OUT/gpu_all.log).
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
+# PART: tests decode prefill serve drafting kernels prefix boot host-experts (default: all but tests).
 # The part `tests` (named first) runs the GPU tests (`pytest -m gpu`, GPU_TESTS_K a -k filter, GPU_TESTS_S their time
-# limit, 240 s) while the slice is made beside them, its log under benchmarks/results/decode/.
+# limit, 240 s) while the slice is made beside them, its log under benchmarks/results/decode/; the tests on the slice
+# itself (TFC_FLASH_IMAGE) run where it was made by an earlier call on the same machine, and skip otherwise.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
@@ -26,8 +28,14 @@ if [ "${1:-}" = "--wheels" ]; then  # what tfc and its tests need beyond a GPU m
   echo "gpu_all: $(ls .whl/*.whl | wc -l) wheels in .whl ($(du -sh .whl | cut -f1)); carry .whl with the device call"
   exit 0
 fi
+case "${1:-}" in -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; -*)
+  echo "gpu_all: unknown option ${1} (--help, --wheels)" >&2; exit 2 ;; esac
 COMMIT=${1:-}
 [ $# -gt 0 ] && shift
+KNOWN=" tests decode prefill serve drafting kernels prefix boot host-experts "
+for p in "$@"; do
+  case "$KNOWN" in *" $p "*) ;; *) echo "gpu_all: unknown part '$p' (parts:${KNOWN% })" >&2; exit 2 ;; esac
+done
 PARTS=${*:-decode prefill serve drafting kernels prefix boot host-experts}
 OUT=${OUT:-}
 WORK=${WORK:-/tmp/tfcbench}
@@ -59,10 +67,11 @@ if [ -z "$IMG" ]; then
   SLICE=$!
 fi
 case " $PARTS " in *" tests "*)
-  HW=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cd '[:alnum:]' | tr '[:upper:]' '[:lower:]')
+  HW=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cd '[:alnum:]' | tr '[:upper:]' '[:lower:]' | sed 's/^nvidia//')
   TESTLOG=benchmarks/results/decode/gpu_tests_${HW}_$(date +%Y%m%d)_${COMMIT:-$(git rev-parse --short HEAD)}.txt
   echo "== tests (pytest -m gpu${GPU_TESTS_K:+ -k \"$GPU_TESTS_K\"}, at most ${GPU_TESTS_S:-240} s) -> $TESTLOG"
-  (cd /tmp && timeout "${GPU_TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu "$OLDPWD/tests" \
+  (cd /tmp && { [ -z "$IMG" ] || export TFC_FLASH_IMAGE="${IMG%/rank0}"; } \
+    && timeout "${GPU_TESTS_S:-240}" python3 -m pytest -p no:cacheprovider -rfE -m gpu "$OLDPWD/tests" \
     ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}) > "$TESTLOG" 2>&1
   echo "== tests: exit $? ($(( $(date +%s) - START )) s): $(tail -1 "$TESTLOG")"
   grep -E "^(FAILED|ERROR)" "$TESTLOG" | head -20
