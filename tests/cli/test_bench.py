@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -304,8 +303,7 @@ def _bench_process(url: str, *args: str) -> list[dict]:
         "--json",
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tempfile.gettempdir())
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines()]
 

@@ -95,7 +95,7 @@ def _rank(
 ) -> subprocess.Popen:
     """One rank started by hand, as torchrun would start it (`env`: settings of this rank's own)."""
     env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", **(env or {})}  # fmt: skip
+           "MASTER_PORT": str(port), "TORCH_CPP_LOG_LEVEL": "ERROR", **(env or {})}  # fmt: skip
     cmd = [sys.executable, "-m", "tfc", "generate", image, "--prompt", PROMPT, "--device", "cpu", *args]
     cmd += ["--json"] if as_json else []
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -36,7 +36,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_s = ready_s  # how long `with` waits for /health
         self.log_path = log
-        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        full_env = {**os.environ, **(env or {})}
         cmd = [
             *(command or [sys.executable, "-m", "tfc"]),  # command: what runs in place of `python -m tfc`
             "serve",
