@@ -8,7 +8,8 @@ and the whole-Flash decode rate drafting projects at the published acceptance.
 IMG: `tfc fixture flash-random --layers 4` prepared (made under --work without --image). At a 4k context, one
 sequence, as the engine drafts: a verify window of w = 1..6 consecutive rows (the last token and up to 5 drafts),
 graphed, against w = 1; the drafter's round (the committed rows observed, then 5 drafts; wall time, the host's
-syncs included) with Flash's three blocks (the slice's block thrice, the same shapes), graphed. The whole-Flash
+syncs included) with Flash's three blocks (the slice's block thrice, the same shapes), graphed, for 1, 4 and 8
+sequences drafting together (each against as many rounds of one sequence). The whole-Flash
 one-row step is decode.py's projection from the same run; a drafted round = the drafter's round + a 6-row verify
 window of whole Flash; tok/s at an acceptance of A tokens a round (the bonus token included) = A / that round.
 Random weights cannot measure acceptance: the published figures (2.82 on GSM8K, 3.51 on code) are applied.
@@ -26,6 +27,7 @@ import _common as c
 from decode import CONTEXT, build, flash_config, open_image, step_times
 
 WINDOWS = (1, 2, 3, 4, 5, 6)
+SEQUENCES = (1, 4, 8)  # slots drafting together in one round (the engine drafts while at most 8 decode)
 ACCEPTANCE = (2.8, 3.5)
 PEER = "TensorFold 90 tok/s (2x GB10, DSpark); vLLM 123 (4x RTX PRO 6000, DSpark)"
 
@@ -49,10 +51,12 @@ def verify_windows(runner, device: str, context: int) -> dict:
     return table
 
 
-def drafter_round(runner, device: str, context: int, rounds: int = 12) -> dict:
-    """The round of a drafter with Flash's three blocks: observe 4 committed rows, then 5 drafts (median wall)."""
+def drafter_round(runner, device: str, context: int, sequences: int, rounds: int = 12) -> dict:
+    """The round of a drafter with Flash's three blocks for `sequences` slots drafting together: each observes 4
+    committed rows, then drafts 5 (median wall of one draft call for them all)."""
     import numpy as np
     from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
+    from tfc.runtime.worker.runner import DraftAsk
     from tfc.runtime.worker.step import SequenceStep, StepPlan
 
     if runner.drafter is None:
@@ -63,31 +67,36 @@ def drafter_round(runner, device: str, context: int, rounds: int = 12) -> dict:
     as_flash = FastDsparkDrafter(runner.forward, runner.graphs if runner.graphs.enabled else None)
     as_flash.blocks = (single.blocks * blocks)[:blocks]  # the slice's block as many times as Flash has blocks
     slots.drafter = as_flash
+    every = range(sequences)
     try:
         toks = np.random.default_rng(5).integers(0, vocab, context).tolist()
-        runner.release(0)
-        runner.execute(StepPlan((SequenceStep(0, tuple(toks), 0, drafting=True),)))
+        for s in every:
+            runner.release(s)
+            runner.execute(StepPlan((SequenceStep(s, tuple(toks), 0, drafting=True),)))
         c.sync(device)
         t0 = time.perf_counter()
-        runner.draft(0, 11, 5)  # the first round observes the prompt's last rows (and captures, graphed)
+        runner.draft([DraftAsk(s, 11, 5) for s in every])  # observes the prompts' last rows (and captures)
         c.sync(device)
         first = time.perf_counter() - t0
         position, times = context, []
         for _ in range(rounds):
             fed = [(7919 * (position + i) + 11) % vocab for i in range(4)]
-            runner.execute(StepPlan((SequenceStep(0, tuple(fed), position, drafting=True),)))
+            runner.execute(
+                StepPlan(tuple(SequenceStep(s, tuple(fed), position, drafting=True) for s in every))
+            )
             position += 4
             c.sync(device)
             t0 = time.perf_counter()
-            drafts = runner.draft(0, fed[-1], 5)
+            drafts = runner.draft([DraftAsk(s, fed[-1], 5) for s in every])
             c.sync(device)
             times.append(time.perf_counter() - t0)
-            if len(drafts) != 5:
-                raise RuntimeError(f"the drafter proposed {len(drafts)} tokens, not 5")
+            if any(len(d) != 5 for d in drafts):
+                raise RuntimeError(f"the drafter proposed {[len(d) for d in drafts]} tokens, not 5 each")
     finally:
         slots.drafter = single
-        runner.release(0)
-    return {"blocks": blocks, "graphed": runner.graphs.enabled, "first_round_s": first,
+        for s in every:
+            runner.release(s)
+    return {"blocks": blocks, "sequences": sequences, "graphed": runner.graphs.enabled, "first_round_s": first,
             "round_s": statistics.median(times[2:])}  # fmt: skip
 
 
@@ -111,11 +120,12 @@ def main() -> None:
     copy = c.copy_gbps(device)
     one = step_times(runner, device, [1], context, copy)[1]
     windows = verify_windows(runner, device, context)
-    rnd = drafter_round(runner, device, context)
+    together = {n: drafter_round(runner, device, context, n) for n in SEQUENCES}
+    rnd = together[1]
     step = one["flash_step_s"]
     drafted = rnd["round_s"] + step * windows[6]["vs_one_row"]
     run.data.update(image=str(image), copy_gbps=copy, one_row=one, verify=windows, drafter=rnd,
-                    flash_drafted_round_s=drafted)  # fmt: skip
+                    drafter_together=together, flash_drafted_round_s=drafted)  # fmt: skip
     print(f"[drafting] round {rnd['round_s'] * 1e3:.2f} ms ({rnd['blocks']} blocks), whole-Flash one-row step "
           f"{step * 1e3:.2f} ms, 6-row window {windows[6]['vs_one_row']:.2f}x the one-row step", flush=True)  # fmt: skip
     run.metric("drafter.round_vs_step", rnd["round_s"] / step, "fraction",
@@ -124,6 +134,10 @@ def main() -> None:
                f"{step * 1e3:.1f} ms step)")  # fmt: skip
     run.metric("drafter.verify6_vs_step", windows[6]["vs_one_row"], "x", None,
                "the one-row step of the same run (a 6-row verify window: the last token and 5 drafts)")  # fmt: skip
+    for n in SEQUENCES[1:]:
+        run.metric(f"drafter.round_vs_alone.sequences{n}", together[n]["round_s"] / (n * rnd["round_s"]), "fraction",
+                   None, f"{n} rounds of one sequence in the same run ({together[n]['round_s'] * 1e3:.2f} ms for "
+                   f"{n} together, {rnd['round_s'] * 1e3:.2f} ms alone)")  # fmt: skip
     for a in ACCEPTANCE:
         run.metric(f"decode.whole_flash_tok_s.drafted_al{a}", a / drafted, "tok/s", None,
                    f"serial {1 / step:,.1f} tok/s in the same run; {PEER}")  # fmt: skip

@@ -11,15 +11,15 @@ min(1, p/q) rule, which keeps only the distribution (docs/drafting.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from tfc.runtime.engine.draft_backoff import DraftGate
 from tfc.runtime.engine.request import Request
-from tfc.runtime.engine.sampling import SamplingParams, sample
+from tfc.runtime.engine.sampling import SamplingParams, sample_rows
 from tfc.runtime.engine.scheduler import Running
-from tfc.runtime.worker.runner import Drafter, ModelRunner, drafter_of
+from tfc.runtime.worker.runner import ChooseRows, DraftAsk, Drafter, ModelRunner, drafter_of
 
 
 @dataclass
@@ -59,9 +59,17 @@ def draft_length(generated: int, fed: int, max_tokens: int, context: int, block:
     return max(0, min(block, left, room))
 
 
-def chooser(params: SamplingParams, seed: int, position: int) -> Callable[[int, torch.Tensor], int]:
-    """Draft i (at position + i) picked from the drafter's logits by the request's own keyed sampler."""
-    return lambda i, logits: sample(logits, params, seed, position + i)
+def chooser(samplers: Sequence[tuple[SamplingParams, int, int]]) -> ChooseRows:
+    """Draft i of several sequences, each (params, seed, position of its first draft) picked at position + i by
+    its own keyed sampler, all in one batched call (sample_rows: the tokens `sample` gives row by row)."""
+
+    def choose(i: int, logits: torch.Tensor, which: Sequence[int]) -> list[int]:
+        picked = [samplers[w] for w in which]
+        return sample_rows(
+            logits, [p for p, _, _ in picked], [s for _, s, _ in picked], [at + i for *_, at in picked]
+        )
+
+    return choose
 
 
 DRAFT_ROWS = 16  # rows a step's decode rows and drafts fill together by default: one product chunk
@@ -128,14 +136,19 @@ def one_line(error: Exception) -> str:
 
 def propose(drafts: Drafter, work: Sequence[tuple[Running, Request]], context: int, rows: int) -> None:
     """Set `run.draft` of every decoding sequence that drafts (work: its Running and its Request), each within its
-    share of `rows` rows."""
+    share of `rows` rows, all of them in one draft."""
     most = min(drafts.draft_block, share(sum(not run.prefilling for run, _ in work), rows))
     if most == 0:
         return
+    runs, asks, samplers = [], [], []
     for run, r in work:
         if run.prefilling or not run.drafting or not run.backoff.ready():
             continue
         k = draft_length(len(run.generated), run.fed, r.max_tokens, context, most)
         if k > 0:
-            choose = chooser(r.params, r.params.seed or 0, run.fed + 1)
-            run.draft = drafts.draft(run.slot, run.generated[-1], k, choose)
+            runs.append(run)
+            asks.append(DraftAsk(run.slot, run.generated[-1], k))
+            samplers.append((r.params, r.params.seed or 0, run.fed + 1))
+    if asks:  # every drafting sequence in one draft
+        for run, draft in zip(runs, drafts.draft(asks, chooser(samplers)), strict=True):
+            run.draft = draft

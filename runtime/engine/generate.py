@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from tfc.runtime.engine.draft_backoff import DraftBackoff, DraftGate
 from tfc.runtime.engine.drafting import DRAFT_ROWS, DraftCounts, chooser, draft_length, share
 from tfc.runtime.engine.sampling import Sampler, SamplingError, SamplingParams
-from tfc.runtime.worker.runner import ModelRunner, drafter_of
+from tfc.runtime.worker.runner import DraftAsk, ModelRunner, drafter_of
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
@@ -139,17 +139,23 @@ def generate(
                 if drafts is not None and gate.open()
                 else 0
             )
+            asks = []
             for i in live:
                 token = samplers[i].sample(last[i], position[i])
                 if emit(i, last[i], token):
-                    tail = ()
+                    rows.append(SequenceStep(i, (token,), position[i], False, drafts is not None))
                     if block and backoff[i].ready():
                         k = draft_length(len(out[i].tokens), position[i], max_new_tokens,
                                          runner.capacity.tokens_per_slot, block)  # fmt: skip
-                        choose = chooser(samplers[i].params, samplers[i].seed, position[i] + 1)
-                        tail = drafts.draft(i, token, k, choose) if k > 0 else ()
-                    tokens = (token, *tail)
-                    rows.append(SequenceStep(i, tokens, position[i], bool(tail), drafts is not None))
+                        if k > 0:
+                            asks.append((len(rows) - 1, DraftAsk(i, token, k)))
+            if asks:  # every drafting sequence in one draft
+                choose = chooser(
+                    [(samplers[a.slot].params, samplers[a.slot].seed, position[a.slot] + 1) for _, a in asks]
+                )
+                for (r, _), tail in zip(asks, drafts.draft([a for _, a in asks], choose), strict=True):
+                    if tail:
+                        rows[r] = replace(rows[r], tokens=(*rows[r].tokens, *tail), verify=True)
             if not rows:
                 break
             live = []

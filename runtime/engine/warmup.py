@@ -6,7 +6,7 @@ once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
-from tfc.runtime.worker.runner import ModelRunner, drafter_of, snapshots_of, stats_of
+from tfc.runtime.worker.runner import DraftAsk, ModelRunner, drafter_of, snapshots_of, stats_of
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 
@@ -21,7 +21,7 @@ def warm_up(steps: ModelRunner, bos_id: int | None, snapshots: bool = False, dra
     if steps.capabilities.prompt_rows:
         steps.execute(StepPlan((SequenceStep(0, (token,), 1, drafting=drafts is not None),)))
     if drafts is not None:
-        drafts.draft(0, token, drafts.draft_block)
+        drafts.draft([DraftAsk(0, token, drafts.draft_block)])
     saved = snapshots_of(steps) if snapshots else None
     if saved is not None:
         saved.restore(0, saved.snapshot(0))

@@ -8,9 +8,9 @@ checks once, when it builds a runner, that every capability it states comes with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
 from tfc.runtime.worker.step import Capacity, ModelInfo, StepOutput, StepPlan, Upcoming
 
@@ -93,17 +93,28 @@ class Snapshots(Protocol):
         ...
 
 
+class DraftAsk(NamedTuple):
+    """One sequence's part of a draft: its slot, the token it sampled and has not fed yet, the most tokens to draft."""
+
+    slot: int
+    last_token: int
+    k: int
+
+
+# Picks draft i of several sequences at once: (i, the drafter's logits [n, V] of the asks `which` (their indices
+# in the draft's asks)) -> n tokens, a list or a tensor that may stay on the logits' device.
+ChooseRows = Callable[[int, "torch.Tensor", Sequence[int]], "Sequence[int] | torch.Tensor"]
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """What `draft` adds: tokens drafted and verified in one step (speculative decoding)."""
 
     draft_block: int  # the most tokens one draft proposes
 
-    def draft(
-        self, slot: int, last_token: int, k: int, choose: Callable[[int, torch.Tensor], int] | None = None
-    ) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` (sampled, not yet fed) in a slot; `choose(i, logits)` picks
-        draft i from the drafter's logits (default: the highest)."""
+    def draft(self, asks: Sequence[DraftAsk], choose: ChooseRows | None = None) -> list[tuple[int, ...]]:
+        """Up to k tokens to follow each ask's last token, every sequence in one draft; `choose` picks draft i
+        of them all from the drafter's logits (default: the highest)."""
         ...
 
     def rollback(self, slot: int, position: int) -> None:

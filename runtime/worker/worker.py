@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -12,6 +12,8 @@ from tfc.runtime.boot.rank import Booted, boot
 from tfc.runtime.models.family import Family, family_for
 from tfc.runtime.options import RuntimeOptions
 from tfc.runtime.worker.runner import (
+    ChooseRows,
+    DraftAsk,
     Drafter,
     GraphWarmup,
     ModelRunner,
@@ -184,9 +186,9 @@ class Worker:
             )
         return runner
 
-    def draft(self, slot: int, last_token: int, k: int, choose: Callable | None = None) -> tuple[int, ...]:
-        """Up to k draft tokens after `last_token` in a slot."""
-        return self._drafts().draft(slot, last_token, k, choose)
+    def draft(self, asks: Sequence[DraftAsk], choose: ChooseRows | None = None) -> list[tuple[int, ...]]:
+        """Up to k draft tokens after each ask's last token in its slot, every slot in one draft."""
+        return self._drafts().draft(asks, choose)
 
     def rollback(self, slot: int, position: int) -> None:
         """Keep a slot's rows before `position` after a verify step."""

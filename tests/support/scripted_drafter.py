@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+from support.slot_drafters import OneAtATime
+
 ERRORS = (0, 2, None, 1, 4, None, 3)  # where each round's draft goes wrong (None: nowhere)
 
 
-class Scripted:
+class Scripted(OneAtATime):
     """A drafter that proposes the serial continuation of sequences it was given, with planted errors."""
 
     block_size = 5
@@ -20,7 +22,7 @@ class Scripted:
     def commit(self, slot, position, hidden) -> None:
         raise AssertionError("a drafter without target layers is given no rows")
 
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
+    def propose_one(self, slot, tokens, last_token, k) -> tuple[int, ...]:
         seen = (*tokens, last_token)
         for run in self.runs:
             if run[: len(seen)] == seen:

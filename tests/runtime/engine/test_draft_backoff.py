@@ -5,6 +5,7 @@ but for a probe every 64 steps; the tokens are serial decoding's either way."""
 from __future__ import annotations
 
 import torch
+from support.slot_drafters import OneAtATime
 from tfc.runtime.engine.draft_backoff import (
     KEPT_FLOOR,
     MAX_WAIT,
@@ -44,7 +45,7 @@ def test_the_gate_closes_after_rounds_that_keep_nothing_and_probes():
     assert gate.open() and gate.open()
 
 
-class Scripted:
+class Scripted(OneAtATime):
     """Proposes each slot's serial continuation (runs[slot]), every draft wrong at its first token (`wrong`) or
     right."""
 
@@ -53,7 +54,7 @@ class Scripted:
     def __init__(self, runs: list[tuple[int, ...]], wrong: bool) -> None:
         self.runs, self.wrong, self.proposed = runs, wrong, 0
 
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
+    def propose_one(self, slot, tokens, last_token, k) -> tuple[int, ...]:
         seen = (*tokens, last_token)
         draft = list(self.runs[slot][len(seen) : len(seen) + k])
         if self.wrong and draft:

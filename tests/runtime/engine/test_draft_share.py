@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.slot_drafters import OneAtATime
 from tfc.runtime.engine.drafting import DRAFT_ROWS, propose, share
 from tfc.runtime.engine.generate import generate, token_sha
 from tfc.runtime.engine.request import Request
@@ -24,10 +25,12 @@ class Counting:
 
     def __init__(self) -> None:
         self.asked: list[int] = []
+        self.calls = 0
 
-    def draft(self, slot, last_token, k, choose) -> tuple[int, ...]:
-        self.asked.append(k)
-        return (last_token,) * k
+    def draft(self, asks, choose) -> list[tuple[int, ...]]:
+        self.calls += 1
+        self.asked += [k for _, _, k in asks]
+        return [(last_token,) * k for _, last_token, k in asks]
 
 
 @pytest.mark.parametrize(("streams", "most"), [(1, 5), (3, 4), (8, 1), (9, 0), (64, 0)])
@@ -39,11 +42,11 @@ def test_the_engine_proposes_within_the_share(streams, most):
         (Running(99, (1,) * 40, fed=3, drafting=True), Request((1,) * 40, SamplingParams(), 50))
     )  # prefilling
     propose(drafts, work, 4096, DRAFT_ROWS)
-    assert drafts.asked == ([most] * streams if most else [])
+    assert drafts.asked == ([most] * streams if most else []) and drafts.calls == (1 if most else 0)
     assert all(len(run.draft) == most for run, _ in work[:-1]) and work[-1][0].draft == ()
 
 
-class Right:
+class Right(OneAtATime):
     """Proposes the serial continuation (every draft kept) and notes every k asked for."""
 
     block_size, target_layers = 5, ()
@@ -51,7 +54,7 @@ class Right:
     def __init__(self, runs: list[tuple[int, ...]]) -> None:
         self.runs, self.asked = runs, []
 
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
+    def propose_one(self, slot, tokens, last_token, k) -> tuple[int, ...]:
         self.asked.append(k)
         seen = len(tokens) + 1
         return tuple(self.runs[slot][seen : seen + k])
@@ -72,5 +75,6 @@ def test_generate_drafts_less_as_more_streams_decode(worker, streams, most):
         got = generate(worker.runner, prompts, 12, SamplingParams())
         assert [token_sha(g.tokens) for g in got] == [token_sha(g.tokens) for g in serial]
         assert max(script.asked, default=0) == most and (most > 0) == bool(script.asked)
+        assert len(script.asked) == streams * script.calls  # in lockstep: every round drafts them all at once
     finally:
         worker.runner.drafter = worker.dspark

@@ -88,9 +88,9 @@ class _Drafts(_Steps):
     capabilities = RunnerCapabilities(draft=True)
     draft_block = 5
 
-    def draft(self, slot, last_token, k, choose=None):
-        self.calls.append(("draft", slot, last_token, k))
-        return ()
+    def draft(self, asks, choose=None):
+        self.calls += [("draft", *ask) for ask in asks]
+        return [() for _ in asks]
 
     def rollback(self, slot, position):
         raise AssertionError("nothing to roll back at warm-up")

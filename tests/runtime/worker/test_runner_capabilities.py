@@ -15,6 +15,7 @@ from tfc.runtime.engine.request import Request
 from tfc.runtime.engine.sampling import SamplingParams
 from tfc.runtime.worker.runner import (
     CapabilityMissing,
+    DraftAsk,
     RunnerCapabilities,
     check_capabilities,
     drafter_of,
@@ -75,9 +76,9 @@ class EveryMethod:
     def load_snapshot(self, data):
         return Snap(tuple(data))
 
-    def draft(self, slot, last_token, k, choose=None):
+    def draft(self, asks, choose=None):
         self.asked.append("draft")
-        return ()
+        return [() for _ in asks]
 
     def rollback(self, slot, position):
         self.asked.append("rollback")
@@ -189,7 +190,7 @@ def test_the_worker_refuses_a_runner_that_lies_and_states_its_runners_capabiliti
         worker.load_model(dtype=torch.float32, slots=2)
         assert worker.capabilities == ALL and snapshots_of(worker) is worker and drafter_of(worker) is worker
         worker.warm_up()  # graphs off: the runner's warm-up is not asked for
-        worker.draft(0, 1, 2)
+        worker.draft([DraftAsk(0, 1, 2)])
         assert worker.runner.asked == ["draft"] and worker.draft_block == 3
         worker.runner = EveryMethod(RunnerCapabilities())  # the worker says why it cannot draft
         assert worker.capabilities.draft_note == "the reference forward has no drafter yet"

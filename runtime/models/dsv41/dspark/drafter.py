@@ -24,8 +24,10 @@ TP=1 only for now.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from tfc.runtime.models.dsv41.config import Dsv41Config
@@ -46,6 +48,7 @@ from tfc.runtime.models.dsv41.reference.numerics import (
 from tfc.runtime.models.dsv41.reference.quant import fake_quant_fp8
 from tfc.runtime.models.dsv41.reference.rope import apply_rope
 from tfc.runtime.models.dsv41.reference.state import WindowRing
+from tfc.runtime.worker.runner import ChooseRows
 
 from tfc.errors import TfcError
 
@@ -77,6 +80,31 @@ class Draft:
 def greedy(logits: torch.Tensor) -> int:
     """The highest logit's token (the lowest id among equals)."""
     return int(torch.argmax(logits))
+
+
+def greedy_rows(i: int, logits: torch.Tensor, which: Sequence[int]) -> torch.Tensor:
+    """The highest logit's token of every row (the lowest id among equals)."""
+    return torch.argmax(logits, dim=1)
+
+
+def chosen_among(choose: ChooseRows, index: Sequence[int]) -> ChooseRows:
+    """`choose` over a subset of its asks: row r of a call's `which` is ask index[r]."""
+    return lambda i, logits, which: choose(i, logits, [index[w] for w in which])
+
+
+def one_row(choose: ChooseRows, s: int) -> Callable[[torch.Tensor], int]:
+    """`choose` as a one-sequence chooser of input s: each call picks the next draft from a logits row [V]."""
+    index = itertools.count()
+    return lambda row: int(choose(next(index), row.unsqueeze(0), [s])[0])
+
+
+class DraftInput(NamedTuple):
+    """One sequence's part of a draft: its state, its newly committed target rows, the token to follow, k."""
+
+    state: DraftState
+    hidden: torch.Tensor  # [n, T * D] target hidden rows of the positions committed since its last draft
+    last_token: int
+    k: int | None = None  # default: the block size
 
 
 class DsparkBase:
@@ -123,19 +151,38 @@ class DsparkBase:
 
     def _begin(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None) -> int:
         """Check a draft request, observe its newly committed positions and give its k (default block size)."""
+        k = self._check(state, last_token, k)
+        self.observe(state, target_hidden)
+        self._observed(state)
+        return k
+
+    def _check(self, state: DraftState, last_token: int, k: int | None) -> int:
+        """A draft request's k (default block size), checked with its last token."""
         k, vocab = self.block_size if k is None else k, self.config.vocab_size
         if not 1 <= k <= self.block_size:
             raise DraftError(f"k = {k}: a DSpark block drafts 1 to {self.block_size} tokens")
         if not 0 <= last_token < vocab:
             raise DraftError(f"last token {last_token} is outside the vocabulary [0, {vocab})")
-        self.observe(state, target_hidden)
+        return k
+
+    def _observed(self, state: DraftState) -> None:
+        """Raise DraftError where a state has observed no position to draft from."""
         if state.position == state.start:
             raise DraftError("nothing observed yet: a draft needs the target hidden of at least one position")
-        return k
 
     def observe(self, state: DraftState, target_hidden: torch.Tensor) -> None:
         """Write the context keys of committed positions state.position .. +n-1 (target hidden [n, T * D])."""
         raise NotImplementedError
+
+    def draft(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None = None,
+              choose: Callable[[torch.Tensor], int] = greedy) -> Draft:  # fmt: skip
+        """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
+        raise NotImplementedError
+
+    def draft_many(self, inputs: Sequence[DraftInput], choose: ChooseRows = greedy_rows) -> list[Draft]:
+        """Every input's draft, one sequence at a time (the fast drafter runs them together)."""
+        return [self.draft(state, hidden, last, k, one_row(choose, s))
+                for s, (state, hidden, last, k) in enumerate(inputs)]  # fmt: skip
 
 
 def check_config(cfg: Dsv41Config) -> None:

@@ -9,16 +9,22 @@ was resumed from a prefix-cache snapshot, which holds no drafter state) starts a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
-from tfc.runtime.models.dsv41.dspark.drafter import DraftError, DsparkDrafter
+from tfc.runtime.models.dsv41.dspark.drafter import (
+    DraftError,
+    DraftInput,
+    DsparkDrafter,
+    chosen_among,
+    greedy_rows,
+)
 from tfc.runtime.models.dsv41.dspark.state import DraftState
 from tfc.runtime.models.dsv41.reference.forward import Dsv41Model, MissingWeight
+from tfc.runtime.worker.runner import ChooseRows, DraftAsk
 
-Choose = Callable[[int, torch.Tensor], int]  # (draft index i, its logits [V]) -> the token proposed
 # A draft is verified while the confidence head's chance that it and every draft before it are accepted (the
 # product of sigmoid(c_i)) is at least what its verify row costs in one-row steps: a 6-row window took 1.46x a
 # one-row step on an H200 (benchmarks/summaries/decode.md), ~0.1 a row.
@@ -34,6 +40,15 @@ def worth_verifying(confidence: torch.Tensor | None, k: int, floor: float = VERI
     return int((chance >= floor).sum())
 
 
+class SlotAsk(NamedTuple):
+    """One slot's part of a draft: the tokens it was fed, the token to follow, the most tokens to draft."""
+
+    slot: int
+    tokens: Sequence[int]
+    last_token: int
+    k: int
+
+
 class SlotDrafter(Protocol):
     """What the runner asks of a drafter (the DSpark one, or a test's scripted stand-in)."""
 
@@ -44,10 +59,9 @@ class SlotDrafter(Protocol):
         """Committed target rows [n, width] of positions position .. position+n-1."""
         ...
 
-    def propose(
-        self, slot: int, tokens: Sequence[int], last_token: int, k: int, choose: Choose
-    ) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` after the slot's committed `tokens`."""
+    def propose(self, asks: Sequence[SlotAsk], choose: ChooseRows) -> list[tuple[int, ...]]:
+        """Up to k tokens to follow each ask's `last_token` after its slot's committed `tokens`, every slot in
+        one draft; `choose` picks draft i of them all (its `which`: indices into `asks`)."""
         ...
 
     def release(self, slot: int) -> None:
@@ -98,21 +112,24 @@ class DsparkSlots:
             ctx.waiting -= cut
             extra -= cut
 
-    def propose(
-        self, slot: int, tokens: Sequence[int], last_token: int, k: int, choose: Choose
-    ) -> tuple[int, ...]:
-        """The DSpark block's first k tokens after `last_token` that are worth a verify row (worth_verifying; none
-        before the slot observed a row)."""
-        ctx = self.contexts.get(slot)
-        if ctx is None or ctx.end != len(tokens) or ctx.end == ctx.state.start:
-            return ()
-        hidden = torch.cat(ctx.rows) if ctx.rows else None
-        ctx.rows, ctx.waiting = [], 0
-        if hidden is None:
-            hidden = torch.empty(0, len(self.target_layers) * self.drafter.config.hidden_size)
-        index = iter(range(k))
-        draft = self.drafter.draft(ctx.state, hidden, last_token, k, lambda row: choose(next(index), row))
-        return draft.tokens[: worth_verifying(draft.confidence, len(draft.tokens), self.floor)]
+    def propose(self, asks: Sequence[SlotAsk], choose: ChooseRows) -> list[tuple[int, ...]]:
+        """Each ask's DSpark block's first k tokens that are worth a verify row (worth_verifying; none before its
+        slot observed a row), the slots drafted together."""
+        out: list[tuple[int, ...]] = [() for _ in asks]
+        inputs, index = [], []
+        width = len(self.target_layers) * self.drafter.config.hidden_size
+        for a, (slot, tokens, last_token, k) in enumerate(asks):
+            ctx = self.contexts.get(slot)
+            if ctx is None or ctx.end != len(tokens) or ctx.end == ctx.state.start:
+                continue
+            hidden = torch.cat(ctx.rows) if ctx.rows else torch.empty(0, width)
+            ctx.rows, ctx.waiting = [], 0
+            inputs.append(DraftInput(ctx.state, hidden, last_token, k))
+            index.append(a)
+        drafts = self.drafter.draft_many(inputs, chosen_among(choose, index)) if inputs else []
+        for a, draft in zip(index, drafts, strict=True):
+            out[a] = draft.tokens[: worth_verifying(draft.confidence, len(draft.tokens), self.floor)]
+        return out
 
     def release(self, slot: int) -> None:
         """Forget a slot's context."""
@@ -136,23 +153,30 @@ class DraftingRunner:
         """Commit a verify step the engine did not roll back."""
         raise NotImplementedError
 
-    def draft(self, slot: int, last_token: int, k: int, choose: Choose | None = None) -> tuple[int, ...]:
-        """Up to k tokens to follow `last_token` in a slot (none when it cannot draft yet); `choose(i, logits)`
-        picks draft i (default: the highest logit)."""
+    def draft(self, asks: Sequence[DraftAsk], choose: ChooseRows | None = None) -> list[tuple[int, ...]]:
+        """Up to k tokens to follow each ask's last token in its slot (none where it cannot draft yet), every
+        slot in one draft; `choose` picks draft i of them all (default: the highest logit)."""
         if self.drafter is None:
             raise self.step_error(f"this runner cannot draft ({self.draft_note})")
-        tokens = self._fed_tokens(slot)
-        if tokens is None:
-            raise self.step_error(f"slot {slot} holds no sequence to draft for")
-        self._settle(slot)
-        k = min(k, self.draft_block)
-        if k < 1:
-            return ()
-        pick = choose or (lambda _, logits: int(torch.argmax(logits)))
-        out = tuple(int(t) for t in self.drafter.propose(slot, tokens, last_token, k, pick))[:k]
+        slot_asks, index = [], []
+        for a, (slot, last_token, k) in enumerate(asks):
+            tokens = self._fed_tokens(slot)
+            if tokens is None:
+                raise self.step_error(f"slot {slot} holds no sequence to draft for")
+            self._settle(slot)
+            if min(k, self.draft_block) >= 1:
+                slot_asks.append(SlotAsk(slot, tokens, last_token, min(k, self.draft_block)))
+                index.append(a)
+        out: list[tuple[int, ...]] = [() for _ in asks]
+        if not slot_asks:
+            return out
+        drafts = self.drafter.propose(slot_asks, chosen_among(choose or greedy_rows, index))
         vocab = self.info.vocab_size
-        if any(not 0 <= t < vocab for t in out):
-            raise self.step_error(f"slot {slot}: a draft {out} outside the vocabulary [0, {vocab})")
+        for a, ask, draft in zip(index, slot_asks, drafts, strict=True):
+            draft = tuple(int(t) for t in draft)[: ask.k]
+            if any(not 0 <= t < vocab for t in draft):
+                raise self.step_error(f"slot {ask.slot}: a draft {draft} outside the vocabulary [0, {vocab})")
+            out[a] = draft
         return out
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import torch
-from tfc.runtime.models.dsv41.dspark.drafter import Draft
-from tfc.runtime.models.dsv41.dspark.drafting import VERIFY_FLOOR, DsparkSlots, worth_verifying
+from tfc.runtime.models.dsv41.dspark.drafter import Draft, greedy_rows
+from tfc.runtime.models.dsv41.dspark.drafting import VERIFY_FLOOR, DsparkSlots, SlotAsk, worth_verifying
 
 
 def _logit(p: float) -> float:
@@ -33,16 +33,16 @@ class Stub:
         self.confidence = confidence
         self.config = type("Config", (), {"sliding_window": 8, "hidden_size": 2})()
 
-    def draft(self, state, hidden, last_token, k, choose):
-        tokens = tuple(range(10, 10 + k))
-        return Draft(tokens, torch.zeros(k, 4), torch.zeros(5, 4), self.confidence)
+    def draft_many(self, inputs, choose):
+        return [Draft(tuple(range(10, 10 + k)), torch.zeros(k, 4), torch.zeros(5, 4), self.confidence)
+                for *_, k in inputs]  # fmt: skip
 
 
 def test_a_slot_proposes_only_the_drafts_worth_verifying():
     conf = torch.tensor([_logit(0.9), _logit(0.9), _logit(0.1), 4.0, 4.0])
     slots = DsparkSlots(Stub(conf))
     slots.commit(0, 0, torch.zeros(3, 2))
-    assert slots.propose(0, (1, 2, 3), 4, 5, lambda i, logits: 0) == (10, 11)  # 0.9, 0.81, then 0.081
+    assert slots.propose([SlotAsk(0, (1, 2, 3), 4, 5)], greedy_rows) == [(10, 11)]  # 0.9, 0.81, then 0.081
     full = DsparkSlots(Stub(None))
     full.commit(0, 0, torch.zeros(3, 2))
-    assert full.propose(0, (1, 2, 3), 4, 5, lambda i, logits: 0) == (10, 11, 12, 13, 14)
+    assert full.propose([SlotAsk(0, (1, 2, 3), 4, 5)], greedy_rows) == [(10, 11, 12, 13, 14)]

@@ -20,12 +20,13 @@ import pytest
 import torch
 from support.dsv41_image import prepared_image
 from support.scripted_drafter import Scripted
+from support.slot_drafters import OneAtATime
 from tfc.runtime.boot.rank import boot
 from tfc.runtime.models.dsv41.fast.build import build_fast
 from tfc.runtime.models.dsv41.fast.kv.snapshot import entry_rows
 from tfc.runtime.models.dsv41.fast.runner import FastStepError
 from tfc.runtime.options import RuntimeOptions
-from tfc.runtime.worker.runner import drafter_of
+from tfc.runtime.worker.runner import DraftAsk, drafter_of
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 from tfc import settings
@@ -144,7 +145,7 @@ def test_verify_rows_are_checked(fresh):
             fast.rollback(0, bad)
 
 
-class Recorder:
+class Recorder(OneAtATime):
     """A drafter that keeps the rows it is committed (and proposes nothing)."""
 
     block_size = 5
@@ -157,7 +158,7 @@ class Recorder:
         assert position == sum(r.shape[0] for r in self.rows.values())
         self.rows[position] = hidden
 
-    def propose(self, slot, tokens, last_token, k, choose) -> tuple[int, ...]:
+    def propose_one(self, slot, tokens, last_token, k) -> tuple[int, ...]:
         return ()
 
     def release(self, slot) -> None:
@@ -207,10 +208,10 @@ def test_dspark_drafts_on_the_fast_runner_are_the_reference_runners(fresh, refer
     try:
         for runner in (fresh, reference):
             _step(runner, 0, PROMPT[:30], 0, drafting=True)
-            first = runner.draft(0, VERIFY[0], 5)
+            [first] = runner.draft([DraftAsk(0, VERIFY[0], 5)])
             _step(runner, 0, (VERIFY[0], *first), 30, verify=True, drafting=True)
             runner.rollback(0, 32)
-            drafts.append((first, runner.draft(0, 77, 5)))
+            drafts.append((first, *runner.draft([DraftAsk(0, 77, 5)])))
     finally:
         reference.release(0)
     assert drafts[0] == drafts[1] and all(len(d) == 5 for d in drafts[0])

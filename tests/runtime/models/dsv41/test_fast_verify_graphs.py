@@ -87,6 +87,7 @@ def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
     # the DSpark drafter's blocks and head as a GraphCache step: the first draft captures it, later drafts replay
     # it, and every draft (tokens, logits) equals an eager drafter's on the same rows, the ring's context growing
     # and then past the window
+    from tfc.runtime.models.dsv41.dspark.drafter import DraftInput
     from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 
     backend = Recording()
@@ -101,7 +102,20 @@ def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
         for i, hidden in enumerate(pieces):
             a, b = (d.draft(s, hidden, 17 + 40 * i, 5) for d, s in zip((graphed, eager), states, strict=True))
             assert a.tokens == b.tokens and torch.equal(a.logits, b.logits), i
-        assert graphed.graph_key in cache and len(backend.captured) == 1
+        assert graphed.graph_key(1) in cache and len(backend.captured) == 1
         assert backend.replays == len(pieces)  # the first draft captures, then replays like the rest
+        # three sequences drafting together: one step of four sequences' shapes, captured once, then replayed
+        together = [graphed.new_state() for _ in range(3)], [eager.new_state() for _ in range(3)]
+        for i, n in enumerate((30, 2)):
+            hidden = [torch.randn(n, width, generator=gen) for _ in range(3)]
+            a, b = (d.draft_many([DraftInput(s, h, 5 + s.position % 7, 4) for s, h in zip(ss, hidden, strict=True)])
+                    for d, ss in zip((graphed, eager), together, strict=True))  # fmt: skip
+            assert [d.tokens for d in a] == [d.tokens for d in b], i
+            assert all(torch.equal(x.logits, y.logits) for x, y in zip(a, b, strict=True)), i
+        assert (
+            graphed.graph_key(4) in cache
+            and len(backend.captured) == 2
+            and backend.replays == len(pieces) + 2
+        )
     finally:
         booted.close()
