@@ -51,8 +51,8 @@ export PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=$WORK/pycache
 unset PYTHONDONTWRITEBYTECODE
 
 if ! (cd /tmp && python3 -c "import tfc.runtime" 2> /dev/null); then
-  { [ ! -d .whl ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl; } \
-    && python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site . \
+  { [ ! -d .whl ] || python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl; } \
+    && python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || { echo "gpu_all: installing tfc failed"; exit 1; }
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
