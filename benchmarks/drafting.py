@@ -66,7 +66,8 @@ def drafter_round(runner, device: str, context: int, sequences: int, rounds: int
     blocks = flash_config().num_nextn_predict_layers
     as_flash = FastDsparkDrafter(runner.forward, runner.graphs if runner.graphs.enabled else None)
     as_flash.blocks = (single.blocks * blocks)[:blocks]  # the slice's block as many times as Flash has blocks
-    slots.drafter = as_flash
+    slots.drafter, floor = as_flash, slots.floor
+    slots.floor = 0.0  # verify every draft: random weights' confidence would cut some, and the round is timed whole
     every = range(sequences)
     try:
         toks = np.random.default_rng(5).integers(0, vocab, context).tolist()
@@ -93,7 +94,7 @@ def drafter_round(runner, device: str, context: int, sequences: int, rounds: int
             if any(len(d) != 5 for d in drafts):
                 raise RuntimeError(f"the drafter proposed {[len(d) for d in drafts]} tokens, not 5 each")
     finally:
-        slots.drafter = single
+        slots.drafter, slots.floor = single, floor
         for s in every:
             runner.release(s)
     return {"blocks": blocks, "sequences": sequences, "graphed": runner.graphs.enabled, "first_round_s": first,

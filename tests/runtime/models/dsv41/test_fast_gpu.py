@@ -86,7 +86,7 @@ def test_graphed_drafts_equal_eager_ones(graphed, eager):
         runs.append(got)
     for (tokens, logits), (want_tokens, want_logits) in zip(*runs, strict=True):
         assert tokens == want_tokens and torch.equal(logits, want_logits)
-    assert graphed.drafter.drafter.graph_key in graphed.graphs
+    assert graphed.drafter.drafter.graph_key(1) in graphed.graphs
     assert graphed.drafter.drafter.graph_key not in eager.graphs
 
 
