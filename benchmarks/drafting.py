@@ -67,7 +67,9 @@ def drafter_round(runner, device: str, context: int, sequences: int, rounds: int
     as_flash = FastDsparkDrafter(runner.forward, runner.graphs if runner.graphs.enabled else None)
     as_flash.blocks = (single.blocks * blocks)[:blocks]  # the slice's block as many times as Flash has blocks
     slots.drafter, floor = as_flash, slots.floor
-    slots.floor = 0.0  # verify every draft: random weights' confidence would cut some, and the round is timed whole
+    slots.floor = (
+        0.0  # verify every draft: random weights' confidence would cut some, and the round is timed whole
+    )
     every = range(sequences)
     try:
         toks = np.random.default_rng(5).integers(0, vocab, context).tolist()

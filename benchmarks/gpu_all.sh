@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
 # PART: tests decode prefill serve drafting kernels prefix boot host-experts (default: all but tests).
 # The part `tests` (named first) runs the GPU tests (`pytest -m gpu`, GPU_TESTS_K a -k filter, GPU_TESTS_S their time
-# limit, 240 s) while the slice is made beside them, its log under benchmarks/results/decode/; the tests on the slice
+# limit, 240 s) while the slice is made beside them, its log (a line a test, so a run the limit stops still names what
+# passed) under benchmarks/results/decode/; the tests on the slice
 # itself (TFC_FLASH_IMAGE) run where it was made by an earlier call on the same machine, and skip otherwise.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
@@ -71,7 +72,7 @@ case " $PARTS " in *" tests "*)
   TESTLOG=benchmarks/results/decode/gpu_tests_${HW}_$(date +%Y%m%d)_${COMMIT:-$(git rev-parse --short HEAD)}.txt
   echo "== tests (pytest -m gpu${GPU_TESTS_K:+ -k \"$GPU_TESTS_K\"}, at most ${GPU_TESTS_S:-240} s) -> $TESTLOG"
   (cd /tmp && { [ -z "$IMG" ] || export TFC_FLASH_IMAGE="${IMG%/rank0}"; } \
-    && timeout "${GPU_TESTS_S:-240}" python3 -m pytest -p no:cacheprovider -rfE -m gpu "$OLDPWD/tests" \
+    && timeout "${GPU_TESTS_S:-240}" python3 -m pytest -p no:cacheprovider -v -rfE -m gpu "$OLDPWD/tests" \
     ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}) > "$TESTLOG" 2>&1
   echo "== tests: exit $? ($(( $(date +%s) - START )) s): $(tail -1 "$TESTLOG")"
   grep -E "^(FAILED|ERROR)" "$TESTLOG" | head -20
