@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tfc.runtime.models.dsv41.reference.runner import StepError
+from tfc.runtime.worker.runner import DraftAsk
 from tfc.runtime.worker.step import SequenceStep, StepPlan
 
 DRAFT = (17, 240, 3, 99, 512)
@@ -73,8 +74,7 @@ def test_a_rolled_back_slot_is_one_that_never_saw_the_rejected_rows(runner):
             runner.release(slot)
         _both(runner, prompt, 0)
         if keep == 1:  # a draft read from the context (and observed it) before the verify: nothing moves
-            assert len(runner.draft(0, last, 5)) == 5
-            assert len(runner.draft(1, last, 5)) == 5
+            assert [len(d) for d in runner.draft([DraftAsk(0, last, 5), DraftAsk(1, last, 5)])] == [5, 5]
         rows = _step(runner, 0, (last, *DRAFT), prompt_len, verify=True)
         assert rows.shape == (len(DRAFT) + 1, 640)
         runner.rollback(0, prompt_len + keep + 1)
@@ -86,7 +86,7 @@ def test_a_rolled_back_slot_is_one_that_never_saw_the_rejected_rows(runner):
         _same_drafter(runner.drafter.contexts[0], runner.drafter.contexts[1])
         after = prompt_len + keep + 1
         assert torch.equal(*_both(runner, (5,), after))
-        assert runner.draft(0, 9, 5) == runner.draft(1, 9, 5)
+        assert runner.draft([DraftAsk(0, 9, 5)]) == runner.draft([DraftAsk(1, 9, 5)])
         _same_drafter(runner.drafter.contexts[0], runner.drafter.contexts[1])
 
 
