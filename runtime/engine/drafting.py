@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tfc.runtime.engine.draft_backoff import DraftGate
 from tfc.runtime.engine.request import Request
-from tfc.runtime.engine.sampling import SamplingParams, sample_rows
+from tfc.runtime.engine.sampling import SamplingParams, sample_rows_on
 from tfc.runtime.engine.scheduler import Running
 from tfc.runtime.worker.runner import ChooseRows, DraftAsk, Drafter, ModelRunner, drafter_of
 
@@ -61,13 +61,13 @@ def draft_length(generated: int, fed: int, max_tokens: int, context: int, block:
 
 def chooser(samplers: Sequence[tuple[SamplingParams, int, int]]) -> ChooseRows:
     """Draft i of several sequences, each (params, seed, position of its first draft) picked at position + i by
-    its own keyed sampler, all in one batched call (sample_rows: the tokens `sample` gives row by row)."""
+    its own keyed sampler, all in one batched call (the tokens `sample` gives row by row), left on the logits'
+    device: the drafter's walk feeds them to its next product without waiting for the host."""
 
-    def choose(i: int, logits: torch.Tensor, which: Sequence[int]) -> list[int]:
+    def choose(i: int, logits: torch.Tensor, which: Sequence[int]) -> torch.Tensor:
         picked = [samplers[w] for w in which]
-        return sample_rows(
-            logits, [p for p, _, _ in picked], [s for _, s, _ in picked], [at + i for *_, at in picked]
-        )
+        seeds, at = [s for _, s, _ in picked], [p + i for *_, p in picked]
+        return sample_rows_on(logits, [p for p, _, _ in picked], seeds, at)
 
     return choose
 

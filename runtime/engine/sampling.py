@@ -142,26 +142,35 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
                 positions: list[int]) -> list[int]:  # fmt: skip
     """sample() of every row of logits [R, V]: on a GPU in a few batched launches, the same tokens as one row at
     a time (every operation is per row, and exact after the weights); on the CPU row by row."""
+    return sample_rows_on(logits, params, seeds, positions).tolist()
+
+
+def sample_rows_on(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
+                   positions: list[int]) -> torch.Tensor:  # fmt: skip
+    """sample_rows' tokens as an int64 tensor [R] on the logits' device: on a GPU nothing waits for them, so a
+    caller can feed them to the next launch (the drafter's Markov walk) before the host reads them."""
     logits = logits.detach().to(torch.float64)
-    out = [0] * len(params)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    if len(greedy) == len(params):  # the first index among equal maxima
+        return torch.argmax(logits, dim=1)
+    out = torch.zeros(len(params), dtype=torch.long, device=logits.device)
+    if greedy:
+        out[greedy] = torch.argmax(logits[greedy], dim=1)
     plain = [i for i, p in enumerate(params) if p.temperature > 0 and not _ranks(p)]
     ranked = [i for i, p in enumerate(params) if p.temperature > 0 and _ranks(p)]
-    if greedy:  # the first index among equal maxima
-        picked = logits if len(greedy) == len(params) else logits[greedy]
-        for i, token in zip(greedy, torch.argmax(picked, dim=1).tolist(), strict=True):
-            out[i] = token
-    cpu = logits.device.type == "cpu"
     for group in (plain, ranked):
         if not group:
             continue
         us = [uniform(seeds[i], positions[i]) for i in group]
-        if cpu:  # row by row: a ranking sorts only logits near the top; [R, V] temporaries page-fault
-            tokens = [draw(logits[i], params[i], u, cut=True) for i, u in zip(group, us, strict=True)]
+        if (
+            logits.device.type == "cpu"
+        ):  # row by row: a ranking sorts only logits near the top; [R, V] temporaries page-fault
+            tokens = torch.tensor(
+                [draw(logits[i], params[i], u, cut=True) for i, u in zip(group, us, strict=True)]
+            )
         else:
             tokens = draw_rows(logits[group], [params[i] for i in group], us)
-        for i, token in zip(group, tokens, strict=True):
-            out[i] = token
+        out[group] = tokens
     return out
 
 
@@ -177,13 +186,13 @@ def draw(logits: torch.Tensor, params: SamplingParams, u: float, cut: bool = Fal
     if cut and _ranks(params):
         ids = torch.nonzero(logits >= logits.max() - CUT * params.temperature).reshape(1, -1)
         logits = logits[ids[0]]
-    return draw_rows(logits.reshape(1, -1), [params], [u], ids)[0]
+    return int(draw_rows(logits.reshape(1, -1), [params], [u], ids)[0])
 
 
 def draw_rows(logits: torch.Tensor, params: list[SamplingParams], us: list[float],
-              ids: torch.Tensor | None = None) -> list[int]:  # fmt: skip
-    """The tokens of draws us from fp64 logits [R, V] (temperature > 0, all rows ranking or none); `ids` [R, V]:
-    the token id of each column (default: the column)."""
+              ids: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The tokens [R] (int64, on the logits' device) of draws us from fp64 logits [R, V] (temperature > 0, all rows
+    ranking or none); `ids` [R, V]: the token id of each column (default: the column)."""
     n = logits.shape[1]
     spec = torch.tensor(
         [[p.temperature, p.top_k or n, math.ceil(p.min_p * 2.0**WEIGHT_BITS), p.top_p, u]
@@ -208,7 +217,7 @@ def draw_rows(logits: torch.Tensor, params: list[SamplingParams], us: list[float
     total = cdf[:, -1:]
     target = torch.minimum(torch.floor(total.to(torch.float64) * u).to(torch.int64), total - 1)
     at = torch.searchsorted(cdf, target, right=True)
-    return (at if ids is None else ids.gather(1, at)).reshape(-1).tolist()
+    return (at if ids is None else ids.gather(1, at)).reshape(-1)
 
 
 class Sampler:

@@ -16,6 +16,7 @@ from tfc.runtime.engine.sampling import (
     draw_rows,
     sample,
     sample_rows,
+    sample_rows_on,
     uniform,
 )
 from tfc.runtime.engine.scheduler import Running, plan_step
@@ -91,11 +92,17 @@ def test_rows_drawn_together_are_the_rows_drawn_alone():
             params = [kinds[(i + trial) % len(kinds)] for i in range(16)]
             us = [uniform(i, trial * 100 + 7 * i) for i in range(16)]
             alone = [draw(logits[i], params[i], us[i]) for i in range(16)]
-            assert draw_rows(logits, params, us) == alone
+            assert draw_rows(logits, params, us).tolist() == alone
     mixed = [SamplingParams(), *plain, *ranked] * 2 + [SamplingParams(), SamplingParams(temperature=0.5)]
     seeds, positions = list(range(16)), [3 * i for i in range(16)]
     alone = [sample(logits[i], mixed[i], seeds[i], positions[i]) for i in range(16)]
     assert sample_rows(logits, mixed, seeds, positions) == alone
+    on = sample_rows_on(
+        logits.float(), mixed, seeds, positions
+    )  # as the drafter's walk asks: left on the device
+    assert on.dtype == torch.long and on.tolist() == alone
+    greedy = [SamplingParams()] * 3
+    assert sample_rows_on(logits[:3], greedy, [0] * 3, [0] * 3).tolist() == logits[:3].argmax(1).tolist()
 
 
 class CharTokenizer:

@@ -28,7 +28,7 @@ def test_gpu_logits_sample_the_cpu_token(params):
 
 
 def test_gpu_rows_drawn_together_are_the_cpu_rows_drawn_alone():
-    from tfc.runtime.engine.sampling import sample_rows
+    from tfc.runtime.engine.sampling import sample_rows, sample_rows_on
 
     g = torch.Generator().manual_seed(1)
     logits = (torch.randn(16, 129280, generator=g) * 4).round() / 8
@@ -37,6 +37,8 @@ def test_gpu_rows_drawn_together_are_the_cpu_rows_drawn_alone():
         positions = [draw * 16 + i for i in range(16)]
         alone = [sample(logits[i], params[i], 11, positions[i]) for i in range(16)]
         assert sample_rows(logits.cuda(), params, [11] * 16, positions) == alone, draw
+        on = sample_rows_on(logits.cuda(), params, [11] * 16, positions)
+        assert on.is_cuda and on.tolist() == alone, draw
 
 
 def test_gpu_penalties_give_the_cpu_values():
