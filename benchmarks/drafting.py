@@ -9,7 +9,8 @@ IMG: `tfc fixture flash-random --layers 4` prepared (made under --work without -
 sequence, as the engine drafts: a verify window of w = 1..6 consecutive rows (the last token and up to 5 drafts),
 graphed, against w = 1; the drafter's round (the committed rows observed, then 5 drafts; wall time, the host's
 syncs included) with Flash's three blocks (the slice's block thrice, the same shapes), graphed, for 1, 4 and 8
-sequences drafting together (each against as many rounds of one sequence). The whole-Flash
+sequences drafting together (each against as many rounds of one sequence); each also drafts once more with nothing
+new to observe (the replay and the walk alone), profiled for its GPU time and kernels. The whole-Flash
 one-row step is decode.py's projection from the same run; a drafted round = the drafter's round + a 6-row verify
 window of whole Flash; tok/s at an acceptance of A tokens a round (the bonus token included) = A / that round.
 Random weights cannot measure acceptance: the published figures (2.82 on GSM8K, 3.51 on code) are applied.
@@ -95,12 +96,38 @@ def drafter_round(runner, device: str, context: int, sequences: int, rounds: int
             times.append(time.perf_counter() - t0)
             if any(len(d) != 5 for d in drafts):
                 raise RuntimeError(f"the drafter proposed {[len(d) for d in drafts]} tokens, not 5 each")
+        # the same draft again, nothing new observed: the replay and the walk alone, and their GPU time
+        asks = [DraftAsk(s, fed[-1], 5) for s in every]
+        again = c.timed(device, lambda: runner.draft(asks), reps=rounds)
+        gpu = gpu_time(device, lambda: runner.draft(asks))
     finally:
         slots.drafter, slots.floor = single, floor
         for s in every:
             runner.release(s)
     return {"blocks": blocks, "sequences": sequences, "graphed": runner.graphs.enabled, "first_round_s": first,
-            "round_s": statistics.median(times[2:])}  # fmt: skip
+            "round_s": statistics.median(times[2:]), "draft_without_rows_s": again, **gpu}  # fmt: skip
+
+
+def gpu_time(device: str, draft, reps: int = 5) -> dict:
+    """Kernels and GPU time of a draft call (torch.profiler over `reps` calls), beside its wall time: what is
+    left of the wall is the host's (launches, waits)."""
+    if device != "cuda":
+        return {}
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(reps):
+            draft()
+        torch.cuda.synchronize()
+    events = sorted(
+        (e for e in p.key_averages() if e.device_time_total > 0), key=lambda e: -e.device_time_total
+    )
+    return {"gpu_s": sum(e.device_time_total for e in events) / reps / 1e6,
+            "kernels": sum(e.count for e in events) / reps,
+            "top": [{"name": e.key[:100], "us": e.device_time_total / reps, "calls": e.count / reps}
+                    for e in events[:15]]}  # fmt: skip
 
 
 def main() -> None:
@@ -129,6 +156,14 @@ def main() -> None:
     drafted = rnd["round_s"] + step * windows[6]["vs_one_row"]
     run.data.update(image=str(image), copy_gbps=copy, one_row=one, verify=windows, drafter=rnd,
                     drafter_together=together, flash_drafted_round_s=drafted)  # fmt: skip
+    for n, r in together.items():
+        gpu = (
+            f", of it {r['gpu_s'] * 1e3:.2f} ms on the GPU in {r['kernels']:.0f} kernels"
+            if "gpu_s" in r
+            else ""
+        )
+        print(f"[drafting] {n} sequences: a round {r['round_s'] * 1e3:.2f} ms; the same draft with nothing new to "
+              f"observe {r['draft_without_rows_s'] * 1e3:.2f} ms{gpu}", flush=True)  # fmt: skip
     print(f"[drafting] round {rnd['round_s'] * 1e3:.2f} ms ({rnd['blocks']} blocks), whole-Flash one-row step "
           f"{step * 1e3:.2f} ms, 6-row window {windows[6]['vs_one_row']:.2f}x the one-row step", flush=True)  # fmt: skip
     run.metric("drafter.round_vs_step", rnd["round_s"] / step, "fraction",
