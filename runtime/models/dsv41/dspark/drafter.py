@@ -92,6 +92,11 @@ def chosen_among(choose: ChooseRows, index: Sequence[int]) -> ChooseRows:
     return lambda i, logits, which: choose(i, logits, [index[w] for w in which])
 
 
+def as_rows(choose: Callable[[torch.Tensor], int]) -> ChooseRows:
+    """A one-sequence chooser of a logits row [V] as a ChooseRows of that one sequence."""
+    return lambda i, logits, which: [int(choose(logits[0]))]
+
+
 def one_row(choose: ChooseRows, s: int) -> Callable[[torch.Tensor], int]:
     """`choose` as a one-sequence chooser of input s: each call picks the next draft from a logits row [V]."""
     index = itertools.count()

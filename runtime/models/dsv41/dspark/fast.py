@@ -28,6 +28,7 @@ from tfc.runtime.models.dsv41.dspark.drafter import (
     DraftError,
     DraftInput,
     DsparkBase,
+    as_rows,
     check_config,
     greedy,
     greedy_rows,
@@ -91,30 +92,27 @@ class FastDsparkDrafter(DsparkBase):
 
     def observe_many(self, pairs: Sequence[tuple[DraftState, torch.Tensor]]) -> None:
         """Observe every (state, target hidden [n, T * D]) pair: their rows together, in 16-row pieces."""
-        cfg, f = self.config, self.f
+        cfg, f, dev = self.config, self.f, self.f.kv.device
         rows, positions, runs = [], [], []  # runs: (state, first position, rows it keeps)
         for state, target_hidden in pairs:
-            hidden = self._hidden(target_hidden, f.kv.device, torch.float32)
+            hidden = self._hidden(target_hidden, dev, torch.float32)
             for j in range(len(self.blocks)):
                 if j not in state.windows:
-                    state.windows[j] = WindowRing(
-                        cfg.sliding_window, cfg.head_dim, torch.float32, f.kv.device
-                    )
+                    state.windows[j] = WindowRing(cfg.sliding_window, cfg.head_dim, torch.float32, dev)
             keep = min(hidden.shape[0], cfg.sliding_window)  # only the last window reach the rings
             first = state.position + hidden.shape[0] - keep
             state.position += hidden.shape[0]
             if keep:
                 rows.append(hidden[hidden.shape[0] - keep :])
-                positions.append(first + torch.arange(keep, device=f.kv.device))
+                positions.append(first + torch.arange(keep, device=dev))
                 runs.append((state, first, keep))
         if not runs:
             return
         rows, positions = torch.cat(rows), torch.cat(positions)
         norm = f.weights.native(self._names["main_norm.weight"])
         keys = []
-        for lo in range(
-            0, rows.shape[0], CHUNK_ROWS
-        ):  # 16-row pieces (the products' limit), padded: one shape
+        # 16-row pieces (the products' limit), padded: one shape
+        for lo in range(0, rows.shape[0], CHUNK_ROWS):
             n = min(CHUNK_ROWS, rows.shape[0] - lo)
             piece = torch.zeros(CHUNK_ROWS, rows.shape[1], device=rows.device)
             piece[:n] = rows[lo : lo + n]
@@ -132,8 +130,7 @@ class FastDsparkDrafter(DsparkBase):
     def draft(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None = None,
               choose: Callable[[torch.Tensor], int] = greedy) -> Draft:  # fmt: skip
         """Observe the newly committed positions, then draft k (default block size) tokens after `last_token`."""
-        pick = lambda i, logits, which: [int(choose(logits[0]))]  # noqa: E731
-        return self.draft_many([DraftInput(state, target_hidden, last_token, k)], pick)[0]
+        return self.draft_many([DraftInput(state, target_hidden, last_token, k)], as_rows(choose))[0]
 
     def draft_many(self, inputs: Sequence[DraftInput], choose: ChooseRows = greedy_rows) -> list[Draft]:
         """Every input's draft: their new rows observed together, then up to DRAFT_SEQUENCES sequences a replay of
