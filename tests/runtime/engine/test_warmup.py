@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from tfc.runtime.engine.warmup import warm_up
 from tfc.runtime.worker.runner import RunnerCapabilities
+from tfc.runtime.worker.step import SequenceStep
 
 
 class _Steps:
@@ -93,16 +94,25 @@ class _Drafts(_Steps):
         return [() for _ in asks]
 
     def rollback(self, slot, position):
-        raise AssertionError("nothing to roll back at warm-up")
+        self.calls.append(("rollback", slot, position))
 
 
 def test_warm_up_drafts_once_after_the_token_where_the_runner_drafts():
     steps = _Drafts()
     warm_up(steps, 7, draft=True)
-    (kind, rows), drafted, release = steps.calls
+    (kind, rows), drafted, *windows, release = steps.calls
     assert (
         kind == "execute" and rows[0].drafting and drafted == ("draft", 0, 7, 5) and release == ("release", 0)
     )
+    # a verify window of each draft length, so their steps are captured before any request, each rolled back
+    assert windows == [
+        c
+        for k in range(1, 6)
+        for c in (
+            ("execute", (SequenceStep(0, (7,) * (k + 1), k, verify=True, drafting=True),)),
+            ("rollback", 0, k + 1),
+        )
+    ]
     steps = _Drafts()
     warm_up(steps, 7)  # drafting off: the token alone, not a drafting row
     assert [c[0] for c in steps.calls] == ["execute", "release"] and not steps.calls[0][1][0].drafting

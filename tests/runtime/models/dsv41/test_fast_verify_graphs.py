@@ -119,3 +119,27 @@ def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
         )
     finally:
         booted.close()
+
+
+def test_after_the_warm_up_a_drafted_generate_captures_nothing(image):
+    # the warm-up captures the decode step, the drafter's replay and a verify window of every draft length, so a
+    # drafting request (every `tfc generate`) replays graphs only: no capture lands inside its decode
+    from tfc.runtime.engine.generate import generate
+    from tfc.runtime.engine.sampling import SamplingParams
+    from tfc.runtime.engine.warmup import warm_up
+
+    backend = Recording()
+    cache = GraphCache(GraphSettings(), backend=backend)
+    booted, runner = _runner(image, cache)
+    try:
+        runner.drafter.drafter._graphs = cache  # the drafter's replays through the recording cache too
+        warm_up(runner, runner.info.bos_id, draft=True)
+        warm = len(backend.captured)
+        assert (
+            StepKey(1, runner.buckets[0]) in cache
+            and StepKey(runner.draft_block + 1, runner.buckets[0]) in cache
+        )
+        out = generate(runner, [tuple(PROMPT * 3)], 24, SamplingParams())
+        assert out[0].drafted.drafts > 0 and len(backend.captured) == warm
+    finally:
+        booted.close()
