@@ -201,9 +201,9 @@ def test_generate_fast_on_the_cpu_gives_the_reference_tokens(image):
     assert fast_run["token_sha"] == ref_run["token_sha"] and len(fast_run["tokens"]) == 6
     assert fast_run["prefill_tok_s"] > 0 and fast_run["decode_tok_s"] > 0
     # the graph cache's steps, all eager on a CPU: the warm-up's decode step (its prompt token and the prompt take
-    # the prefill forward, outside the cache), a step per token but the last, and the drafter's step for the
-    # warm-up's draft and each round's
-    eager = 1 + 5 + 1 + fast_run["drafting"]["drafts"]
+    # the prefill forward, outside the cache) and its verify window of each of the 5 draft lengths, a step per
+    # token but the last, and the drafter's step for the warm-up's draft and each round's
+    eager = 1 + 5 + 5 + 1 + fast_run["drafting"]["drafts"]
     assert fast_run["graphs"] == {"enabled": False, "captures": 0, "replays": 0, "eager": eager, "held": 0}
     result = CliRunner().invoke(cli, [*args, "--fast", "--reference"])
     assert result.exit_code == 2 and "exclude each other" in result.output
