@@ -46,6 +46,12 @@ def image(tiny_pack, tmp_path_factory):
     return prepared_image(tiny_pack, tmp_path_factory.mktemp("img"))
 
 
+def _recording() -> tuple[Recording, GraphCache]:
+    """A graph cache over a recording backend, and the backend."""
+    backend = Recording()
+    return backend, GraphCache(GraphSettings(), backend=backend)
+
+
 def _runner(image, graphs: GraphCache | None):
     booted = boot(image, device="cpu")
     runner = build_fast(booted, slots=4, tokens_per_slot=512, context_step=256, page_tokens=32)
@@ -62,8 +68,7 @@ def _window(runner, slot: int, tokens: list[int], position: int) -> torch.Tensor
 
 
 def test_verify_windows_are_captured_once_per_size_and_replayed(image):
-    backend = Recording()
-    cache = GraphCache(GraphSettings(), backend=backend)
+    backend, cache = _recording()
     booted, graphed = _runner(image, cache)
     b_eager, eager = _runner(image, GraphCache(GraphSettings(max_graphs=0)))
     try:
@@ -90,8 +95,7 @@ def test_a_drafts_blocks_are_one_graph_step_captured_once_and_replayed(image):
     from tfc.runtime.models.dsv41.dspark.drafter import DraftInput
     from tfc.runtime.models.dsv41.dspark.fast import FastDsparkDrafter
 
-    backend = Recording()
-    cache = GraphCache(GraphSettings(), backend=backend)
+    backend, cache = _recording()
     booted, runner = _runner(image, None)
     try:
         graphed, eager = FastDsparkDrafter(runner.forward, cache), FastDsparkDrafter(runner.forward)
@@ -128,17 +132,14 @@ def test_after_the_warm_up_a_drafted_generate_captures_nothing(image):
     from tfc.runtime.engine.sampling import SamplingParams
     from tfc.runtime.engine.warmup import warm_up
 
-    backend = Recording()
-    cache = GraphCache(GraphSettings(), backend=backend)
+    backend, cache = _recording()
     booted, runner = _runner(image, cache)
     try:
         runner.drafter.drafter._graphs = cache  # the drafter's replays through the recording cache too
         warm_up(runner, runner.info.bos_id, draft=True)
         warm = len(backend.captured)
-        assert (
-            StepKey(1, runner.buckets[0]) in cache
-            and StepKey(runner.draft_block + 1, runner.buckets[0]) in cache
-        )
+        windows = [StepKey(k + 1, runner.buckets[0]) for k in range(1, runner.draft_block + 1)]
+        assert StepKey(1, runner.buckets[0]) in cache and all(key in cache for key in windows)
         out = generate(runner, [tuple(PROMPT * 3)], 24, SamplingParams())
         assert out[0].drafted.drafts > 0 and len(backend.captured) == warm
     finally:
