@@ -162,9 +162,8 @@ def sample_rows_on(logits: torch.Tensor, params: list[SamplingParams], seeds: li
         if not group:
             continue
         us = [uniform(seeds[i], positions[i]) for i in group]
-        if (
-            logits.device.type == "cpu"
-        ):  # row by row: a ranking sorts only logits near the top; [R, V] temporaries page-fault
+        # on the CPU row by row: a ranking sorts only logits near the top; [R, V] temporaries page-fault
+        if logits.device.type == "cpu":
             tokens = torch.tensor(
                 [draw(logits[i], params[i], u, cut=True) for i, u in zip(group, us, strict=True)]
             )

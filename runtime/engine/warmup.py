@@ -1,11 +1,9 @@
 """The warm-up before any clock starts: a one-token prompt (and a decode token where prompts take a path of their
 own), so the prefill step and the decode step's graph are captured (and their kernels compiled) before the first
-request or the first timed token; where the runner drafts, one draft after
-it (the drafter's kernels compiled, its graph captured) and a verify window of every draft length, each rolled
-back (their steps' graphs captured: otherwise the first drafting requests, and every `tfc generate`, capture
-them mid-decode);
-with a prefix cache, that slot's snapshot restored
-once, so the first cache hit compiles nothing either."""
+request or the first timed token; where the runner drafts, one draft after it (the drafter's kernels compiled, its
+graph captured) and a verify window of every draft length, each rolled back (their steps' graphs captured:
+otherwise the first drafting requests, and every `tfc generate`, capture them mid-decode); with a prefix cache,
+that slot's snapshot restored once, so the first cache hit compiles nothing either."""
 
 from __future__ import annotations
 
@@ -16,10 +14,9 @@ from tfc.runtime.worker.step import SequenceStep, StepPlan
 def warm_up(steps: ModelRunner, bos_id: int | None, snapshots: bool = False, draft: bool = False) -> None:
     """Run one prompt token (the model's BOS, else id 0) at position 0 in slot 0 of `steps` (a worker, or a TP
     world's leader), then, where prompt rows take a path of their own (capability `prompt_rows`), one decode
-    token too; with `draft`, draft after them where the runner can and verify a window of each draft length, rolled
-    back;
-    with `snapshots`, snapshot the slot and
-    restore it in place where the runner can; then release the slot."""
+    token too; with `draft`, draft after them where the runner can and verify a window of each draft length, each
+    rolled back; with `snapshots`, snapshot the slot and restore it in place where the runner can; then release
+    the slot."""
     token = bos_id if bos_id is not None else 0
     drafts = drafter_of(steps) if draft else None
     steps.execute(StepPlan((SequenceStep(0, (token,), 0, drafting=drafts is not None, prompt=True),)))

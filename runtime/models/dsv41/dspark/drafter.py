@@ -156,12 +156,12 @@ class DsparkBase:
 
     def _begin(self, state: DraftState, target_hidden: torch.Tensor, last_token: int, k: int | None) -> int:
         """Check a draft request, observe its newly committed positions and give its k (default block size)."""
-        k = self._check(state, last_token, k)
+        k = self._check(last_token, k)
         self.observe(state, target_hidden)
         self._observed(state)
         return k
 
-    def _check(self, state: DraftState, last_token: int, k: int | None) -> int:
+    def _check(self, last_token: int, k: int | None) -> int:
         """A draft request's k (default block size), checked with its last token."""
         k, vocab = self.block_size if k is None else k, self.config.vocab_size
         if not 1 <= k <= self.block_size:

@@ -164,8 +164,9 @@ class DraftingRunner:
             if tokens is None:
                 raise self.step_error(f"slot {slot} holds no sequence to draft for")
             self._settle(slot)
-            if min(k, self.draft_block) >= 1:
-                slot_asks.append(SlotAsk(slot, tokens, last_token, min(k, self.draft_block)))
+            k = min(k, self.draft_block)
+            if k >= 1:
+                slot_asks.append(SlotAsk(slot, tokens, last_token, k))
                 index.append(a)
         out: list[tuple[int, ...]] = [() for _ in asks]
         if not slot_asks:

@@ -135,7 +135,7 @@ class FastDsparkDrafter(DsparkBase):
     def draft_many(self, inputs: Sequence[DraftInput], choose: ChooseRows = greedy_rows) -> list[Draft]:
         """Every input's draft: their new rows observed together, then up to DRAFT_SEQUENCES sequences a replay of
         the blocks and one Markov walk for them all."""
-        ks = [self._check(state, last, k) for state, _, last, k in inputs]
+        ks = [self._check(last, k) for _, _, last, k in inputs]
         self.observe_many([(state, hidden) for state, hidden, _, _ in inputs])
         for state, *_ in inputs:
             self._observed(state)
