@@ -8,9 +8,9 @@
 #   bash benchmarks/gpu_all.sh [COMMIT] [PART ...]      e.g.  bash benchmarks/gpu_all.sh 1a2b3c4 decode prefill
 # PART: tests decode prefill serve drafting kernels prefix boot host-experts (default: all but tests).
 # The part `tests` (named first) runs the GPU tests (`pytest -m gpu`, GPU_TESTS_K a -k filter, GPU_TESTS_S their time
-# limit, 240 s) while the slice is made beside them, its log (a line a test, so a run the limit stops still names what
-# passed) under benchmarks/results/decode/; the tests on the slice
-# itself (TFC_FLASH_IMAGE) run where it was made by an earlier call on the same machine, and skip otherwise.
+# limit, 240 s) while the slice is made beside them; its log, a line a test (so a run the limit stops still names what
+# passed), goes under benchmarks/results/decode/. The tests on the slice itself (TFC_FLASH_IMAGE) run where an
+# earlier call on the same machine made it, and skip otherwise.
 # Two calls on one warm machine split the parts (the slice is made once); then apply both calls' result files:
 #   tar xf gpu_all.tar && python benchmarks/_summary.py --apply benchmarks/results/*/*_YYYYMMDD_*.json --readme
 # COMMIT names the tree measured where it has no .git (default: git's HEAD). Carry .whl (the wheels tfc needs
